@@ -1,0 +1,274 @@
+r"""NoPE softmax attention and vanilla linear attention: every form of both sides.
+
+Softmax side (no position encoding; the causal mask is the only order signal)::
+
+    o_i = sum_{j<=i} softmax_j(scale * q_i . k_j) v_j
+
+Linear side (no normalisation, no scale)::
+
+    S_t = S_{t-1} + v_t k_t^T,     o_t = S_t q_t   (S_t is Dv x D)
+
+Both are the gated recurrence ``S_t = S_{t-1} A_t + v_t k_t^T`` with the gate
+``A_t = 1``: the "distance" between positions j and i is the empty product 1.
+
+Shapes everywhere: ``q, k: (..., T, D)``, ``v: (..., T, Dv)``, output
+``(..., T, Dv)``; the leading dims (batch, heads, ...) must agree.
+
+Forms, from the definition towards the kernel:
+
+================  ==============================  ==============================
+form              softmax side                    linear side
+================  ==============================  ==============================
+naive             ``nope_naive``: loop over i     ``linear_naive``: loop over i, j
+recurrent         ``nope_recurrent``: KV cache    ``linear_recurrent``: state S_t
+matrix            ``nope_matrix``: softmax(QK^T)  ``linear_matrix``: (QK^T*M) V
+blockwise         ``nope_blockwise``: online      ``linear_chunked``: chunks +
+                  softmax over key blocks         carried state
+Triton            ``nope_triton``                 ``linear_triton``
+================  ==============================  ==============================
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .checks import check_qkv, check_scale
+from .masks import causal_mask, masked_logits
+
+__all__ = [
+    "nope_naive", "nope_recurrent", "nope_matrix", "nope_blockwise", "nope_triton",
+    "linear_naive", "linear_recurrent", "linear_matrix", "linear_chunked", "linear_triton",
+    "KVCache",
+]
+
+
+def _empty_out(q, v):
+    return q.new_empty(q.shape[:-1] + (v.shape[-1],))
+
+
+# ---------------------------------------------------------------------------
+# Softmax side
+# ---------------------------------------------------------------------------
+
+def nope_naive(q, k, v, *, scale=None):
+    """The definition, one query at a time: ``o_i = softmax(scale q_i K_{<=i}^T) V_{<=i}``.
+
+    Shapes: ``q, k: (..., T, D)``, ``v: (..., T, Dv)`` -> ``(..., T, Dv)``.
+    """
+    n = check_qkv(q, k, v)
+    scale = check_scale(scale, n.D)
+    if n.T == 0:
+        return _empty_out(q, v)
+    outs = []
+    for i in range(n.T):
+        logits = scale * torch.einsum("...d,...jd->...j", q[..., i, :], k[..., : i + 1, :])
+        outs.append(torch.einsum("...j,...jd->...d", torch.softmax(logits, dim=-1), v[..., : i + 1, :]))
+    return torch.stack(outs, dim=-2)
+
+
+class KVCache:
+    """A decoding cache: keys and values appended one token at a time.
+
+    ``attend(q_t)`` reads the cache in pages of ``page`` tokens and merges the
+    per-page softmaxes with the online-softmax rule, as a decoding kernel does
+    (each page could live on a different memory block or thread block).
+
+    Shapes: ``append(k_t: (..., D), v_t: (..., Dv))``; ``attend(q_t: (..., D)) -> (..., Dv)``.
+    """
+
+    def __init__(self, lead, D, Dv, T_max, *, dtype, device, page: int = 64):
+        self.k = torch.empty(tuple(lead) + (T_max, D), dtype=dtype, device=device)
+        self.v = torch.empty(tuple(lead) + (T_max, Dv), dtype=dtype, device=device)
+        self.len = 0
+        self.page = page
+
+    def append(self, k_t, v_t):
+        self.k[..., self.len, :] = k_t
+        self.v[..., self.len, :] = v_t
+        self.len += 1
+
+    def attend(self, q_t, scale):
+        m = l = acc = None  # running max, running normaliser, running numerator
+        for start in range(0, self.len, self.page):
+            kp = self.k[..., start : min(start + self.page, self.len), :]
+            vp = self.v[..., start : min(start + self.page, self.len), :]
+            s = scale * torch.einsum("...d,...jd->...j", q_t, kp)
+            m_new = s.amax(-1) if m is None else torch.maximum(m, s.amax(-1))
+            p = torch.exp(s - m_new[..., None])
+            if m is None:
+                l, acc = p.sum(-1), torch.einsum("...j,...jd->...d", p, vp)
+            else:
+                alpha = torch.exp(m - m_new)  # rescale what was summed under the old max
+                l = alpha * l + p.sum(-1)
+                acc = alpha[..., None] * acc + torch.einsum("...j,...jd->...d", p, vp)
+            m = m_new
+        return acc / l[..., None]
+
+
+def nope_recurrent(q, k, v, *, scale=None, page: int = 64):
+    """Decoding: token by token, append ``(k_t, v_t)`` to a :class:`KVCache`, then attend.
+
+    The state of softmax attention is the whole cache, which grows with t:
+    O(t) memory and O(t D) work per token, against linear attention's fixed
+    ``Dv x D`` state.  Shapes as :func:`nope_naive`.
+    """
+    n = check_qkv(q, k, v)
+    scale = check_scale(scale, n.D)
+    if n.T == 0:
+        return _empty_out(q, v)
+    cache = KVCache(n.lead, n.D, n.Dv, n.T, dtype=q.dtype, device=q.device, page=page)
+    outs = []
+    for t in range(n.T):
+        cache.append(k[..., t, :], v[..., t, :])
+        outs.append(cache.attend(q[..., t, :], scale))
+    return torch.stack(outs, dim=-2)
+
+
+def nope_matrix(q, k, v, *, scale=None):
+    """Parallel form: ``softmax(scale Q K^T + M) V`` with ``M`` = 0 on/below the diagonal, -inf above.
+
+    Shapes as :func:`nope_naive`; O(T^2) memory for the logits.
+    """
+    n = check_qkv(q, k, v)
+    scale = check_scale(scale, n.D)
+    if n.T == 0:
+        return _empty_out(q, v)
+    logits = scale * q @ k.transpose(-1, -2)
+    p = torch.softmax(masked_logits(logits, causal_mask(n.T, q.device)), dim=-1)
+    return p @ v
+
+
+def online_softmax_step(m, l, acc, s, v_blk):
+    """Fold one block of logits ``s: (..., M, N)`` and values ``v_blk: (..., N, Dv)``
+    into the running max ``m``, normaliser ``l`` (both ``(..., M)``) and numerator
+    ``acc: (..., M, Dv)``.  Rows whose logits are all -inf so far keep m = -inf.
+    """
+    m_new = torch.maximum(m, s.amax(-1))
+    m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # avoid inf - inf
+    p = torch.exp(s - m_safe[..., None])
+    alpha = torch.exp(m - m_safe)
+    l = alpha * l + p.sum(-1)
+    acc = alpha[..., None] * acc + p @ v_blk
+    return m_new, l, acc
+
+
+def nope_blockwise(q, k, v, *, scale=None, block_m: int = 64, block_n: int = 64):
+    """FlashAttention in PyTorch: the reference :mod:`pathedu.kernels.flash_attention` follows.
+
+    For each query block of ``block_m`` rows, stream key/value blocks of
+    ``block_n`` rows left to right, keeping a running max ``m``, normaliser ``l``
+    and numerator ``acc`` (the online softmax).  Key blocks strictly left of the
+    query block need no mask; only blocks that straddle the diagonal do.
+    Never materialises a ``T x T`` matrix.  Shapes as :func:`nope_naive`.
+    """
+    n = check_qkv(q, k, v)
+    scale = check_scale(scale, n.D)
+    if n.T == 0:
+        return _empty_out(q, v)
+    out = torch.empty(q.shape[:-1] + (n.Dv,), dtype=q.dtype, device=q.device)
+    for start_m in range(0, n.T, block_m):
+        end_m = min(start_m + block_m, n.T)
+        q_blk = q[..., start_m:end_m, :] * scale
+        rows = torch.arange(start_m, end_m, device=q.device)
+        m = torch.full(q_blk.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
+        l = torch.zeros_like(m)
+        acc = torch.zeros(q_blk.shape[:-1] + (n.Dv,), dtype=q.dtype, device=q.device)
+        for start_n in range(0, end_m, block_n):
+            end_n = min(start_n + block_n, end_m)
+            s = q_blk @ k[..., start_n:end_n, :].transpose(-1, -2)
+            if end_n > start_m + 1:  # the block reaches the diagonal: hide the future
+                cols = torch.arange(start_n, end_n, device=q.device)
+                s = masked_logits(s, cols[None, :] <= rows[:, None])
+            m, l, acc = online_softmax_step(m, l, acc, s, v[..., start_n:end_n, :])
+        out[..., start_m:end_m, :] = acc / l[..., None]
+    return out
+
+
+def nope_triton(q, k, v, *, scale=None):
+    """FlashAttention-style Triton kernel (:func:`pathedu.kernels.flash_attention.attention`).
+
+    Accepts fp16/bf16/fp32 and head dims 16..128; accumulates in fp32.  Shapes
+    as :func:`nope_naive`.  On a CPU it runs in Triton's interpreter, where bf16
+    inputs are computed in fp32 (the interpreter's bf16 is wrong).
+    """
+    from .kernels.flash_attention import attention
+
+    return attention(q, k, v, scale=scale)
+
+
+# ---------------------------------------------------------------------------
+# Linear side
+# ---------------------------------------------------------------------------
+
+def linear_naive(q, k, v):
+    """The definition: ``o_i = sum_{j<=i} (q_i . k_j) v_j``, a loop over i and j.
+
+    Shapes: ``q, k: (..., T, D)``, ``v: (..., T, Dv)`` -> ``(..., T, Dv)``.
+    """
+    n = check_qkv(q, k, v)
+    out = torch.zeros(q.shape[:-1] + (n.Dv,), dtype=q.dtype, device=q.device)
+    for i in range(n.T):
+        for j in range(i + 1):
+            w = (q[..., i, :] * k[..., j, :]).sum(-1)
+            out[..., i, :] += w[..., None] * v[..., j, :]
+    return out
+
+
+def linear_recurrent(q, k, v, *, initial_state=None, return_state: bool = False):
+    """The RNN: ``S_t = S_{t-1} + v_t k_t^T``, ``o_t = S_t q_t``; O(D Dv) memory per step.
+
+    ``initial_state``/returned state: ``(..., Dv, D)``.  Shapes as :func:`linear_naive`.
+    """
+    n = check_qkv(q, k, v)
+    S = q.new_zeros(n.lead + (n.Dv, n.D)) if initial_state is None else initial_state.clone()
+    outs = []
+    for t in range(n.T):
+        S = S + v[..., t, :, None] * k[..., t, None, :]
+        outs.append((S @ q[..., t, :, None])[..., 0])
+    out = torch.stack(outs, dim=-2) if outs else _empty_out(q, v)
+    return (out, S) if return_state else out
+
+
+def linear_matrix(q, k, v):
+    """Parallel form: ``(Q K^T * M) V`` with the 0/1 causal mask M (diagonal included).
+
+    Shapes as :func:`linear_naive`; O(T^2) memory.
+    """
+    n = check_qkv(q, k, v)
+    return ((q @ k.transpose(-1, -2)) * causal_mask(n.T, q.device)) @ v
+
+
+def linear_chunked(q, k, v, *, chunk: int = 64):
+    """Chunkwise-parallel form: the reference :mod:`pathedu.kernels.linear_attention` follows.
+
+    Split T into chunks of ``C = chunk`` tokens.  With ``H = S^T`` (D x Dv) the
+    state after the previous chunk, chunk c's output is an inter-chunk term plus
+    an intra-chunk (masked, quadratic in C) term, and the state advances by one
+    matrix product::
+
+        O_c = Q_c H + (Q_c K_c^T * M) V_c,      H <- H + K_c^T V_c
+
+    O(T C D) work in matrix products, O(D Dv) state.  Shapes as :func:`linear_naive`.
+    """
+    n = check_qkv(q, k, v)
+    H = q.new_zeros(n.lead + (n.D, n.Dv))
+    out = torch.empty(q.shape[:-1] + (n.Dv,), dtype=q.dtype, device=q.device)
+    for s in range(0, n.T, chunk):
+        e = min(s + chunk, n.T)
+        qc, kc, vc = q[..., s:e, :], k[..., s:e, :], v[..., s:e, :]
+        intra = (qc @ kc.transpose(-1, -2)) * causal_mask(e - s, q.device)
+        out[..., s:e, :] = qc @ H + intra @ vc
+        H = H + kc.transpose(-1, -2) @ vc
+    return out
+
+
+def linear_triton(q, k, v):
+    """Chunked linear attention in Triton (:func:`pathedu.kernels.linear_attention.chunked_linear_attention`).
+
+    Accepts fp16/bf16/fp32, head dims 16..128, accumulates in fp32.  Shapes as
+    :func:`linear_naive`.
+    """
+    from .kernels.linear_attention import chunked_linear_attention
+
+    return chunked_linear_attention(q, k, v)

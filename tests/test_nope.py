@@ -1,0 +1,143 @@
+"""Chapter 1: every form of NoPE attention and linear attention against float64 references."""
+import pytest
+import torch
+from helpers import TOL_F64, TOL_TRITON, case_id, rand_qkv, random_shapes, rel_err
+
+from pathedu import nope
+
+CASES = random_shapes(6, seed=1)
+SOFTMAX_FORMS = [nope.nope_naive, nope.nope_recurrent, nope.nope_matrix, nope.nope_blockwise]
+LINEAR_FORMS = [nope.linear_naive, nope.linear_recurrent, nope.linear_matrix, nope.linear_chunked]
+
+
+def softmax_reference(q, k, v, scale=None):
+    """Written independently of the module: explicit float64 logits, -inf mask, softmax."""
+    T, D = q.shape[-2:]
+    scale = D ** -0.5 if scale is None else scale
+    logits = scale * torch.einsum("...id,...jd->...ij", q.double(), k.double())
+    logits = logits.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.einsum("...ij,...jd->...id", torch.softmax(logits, -1), v.double())
+
+
+def linear_reference(q, k, v):
+    T = q.shape[-2]
+    w = torch.einsum("...id,...jd->...ij", q.double(), k.double()) * torch.ones(T, T, dtype=torch.float64).tril()
+    return torch.einsum("...ij,...jd->...id", w, v.double())
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+@pytest.mark.parametrize("form", SOFTMAX_FORMS, ids=lambda f: f.__name__)
+def test_softmax_forms_match_float64(form, case):
+    q, k, v = rand_qkv(*case, seed=hash(case) % 1000)
+    assert rel_err(form(q, k, v), softmax_reference(q, k, v)) <= TOL_F64
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+@pytest.mark.parametrize("form", LINEAR_FORMS, ids=lambda f: f.__name__)
+def test_linear_forms_match_float64(form, case):
+    q, k, v = rand_qkv(*case, seed=hash(case) % 1000)
+    assert rel_err(form(q, k, v), linear_reference(q, k, v)) <= TOL_F64
+
+
+def test_explicit_scale_is_used():
+    q, k, v = rand_qkv((2,), 9, 16)
+    for form in SOFTMAX_FORMS + [nope.nope_triton]:
+        out = form(q.float() if form is nope.nope_triton else q, k.to(q.dtype if form is not nope.nope_triton else torch.float32),
+                   v.to(q.dtype if form is not nope.nope_triton else torch.float32), scale=0.3)
+        assert rel_err(out, softmax_reference(q, k, v, scale=0.3)) <= 2e-3
+        assert rel_err(out, softmax_reference(q, k, v)) > 1e-2  # the default scale would differ
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("case", CASES[:6], ids=case_id)
+def test_triton_forms_match_float64(case, dtype):
+    q, k, v = rand_qkv(*case, seed=7)
+    tol = TOL_TRITON[dtype]
+    out = nope.nope_triton(q.to(dtype), k.to(dtype), v.to(dtype))
+    assert out.dtype == dtype and out.shape == q.shape[:-1] + (v.shape[-1],)
+    assert rel_err(out, softmax_reference(q, k, v)) <= tol
+    out = nope.linear_triton(q.to(dtype), k.to(dtype), v.to(dtype))
+    assert out.dtype == dtype
+    assert rel_err(out, linear_reference(q, k, v)) <= tol
+
+
+def test_triton_accepts_bf16_on_cpu_via_fp32():
+    q, k, v = rand_qkv((1, 2), 33, 16, dtype=torch.bfloat16)
+    out = nope.nope_triton(q, k, v)
+    assert out.dtype == torch.bfloat16
+    assert rel_err(out, softmax_reference(q, k, v)) <= 2e-2
+
+
+def test_triton_non_power_of_two_head_dims():
+    q, k, v = rand_qkv((2,), 45, 24, 40, seed=3)
+    assert rel_err(nope.nope_triton(q.float(), k.float(), v.float()), softmax_reference(q, k, v)) <= 2e-3
+    assert rel_err(nope.linear_triton(q.float(), k.float(), v.float()), linear_reference(q, k, v)) <= 2e-3
+
+
+def test_permutation_equivariance_without_mask():
+    """Without the causal mask, permuting tokens permutes the output: NoPE has no order signal."""
+    q, k, v = rand_qkv((2,), 12, 16, seed=5)
+    perm = torch.randperm(12, generator=torch.Generator().manual_seed(0))
+    full = lambda q, k, v: torch.softmax(q @ k.transpose(-1, -2) / 4, -1) @ v  # noqa: E731
+    assert torch.allclose(full(q[..., perm, :], k[..., perm, :], v[..., perm, :]), full(q, k, v)[..., perm, :])
+    # With the causal mask, the same permutation does *not* commute: the mask is an order signal.
+    out_perm = nope.nope_matrix(q[..., perm, :], k[..., perm, :], v[..., perm, :])
+    assert not torch.allclose(out_perm, nope.nope_matrix(q, k, v)[..., perm, :])
+
+
+def test_recurrent_state_is_returned_and_resumable():
+    q, k, v = rand_qkv((2,), 30, 16, 8)
+    first, S = nope.linear_recurrent(q[..., :13, :], k[..., :13, :], v[..., :13, :], return_state=True)
+    rest = nope.linear_recurrent(q[..., 13:, :], k[..., 13:, :], v[..., 13:, :], initial_state=S)
+    assert rel_err(torch.cat([first, rest], -2), linear_reference(q, k, v)) <= TOL_F64
+    assert S.shape == (2, 8, 16)
+
+
+ALL_FORMS = SOFTMAX_FORMS + LINEAR_FORMS + [nope.nope_triton, nope.linear_triton]
+
+
+@pytest.mark.parametrize("form", ALL_FORMS, ids=lambda f: f.__name__)
+def test_empty_sequence_returns_empty(form):
+    q, k, v = (torch.zeros(2, 0, 16) for _ in range(3))
+    out = form(q, k, v)
+    assert out.shape == (2, 0, 16)
+
+
+@pytest.mark.parametrize("form", ALL_FORMS, ids=lambda f: f.__name__)
+def test_bad_input_names_the_argument(form):
+    q, k, v = rand_qkv((2,), 8, 16, dtype=torch.float32)
+    bad = [
+        ((q, k[..., :7, :], v), ValueError, "`k`"),
+        ((q, k, v[..., :7, :]), ValueError, "`v`"),
+        ((q, k[..., :8], v), ValueError, "`k`"),
+        ((q, k, v[None]), ValueError, "dims"),
+        ((q, torch.cat([k, k]), v), ValueError, "`k`"),
+        ((q[0, 0], k[0, 0], v[0, 0]), ValueError, "`q`"),
+        ((q.long(), k, v), TypeError, "`q`"),
+        ((q, k.double(), v), TypeError, "dtype"),
+        ((q.numpy(), k, v), TypeError, "`q`"),
+    ]
+    for args, exc, needle in bad:
+        with pytest.raises(exc, match=needle):
+            form(*args)
+
+
+@pytest.mark.parametrize("form", [nope.nope_triton, nope.linear_triton], ids=lambda f: f.__name__)
+def test_triton_rejects_unsupported_inputs(form):
+    q, k, v = rand_qkv((2,), 8, 8, dtype=torch.float32)
+    with pytest.raises(ValueError, match="head dims"):
+        form(q, k, v)
+    q, k, v = rand_qkv((2,), 8, 16, 256, dtype=torch.float32)
+    with pytest.raises(ValueError, match="`v`"):
+        form(q, k, v)
+    q, k, v = rand_qkv((2,), 8, 16)
+    with pytest.raises(TypeError, match="float64"):
+        form(q, k, v)
+
+
+def test_bad_scale():
+    q, k, v = rand_qkv((2,), 8, 16)
+    with pytest.raises(ValueError, match="`scale`"):
+        nope.nope_matrix(q, k, v, scale=-1.0)
+    with pytest.raises(TypeError, match="`scale`"):
+        nope.nope_matrix(q, k, v, scale="0.1")
