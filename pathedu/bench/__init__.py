@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import importlib
 import json
+import pkgutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
-CHAPTERS = ["nope"]
+# Every module of this package (but __main__) is a chapter's set of ops.
+CHAPTERS = sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
 
 
 @dataclass

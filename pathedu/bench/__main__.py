@@ -75,6 +75,8 @@ def main(argv=None) -> int:
             row = dict(op=op.name, T=T, ms=times[op.name], peer=op.peer)
             if "sdpa" in times:
                 row["ratio_to_sdpa"] = times[op.name] / times["sdpa"]
+            if op.reference and op.reference in times:
+                row["ratio_to_reference"] = times[op.name] / times[op.reference]
             if op.reference and op.reference in outs:
                 row["reference"] = op.reference
                 row["rel_rms_err"] = _rel_rms(outs[op.name], outs[op.reference])
@@ -83,10 +85,11 @@ def main(argv=None) -> int:
         del q, k, v, outs
         torch.cuda.empty_cache()
     print(f"\n{meta['device']}  B={a.B} H={a.H} D={a.D} {a.dtype}  commit {meta['commit']}")
-    print(f"{'op':28s} {'T':>6s} {'ms':>9s} {'x SDPA':>8s} {'rel RMS err':>12s}")
+    print(f"{'op':24s} {'T':>6s} {'ms':>9s} {'x SDPA':>7s} {'x ref':>6s}  rel RMS err vs reference")
     for r in rows:
         err = f"{r['rel_rms_err']:.2e} vs {r['reference']}" if "rel_rms_err" in r else ""
-        print(f"{r['op']:28s} {r['T']:6d} {r['ms']:9.3f} {r.get('ratio_to_sdpa', float('nan')):8.2f} {err}")
+        print(f"{r['op']:24s} {r['T']:6d} {r['ms']:9.3f} {r.get('ratio_to_sdpa', float('nan')):7.2f} "
+              f"{r.get('ratio_to_reference', float('nan')):6.2f}  {err}")
     out = a.out or str(DATA_DIR / f"bench_{a.chapter}.json")
     with open(out, "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
