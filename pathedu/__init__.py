@@ -14,5 +14,26 @@ _configure()
 
 from ._device import default_device, triton_mode  # noqa: E402
 
+
+def _source_checkout_kernels() -> None:
+    """Installed, ``kernels/`` is the subpackage ``pathedu.kernels``.  Run from a
+    source checkout (``PYTHONPATH=.``, no install), map it by hand the same way."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    if importlib.util.find_spec(__name__ + ".kernels") is not None:
+        return
+    src = Path(__file__).resolve().parent.parent / "kernels"
+    if (src / "__init__.py").is_file():
+        spec = importlib.util.spec_from_file_location(
+            __name__ + ".kernels", src / "__init__.py", submodule_search_locations=[str(src)])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+
+
+_source_checkout_kernels()
+
 __version__ = "0.1.0"
 __all__ = ["triton_mode", "default_device", "__version__"]

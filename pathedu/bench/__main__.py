@@ -12,6 +12,12 @@ from . import CHAPTERS, DATA_DIR, chapter_ops
 
 
 def _commit() -> str:
+    """The checkout's commit; PATHEDU_COMMIT overrides it (the device machine gets the
+    working tree without .git, so the caller passes the hash it committed)."""
+    import os
+
+    if os.environ.get("PATHEDU_COMMIT"):
+        return os.environ["PATHEDU_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip()
