@@ -1,0 +1,373 @@
+r"""PaTH attention forward: the FlashAttention template with a right-to-left scan.
+
+PaTH's logit between key ``j`` and query ``i`` carries the product of the
+Householder-like transitions between them (0-based, smallest index on the left)::
+
+    H_s = I - beta_s w_s w_s^T,      logit_ij = scale * k_j^T H_{j+1} H_{j+2} ... H_i q_i   (j <= i)
+
+The kernel is :func:`pathedu.path.path_blockwise` in two launches.
+
+**Preparation pass** (:func:`_ut_prepare`, one program per block of ``BT``
+tokens ``[s, e]``, all blocks in parallel).  From the block's UT factor
+``A = (I + strictLower(D_beta W W^T))^{-1} D_beta`` (``BT x BT``, lower; ``W``
+holds the block's ``w`` as rows) it writes
+
+* ``q~_i = H_s ... H_i q_i`` (boundary-adjusted queries), as rows
+  ``Q~ = Q - (lower(Q W^T) A) W``, normalised to unit length, with the norms
+  kept apart (see *Precision* below);
+* ``k~_j = H_e ... H_{j+1} k_j`` (boundary-adjusted keys, so
+  ``k~_j^T = k_j^T H_{j+1} ... H_e``), as rows ``K~ = K - (A strictLower(W K^T))^T W``;
+* ``W`` and ``-U`` with ``U = A W``: the block's product
+  ``P = H_s ... H_e = I - W^T A^T W`` acts on row vectors as
+  ``x^T -> x^T - (x^T W^T) U``;
+* the in-block scores ``Ã_ij = k_j^T H_{j+1} ... H_i q_i`` (j <= i) by the
+  masked UT form ``Ã = lower(Q K^T) - lower(Q W^T) A strictLower(W K^T)``.
+
+``A`` itself is made by forward substitution, one row at a time
+(:func:`_unit_lower_inverse`): exact in fp32 and stable for every ``beta`` in
+[0, 2], at ``BT`` sequential steps per block.
+
+**Main pass** (:func:`_path_fwd`, one program per block of ``BLOCK_M`` queries,
+``R`` UT blocks: ``BLOCK_M = R * BLOCK_N``, ``BLOCK_N = BT``).  Like :func:`..flash_attention._flash_fwd` it
+keeps the online softmax ``(m, l, acc)`` in fp32 and launches the heaviest
+query blocks first; unlike it, keys are visited **right to left**, because the
+query has to be carried across the transitions it passes::
+
+    q^ = q~_I                               (fp32, one row per query)
+    diagonal blocks: Ã, masked (rows of later sub-blocks see these keys as an earlier block)
+    for J = I-1, I-2, ..., 0:
+        s  = q^ K~_J^T                      logits of key block J
+        fold s, V_J into (m, l, acc)
+        q^ <- P_J q^ = q^ - (q^ W_J^T) U_J  (two more products of the same size)
+
+so PaTH costs two matrix products per block pair more than FlashAttention: 4
+products of ``BLOCK_M x BLOCK_N x D`` instead of 2, i.e. twice the FLOPs.
+
+**Precision.**  ``q^`` is carried in fp32 and re-rounded to 16 bits only as a
+dot operand.  The logit product uses the input dtype (as FlashAttention does);
+the update ``q^ <- P_J q^`` uses fp16 operands (11-bit mantissa) even for
+bf16 inputs (8-bit), because its rounding error is re-injected at every block
+and accumulates along the scan: with bf16 there, the error against float64
+grows with T (kernels/NOTES_path.md has the measurements).  To keep fp16 safe
+from overflow whatever the input's range, every ``q~_i`` is scaled to unit
+length (``|P_J| <= 1`` for unit ``w`` and ``beta`` in [0, 2], so ``|q^| <= 1``
+forever) and its norm is folded into a per-row logit scale.  fp32 inputs run
+every product in fp32 (``"ieee"``).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..checks import check_per_token, check_scale
+from ._launch import dot_precision, interpreting, next_pow2, prepare_per_token, prepare_qkv
+from .flash_attention import LOG2E, _load_rows
+
+MAX_R = 2  # a query block holds at most this many UT blocks; prepared tensors are padded to MAX_R * block rows
+
+
+# ---------------------------------------------------------------------------
+# Preparation pass (shared with the chunked Householder RNN / DeltaNet in delta_rule.py)
+# ---------------------------------------------------------------------------
+
+@triton.jit
+def _unit_lower_inverse(nt, rows, BT: tl.constexpr):
+    """``(I + N)^{-1}`` for a strictly lower ``N``, given ``nt = N^T`` (``BT x BT``).
+
+    Forward substitution: row ``i`` of the inverse ``X`` is ``e_i - sum_{j<i} N_ij X_j``,
+    and rows ``j < i`` are final when row ``i`` is formed.  ``N^T`` is passed so that
+    row ``i`` of ``N`` comes out of a reduction as a vector along the rows of ``X``.
+    """
+    x = (rows[:, None] == rows[None, :]).to(tl.float32)
+    for i in range(1, BT):
+        n_i = tl.sum(tl.where(rows[None, :] == i, nt, 0.0), axis=1)  # n_i[j] = N[i, j], zero for j >= i
+        x = tl.where(rows[:, None] == i, x - tl.sum(n_i[:, None] * x, axis=0)[None, :], x)
+    return x
+
+
+@triton.jit
+def _ut_prepare(Q, K, W, BETA, QT, QN, KT, AD, GM, WC, NU, T,
+                stride_qb, stride_qt, stride_kb, stride_kt, stride_wb, stride_wt,
+                stride_pb, stride_pt, stride_nb, stride_ab, stride_at, stride_gb, stride_gj,
+                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, W_IS_K: tl.constexpr,
+                VALUE_BETA: tl.constexpr, NORM_Q: tl.constexpr, STORE_UT: tl.constexpr, PRECISION: tl.constexpr):
+    """Per-block UT factors and boundary-adjusted q/k for block ``J`` (``BT`` tokens ``[s, e]``).
+
+    Writes rows ``[s, s + BT)`` of ``QT`` (q~) and ``KT`` (k~), ``(BH, T_pad, HEAD_DIM)``;
+    of ``AD`` (the in-block scores Ã, ``(BH, T_pad, BT)``: row ``i``, column ``c`` is
+    key ``s + c``); and ``GM[J] = G_J = P_J^T - I = -W^T A W`` (``HEAD_DIM x HEAD_DIM``),
+    so that ``P_J x = x + G_J^T x``: for a row vector, ``x^T <- x^T + x^T G_J``.
+    ``STORE_UT``: also ``WC`` (w) and ``NU`` (``-U = -A W``), the compact form
+    ``x^T G_J = (x^T W^T)(-U)``.  Rows past ``T`` get ``q = k = w = 0``, ``beta = 0``
+    (``H = I``): all zeros out.
+
+    ``W_IS_K``: DeltaNet's transitions, ``w = k``.  ``VALUE_BETA``: DeltaNet's
+    values ``beta_j v_j``, folded into column ``j`` of Ã and row ``j`` of k~.
+    ``NORM_Q``: store ``q~ / |q~|`` and the norms ``|q~|`` in ``QN`` (PaTH).
+    """
+    blk = tl.program_id(0)
+    start = blk * BT
+    bh = tl.program_id(1).to(tl.int64)
+    rows = tl.arange(0, BT)
+    offs_d = tl.arange(0, BLOCK_D)
+    CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    left = T - start
+    q = _load_rows(Q + bh * stride_qb + start * stride_qt, rows, offs_d, stride_qt, left, HEAD_DIM,
+                   True, CHECK_D).to(tl.float32)
+    k = _load_rows(K + bh * stride_kb + start * stride_kt, rows, offs_d, stride_kt, left, HEAD_DIM,
+                   True, CHECK_D).to(tl.float32)
+    if W_IS_K:
+        w = k
+    else:
+        w = _load_rows(W + bh * stride_wb + start * stride_wt, rows, offs_d, stride_wt, left, HEAD_DIM,
+                       True, CHECK_D).to(tl.float32)
+    beta = tl.load(BETA + bh * T + start + rows, mask=rows < left, other=0.0)
+
+    lower = rows[:, None] >= rows[None, :]  # s <= i (diagonal kept)
+    # N^T[j, i] = beta_i w_i . w_j for i > j: the transpose of strictLower(D_beta W W^T).
+    gram = tl.dot(w, tl.trans(w), input_precision=PRECISION)
+    nt = tl.where(rows[:, None] < rows[None, :], gram * beta[None, :], 0.0)
+    a = _unit_lower_inverse(nt, rows, BT) * beta[None, :]  # A = (I + N)^{-1} D_beta
+
+    qw = tl.where(lower, tl.dot(q, tl.trans(w), input_precision=PRECISION), 0.0)  # q_i . w_s, s <= i
+    wk = tl.where(rows[:, None] > rows[None, :], tl.dot(w, tl.trans(k), input_precision=PRECISION), 0.0)  # w_t . k_j, t > j
+    r = tl.dot(qw, a, input_precision=PRECISION)  # r_it = sum_{s<=i} (q_i . w_s) A_st
+    qt = q - tl.dot(r, w, input_precision=PRECISION)  # q~_i = H_s ... H_i q_i
+    intra = tl.dot(q, tl.trans(k), input_precision=PRECISION) - tl.dot(r, wk, input_precision=PRECISION)
+    intra = tl.where(lower, intra, 0.0)  # Ã_ij = k_j^T H_{j+1} ... H_i q_i, j <= i
+    kt = k - tl.dot(tl.trans(tl.dot(a, wk, input_precision=PRECISION)), w, input_precision=PRECISION)  # k~_j
+    nu = -tl.dot(a, w, input_precision=PRECISION)  # -U, U = A W
+    g = tl.dot(tl.trans(w), nu, input_precision=PRECISION)  # G = -W^T A W
+    if VALUE_BETA:
+        intra = intra * beta[None, :]
+        kt = kt * beta[:, None]
+
+    offs_p = (bh * stride_pb + start * stride_pt) + rows[:, None] * stride_pt + offs_d[None, :]
+    mask_p = offs_d[None, :] < HEAD_DIM
+    if NORM_Q:
+        # Any positive stand-in for a zero norm is exact: q~ / n and n multiply back to q~.
+        norm = tl.maximum(tl.sqrt(tl.sum(qt * qt, axis=1)), 1e-30)
+        tl.store(QN + bh * stride_nb + start + rows, norm)
+        qt = qt / norm[:, None]
+    tl.store(QT + offs_p, qt.to(QT.dtype.element_ty), mask=mask_p)
+    tl.store(KT + offs_p, kt.to(KT.dtype.element_ty), mask=mask_p)
+    tl.store(AD + bh * stride_ab + (start + rows[:, None]) * stride_at + rows[None, :], intra)
+    offs_g = (bh * stride_gb + blk * stride_gj) + offs_d[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(GM + offs_g, g.to(GM.dtype.element_ty), mask=(offs_d[:, None] < HEAD_DIM) & mask_p)
+    if STORE_UT:
+        tl.store(WC + offs_p, w.to(WC.dtype.element_ty), mask=mask_p)
+        tl.store(NU + offs_p, nu.to(NU.dtype.element_ty), mask=mask_p)
+
+
+class Prepared:
+    """The preparation pass's outputs for ``BH`` heads (see :func:`_ut_prepare`).
+
+    ``qt, kt: (BH, T_pad, D)``; ``ad: (BH, T_pad, block)`` (fp32); ``g: (BH, T_pad / block, D, D)``;
+    ``qn: (BH, T_pad)`` (fp32, only with ``norm_q``); ``wc, nu: (BH, T_pad, D)`` (only with
+    ``store_ut``).  ``T_pad`` is ``T`` rounded up to a multiple of ``MAX_R * block``, so
+    the main pass loads whole blocks without masks.
+    """
+
+    def __init__(self, q3, k3, w3, beta3, T, block, *, q_dtype, k_dtype, update_dtype,
+                 norm_q=False, w_is_k=False, value_beta=False, store_ut=False, precision="ieee", num_warps=4):
+        BH, _, D = q3.shape
+        T_pad = triton.cdiv(max(T, 1), MAX_R * block) * MAX_R * block
+        dev = q3.device
+        self.block, self.T_pad = block, T_pad
+        self.qt = torch.empty(BH, T_pad, D, dtype=q_dtype, device=dev)
+        self.kt = torch.empty(BH, T_pad, D, dtype=k_dtype, device=dev)
+        self.ad = torch.empty(BH, T_pad, block, dtype=torch.float32, device=dev)
+        self.g = torch.empty(BH, T_pad // block, D, D, dtype=update_dtype, device=dev)
+        self.qn = torch.empty(BH, T_pad, dtype=torch.float32, device=dev) if norm_q else self.ad
+        self.wc = torch.empty(BH, T_pad, D, dtype=update_dtype, device=dev) if store_ut else self.g
+        self.nu = torch.empty(BH, T_pad, D, dtype=update_dtype, device=dev) if store_ut else self.g
+        w3 = k3 if w_is_k else w3
+        _ut_prepare[(T_pad // block, BH)](
+            q3, k3, w3, beta3, self.qt, self.qn, self.kt, self.ad, self.g, self.wc, self.nu, T,
+            q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), w3.stride(0), w3.stride(1),
+            self.qt.stride(0), self.qt.stride(1), self.qn.stride(0), self.ad.stride(0), self.ad.stride(1),
+            self.g.stride(0), self.g.stride(1),
+            HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=block, W_IS_K=w_is_k, VALUE_BETA=value_beta, NORM_Q=norm_q,
+            STORE_UT=store_ut, PRECISION=precision, num_warps=num_warps, num_stages=1)
+
+
+def check_block(block) -> int:
+    if isinstance(block, bool) or block not in (16, 32, 64, 128):
+        raise ValueError(f"`block` must be one of 16, 32, 64, 128, got {block!r}")
+    return block
+
+
+# ---------------------------------------------------------------------------
+# Main pass
+# ---------------------------------------------------------------------------
+
+@triton.jit
+def _fold(acc, m_i, l_i, s, v, GUARD: tl.constexpr, PRECISION: tl.constexpr):
+    """Fold logits ``s`` (log2 units) and values ``v`` into the online softmax.
+
+    ``GUARD``: some rows may have seen only ``-inf`` so far (the diagonal region is
+    visited right to left, so early rows see nothing in later sub-blocks); their
+    max stays ``-inf`` and is replaced by 0 in the exponents (no ``inf - inf``).
+    """
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    if GUARD:
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_use = m_new
+    p = tl.exp2(s - m_use[:, None])
+    alpha = tl.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _transition(qh, GM, WC, NU, cols, offs_d, stride_pt, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                UPDATE: tl.constexpr, PRECISION: tl.constexpr):
+    """``q^ <- P_J q^`` for every row (fp32 accumulation), as row vectors ``q^ <- q^ + q^ G_J``.
+
+    ``UPDATE == "dense"``: one ``D x D`` product with ``G_J`` (``GM`` points at it);
+    ``"ut"``: the compact form ``q^ + (q^ W_J^T)(-U_J)``, two ``BLOCK_N``-wide products
+    (``WC``, ``NU`` point at block J's first row).  Dense costs ``D`` per row and key,
+    compact ``2 BLOCK_N``: dense wins while ``D <= 2 BLOCK_N``.
+    """
+    if UPDATE == "dense":
+        g = _load_rows(GM, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, BLOCK_D != HEAD_DIM, BLOCK_D != HEAD_DIM)
+        return tl.dot(qh.to(g.dtype), g, acc=qh, input_precision=PRECISION)
+    else:
+        w = _load_rows(WC, cols, offs_d, stride_pt, 0, HEAD_DIM, False, BLOCK_D != HEAD_DIM)
+        nu = _load_rows(NU, cols, offs_d, stride_pt, 0, HEAD_DIM, False, BLOCK_D != HEAD_DIM)
+        x = tl.dot(qh.to(w.dtype), tl.trans(w), input_precision=PRECISION)
+        return tl.dot(x.to(nu.dtype), nu, acc=qh, input_precision=PRECISION)
+
+
+@triton.jit
+def _path_fwd(QT, QN, KT, AD, GM, WC, NU, V, O, T, qk_scale,
+              stride_pb, stride_pt, stride_nb, stride_ab, stride_at, stride_gb, stride_gj,
+              stride_vb, stride_vt, stride_ob, stride_ot,
+              HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+              R: tl.constexpr, BLOCK_N: tl.constexpr, UPDATE: tl.constexpr, PRECISION: tl.constexpr):
+    BLOCK_M: tl.constexpr = R * BLOCK_N
+    # Heaviest query blocks (those with the most keys) are launched first, as in the template.
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    start_m = pid_m * BLOCK_M
+    rows = tl.arange(0, BLOCK_M)
+    offs_m = start_m + rows
+    cols = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    QT += bh * stride_pb
+    KT += bh * stride_pb
+    WC += bh * stride_pb
+    NU += bh * stride_pb
+    GM += bh * stride_gb
+    V += bh * stride_vb
+    O += bh * stride_ob
+
+    # The carried query, fp32, unit rows; the norm goes into a per-row logit scale.
+    qh = _load_rows(QT + start_m * stride_pt, rows, offs_d, stride_pt, BLOCK_M, HEAD_DIM, False, BLOCK_D != HEAD_DIM)
+    row_scale = tl.load(QN + bh * stride_nb + offs_m) * qk_scale
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+
+    # Diagonal region: the R key blocks inside the query block, right to left.  Rows
+    # in sub-block c take block c's in-block scores Ã; rows in later sub-blocks see
+    # block c as an earlier block (logits from q^, then q^ <- P_c q^).
+    sub = rows // BLOCK_N
+    ad = _load_rows(AD + bh * stride_ab + start_m * stride_at, rows, cols, stride_at, BLOCK_M, BLOCK_N, False, False)
+    for c in tl.static_range(R):
+        cc = R - 1 - c
+        start_n = start_m + cc * BLOCK_N
+        offs_n = start_n + cols
+        s = ad * qk_scale
+        if cc < R - 1:
+            kt = _load_rows(KT + start_n * stride_pt, cols, offs_d, stride_pt, BLOCK_N, HEAD_DIM, False, BLOCK_D != HEAD_DIM)
+            s_off = tl.dot(qh.to(kt.dtype), tl.trans(kt), input_precision=PRECISION) * row_scale[:, None]
+            s = tl.where(sub[:, None] == cc, s, s_off)
+        s = tl.where(offs_m[:, None] >= offs_n[None, :], s, float("-inf"))
+        v = _load_rows(V + start_n * stride_vt, cols, offs_dv, stride_vt, T - start_n, HEAD_DV, True, BLOCK_DV != HEAD_DV)
+        acc, m_i, l_i = _fold(acc, m_i, l_i, s, v, True, PRECISION)
+        if cc < R - 1:
+            qn = _transition(qh, GM + (start_n // BLOCK_N) * stride_gj, WC + start_n * stride_pt,
+                             NU + start_n * stride_pt, cols, offs_d, stride_pt, HEAD_DIM, BLOCK_D, UPDATE, PRECISION)
+            qh = tl.where(sub[:, None] > cc, qn, qh)
+
+    # Key blocks strictly left of the query block, right to left: every key visible
+    # (no causal mask) and every block whole (no row masks).
+    for jj in range(0, start_m // BLOCK_N):
+        start_n = start_m - (jj + 1) * BLOCK_N
+        kt = _load_rows(KT + start_n * stride_pt, cols, offs_d, stride_pt, 0, HEAD_DIM, False, BLOCK_D != HEAD_DIM)
+        v = _load_rows(V + start_n * stride_vt, cols, offs_dv, stride_vt, 0, HEAD_DV, False, BLOCK_DV != HEAD_DV)
+        s = tl.dot(qh.to(kt.dtype), tl.trans(kt), input_precision=PRECISION) * row_scale[:, None]
+        acc, m_i, l_i = _fold(acc, m_i, l_i, s, v, False, PRECISION)
+        qh = _transition(qh, GM + (start_n // BLOCK_N) * stride_gj, WC + start_n * stride_pt,
+                         NU + start_n * stride_pt, cols, offs_d, stride_pt, HEAD_DIM, BLOCK_D, UPDATE, PRECISION)
+
+    o = acc / l_i[:, None]
+    o_ptrs = O + offs_m[:, None] * stride_ot + offs_dv[None, :]
+    tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=(offs_m[:, None] < T) & (offs_dv[None, :] < HEAD_DV))
+
+
+# Tile shapes of the main pass: a query block is R UT blocks (BLOCK_M = R * BLOCK_N,
+# BLOCK_N fixed by the preparation pass); the autotuner picks R, warps and stages.
+_GPU_CONFIGS = [
+    triton.Config({"R": r}, num_warps=w, num_stages=s)
+    for r, w, s in [(2, 8, 2), (2, 8, 3), (2, 4, 2), (1, 4, 2), (1, 4, 3), (2, 8, 1)]
+]
+_path_fwd_tuned = triton.autotune(_GPU_CONFIGS, key=["HEAD_DIM", "HEAD_DV", "BLOCK_N", "UPDATE", "PRECISION"])(_path_fwd)
+
+
+def path_attention(q, k, v, w, beta, *, scale=None, block: int = 64, _config=None):
+    """Causal PaTH attention forward (two launches: preparation, then the scan).
+
+    Shapes: ``q, k, w: (..., T, D)``, ``v: (..., T, Dv)``, ``beta: (..., T)`` ->
+    ``(..., T, Dv)``; ``D, Dv`` in 16..128; any T.  ``q, k, v`` fp16/bf16/fp32
+    (one dtype; the output has it); ``w`` and ``beta`` are used in fp32 whatever
+    their dtype.  ``logit_ij = scale * k_j^T H_{j+1} ... H_i q_i`` with
+    ``H_s = I - beta_s w_s w_s^T`` (smallest index on the left; ``j = i``: plain
+    ``k_i . q_i``); ``scale=None`` means ``D ** -0.5``.  ``block``: the UT block
+    (key block) size.  The caller validates ``beta``'s values (``pathedu.path``
+    requires [0, 2]; ``w`` is used as given).
+
+    ``_config`` (for tests and tuning): ``dict(R=..., num_warps=..., num_stages=...)``
+    fixes the main pass's tiles (query blocks of ``R * block`` rows, R in 1..MAX_R)
+    instead of autotuning; ``update="dense"|"ut"`` picks the form of ``q^ <- P_J q^``
+    (default: dense while ``D <= 2 block``); ``update_dtype`` the dtype of its operands.
+    """
+    cfg = dict(_config or {})
+    n, q3, k3, v3, dtype = prepare_qkv(q, k, v)
+    scale = check_scale(scale, n.D)
+    check_per_token(w, "w", n, q, extra=(n.D,))
+    check_per_token(beta, "beta", n, q)
+    block = check_block(block)
+    BH = q3.shape[0]
+    out = torch.empty(q3.shape[:-1] + (n.Dv,), dtype=dtype, device=q.device)
+    if n.T == 0 or BH == 0:
+        return out.reshape(q.shape[:-1] + (n.Dv,)).to(q.dtype)
+    w3 = w.reshape(BH, n.T, n.D).to(torch.float32).contiguous()
+    beta3 = prepare_per_token(beta, n, BH)
+    precision = dot_precision(dtype)
+    # Logits in the input dtype; the carried query's updates in fp16 (fp32 for fp32 inputs).
+    update_dtype = cfg.pop("update_dtype", torch.float32 if dtype == torch.float32 else torch.float16)
+    update = cfg.pop("update", "dense" if n.D <= 2 * block else "ut")
+    if update not in ("dense", "ut"):
+        raise ValueError(f"`_config['update']` must be 'dense' or 'ut', got {update!r}")
+    prep = Prepared(q3, k3, w3, beta3, n.T, block, q_dtype=torch.float32, k_dtype=dtype, update_dtype=update_dtype,
+                    norm_q=True, store_ut=update == "ut", precision=precision)
+    meta = dict(HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=next_pow2(n.D), BLOCK_DV=next_pow2(n.Dv), BLOCK_N=block,
+                UPDATE=update, PRECISION=precision)
+    args = (prep.qt, prep.qn, prep.kt, prep.ad, prep.g, prep.wc, prep.nu, v3, out, n.T, scale * LOG2E,
+            prep.qt.stride(0), prep.qt.stride(1), prep.qn.stride(0), prep.ad.stride(0), prep.ad.stride(1),
+            prep.g.stride(0), prep.g.stride(1), v3.stride(0), v3.stride(1), out.stride(0), out.stride(1))
+    if cfg or interpreting():
+        cfg = {"R": 1, "num_warps": 4, "num_stages": 1 if interpreting() else 2, **cfg}
+        if cfg["R"] not in range(1, MAX_R + 1):
+            raise ValueError(f"`_config['R']` must be in 1..{MAX_R}, got {cfg['R']!r}")
+        _path_fwd[(triton.cdiv(n.T, cfg["R"] * block), BH)](*args, **cfg, **meta)
+    else:
+        grid = lambda META: (triton.cdiv(n.T, META["R"] * block), BH)  # noqa: E731
+        _path_fwd_tuned[grid](*args, **meta)
+    return out.reshape(q.shape[:-1] + (n.Dv,)).to(q.dtype)

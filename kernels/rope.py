@@ -1,0 +1,133 @@
+r"""The RoPE rotation pre-pass: one fused Triton pass that rotates q and k.
+
+RoPE needs no attention kernel of its own.  Rotate every query and key by its
+absolute position once, then run the templates unchanged:
+
+* :func:`pathedu.rope.rope_triton`    = :func:`rotate_qk` + :func:`pathedu.kernels.flash_attention.attention`;
+* :func:`pathedu.rope.complex_triton` = :func:`rotate_qk` + :func:`pathedu.kernels.linear_attention.chunked_linear_attention`
+  (the complex recurrence *is* linear attention on rotated q, k).
+
+One program owns ``BLOCK_T`` positions of one (batch, head) row of both ``q``
+and ``k``.  It computes, in fp32 and in registers,
+
+* the frequencies ``Omega_n = base^(-2n/D) = 2^(-(n / (D/2)) log2(base))``,
+* the angles ``theta = (offset + t) * Omega_n`` and their cos/sin (shared by q and k),
+
+loads the two components ``(a, b)`` of every channel pair (``pairing``:
+``"interleaved"`` pairs channels ``(2n, 2n+1)``, ``"half"`` pairs ``(n, n + D/2)``),
+and writes ``(a cos - b sin, a sin + b cos)`` in the input dtype.  Nothing is
+precomputed on the host: no cos/sin table is read from memory.  Interleaved
+pairs are read with stride-2 loads; the two loads of a tile touch the same cache
+lines, so the pass still moves each byte of q and k once in and once out.
+
+Precision.  Everything is fp32, so the angle drifts from its exact value as the
+position grows.  Two roundings add up: the frequency ``exp2`` of a rounded
+exponent (the exponent reaches ``-log2(base) ~ -13``, so ``Omega_n`` carries a
+relative error up to ~5e-7, about four units in the last place; a GPU's fast
+``exp2`` may add one or two more), then the product ``t * Omega_n`` (half a unit
+in the last place of the angle).  Both grow like ``t``: :func:`trig_error`
+measures the largest error of the kernel's cos/sin against float64 as about
+``1.3 t 2^-24`` on the CPU interpreter, 4.5e-6 for ``t < 64`` and 6.5e-4 at
+``t < 8192`` (``tests/test_rope.py`` bounds it by ``4 t 2^-24``, i.e. 2e-3 at
+8192; ``pathedu.bench.rope.gpu_checks`` measures the GPU).  Every RoPE that
+computes ``t * inv_freq`` in fp32 drifts the same way; it is far below the
+storage precision of bf16 q and k (rounded to a relative 2^-8 = 3.9e-3).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ..rope import _pairs, check_base, check_even, check_offset, check_pairing
+from ._launch import interpreting, prepare_qkv
+
+
+@triton.jit
+def _rotate_tile(X, XO, col_a, col_b, c, s, mask):
+    """Rotate the pairs (X[col_a], X[col_b]) of one tile by (c, s) and store them to XO; fp32 math."""
+    a = tl.load(X + col_a, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(X + col_b, mask=mask, other=0.0).to(tl.float32)
+    tl.store(XO + col_a, (a * c - b * s).to(XO.dtype.element_ty), mask=mask)
+    tl.store(XO + col_b, (a * s + b * c).to(XO.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rope_fwd(Q, K, QO, KO, T, offset, log2_base, stride_b, stride_t,
+              HALF: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr):
+    pid_t = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_n = tl.arange(0, BLOCK_H)
+    # Frequencies and angles, fp32: Omega_n = 2^(-(n / HALF) * log2(base)), theta = position * Omega_n.
+    omega = tl.exp2(-(offs_n.to(tl.float32) / HALF) * log2_base)
+    theta = (offset + offs_t).to(tl.float32)[:, None] * omega[None, :]
+    c = tl.cos(theta)
+    s = tl.sin(theta)
+    if INTERLEAVED:
+        col_a = 2 * offs_n
+        col_b = col_a + 1
+    else:
+        col_a = offs_n
+        col_b = offs_n + HALF
+    mask = (offs_t[:, None] < T) & (offs_n[None, :] < HALF)
+    rows = bh * stride_b + offs_t[:, None].to(tl.int64) * stride_t
+    _rotate_tile(Q + rows, QO + rows, col_a[None, :], col_b[None, :], c, s, mask)
+    _rotate_tile(K + rows, KO + rows, col_a[None, :], col_b[None, :], c, s, mask)
+
+
+def rotate_qk(q, k, *, base: float = 10000.0, offset: int = 0, pairing: str = "interleaved"):
+    """Rotate ``q`` and ``k`` by their positions in one fused pass: row t by ``R^{offset + t}``.
+
+    Shapes: ``q, k: (..., T, D)`` with equal shapes, ``D`` even and at most 256;
+    returns ``(q_rot, k_rot)`` of the same shapes and dtype (fp16/bf16/fp32).
+    Conventions exactly as :func:`pathedu.rope.apply_rope` (frequencies
+    ``base^(-2n/D)``, rotation by ``+(offset + t) Omega_n``, ``pairing``
+    ``"interleaved"`` = channels (2n, 2n+1), ``"half"`` = channels (n, n + D/2)),
+    but with fp32 angles computed in the kernel.  Leading dims are flattened.
+    In interpreter mode bf16 is rotated in fp32 and rounded back to bf16.
+    """
+    if isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and k.dtype != q.dtype:
+        raise TypeError(f"`q` and `k` must share one dtype, got {q.dtype} and {k.dtype}")
+    # v = k: every shape check then concerns `q` and `k` only.
+    n, q3, k3, _, dtype = prepare_qkv(q, k, k, min_dim=2, max_dim=256)
+    check_even(n.D, "q")
+    base, offset, pairing = check_base(base), check_offset(offset), check_pairing(pairing)
+    BH = q3.shape[0]
+    qo, ko = torch.empty_like(q3), torch.empty_like(k3)
+    if n.T > 0 and BH > 0:
+        half = n.D // 2
+        block_h = triton.next_power_of_2(half)
+        # Interpreter: few large programs (its cost is per program).  GPU: ~2048 fp32 values per tile.
+        block_t = 128 if interpreting() else max(16, min(128, 2048 // block_h))
+        grid = (triton.cdiv(n.T, block_t), BH)
+        _rope_fwd[grid](q3, k3, qo, ko, n.T, offset, math.log2(base), q3.stride(0), q3.stride(1),
+                        HALF=half, BLOCK_T=block_t, BLOCK_H=block_h, INTERLEAVED=pairing == "interleaved",
+                        num_warps=4)
+    return qo.reshape(q.shape).to(q.dtype), ko.reshape(k.shape).to(k.dtype)
+
+
+def trig_table(T: int, D: int, *, base: float = 10000.0, offset: int = 0, device=None):
+    """The cos and sin the kernel computes, each ``(T, D/2)`` fp32, read off by rotating unit pairs ``(1, 0)``."""
+    device = torch.device("cpu" if interpreting() else "cuda") if device is None else device
+    x = torch.zeros(1, T, D, dtype=torch.float32, device=device)
+    a, _ = _pairs(x, "half")
+    a.fill_(1.0)
+    xr, _ = rotate_qk(x, x, base=base, offset=offset, pairing="half")
+    return _pairs(xr[0], "half")
+
+
+def trig_error(T: int = 8192, D: int = 128, *, base: float = 10000.0, device=None) -> torch.Tensor:
+    """Per position t < T: the largest error of the kernel's fp32 cos/sin against float64, ``(T,)`` float64.
+
+    ``max_n max(|cos_k - cos|, |sin_k - sin|)`` of the angle ``t * Omega_n``: the
+    largest change the fp32 angle makes to any rotated coordinate of a unit pair.
+    """
+    from ..rope import frequencies
+
+    c, s = trig_table(T, D, base=base, device=device)
+    theta = torch.arange(T, dtype=torch.float64, device=c.device)[:, None] * frequencies(D, base=base, device=c.device)
+    err = torch.maximum((c.double() - torch.cos(theta)).abs(), (s.double() - torch.sin(theta)).abs())
+    return err.amax(-1).cpu()

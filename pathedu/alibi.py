@@ -1,0 +1,447 @@
+r"""ALiBi softmax attention and RetNet's constant-decay linear attention: every form of both sides.
+
+Linear side (RetNet's retention without its rotation and normalisation, a
+constant forget gate ``gamma`` per head, no scale)::
+
+    S_t = gamma S_{t-1} + v_t k_t^T,     o_t = S_t q_t      (S_t is Dv x D)
+
+Unrolled, ``o_i = sum_{j<=i} gamma^(i-j) (q_i . k_j) v_j``: the product of the
+``i - j`` gates between key ``j`` and query ``i`` is ``gamma^(i-j)``.  With
+``gamma = exp(-slope)`` that product is ``exp(-slope (i-j))``, and its logarithm
+read as an additive logit bias is ALiBi's (softmax side)::
+
+    o_i = sum_{j<=i} softmax_j(scale * q_i . k_j - slope * (i - j)) v_j
+
+The bias is always ``<= 0``: ALiBi *penalises* distance (a positive bias
+``+slope (i-j)`` would favour the oldest tokens).
+
+Arguments shared by every form:
+
+* ``q, k: (..., T, D)``, ``v: (..., T, Dv)``, output ``(..., T, Dv)``; the
+  leading dims (batch, heads, ...) must agree.  Positions are 0-based, ``i`` is
+  the query, ``j <= i`` the key.
+* ``slope``: a float or a tensor broadcastable to the leading dims (one slope
+  per head, e.g. ``alibi_slopes(H)`` for leading dims ``(B, H)``); finite and
+  ``>= 0``.
+* ``gamma``: a float or a tensor broadcastable to the leading dims; in ``(0, 1]``.
+* ``scale`` (softmax side only): ``None`` means ``D ** -0.5``.  The bias is not
+  multiplied by ``scale``.
+
+Forms, from the definition towards the kernel:
+
+================  ==================================  ==================================
+form              softmax side (ALiBi)                linear side (RetNet)
+================  ==================================  ==================================
+naive             ``alibi_naive``: loop over i        ``retnet_naive``: loop over i
+recurrent         ``alibi_recurrent``: KV cache,      ``retnet_recurrent``: state S_t
+                  bias added as the cache is read
+matrix            ``alibi_matrix``: softmax(QK^T+B)   ``retnet_matrix``: (QK^T * D) V
+blockwise         ``alibi_blockwise``: online         ``retnet_chunked``: chunks +
+                  softmax over key blocks + bias      decayed carried state
+Triton            ``alibi_triton``: bias hook of      ``retnet_triton``: scalar-gate hook
+                  the FlashAttention template         of the chunked template
+================  ==================================  ==================================
+
+Helpers: :func:`alibi_bias` (the matrix ``B``), :func:`retnet_decay` (the
+matrix ``D = exp(B)``), :func:`alibi_slopes`, :func:`retnet_gammas`,
+:func:`slope_to_gamma`, :func:`gamma_to_slope`, :func:`half_life`.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+from .checks import QKV, check_qkv, check_scale
+from .masks import causal_mask, masked_logits
+from .nope import KVCache, _empty_out, online_softmax_step
+
+__all__ = [
+    "alibi_naive", "alibi_recurrent", "alibi_matrix", "alibi_blockwise", "alibi_triton",
+    "retnet_naive", "retnet_recurrent", "retnet_matrix", "retnet_chunked", "retnet_triton",
+    "alibi_bias", "retnet_decay", "alibi_slopes", "retnet_gammas", "slope_to_gamma", "gamma_to_slope",
+    "half_life", "ALiBiCache",
+]
+
+
+# ---------------------------------------------------------------------------
+# Validation of the per-head arguments (slope, gamma)
+# ---------------------------------------------------------------------------
+
+def _as_tensor(x, name: str) -> torch.Tensor:
+    """A real number or a real tensor as a float64 tensor (values are checked in float64)."""
+    if isinstance(x, torch.Tensor):
+        if x.dtype == torch.bool or x.is_complex():
+            raise TypeError(f"`{name}` must be a real tensor, got dtype {x.dtype}")
+        return x.to(torch.float64)
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise TypeError(f"`{name}` must be a float or a tensor, got {type(x).__name__}")
+    return torch.tensor(float(x), dtype=torch.float64)
+
+
+def _check_slope_values(t: torch.Tensor, name: str = "slope") -> None:
+    if not bool((torch.isfinite(t) & (t >= 0)).all()):
+        raise ValueError(f"`{name}` must be finite and >= 0 (ALiBi's bias -slope*(i-j) penalises distance); "
+                         f"got {t.flatten()[:8].tolist()}")
+
+
+def _check_gamma_values(t: torch.Tensor, name: str = "gamma") -> None:
+    if not bool(((t > 0) & (t <= 1)).all()):
+        raise ValueError(f"`{name}` must lie in (0, 1] (a forget gate that shrinks the state); "
+                         f"got {t.flatten()[:8].tolist()}")
+
+
+def _per_head(x, name: str, n: QKV, like: torch.Tensor, check, dtype=None) -> torch.Tensor:
+    """Validate a float or a tensor broadcastable to the leading dims ``n.lead``; return it
+    as a tensor of shape ``n.lead + (1, 1)`` (ready to broadcast against ``(..., T, T)``)
+    in ``dtype`` (default: ``like``'s dtype) on ``like``'s device."""
+    t = _as_tensor(x, name)
+    check(t, name)
+    try:
+        t = torch.broadcast_to(t.to(like.device), n.lead)
+    except RuntimeError:
+        raise ValueError(f"`{name}` of shape {tuple(t.shape)} does not broadcast to the leading dims {n.lead} "
+                         f"(pass a float, or one value per head)") from None
+    return t.to(like.dtype if dtype is None else dtype)[..., None, None]
+
+
+def _slope(slope, n, like, dtype=None):
+    return _per_head(slope, "slope", n, like, _check_slope_values, dtype)
+
+
+def _gamma(gamma, n, like, dtype=None):
+    return _per_head(gamma, "gamma", n, like, _check_gamma_values, dtype)
+
+
+def _positions(T: int, device) -> torch.Tensor:
+    """``(T, T)`` distances ``i - j`` (row = query i, column = key j); negative above the diagonal."""
+    idx = torch.arange(T, device=device)
+    return idx[:, None] - idx[None, :]
+
+
+# ---------------------------------------------------------------------------
+# Slopes, gammas and their conversions
+# ---------------------------------------------------------------------------
+
+def slope_to_gamma(slope):
+    """``gamma = exp(-slope)``: the RetNet gate whose unrolled product is ALiBi's bias.
+
+    ``slope`` a float (returns a float) or a tensor (returns a tensor); finite, ``>= 0``.
+    ``slope = 0`` gives ``gamma = 1`` (NoPE <-> plain linear attention, chapter 1).
+    """
+    t = _as_tensor(slope, "slope")
+    _check_slope_values(t)
+    if isinstance(slope, torch.Tensor):
+        return torch.exp(-slope.to(torch.promote_types(slope.dtype, torch.float32)))
+    return math.exp(-float(slope))
+
+
+def gamma_to_slope(gamma):
+    """``slope = -log(gamma)``, the inverse of :func:`slope_to_gamma`; ``gamma`` in ``(0, 1]``."""
+    t = _as_tensor(gamma, "gamma")
+    _check_gamma_values(t)
+    if isinstance(gamma, torch.Tensor):
+        return -torch.log(gamma.to(torch.promote_types(gamma.dtype, torch.float32)))
+    return -math.log(float(gamma))
+
+
+def half_life(gamma):
+    """Tokens after which the decay ``gamma^d`` has halved: ``d = log(1/2) / log(gamma)``
+    (``inf`` for ``gamma = 1``).  ``gamma`` a float in ``(0, 1]``."""
+    t = _as_tensor(gamma, "gamma")
+    _check_gamma_values(t)
+    return math.inf if float(gamma) == 1.0 else math.log(0.5) / math.log(float(gamma))
+
+
+def _check_n_heads(n_heads) -> int:
+    if isinstance(n_heads, bool) or not isinstance(n_heads, numbers.Integral):
+        raise TypeError(f"`n_heads` must be an int, got {type(n_heads).__name__}")
+    if n_heads < 1:
+        raise ValueError(f"`n_heads` must be >= 1, got {n_heads}")
+    return int(n_heads)
+
+
+def alibi_slopes(n_heads: int) -> torch.Tensor:
+    """The per-head slopes of the ALiBi paper, as a float64 tensor ``(n_heads,)``.
+
+    For ``n`` a power of two: the geometric sequence that starts at ``2^(-8/n)``
+    and has that same ratio, ``2^(-8 h / n)`` for heads ``h = 1..n`` (8 heads:
+    ``1/2, 1/4, ..., 1/256``).  For other ``n``: the slopes of the largest power
+    of two ``p < n``, followed by every other slope of ``2p`` heads
+    (``2^(-8(2h-1)/(2p))``, ``h = 1..n-p``), i.e. the sequence for ``2p`` heads
+    with the ones already used left out.  The order is the paper code's: head
+    ``h`` gets entry ``h``.
+    """
+    n = _check_n_heads(n_heads)
+    p = 1 << (n.bit_length() - 1)  # the largest power of two <= n
+    slopes = [2.0 ** (-8.0 * h / p) for h in range(1, p + 1)]
+    # Odd entries (1st, 3rd, ...) of the 2p-head sequence fall between the p-head ones.
+    slopes += [2.0 ** (-8.0 * (2 * h - 1) / (2 * p)) for h in range(1, n - p + 1)]
+    return torch.tensor(slopes, dtype=torch.float64)
+
+
+def retnet_gammas(n_heads: int) -> torch.Tensor:
+    """RetNet's per-head decays ``gamma_h = 1 - 2^(-5-h)``, ``h = 0..n-1``, float64 ``(n_heads,)``.
+
+    Half-lives from about 22 tokens (head 0) upwards, doubling head by head.
+    """
+    n = _check_n_heads(n_heads)
+    return 1.0 - 2.0 ** (-5.0 - torch.arange(n, dtype=torch.float64))
+
+
+def alibi_bias(T: int, slope, *, dtype=torch.float64, device=None) -> torch.Tensor:
+    """ALiBi's additive bias matrix ``B``, row = query ``i``, column = key ``j``:
+    ``B_ij = -slope (i - j)`` for ``j <= i`` and ``-inf`` for ``j > i`` (the causal mask).
+
+    ``slope``: a float or a tensor of any shape ``S`` (finite, ``>= 0``); returns
+    ``S + (T, T)``.  ``exp(B)`` is :func:`retnet_decay` with ``gamma = exp(-slope)``.
+    """
+    t = _as_tensor(slope, "slope")
+    _check_slope_values(t)
+    dist = _positions(T, device).to(dtype)
+    bias = -t.to(dtype=dtype, device=device)[..., None, None] * dist
+    return masked_logits(bias, causal_mask(T, device))
+
+
+def retnet_decay(T: int, gamma, *, dtype=torch.float64, device=None) -> torch.Tensor:
+    """RetNet's decay matrix ``D``, row = query ``i``, column = key ``j``:
+    ``D_ij = gamma^(i - j)`` for ``j <= i`` and ``0`` for ``j > i``.
+
+    ``gamma``: a float or a tensor of any shape ``S``, in ``(0, 1]``; returns ``S + (T, T)``.
+    Powers are taken directly (no ``exp(log)``), so tiny gammas underflow to 0, never NaN.
+    """
+    t = _as_tensor(gamma, "gamma")
+    _check_gamma_values(t)
+    dist = _positions(T, device).clamp_min(0).to(dtype)  # future entries are zeroed below
+    decay = t.to(dtype=dtype, device=device)[..., None, None] ** dist
+    return decay * causal_mask(T, device)
+
+
+# ---------------------------------------------------------------------------
+# Softmax side: ALiBi
+# ---------------------------------------------------------------------------
+
+def alibi_naive(q, k, v, slope, *, scale=None):
+    """The definition, one query at a time:
+    ``o_i = softmax_j(scale q_i . k_j - slope (i - j))_{j<=i} V_{<=i}``.
+
+    Shapes: ``q, k: (..., T, D)``, ``v: (..., T, Dv)`` -> ``(..., T, Dv)``; ``slope``
+    a float or broadcastable to the leading dims, ``>= 0``.
+    """
+    n = check_qkv(q, k, v)
+    scale = check_scale(scale, n.D)
+    lam = _slope(slope, n, q)[..., 0]  # (..., 1)
+    if n.T == 0:
+        return _empty_out(q, v)
+    outs = []
+    for i in range(n.T):
+        dist = i - torch.arange(i + 1, device=q.device, dtype=q.dtype)  # i - j for j = 0..i
+        logits = scale * torch.einsum("...d,...jd->...j", q[..., i, :], k[..., : i + 1, :]) - lam * dist
+        outs.append(torch.einsum("...j,...jd->...d", torch.softmax(logits, dim=-1), v[..., : i + 1, :]))
+    return torch.stack(outs, dim=-2)
+
+
+class ALiBiCache(KVCache):
+    """A decoding cache for ALiBi: a :class:`pathedu.nope.KVCache` whose read adds the bias.
+
+    The bias ``-slope (t - j)`` depends only on the distance between the query
+    ``t`` (the newest token) and the cached key ``j``, so the cache stores plain
+    keys and the bias is computed as each page is read.  (Since softmax ignores
+    a per-query constant, ``-slope t`` could be dropped and ``+slope j`` stored
+    with each key instead; but ``slope j`` grows without bound, and large fp32
+    logits lose the digits that tell neighbours apart.)  Pages are merged with
+    :func:`pathedu.nope.online_softmax_step`.
+
+    ``slope``: ``(...)``, one value per leading index.  Shapes as :class:`KVCache`.
+    """
+
+    def __init__(self, lead, D, Dv, T_max, slope, *, dtype, device, page: int = 64):
+        super().__init__(lead, D, Dv, T_max, dtype=dtype, device=device, page=page)
+        self.slope = slope
+
+    def attend(self, q_t, scale):
+        t = self.len - 1  # the query is the newest token
+        m = torch.full(q_t.shape[:-1] + (1,), float("-inf"), dtype=q_t.dtype, device=q_t.device)
+        l = torch.zeros_like(m)
+        acc = torch.zeros(q_t.shape[:-1] + (1, self.v.shape[-1]), dtype=q_t.dtype, device=q_t.device)
+        for start in range(0, self.len, self.page):
+            end = min(start + self.page, self.len)
+            s = scale * torch.einsum("...d,...jd->...j", q_t, self.k[..., start:end, :])
+            dist = t - torch.arange(start, end, device=q_t.device, dtype=q_t.dtype)
+            s = (s - self.slope[..., None] * dist)[..., None, :]  # one query row: (..., 1, N)
+            m, l, acc = online_softmax_step(m, l, acc, s, self.v[..., start:end, :])
+        return (acc / l[..., None])[..., 0, :]
+
+
+def alibi_recurrent(q, k, v, slope, *, scale=None, page: int = 64):
+    """Decoding: token by token, append ``(k_t, v_t)`` to an :class:`ALiBiCache`, then attend.
+
+    O(t) memory and O(t D) work per token (the cache grows), against RetNet's
+    fixed ``Dv x D`` state.  Shapes as :func:`alibi_naive`.
+    """
+    n = check_qkv(q, k, v)
+    scale = check_scale(scale, n.D)
+    lam = _slope(slope, n, q)[..., 0, 0]  # (...)
+    if n.T == 0:
+        return _empty_out(q, v)
+    cache = ALiBiCache(n.lead, n.D, n.Dv, n.T, lam, dtype=q.dtype, device=q.device, page=page)
+    outs = []
+    for t in range(n.T):
+        cache.append(k[..., t, :], v[..., t, :])
+        outs.append(cache.attend(q[..., t, :], scale))
+    return torch.stack(outs, dim=-2)
+
+
+def alibi_matrix(q, k, v, slope, *, scale=None):
+    """Parallel form: ``softmax(scale Q K^T + B) V`` with ``B`` = :func:`alibi_bias`
+    (``-slope (i-j)`` on and below the diagonal, ``-inf`` above).
+
+    Shapes as :func:`alibi_naive`; O(T^2) memory for the logits.
+    """
+    n = check_qkv(q, k, v)
+    scale = check_scale(scale, n.D)
+    lam = _slope(slope, n, q)[..., 0, 0]
+    if n.T == 0:
+        return _empty_out(q, v)
+    logits = scale * q @ k.transpose(-1, -2) + alibi_bias(n.T, lam, dtype=q.dtype, device=q.device)
+    return torch.softmax(logits, dim=-1) @ v
+
+
+def alibi_blockwise(q, k, v, slope, *, scale=None, block_m: int = 64, block_n: int = 64):
+    """FlashAttention with ALiBi in PyTorch: the reference the Triton kernel's ``"alibi"`` hook follows.
+
+    :func:`pathedu.nope.nope_blockwise` with one line added: each block of
+    logits gets ``-slope (i - j)`` before the online-softmax update
+    (:func:`pathedu.nope.online_softmax_step`).  The bias is computed from the
+    block's row and column indices; no ``T x T`` matrix is ever formed.
+    Shapes as :func:`alibi_naive`.
+    """
+    n = check_qkv(q, k, v)
+    scale = check_scale(scale, n.D)
+    lam = _slope(slope, n, q)  # (..., 1, 1)
+    if n.T == 0:
+        return _empty_out(q, v)
+    out = torch.empty(q.shape[:-1] + (n.Dv,), dtype=q.dtype, device=q.device)
+    for start_m in range(0, n.T, block_m):
+        end_m = min(start_m + block_m, n.T)
+        q_blk = q[..., start_m:end_m, :] * scale
+        rows = torch.arange(start_m, end_m, device=q.device)
+        m = torch.full(q_blk.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
+        l = torch.zeros_like(m)
+        acc = torch.zeros(q_blk.shape[:-1] + (n.Dv,), dtype=q.dtype, device=q.device)
+        for start_n in range(0, end_m, block_n):
+            end_n = min(start_n + block_n, end_m)
+            cols = torch.arange(start_n, end_n, device=q.device)
+            s = q_blk @ k[..., start_n:end_n, :].transpose(-1, -2)
+            s = s - lam * (rows[:, None] - cols[None, :]).to(q.dtype)  # the ALiBi bias of this block
+            if end_n > start_m + 1:  # the block reaches the diagonal: hide the future
+                s = masked_logits(s, cols[None, :] <= rows[:, None])
+            m, l, acc = online_softmax_step(m, l, acc, s, v[..., start_n:end_n, :])
+        out[..., start_m:end_m, :] = acc / l[..., None]
+    return out
+
+
+def alibi_triton(q, k, v, slope, *, scale=None):
+    """ALiBi through the FlashAttention template's bias hook:
+    :func:`pathedu.kernels.flash_attention.attention` with ``alibi_slope=slope``.
+
+    fp16/bf16/fp32, head dims 16..128, fp32 accumulation.  Shapes as :func:`alibi_naive`.
+    """
+    from .kernels.flash_attention import attention
+
+    n = check_qkv(q, k, v)
+    lam = _slope(slope, n, q, dtype=torch.float32)[..., 0, 0]
+    return attention(q, k, v, scale=scale, alibi_slope=lam)
+
+
+# ---------------------------------------------------------------------------
+# Linear side: RetNet (constant decay)
+# ---------------------------------------------------------------------------
+
+def retnet_naive(q, k, v, gamma):
+    """The definition: ``o_i = sum_{j<=i} gamma^(i-j) (q_i . k_j) v_j``, a loop over i.
+
+    Shapes: ``q, k: (..., T, D)``, ``v: (..., T, Dv)`` -> ``(..., T, Dv)``; ``gamma``
+    a float or broadcastable to the leading dims, in ``(0, 1]``.
+    """
+    n = check_qkv(q, k, v)
+    g = _gamma(gamma, n, q)[..., 0]  # (..., 1)
+    if n.T == 0:
+        return _empty_out(q, v)
+    outs = []
+    for i in range(n.T):
+        dist = i - torch.arange(i + 1, device=q.device, dtype=q.dtype)  # i - j for j = 0..i
+        w = g ** dist * torch.einsum("...d,...jd->...j", q[..., i, :], k[..., : i + 1, :])
+        outs.append(torch.einsum("...j,...jd->...d", w, v[..., : i + 1, :]))
+    return torch.stack(outs, dim=-2)
+
+
+def retnet_recurrent(q, k, v, gamma, *, initial_state=None, return_state: bool = False):
+    """The RNN: ``S_t = gamma S_{t-1} + v_t k_t^T``, ``o_t = S_t q_t``; O(D Dv) memory per step.
+
+    ``initial_state``/returned state: ``(..., Dv, D)``.  Shapes as :func:`retnet_naive`.
+    """
+    n = check_qkv(q, k, v)
+    g = _gamma(gamma, n, q)  # (..., 1, 1)
+    S = q.new_zeros(n.lead + (n.Dv, n.D)) if initial_state is None else initial_state.clone()
+    outs = []
+    for t in range(n.T):
+        S = g * S + v[..., t, :, None] * k[..., t, None, :]
+        outs.append((S @ q[..., t, :, None])[..., 0])
+    out = torch.stack(outs, dim=-2) if outs else _empty_out(q, v)
+    return (out, S) if return_state else out
+
+
+def retnet_matrix(q, k, v, gamma):
+    """Parallel form: ``(Q K^T * D) V`` with ``D`` = :func:`retnet_decay`
+    (``gamma^(i-j)`` on and below the diagonal, 0 above).
+
+    Shapes as :func:`retnet_naive`; O(T^2) memory.
+    """
+    n = check_qkv(q, k, v)
+    g = _gamma(gamma, n, q)[..., 0, 0]
+    return ((q @ k.transpose(-1, -2)) * retnet_decay(n.T, g, dtype=q.dtype, device=q.device)) @ v
+
+
+def retnet_chunked(q, k, v, gamma, *, chunk: int = 64):
+    """Chunkwise-parallel form: the reference the chunked template's ``"scalar"`` gate follows.
+
+    :func:`pathedu.nope.linear_chunked` with the decay put in.  With ``H = S^T``
+    (``D x Dv``) the state after the previous chunk and ``r = 0..C-1`` a row's
+    offset in the chunk of ``C`` tokens::
+
+        O_c = (gamma^(r+1) Q_c) H + (Q_c K_c^T * D_C) V_c
+        H  <- gamma^C H + (gamma^(C-1-r) K_c)^T V_c
+
+    (``D_C`` = :func:`retnet_decay` of size C).  Every power is ``>= 0``, so
+    nothing overflows however small gamma is.  Shapes as :func:`retnet_naive`.
+    """
+    n = check_qkv(q, k, v)
+    g = _gamma(gamma, n, q)  # (..., 1, 1)
+    H = q.new_zeros(n.lead + (n.D, n.Dv))
+    out = torch.empty(q.shape[:-1] + (n.Dv,), dtype=q.dtype, device=q.device)
+    for s in range(0, n.T, chunk):
+        e = min(s + chunk, n.T)
+        C = e - s
+        r = torch.arange(C, device=q.device, dtype=q.dtype)[:, None]  # (C, 1)
+        qc, kc, vc = q[..., s:e, :], k[..., s:e, :], v[..., s:e, :]
+        intra = (qc @ kc.transpose(-1, -2)) * retnet_decay(C, g[..., 0, 0], dtype=q.dtype, device=q.device)
+        out[..., s:e, :] = (qc * g ** (r + 1)) @ H + intra @ vc
+        H = g ** C * H + (kc * g ** (C - 1 - r)).transpose(-1, -2) @ vc
+    return out
+
+
+def retnet_triton(q, k, v, gamma):
+    """RetNet through the chunked template's scalar-gate hook:
+    :func:`pathedu.kernels.linear_attention.chunked_linear_attention` with
+    ``log_f = log(gamma)`` expanded to ``(..., T)`` (the same gate at every step).
+
+    fp16/bf16/fp32, head dims 16..128, fp32 state.  Shapes as :func:`retnet_naive`.
+    """
+    from .kernels.linear_attention import chunked_linear_attention
+
+    n = check_qkv(q, k, v)
+    log_g = torch.log(_gamma(gamma, n, q, dtype=torch.float64)[..., 0])  # (..., 1), computed in float64
+    log_f = log_g.to(torch.float32).expand(n.lead + (n.T,))
+    return chunked_linear_attention(q, k, v, log_f=log_f)

@@ -1,0 +1,253 @@
+"""Chapter 1 exercises: check functions for ``notebooks/01_nope_linear_lab.ipynb``.
+
+Each ``check_*`` function takes the student's function, runs it on a few fresh
+random float64 inputs, compares it with the library's reference forms and
+prints one line: ``Correct [...]`` or ``Not yet [...]`` with a hint.  It returns
+a :class:`~pathedu.exercises.Verdict` (truthy when the answer is right) and
+never raises because of the answer: a stub that raises ``NotImplementedError``
+gets a friendly "Not yet".
+
+Exercises:
+
+1. :func:`check_linear_matrix`: causal linear attention in matrix form,
+   ``o_i = sum_{j<=i} (q_i . k_j) v_j``, written from the recurrence
+   ``S_t = S_{t-1} + v_t k_t^T``, ``o_t = S_t q_t``.
+2. :func:`check_online_softmax_merge`: merge two partial softmax results
+   ``(m, l, acc)`` over disjoint sets of keys, as FlashAttention does.
+3. :func:`check_chunk_step`: one chunk of causal linear attention with the
+   state of the prefix, ``O_c = Q_c S^T + (Q_c K_c^T * M) V_c`` and
+   ``S <- S + V_c^T K_c``.
+"""
+from __future__ import annotations
+
+import traceback
+
+import torch
+
+from .. import nope
+from ..masks import causal_mask
+from ._grader import Verdict, check_function, verdict
+
+__all__ = ["check_linear_matrix", "check_online_softmax_merge", "check_chunk_step"]
+
+
+def _randn(g, *shape):
+    return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+
+def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """Max abs error relative to max |ref| (the grader's measure), in float64."""
+    out, ref = out.double(), ref.double()
+    if not torch.isfinite(out).all():
+        return float("inf")
+    return ((out - ref).abs().max() / ref.abs().max().clamp_min(1e-300)).item()
+
+
+def _diagnose(student_fn, args, wrong_variants, rtol) -> str:
+    """The message of the first known wrong variant that the student's output matches, else ''."""
+    try:
+        out = student_fn(*args)
+    except Exception:
+        return ""
+    if not isinstance(out, torch.Tensor):
+        return ""
+    for fn, message in wrong_variants:
+        ref = fn(*args)
+        if out.shape == ref.shape and _rel(out, ref) <= rtol:
+            return message
+    return ""
+
+
+# ---------------------------------------------------------------------------
+# Exercise 1: linear attention, matrix form
+# ---------------------------------------------------------------------------
+
+def _linear_inputs(seed):
+    g = torch.Generator().manual_seed(100 + seed)
+    lead, T, D, Dv = [((2, 3), 11, 8, 6), ((4,), 17, 5, 7), ((), 1, 4, 3)][seed % 3]
+    return _randn(g, *lead, T, D), _randn(g, *lead, T, D), _randn(g, *lead, T, Dv)
+
+
+def _linear_reference(q, k, v):
+    return nope.linear_recurrent(q, k, v)
+
+
+_LINEAR_WRONG = [
+    (lambda q, k, v: ((q @ k.transpose(-1, -2)) * causal_mask(q.shape[-2], strict=True)) @ v,
+     "Your output matches a mask that hides the diagonal: token i must also see itself (j <= i, not j < i)."),
+    (lambda q, k, v: (q @ k.transpose(-1, -2)) @ v,
+     "Your output matches attention with no mask: token i sees the future. Keep only j <= i."),
+    (lambda q, k, v: ((q @ k.transpose(-1, -2)) * causal_mask(q.shape[-2]).transpose(0, 1)) @ v,
+     "Your mask keeps j >= i: the upper triangle. Keys must come from the past (lower triangle)."),
+    (lambda q, k, v: ((q @ k.transpose(-1, -2)) * causal_mask(q.shape[-2]) * q.shape[-1] ** -0.5) @ v,
+     "Your output is scaled by D**-0.5: linear attention, as the recurrence defines it, has no scale."),
+]
+
+
+def check_linear_matrix(linear_matrix) -> Verdict:
+    """Exercise 1: ``linear_matrix(q, k, v)`` must return ``(Q K^T * M) V``.
+
+    ``q, k: (..., T, D)``, ``v: (..., T, Dv)`` (float64) -> ``(..., T, Dv)``,
+    ``M`` the 0/1 causal mask with the diagonal kept; compared with
+    :func:`pathedu.nope.linear_recurrent` on three shapes (one with T = 1).
+    """
+    hint = _diagnose(linear_matrix, _linear_inputs(0), _LINEAR_WRONG, 1e-6) or (
+        "Hint: o_i = sum_{j<=i} (q_i . k_j) v_j; multiply Q K^T by a lower-triangular 0/1 mask "
+        "(diagonal kept), then by V. No softmax, no scale.")
+    return check_function("linear attention, matrix form", linear_matrix, _linear_reference, _linear_inputs,
+                          trials=3, rtol=1e-8, hint=hint)
+
+
+# ---------------------------------------------------------------------------
+# Shared: checking a function that returns a tuple of tensors
+# ---------------------------------------------------------------------------
+
+def _diagnose_parts(student_fn, args, wrong_variants, rtol) -> str:
+    """:func:`_diagnose` for functions that return a tuple of tensors."""
+    try:
+        out = student_fn(*args)
+    except Exception:
+        return ""
+    for fn, message in wrong_variants:
+        ref = fn(*args)
+        if (isinstance(out, (tuple, list)) and len(out) == len(ref)
+                and all(isinstance(o, torch.Tensor) and o.shape == r.shape and _rel(o, r) <= rtol
+                        for o, r in zip(out, ref))):
+            return message
+    return ""
+
+
+def _check_parts(name, student_fn, reference_fn, make_inputs, part_names, *, trials=3, rtol=1e-8,
+                 hint="", wrong_variants=()) -> Verdict:
+    """Like :func:`check_function`, for functions that return a tuple of tensors:
+    each part is compared on its own, so the verdict can say which one is wrong."""
+    hint = _diagnose_parts(student_fn, make_inputs(0), wrong_variants, rtol) or hint
+    want = "(" + ", ".join(part_names) + ")"
+    for seed in range(trials):
+        args = make_inputs(seed)
+        ref = reference_fn(*args)
+        try:
+            out = student_fn(*args)
+        except Exception as exc:
+            last = traceback.extract_tb(exc.__traceback__)[-1]
+            return verdict(name, False, f"your function raised {type(exc).__name__}: {exc} (line {last.lineno}). {hint}")
+        if not isinstance(out, (tuple, list)) or len(out) != len(part_names):
+            got = f"a {type(out).__name__} of length {len(out)}" if isinstance(out, (tuple, list)) else type(out).__name__
+            return verdict(name, False, f"expected a tuple {want}, got {got}. {hint}")
+        for part, o, r in zip(part_names, out, ref):
+            if not isinstance(o, torch.Tensor):
+                return verdict(name, False, f"`{part}` should be a torch.Tensor, got {type(o).__name__}. {hint}")
+            if o.shape != r.shape:
+                return verdict(name, False, f"`{part}` should have shape {tuple(r.shape)}, got {tuple(o.shape)}. {hint}")
+            err = _rel(o, r)
+            if not err <= rtol:
+                return verdict(name, False, f"`{part}` differs from the reference (relative error {err:.2e} on trial {seed}). {hint}")
+    return verdict(name, True, f"{want} match the reference on {trials} random inputs.")
+
+
+# ---------------------------------------------------------------------------
+# Exercise 2: one online-softmax merge
+# ---------------------------------------------------------------------------
+
+def _partial(s, v):
+    """Partial softmax over one set of keys: ``m`` row max, ``l = sum e^{s-m}``, ``acc = sum e^{s-m} v``."""
+    m = s.amax(-1)
+    p = torch.exp(s - m[..., None])
+    return m, p.sum(-1), p @ v
+
+
+def _merge_inputs(seed):
+    """Two partials over disjoint key sets; logits spread wide enough that a
+    missing rescale is a large error, not a rounding one."""
+    g = torch.Generator().manual_seed(200 + seed)
+    lead, M, N1, N2, Dv = [((2,), 5, 4, 7, 3), ((2, 3), 4, 9, 2, 6), ((), 6, 1, 5, 4)][seed % 3]
+    s = 8.0 * _randn(g, *lead, M, N1 + N2)
+    v = _randn(g, *lead, N1 + N2, Dv)
+    return _partial(s[..., :N1], v[..., :N1, :]) + _partial(s[..., N1:], v[..., N1:, :])
+
+
+def _merge_reference(m1, l1, acc1, m2, l2, acc2):
+    m = torch.maximum(m1, m2)
+    a1, a2 = torch.exp(m1 - m), torch.exp(m2 - m)  # rescale each partial to the common maximum
+    return m, a1 * l1 + a2 * l2, a1[..., None] * acc1 + a2[..., None] * acc2
+
+
+def _merge_no_rescale(m1, l1, acc1, m2, l2, acc2):
+    return torch.maximum(m1, m2), l1 + l2, acc1 + acc2
+
+
+def _merge_wrong_direction(m1, l1, acc1, m2, l2, acc2):
+    m = torch.maximum(m1, m2)
+    a1, a2 = torch.exp(m - m1), torch.exp(m - m2)
+    return m, a1 * l1 + a2 * l2, a1[..., None] * acc1 + a2[..., None] * acc2
+
+
+_MERGE_WRONG = [
+    (_merge_no_rescale, "You added l and acc as they are: each partial was summed under its own maximum, "
+                        "so rescale it by exp(m_a - m) first."),
+    (_merge_wrong_direction, "Your rescale factors are exp(m - m_a): the wrong way round. "
+                             "A partial summed under the smaller maximum must shrink: exp(m_a - m) <= 1."),
+]
+
+
+def check_online_softmax_merge(merge) -> Verdict:
+    """Exercise 2: ``merge(m1, l1, acc1, m2, l2, acc2) -> (m, l, acc)``.
+
+    Each partial covers a disjoint set of keys: ``m: (..., M)`` is the row
+    maximum of its logits, ``l: (..., M)`` the sum of ``exp(s - m)`` and
+    ``acc: (..., M, Dv)`` the sum of ``exp(s - m) v``.  The merged triple must
+    describe all keys together, with ``m`` the maximum of both (so that
+    ``acc / l`` is the softmax-weighted average of the values).
+    """
+    return _check_parts("online-softmax merge", merge, _merge_reference, _merge_inputs, ("m", "l", "acc"),
+                        hint="Hint: m = max(m1, m2); rescale each partial's l and acc by exp(m_a - m), then add.",
+                        wrong_variants=_MERGE_WRONG)
+
+
+# ---------------------------------------------------------------------------
+# Exercise 3: a chunk of linear attention with the prefix state
+# ---------------------------------------------------------------------------
+
+def _chunk_inputs(seed):
+    """A chunk (q_c, k_c, v_c) and the state S after a random prefix; D != Dv so a transposed state shows."""
+    g = torch.Generator().manual_seed(300 + seed)
+    lead, P, C, D, Dv = [((2,), 9, 6, 8, 5), ((3, 2), 4, 7, 4, 6), ((), 13, 1, 6, 3)][seed % 3]
+    qp, kp, vp = _randn(g, *lead, P, D), _randn(g, *lead, P, D), _randn(g, *lead, P, Dv)
+    _, S = nope.linear_recurrent(qp, kp, vp, return_state=True)
+    return _randn(g, *lead, C, D), _randn(g, *lead, C, D), _randn(g, *lead, C, Dv), S
+
+
+def _chunk_reference(q, k, v, S):
+    return nope.linear_recurrent(q, k, v, initial_state=S, return_state=True)
+
+
+def _chunk_no_prefix(q, k, v, S):
+    o = ((q @ k.transpose(-1, -2)) * causal_mask(q.shape[-2])) @ v
+    return o, S + v.transpose(-1, -2) @ k
+
+
+def _chunk_updated_state(q, k, v, S):
+    S_new = S + v.transpose(-1, -2) @ k
+    return q @ S_new.transpose(-1, -2) + ((q @ k.transpose(-1, -2)) * causal_mask(q.shape[-2])) @ v, S_new
+
+
+_CHUNK_WRONG = [
+    (_chunk_no_prefix, "Your output ignores the prefix: add the inter-chunk term Q_c S^T."),
+    (_chunk_updated_state, "Your inter-chunk term uses the state *after* the chunk, so the chunk's own "
+                           "tokens are counted twice (and the future leaks in); use S from before the chunk."),
+]
+
+
+def check_chunk_step(chunk_step) -> Verdict:
+    """Exercise 3: ``chunk_step(q_c, k_c, v_c, S) -> (o_c, S_new)``.
+
+    ``q_c, k_c: (..., C, D)``, ``v_c: (..., C, Dv)``: one chunk of C tokens;
+    ``S: (..., Dv, D)``: the state after every earlier token (the layout of
+    :func:`pathedu.nope.linear_recurrent`'s state).  Must return the chunk's
+    outputs ``o_c: (..., C, Dv)`` and the state after the chunk ``(..., Dv, D)``,
+    equal to running the recurrence token by token from ``S``.
+    """
+    return _check_parts("chunk with prefix state", chunk_step, _chunk_reference, _chunk_inputs, ("o_c", "S_new"),
+                        hint="Hint: o_c = Q_c S^T + (Q_c K_c^T * M) V_c with M causal (diagonal kept); "
+                             "S_new = S + V_c^T K_c.",
+                        wrong_variants=_CHUNK_WRONG)

@@ -1,0 +1,102 @@
+"""Chapter 4 exercises: RoPE and the complex recurrence.
+
+Each ``check_*`` takes the student's function, runs it on fresh random float64
+inputs against :mod:`pathedu.rope`, prints a verdict and returns it (truthy
+when right).  A wrong answer, or one that raises, gives "Not yet" with a hint;
+nothing here raises.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import rope
+from ._grader import check_function
+
+__all__ = ["check_apply_rope_half", "check_relative_logit", "check_complex_step"]
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(1000 + seed)
+
+
+def check_apply_rope_half(student_fn):
+    """Exercise 1: ``student_fn(x)`` rotates ``x: (..., T, D)`` with the *half* pairing,
+    channels ``(n, n + D/2)``, row t by ``t * Omega_n``, ``Omega_n = 10000^(-2n/D)``."""
+
+    def make_inputs(seed):
+        g = _gen(seed)
+        T = [1, 9, 33][seed % 3]
+        D = [8, 16, 6][seed % 3]
+        return (torch.randn(2, 3, T, D, generator=g, dtype=torch.float64),)
+
+    return check_function(
+        "apply_rope, half pairing", student_fn, lambda x: rope.apply_rope(x, pairing="half"), make_inputs,
+        trials=3, rtol=1e-9,
+        hint="Pair channel n with channel n + D/2 (not 2n with 2n+1), rotate (a, b) -> (a cos - b sin, a sin + b cos) "
+             "by the angle t * Omega_n, and put the halves back in place.")
+
+
+def check_relative_logit(student_fn):
+    """Exercise 2: ``student_fn(q, k, delta)`` returns the RoPE logit ``(R^t q) . (R^j k)`` of a
+    query at position t and a key at position ``j = t - delta``, computed from ``delta`` alone.
+
+    ``q, k: (B, D)``, ``delta`` an int; returns ``(B,)``.  Checked against the absolute
+    rotations at two positions t for each ``delta``: since the student's function never
+    sees t, matching both shows the logit depends on ``t - j`` only.
+    """
+
+    # (delta, t) per trial: each delta is tried at two query positions t.
+    trials = [(5, 7), (5, 1000), (0, 3), (300, 301), (300, 5000)]
+
+    def make_inputs(seed):
+        g = _gen(seed)
+        delta, t = trials[seed]
+        D = [16, 8, 32][seed % 3]
+        q, k = (torch.randn(4, D, generator=g, dtype=torch.float64) for _ in range(2))
+        return q, k, delta, t
+
+    def absolute(q, k, delta, t):  # rotate q by t and k by j = t - delta, then dot
+        qr = rope.apply_rope(q[:, None, :], offset=t)[:, 0]
+        kr = rope.apply_rope(k[:, None, :], offset=t - delta)[:, 0]
+        return (qr * kr).sum(-1)
+
+    return check_function(
+        "relative logit", lambda q, k, delta, t: student_fn(q, k, delta), absolute, make_inputs,
+        trials=len(trials), rtol=1e-9,
+        hint="Rotating q by t and k by j leaves k . R^{t-j} q: rotate q alone by delta = t - j "
+             "(apply_rope with offset=delta) and take its dot product with k.")
+
+
+def check_complex_step(student_fn):
+    """Exercise 3: ``student_fn(S, q_t, k_t, v_t, omega) -> (S_new, o_t)``, one step of the complex recurrence.
+
+    ``S: (Dv, D/2)`` complex, ``q_t, k_t: (D/2,)`` complex (the complex views ``q~_t, k~_t``),
+    ``v_t: (Dv,)`` real, ``omega: (D/2,)`` real frequencies.  ``S_new = S e^{i omega} + v_t k~_t^H``
+    (the gate multiplies column n by ``e^{i omega_n}``), ``o_t = Re{S_new q~_t}`` ``(Dv,)``.
+    Checked by running it over a whole sequence against :func:`pathedu.rope.complex_recurrent`.
+    """
+    pairing = "interleaved"
+
+    def make_inputs(seed):
+        g = _gen(seed)
+        T, D, Dv = [(12, 8, 4), (1, 16, 16), (30, 16, 6)][seed % 3]
+        return tuple(torch.randn(T, d, generator=g, dtype=torch.float64) for d in (D, D, Dv))
+
+    def run_student(q, k, v):
+        zq, zk = rope.to_complex(q, pairing), rope.to_complex(k, pairing)
+        omega = rope.frequencies(q.shape[-1])
+        S = torch.zeros(v.shape[-1], q.shape[-1] // 2, dtype=torch.complex128)
+        outs = []
+        for t in range(q.shape[0]):
+            result = student_fn(S, zq[t], zk[t], v[t], omega)
+            if not (isinstance(result, tuple) and len(result) == 2):
+                raise TypeError(f"return a pair (S_new, o_t), got {type(result).__name__}")
+            S, o = result
+            outs.append(torch.as_tensor(o).real if torch.is_complex(torch.as_tensor(o)) else torch.as_tensor(o))
+        return torch.stack(outs)
+
+    return check_function(
+        "one step of the complex recurrence", run_student, lambda q, k, v: rope.complex_recurrent(q, k, v),
+        make_inputs, trials=3, rtol=1e-9,
+        hint="Gate first, then write: S_new = S * torch.exp(1j * omega) + v_t[:, None] * k_t.conj()[None, :]; "
+             "read out after writing: o_t = (S_new @ q_t).real.")

@@ -1,0 +1,415 @@
+r"""FoX softmax attention and GLA / Mamba2 linear attention: data-dependent forget gates.
+
+Every token ``t`` carries a forget gate ``f_t = sigma(w . x_t + b)`` in (0, 1),
+passed in log space, ``log_f[t] = logsigmoid(w . x_t + b) <= 0``
+(:func:`forget_gate_logits_to_log_f`).  Between a key at ``j`` and a query at
+``i >= j`` the gates of the tokens ``s = j+1 .. i`` act (a token's own gate
+never acts on itself), so the *cumulative log gate* is::
+
+    D_ij = sum_{s=j+1..i} log_f[s]   (<= 0; D_ii = 0)
+
+Softmax side, the Forgetting Transformer (FoX): ``D`` is an additive logit
+bias, a data-dependent ALiBi (constant ``log_f = -lambda`` gives ALiBi's
+``-lambda (i - j)``)::
+
+    o_i = sum_{j<=i} softmax_j(scale * q_i . k_j + D_ij) v_j
+
+The gate is *not* multiplied by ``scale``.
+
+Linear side, GLA / Mamba2: the gated recurrence, ``a_t = exp(log_f[t])``::
+
+    S_t = S_{t-1} diag(a_t) + v_t k_t^T,     o_t = S_t q_t     (S_t is Dv x D)
+
+with ``log_f`` either ``(..., T)``, one gate per token shared by all channels
+(Mamba2-style; ``diag(a_t) = a_t I``), or ``(..., T, D)``, one gate per token
+and key channel (GLA-style).  Unrolled, ``o_i = sum_{j<=i} v_j sum_d q_id k_jd
+exp(D_ijd)``: with a scalar gate the weight is ``exp(D_ij) (q_i . k_j)``, the
+same factor FoX puts on ``exp(scale q_i . k_j)``.
+
+Gate sums are always formed in log space, as sums of ``log_f`` (never as
+products of gates, which underflow), and are exponentiated only when the
+exponent is known to be <= 0.  Reference forms compute in float32 or wider
+(float64 when ``q`` or ``log_f`` is float64) and return ``q``'s dtype.
+
+Shapes everywhere: ``q, k: (..., T, D)``, ``v: (..., T, Dv)``, output
+``(..., T, Dv)``; the leading dims (batch, heads, ...) must agree.
+
+================  ==============================  ==============================
+form              softmax side (FoX)              linear side (GLA / Mamba2)
+================  ==============================  ==============================
+naive             ``fox_naive``: loop over i      ``gla_naive``: loop over i
+recurrent         ``fox_recurrent``: KV cache +   ``gla_recurrent``: state S_t
+                  running cumulative log gate
+matrix            ``fox_matrix``: softmax(QK^T    ``gla_matrix``: (QK^T * e^D) V
+                  + D) V
+blockwise         ``fox_blockwise``: online       ``gla_chunked``: chunks +
+                  softmax, bias c_i - c_j         carried state
+Triton            ``fox_triton``                  ``gla_triton``
+================  ==============================  ==============================
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .checks import QKV, check_per_token, check_qkv, check_scale
+from .masks import causal_mask, masked_logits
+from .nope import KVCache, _empty_out, online_softmax_step
+
+__all__ = [
+    "forget_gate_logits_to_log_f", "log_gate_matrix", "ForgetKVCache",
+    "fox_naive", "fox_recurrent", "fox_matrix", "fox_blockwise", "fox_triton",
+    "gla_naive", "gla_recurrent", "gla_matrix", "gla_chunked", "gla_triton",
+]
+
+
+# ---------------------------------------------------------------------------
+# Gates
+# ---------------------------------------------------------------------------
+
+def forget_gate_logits_to_log_f(x):
+    """Raw gate scores ``x = w . x_t + b`` (any shape) -> ``log_f = log sigmoid(x) <= 0``.
+
+    ``logsigmoid`` is computed without forming ``sigmoid(x)``, so strongly
+    negative scores keep their value (``-200`` stays ``-200``, where
+    ``log(sigmoid(-200))`` is ``-inf`` in float32).
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"`x` must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"`x` must have a floating dtype, got {x.dtype}")
+    return F.logsigmoid(x)
+
+
+def _check_log_values(log_f) -> None:
+    """Every entry a finite log gate: ``-inf < log_f <= 0`` (NaN fails too)."""
+    if log_f.numel() == 0:
+        return
+    if not bool((log_f <= 0).all()):
+        bad = log_f[~(log_f <= 0)].flatten()[0].item()
+        raise ValueError(f"`log_f` must be <= 0 (the log of a forget gate in (0, 1]); found {bad}")
+    if bool(torch.isinf(log_f).any()):
+        raise ValueError("`log_f` must be finite (a gate of exactly 0 is -inf; use a large negative number)")
+
+
+def _work_dtype(q, log_f) -> torch.dtype:
+    """float32 or wider: gate sums in 16-bit floats would lose the digits that matter."""
+    return torch.promote_types(torch.promote_types(q.dtype, log_f.dtype), torch.float32)
+
+
+def log_gate_matrix(log_f):
+    """The cumulative log gate ``D: (..., T, T)`` of per-token log gates ``log_f: (..., T)``.
+
+    ``D[..., i, j] = sum_{s=j+1..i} log_f[..., s]`` for ``j <= i`` (so ``D_ii = 0``)
+    and ``-inf`` for ``j > i`` (the future, hidden).  Each entry is summed over
+    exactly its own gates (a cumulative sum of the strictly-lower-triangular
+    ``Z[s, j] = log_f[s] (s > j)`` down the rows), not as a difference of two
+    long prefix sums, so no digits are lost to cancellation.  O(T^2) memory.
+    """
+    if not isinstance(log_f, torch.Tensor):
+        raise TypeError(f"`log_f` must be a torch.Tensor, got {type(log_f).__name__}")
+    if not log_f.is_floating_point():
+        raise TypeError(f"`log_f` must have a floating dtype, got {log_f.dtype}")
+    if log_f.dim() < 1:
+        raise ValueError(f"`log_f` must have shape (..., T), got shape {tuple(log_f.shape)}")
+    _check_log_values(log_f)
+    T = log_f.shape[-1]
+    after_j = causal_mask(T, log_f.device, strict=True)  # [s, j]: True where s > j
+    Z = log_f[..., :, None].expand(log_f.shape + (T,)).masked_fill(~after_j, 0.0)
+    return masked_logits(Z.cumsum(-2), causal_mask(T, log_f.device))
+
+
+def _suffix_sums(g, i: int):
+    """``out[..., j, :] = sum_{s=j+1..i} g[..., s, :]`` for ``j = 0..i`` (0 at ``j = i``); ``g: (..., T, G)``."""
+    tail = g[..., 1 : i + 1, :].flip(-2).cumsum(-2).flip(-2)
+    return torch.cat([tail, torch.zeros_like(g[..., :1, :])], dim=-2)
+
+
+# ---------------------------------------------------------------------------
+# Softmax side: FoX
+# ---------------------------------------------------------------------------
+
+def _prepare_fox(q, k, v, log_f, scale):
+    n = check_qkv(q, k, v)
+    scale = check_scale(scale, n.D)
+    check_per_token(log_f, "log_f", n, q)
+    _check_log_values(log_f)
+    return n, scale, _work_dtype(q, log_f)
+
+
+def fox_naive(q, k, v, log_f, *, scale=None):
+    """The definition, one query at a time::
+
+        o_i = softmax_j(scale q_i . k_j + sum_{s=j+1..i} log_f[s]) V_{<=i}
+
+    The bias of each key is summed directly over its gates (suffix sums of
+    ``log_f[1..i]``).  Shapes: ``q, k: (..., T, D)``, ``v: (..., T, Dv)``,
+    ``log_f: (..., T)`` with entries <= 0 -> ``(..., T, Dv)``.
+    """
+    n, scale, dt = _prepare_fox(q, k, v, log_f, scale)
+    if n.T == 0:
+        return _empty_out(q, v)
+    q_, k_, v_, g = q.to(dt), k.to(dt), v.to(dt), log_f.to(dt)[..., None]
+    outs = []
+    for i in range(n.T):
+        bias = _suffix_sums(g, i)[..., 0]  # (..., i+1): D_ij for j = 0..i
+        logits = scale * torch.einsum("...d,...jd->...j", q_[..., i, :], k_[..., : i + 1, :]) + bias
+        outs.append(torch.einsum("...j,...jd->...d", torch.softmax(logits, dim=-1), v_[..., : i + 1, :]))
+    return torch.stack(outs, dim=-2).to(q.dtype)
+
+
+class ForgetKVCache(KVCache):
+    """A decoding cache for FoX: keys, values and each key's cumulative log gate.
+
+    The cache keeps a running total ``c_t = sum_{s<=t} log_f[s]`` (``c_now``)
+    and stores ``c_j`` next to ``k_j, v_j``.  Reading it at step ``t`` adds the
+    bias ``c_t - c_j = sum_{s=j+1..t} log_f[s]`` to each logit, page by page,
+    merged with :func:`pathedu.nope.online_softmax_step`.  Appending a token
+    costs O(1); nothing already cached is rewritten.
+
+    Shapes: ``append(k_t: (..., D), v_t: (..., Dv), log_f_t: (...))``;
+    ``attend(q_t: (..., D), scale) -> (..., Dv)``.
+    """
+
+    def __init__(self, lead, D, Dv, T_max, *, dtype, device, page: int = 64):
+        super().__init__(lead, D, Dv, T_max, dtype=dtype, device=device, page=page)
+        self.c = torch.empty(tuple(lead) + (T_max,), dtype=dtype, device=device)
+        self.c_now = torch.zeros(tuple(lead), dtype=dtype, device=device)
+
+    def append(self, k_t, v_t, log_f_t):
+        self.c_now = self.c_now + log_f_t
+        self.c[..., self.len] = self.c_now
+        super().append(k_t, v_t)
+
+    def attend(self, q_t, scale):
+        lead = q_t.shape[:-1]
+        m = torch.full(lead + (1,), float("-inf"), dtype=q_t.dtype, device=q_t.device)
+        l = torch.zeros_like(m)
+        acc = torch.zeros(lead + (1, self.v.shape[-1]), dtype=q_t.dtype, device=q_t.device)
+        for start in range(0, self.len, self.page):
+            end = min(start + self.page, self.len)
+            s = scale * torch.einsum("...d,...jd->...j", q_t, self.k[..., start:end, :])
+            s = s + (self.c_now[..., None] - self.c[..., start:end])  # sum_{s=j+1..t} log_f[s]
+            m, l, acc = online_softmax_step(m, l, acc, s[..., None, :], self.v[..., start:end, :])
+        return (acc / l[..., None])[..., 0, :]
+
+
+def fox_recurrent(q, k, v, log_f, *, scale=None, page: int = 64):
+    """Decoding: token by token, append ``(k_t, v_t, log_f[t])`` to a :class:`ForgetKVCache`, then attend.
+
+    The running cumulative log gate is all the state the gate adds to an
+    ordinary KV cache.  Shapes as :func:`fox_naive`.
+    """
+    n, scale, dt = _prepare_fox(q, k, v, log_f, scale)
+    if n.T == 0:
+        return _empty_out(q, v)
+    q_, k_, v_, g = q.to(dt), k.to(dt), v.to(dt), log_f.to(dt)
+    cache = ForgetKVCache(n.lead, n.D, n.Dv, n.T, dtype=dt, device=q.device, page=page)
+    outs = []
+    for t in range(n.T):
+        cache.append(k_[..., t, :], v_[..., t, :], g[..., t])
+        outs.append(cache.attend(q_[..., t, :], scale))
+    return torch.stack(outs, dim=-2).to(q.dtype)
+
+
+def fox_matrix(q, k, v, log_f, *, scale=None):
+    """Parallel form: ``softmax(scale Q K^T + D) V`` with ``D`` from :func:`log_gate_matrix`
+    (``-inf`` above the diagonal: the causal mask is part of ``D``).
+
+    Shapes as :func:`fox_naive`; O(T^2) memory.
+    """
+    n, scale, dt = _prepare_fox(q, k, v, log_f, scale)
+    if n.T == 0:
+        return _empty_out(q, v)
+    logits = scale * q.to(dt) @ k.to(dt).transpose(-1, -2) + log_gate_matrix(log_f.to(dt))
+    return (torch.softmax(logits, dim=-1) @ v.to(dt)).to(q.dtype)
+
+
+def fox_blockwise(q, k, v, log_f, *, scale=None, block_m: int = 64, block_n: int = 64):
+    """FlashAttention with a forget gate in PyTorch: the reference the Triton kernel follows.
+
+    :func:`pathedu.nope.nope_blockwise` plus one line: the cumulative sum
+    ``c = cumsum(log_f)`` is taken once, and each logit block gets the bias
+    ``c_i - c_j = sum_{s=j+1..i} log_f[s]`` before the online softmax.  (The
+    kernel does the same in fp32; as ``|c|`` grows with T, ``c_i - c_j`` keeps
+    an absolute error of about ``|c| 2^-24``, harmless while it is small.)
+    Shapes as :func:`fox_naive`.
+    """
+    n, scale, dt = _prepare_fox(q, k, v, log_f, scale)
+    if n.T == 0:
+        return _empty_out(q, v)
+    q_, k_, v_ = q.to(dt), k.to(dt), v.to(dt)
+    c = torch.cumsum(log_f.to(dt), dim=-1)
+    out = torch.empty(q.shape[:-1] + (n.Dv,), dtype=dt, device=q.device)
+    for start_m in range(0, n.T, block_m):
+        end_m = min(start_m + block_m, n.T)
+        q_blk = q_[..., start_m:end_m, :] * scale
+        rows = torch.arange(start_m, end_m, device=q.device)
+        m = torch.full(q_blk.shape[:-1], float("-inf"), dtype=dt, device=q.device)
+        l = torch.zeros_like(m)
+        acc = torch.zeros(q_blk.shape[:-1] + (n.Dv,), dtype=dt, device=q.device)
+        for start_n in range(0, end_m, block_n):
+            end_n = min(start_n + block_n, end_m)
+            s = q_blk @ k_[..., start_n:end_n, :].transpose(-1, -2)
+            s = s + (c[..., start_m:end_m, None] - c[..., None, start_n:end_n])  # the forget-gate bias
+            if end_n > start_m + 1:  # the block reaches the diagonal: hide the future
+                cols = torch.arange(start_n, end_n, device=q.device)
+                s = masked_logits(s, cols[None, :] <= rows[:, None])
+            m, l, acc = online_softmax_step(m, l, acc, s, v_[..., start_n:end_n, :])
+        out[..., start_m:end_m, :] = acc / l[..., None]
+    return out.to(q.dtype)
+
+
+def fox_triton(q, k, v, log_f, *, scale=None):
+    """FoX in Triton: :func:`pathedu.kernels.flash_attention.attention` with ``log_f``.
+
+    The wrapper takes the fp32 cumulative sum once; the kernel adds
+    ``c_i - c_j`` to each logit block (:func:`fox_blockwise` line by line).
+    Accepts fp16/bf16/fp32 ``q, k, v`` and head dims 16..128.  Shapes as
+    :func:`fox_naive`.
+    """
+    from .kernels.flash_attention import attention
+
+    _prepare_fox(q, k, v, log_f, scale)
+    return attention(q, k, v, scale=scale, log_f=log_f)
+
+
+# ---------------------------------------------------------------------------
+# Linear side: GLA (per-channel gate) and Mamba2 (per-token gate)
+# ---------------------------------------------------------------------------
+
+def _prepare_gla(q, k, v, log_f):
+    """Validate; return sizes, the gate as ``(..., T, G)`` (``G = 1``: per token, ``G = D``:
+    per key channel), whether it is per channel, and the working dtype."""
+    n: QKV = check_qkv(q, k, v)
+    if isinstance(log_f, torch.Tensor) and log_f.dim() == q.dim():
+        check_per_token(log_f, "log_f", n, q, extra=(n.D,))
+        channel = True
+    else:
+        if isinstance(log_f, torch.Tensor) and log_f.dim() != q.dim() - 1:
+            raise ValueError(f"`log_f` must have shape {n.lead + (n.T,)} (a gate per token) or "
+                             f"{n.lead + (n.T, n.D)} (a gate per token and key channel), got {tuple(log_f.shape)}")
+        check_per_token(log_f, "log_f", n, q)
+        channel = False
+    _check_log_values(log_f)
+    dt = _work_dtype(q, log_f)
+    g = log_f.to(dt) if channel else log_f.to(dt)[..., None]
+    return n, g, channel, dt
+
+
+def gla_naive(q, k, v, log_f):
+    """The definition, one query at a time::
+
+        o_i = sum_{j<=i} (sum_d q_id k_jd exp(D_ijd)) v_j,   D_ijd = sum_{s=j+1..i} log_f[s, d]
+
+    (``D_ij`` shared by every channel when ``log_f`` is per token).  Shapes:
+    ``q, k: (..., T, D)``, ``v: (..., T, Dv)``, ``log_f: (..., T)`` or
+    ``(..., T, D)``, entries <= 0 -> ``(..., T, Dv)``.
+    """
+    n, g, _, dt = _prepare_gla(q, k, v, log_f)
+    if n.T == 0:
+        return _empty_out(q, v)
+    q_, k_, v_ = q.to(dt), k.to(dt), v.to(dt)
+    outs = []
+    for i in range(n.T):
+        decay = torch.exp(_suffix_sums(g, i))  # (..., i+1, G), every exponent <= 0
+        w = torch.einsum("...d,...jd->...j", q_[..., i, :], k_[..., : i + 1, :] * decay)
+        outs.append(torch.einsum("...j,...jd->...d", w, v_[..., : i + 1, :]))
+    return torch.stack(outs, dim=-2).to(q.dtype)
+
+
+def gla_recurrent(q, k, v, log_f, *, initial_state=None, return_state: bool = False):
+    """The RNN: ``S_t = S_{t-1} diag(exp(log_f[t])) + v_t k_t^T``, ``o_t = S_t q_t``.
+
+    The gate scales the state's *columns* (key channels); a per-token gate
+    scales all of them alike.  ``initial_state``/returned state: ``(..., Dv, D)``.
+    Shapes as :func:`gla_naive`.
+    """
+    n, g, _, dt = _prepare_gla(q, k, v, log_f)
+    q_, k_, v_ = q.to(dt), k.to(dt), v.to(dt)
+    if initial_state is None:
+        S = q_.new_zeros(n.lead + (n.Dv, n.D))
+    else:
+        if not isinstance(initial_state, torch.Tensor) or tuple(initial_state.shape) != n.lead + (n.Dv, n.D):
+            raise ValueError(f"`initial_state` must be a tensor of shape {n.lead + (n.Dv, n.D)} (..., Dv, D)")
+        S = initial_state.to(dt).clone()
+    outs = []
+    for t in range(n.T):
+        S = S * torch.exp(g[..., t, None, :]) + v_[..., t, :, None] * k_[..., t, None, :]
+        outs.append((S @ q_[..., t, :, None])[..., 0])
+    out = torch.stack(outs, dim=-2).to(q.dtype) if outs else _empty_out(q, v)
+    return (out, S) if return_state else out
+
+
+def gla_matrix(q, k, v, log_f):
+    """Parallel form: ``W V`` with ``W_ij = sum_d q_id k_jd exp(D_ijd)`` (0 above the diagonal).
+
+    Per-token gate: ``W = (Q K^T) * exp(D)``, ``D`` from :func:`log_gate_matrix`.
+    Per-channel gate: one such term per channel, ``W = sum_d (q_d k_d^T) * exp(D_d)``
+    (O(T^2) memory, O(T^2 D) work).  Shapes as :func:`gla_naive`.
+    """
+    n, g, channel, dt = _prepare_gla(q, k, v, log_f)
+    q_, k_, v_ = q.to(dt), k.to(dt), v.to(dt)
+    if not channel:
+        W = (q_ @ k_.transpose(-1, -2)) * torch.exp(log_gate_matrix(g[..., 0]))
+    else:
+        W = q_.new_zeros(n.lead + (n.T, n.T))
+        for d in range(n.D):
+            W = W + q_[..., :, d, None] * k_[..., None, :, d] * torch.exp(log_gate_matrix(g[..., d]))
+    return (W @ v_).to(q.dtype)
+
+
+def gla_chunked(q, k, v, log_f, *, chunk: int | None = None):
+    """Chunkwise-parallel form: the reference :mod:`pathedu.kernels.linear_attention` follows.
+
+    Within a chunk, ``b_i = sum_{s<=i} log_f[s]`` from the chunk start (<= 0;
+    a D-vector for a per-channel gate), ``H = S^T`` (D x Dv) the state after the
+    previous chunk::
+
+        O_c = (Q_c * e^b) H + A_c V_c,   A_c[i, j] = sum_d q_id k_jd e^{b_id - b_jd} (j <= i, else 0)
+        H  <- diag(e^{b_last}) H + (K_c * e^{b_last - b})^T V_c
+
+    Every exponent is <= 0: ``A_c`` is masked *before* it is exponentiated.
+    For a per-token gate ``A_c = (Q_c K_c^T) * e^{b_i - b_j}``, a matrix product;
+    for a per-channel gate it is a ``C x C x D`` broadcast sum (factorising it
+    as ``(q_i e^{b_i}) . (k_j e^{-b_j})`` would overflow).  ``chunk=None``: the
+    kernel's choice, 64 tokens for a per-token gate and
+    ``CHANNEL_CHUNK = 16`` for a per-channel one.  Shapes as :func:`gla_naive`.
+    """
+    from .kernels.linear_attention import CHANNEL_CHUNK
+
+    n, g, channel, dt = _prepare_gla(q, k, v, log_f)
+    C = chunk if chunk is not None else (CHANNEL_CHUNK if channel else 64)
+    if not (isinstance(C, int) and C >= 1):
+        raise ValueError(f"`chunk` must be a positive int or None, got {chunk!r}")
+    q_, k_, v_ = q.to(dt), k.to(dt), v.to(dt)
+    H = q_.new_zeros(n.lead + (n.D, n.Dv))
+    out = torch.empty(q.shape[:-1] + (n.Dv,), dtype=dt, device=q.device)
+    for s in range(0, n.T, C):
+        e = min(s + C, n.T)
+        qc, kc, vc = q_[..., s:e, :], k_[..., s:e, :], v_[..., s:e, :]
+        b = g[..., s:e, :].cumsum(-2)  # (..., c, G)
+        b_last = b[..., -1:, :]  # (..., 1, G)
+        mask = causal_mask(e - s, q.device)
+        if channel:
+            diff = masked_logits(b[..., :, None, :] - b[..., None, :, :], mask[..., None])  # (..., c, c, D)
+            A = torch.einsum("...id,...jd,...ijd->...ij", qc, kc, torch.exp(diff))
+        else:
+            A = (qc @ kc.transpose(-1, -2)) * torch.exp(masked_logits(b - b.transpose(-1, -2), mask))
+        out[..., s:e, :] = (qc * torch.exp(b)) @ H + A @ vc
+        H = H * torch.exp(b_last).transpose(-1, -2) + (kc * torch.exp(b_last - b)).transpose(-1, -2) @ vc
+    return out.to(q.dtype)
+
+
+def gla_triton(q, k, v, log_f):
+    """GLA / Mamba2 in Triton: :func:`pathedu.kernels.linear_attention.chunked_linear_attention` with ``log_f``.
+
+    A per-token gate takes the kernel's ``"scalar"`` path (chunks of 64, matrix
+    products), a per-channel gate its ``"channel"`` path (chunks of 16, a 3-D
+    broadcast for the intra-chunk scores).  Accepts fp16/bf16/fp32 and head dims
+    16..128; fp32 state.  Shapes as :func:`gla_naive`.
+    """
+    from .kernels.linear_attention import chunked_linear_attention
+
+    _prepare_gla(q, k, v, log_f)
+    return chunked_linear_attention(q, k, v, log_f=log_f)

@@ -1,0 +1,578 @@
+r"""PaTH attention and its linear duals (the Householder RNN, DeltaNet): every form.
+
+The transition of token ``s`` is a Householder-like matrix ::
+
+    H_s = I - beta_s w_s w_s^T        (D x D, symmetric; beta_s in [0, 2])
+
+with ``w_s`` used as given (models pass unit vectors; with ``|w_s| = 1`` and
+``beta_s = 2`` it is a reflection, eigenvalue -1).  Positions are 0-based and a
+token's own transition never acts on itself.
+
+Softmax side, PaTH attention: the product of transitions *between* key j and
+query i is the position encoding ::
+
+    logit_ij = scale * k_j^T H_{j+1} H_{j+2} ... H_i q_i    (j <= i; j = i: plain k_i^T q_i)
+    o_i      = sum_{j <= i} softmax_j(logit_ij) v_j
+
+Linear side, the Householder RNN (PaTH's dual, no normalisation, no scale) ::
+
+    S_t = S_{t-1} H_t + v_t k_t^T,     o_t = S_t q_t = sum_{j<=t} (k_j^T H_{j+1} ... H_t q_t) v_j
+
+Unrolling ``S_t = S_{t-1} H_t`` puts the *smallest* index on the *left*:
+``H_{j+1} ... H_t``.  (The reverse product ``H_t ... H_{j+1}`` gives other numbers.)
+
+DeltaNet is the Householder RNN with ``w = k`` and values ``beta * v`` ::
+
+    S_t = S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T = S_{t-1} + beta_t (v_t - S_{t-1} k_t) k_t^T
+
+Products of transitions, compactly (the UT transform).  With ``W`` (L x D) holding
+``w_0 .. w_{L-1}`` as rows and ``D_beta = diag(beta)`` ::
+
+    H_{L-1} ... H_1 H_0 = I - W^T A W,    A = (I + strictLower(D_beta W W^T))^{-1} D_beta   (L x L, lower)
+    H_0 H_1 ... H_{L-1} = I - W^T A^T W   (the transpose: every H_s is symmetric)
+
+and any contiguous sub-interval uses the same global ``A`` restricted to it
+(:func:`ut_transform`, :func:`interval_product`).
+
+Shapes everywhere: ``q, k, w: (..., T, D)``, ``v: (..., T, Dv)``,
+``beta: (..., T)``, outputs ``(..., T, Dv)``; the leading dims must agree.
+Reference forms compute in ``q``'s dtype (``w`` and ``beta`` are cast to it).
+
+================  =================================  =====================================
+form              softmax side (PaTH)                linear side (Householder RNN, DeltaNet)
+================  =================================  =====================================
+naive             ``path_naive``: loops, explicit    ``householder_naive``,
+                  products of H                      ``deltanet_naive``: loops, products
+recurrent         ``path_recurrent``: KV cache with  ``householder_recurrent``,
+                  in-place key updates               ``deltanet_recurrent``: state S_t
+matrix            ``path_matrix``: masked UT form    ``householder_matrix``: masked UT;
+                                                     ``deltanet_matrix``: (I + B)^{-1}
+blockwise         ``path_blockwise``: right-to-left  ``householder_chunked``,
+                  scan, online softmax               ``deltanet_chunked``: chunks + state
+Triton            ``path_triton``                    ``householder_triton``, ``deltanet_triton``
+================  =================================  =====================================
+"""
+from __future__ import annotations
+
+import torch
+
+from .checks import QKV, check_per_token, check_qkv, check_scale
+from .masks import causal_mask, masked_logits
+from .nope import KVCache, online_softmax_step
+
+__all__ = [
+    "path_naive", "path_recurrent", "path_matrix", "path_blockwise", "path_triton",
+    "householder_naive", "householder_recurrent", "householder_matrix", "householder_chunked", "householder_triton",
+    "deltanet_naive", "deltanet_recurrent", "deltanet_matrix", "deltanet_chunked", "deltanet_triton",
+    "ut_transform", "householder_product", "interval_product", "PathKVCache",
+]
+
+ORDERS = ("increasing", "decreasing")
+
+
+# ---------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------
+
+def _check_beta(beta, n: QKV, like: torch.Tensor) -> torch.Tensor:
+    """``beta: (..., T)``, finite, in [0, 2]; returned in ``like``'s dtype."""
+    check_per_token(beta, "beta", n, like)
+    if not torch.isfinite(beta).all():
+        raise ValueError("`beta` must be finite (it has NaN or inf entries)")
+    if ((beta < 0) | (beta > 2)).any():
+        lo, hi = beta.min().item(), beta.max().item()
+        raise ValueError(f"`beta` must lie in [0, 2] (H = I - beta w w^T), got values in [{lo:g}, {hi:g}]")
+    return beta.to(like.dtype)
+
+
+def _check_w_beta(w, beta, n: QKV | None = None, like: torch.Tensor | None = None):
+    """Validate ``w: (..., T, D)`` (finite, matching ``k``) and ``beta: (..., T)`` in [0, 2].
+
+    Without ``n``/``like`` (:func:`ut_transform`, :func:`householder_product`),
+    the sizes are read off ``w`` itself.  Returns ``(w, beta)`` in ``like``'s dtype.
+    """
+    if n is None:
+        if not isinstance(w, torch.Tensor):
+            raise TypeError(f"`w` must be a torch.Tensor, got {type(w).__name__}")
+        if w.dim() < 2:
+            raise ValueError(f"`w` must have shape (..., T, D) with at least 2 dims, got shape {tuple(w.shape)}")
+        n = QKV(tuple(w.shape[:-2]), w.shape[-2], w.shape[-1], w.shape[-1])
+        like = w
+    check_per_token(w, "w", n, like, extra=(n.D,))
+    if not torch.isfinite(w).all():
+        raise ValueError("`w` must be finite (it has NaN or inf entries)")
+    return w.to(like.dtype), _check_beta(beta, n, like)
+
+
+def _check_size(x, name: str) -> int:
+    if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+        raise ValueError(f"`{name}` must be a positive int, got {x!r}")
+    return x
+
+
+def _empty_out(q, v):
+    return q.new_empty(q.shape[:-1] + (v.shape[-1],))
+
+
+# ---------------------------------------------------------------------------
+# Products of transitions
+# ---------------------------------------------------------------------------
+
+def _householder(w_s, beta_s):
+    """``H_s = I - beta_s w_s w_s^T`` as a matrix: ``w_s: (..., D)``, ``beta_s: (...)`` -> ``(..., D, D)``."""
+    eye = torch.eye(w_s.shape[-1], dtype=w_s.dtype, device=w_s.device)
+    return eye - beta_s[..., None, None] * w_s[..., :, None] * w_s[..., None, :]
+
+
+def householder_product(w, beta, *, order: str = "increasing"):
+    """The direct product of all L transitions, one matrix product at a time.
+
+    ``order="increasing"``: ``H_0 H_1 ... H_{L-1}`` (smallest index on the left:
+    the order of the PaTH logit and of the unrolled recurrence);
+    ``order="decreasing"``: ``H_{L-1} ... H_1 H_0`` (the order the UT transform
+    writes natively).  The two are transposes of each other.
+
+    Shapes: ``w: (..., L, D)``, ``beta: (..., L)`` -> ``(..., D, D)``; L = 0 gives ``I``.
+    """
+    w, beta = _check_w_beta(w, beta)
+    if order not in ORDERS:
+        raise ValueError(f"`order` must be one of {ORDERS}, got {order!r}")
+    L, D = w.shape[-2:]
+    P = torch.eye(D, dtype=w.dtype, device=w.device).expand(w.shape[:-2] + (D, D))
+    for s in range(L):
+        H = _householder(w[..., s, :], beta[..., s])
+        P = P @ H if order == "increasing" else H @ P
+    return P
+
+
+def interval_product(w, beta, j: int, i: int):
+    """``H_{j+1} H_{j+2} ... H_i``: the product between key ``j`` and query ``i`` in the PaTH logit.
+
+    Smallest index on the left; ``j = i`` is the empty product ``I``; ``j = -1``
+    starts at ``H_0``.  Needs ``-1 <= j <= i < L``.  Computed directly (no UT).
+
+    Shapes: ``w: (..., L, D)``, ``beta: (..., L)`` -> ``(..., D, D)``.
+    """
+    w, beta = _check_w_beta(w, beta)
+    L = w.shape[-2]
+    for name, x in (("j", j), ("i", i)):
+        if isinstance(x, bool) or not isinstance(x, int):
+            raise TypeError(f"`{name}` must be an int, got {type(x).__name__}")
+    if not -1 <= j <= i < L:
+        raise ValueError(f"`j` and `i` must satisfy -1 <= j <= i < L = {L}, got j={j}, i={i}")
+    return householder_product(w[..., j + 1 : i + 1, :], beta[..., j + 1 : i + 1], order="increasing")
+
+
+def ut_transform(w, beta):
+    r"""The UT transform: compact factors ``(W, A)`` of a product of L transitions.
+
+    With ``W = w`` (rows ``w_0 .. w_{L-1}``) and ``D_beta = diag(beta)``::
+
+        A = (I + strictLower(D_beta W W^T))^{-1} D_beta          (L x L, lower triangular)
+        H_{L-1} ... H_1 H_0 = I - W^T A W                        (largest index on the left)
+        H_0 H_1 ... H_{L-1} = I - W^T A^T W                      (smallest index on the left)
+
+    ``strictLower`` keeps entries below the diagonal.  The entry
+    ``strictLower(D_beta W W^T)_{st} = beta_s w_s . w_t`` (t < s).  For a
+    contiguous sub-interval ``(j, i]`` the same ``A`` restricted to rows and
+    columns ``j+1 .. i`` gives ``H_i ... H_{j+1}`` (the inverse of a lower
+    triangular matrix restricted to a diagonal block is the block's inverse).
+
+    Shapes: ``w: (..., L, D)``, ``beta: (..., L)`` -> ``W: (..., L, D)``, ``A: (..., L, L)``.
+    """
+    w, beta = _check_w_beta(w, beta)
+    return w, _ut_factor(w, beta)
+
+
+def _ut_factor(w, beta):
+    L = w.shape[-2]
+    eye = torch.eye(L, dtype=w.dtype, device=w.device)
+    gram = beta[..., :, None] * (w @ w.transpose(-1, -2))  # D_beta W W^T: row s times beta_s
+    T = eye + gram.tril(-1)
+    return torch.linalg.solve_triangular(T, torch.diag_embed(beta), upper=False, unitriangular=True)
+
+
+def _masked_ut_scores(q, k, w, beta, A=None):
+    r"""``Ã_ij = k_j^T H_{j+1} ... H_i q_i`` for ``j <= i`` (0 above the diagonal), from the global UT factor::
+
+        Ã = lower(Q K^T) - lower(Q W^T) A strictLower(W K^T)
+
+    ``lower`` keeps ``s <= i`` (diagonal included), ``strictLower`` keeps ``t > j``.
+    """
+    A = _ut_factor(w, beta) if A is None else A
+    qw = (q @ w.transpose(-1, -2)).tril()  # q_i . w_s, s <= i
+    wk = (w @ k.transpose(-1, -2)).tril(-1)  # w_t . k_j, t > j
+    return (q @ k.transpose(-1, -2) - qw @ A @ wk).tril()
+
+
+def _block_factors(qc, kc, wc, bc):
+    r"""What one block ``[s, e]`` contributes to the blockwise/chunked forms (all from the block's own UT factor):
+
+    * ``A``: the block's UT factor, so ``P = H_s ... H_e = I - W^T A^T W``;
+    * ``intra``: the in-block scores ``k_j^T H_{j+1} ... H_i q_i`` (j <= i, 0 above the diagonal);
+    * ``q_tilde``: rows ``q~_i = H_s ... H_i q_i`` (boundary-adjusted queries);
+    * ``k_tilde``: rows ``k~_j = H_e ... H_{j+1} k_j``, i.e. ``k~_j^T = k_j^T H_{j+1} ... H_e``.
+    """
+    A = _ut_factor(wc, bc)
+    qw = (qc @ wc.transpose(-1, -2)).tril()  # q_i . w_s, s <= i
+    wk = (wc @ kc.transpose(-1, -2)).tril(-1)  # w_t . k_j, t > j
+    intra = (qc @ kc.transpose(-1, -2) - qw @ A @ wk).tril()
+    q_tilde = qc - qw @ A @ wc
+    k_tilde = kc - (A @ wk).transpose(-1, -2) @ wc
+    return A, intra, q_tilde, k_tilde
+
+
+def _apply_block(x, wc, A):
+    """Rows ``x`` (``(..., M, D)``) mapped to ``P x`` with ``P = H_s ... H_e = I - W^T A^T W``:
+    as rows, ``x^T P^T = x^T - (x^T W^T) A W``."""
+    return x - (x @ wc.transpose(-1, -2)) @ A @ wc
+
+
+# ---------------------------------------------------------------------------
+# Softmax side: PaTH attention
+# ---------------------------------------------------------------------------
+
+def path_naive(q, k, v, w, beta, *, scale=None):
+    """The definition, one query at a time, with explicit D x D products of transitions.
+
+    For each query ``i``, walk ``j = i, i-1, ..., 0`` keeping ``P = H_{j+1} ... H_i``
+    (start ``P = I``; after key ``j``, ``P <- H_j P``), so that
+    ``logit_ij = scale * k_j^T P q_i``; then a softmax over ``j <= i``.
+    O(T^2 D^3): for checking, not for use.
+
+    Shapes: ``q, k, w: (..., T, D)``, ``v: (..., T, Dv)``, ``beta: (..., T)`` -> ``(..., T, Dv)``.
+    """
+    n = check_qkv(q, k, v)
+    scale = check_scale(scale, n.D)
+    w, beta = _check_w_beta(w, beta, n, q)
+    if n.T == 0:
+        return _empty_out(q, v)
+    eye = torch.eye(n.D, dtype=q.dtype, device=q.device)
+    outs = []
+    for i in range(n.T):
+        logits = [None] * (i + 1)
+        P = eye.expand(n.lead + (n.D, n.D))
+        for j in range(i, -1, -1):
+            logits[j] = scale * torch.einsum("...d,...de,...e->...", k[..., j, :], P, q[..., i, :])
+            P = _householder(w[..., j, :], beta[..., j]) @ P
+        p = torch.softmax(torch.stack(logits, dim=-1), dim=-1)
+        outs.append(torch.einsum("...j,...jd->...d", p, v[..., : i + 1, :]))
+    return torch.stack(outs, dim=-2)
+
+
+class PathKVCache(KVCache):
+    """A decoding cache whose keys are updated in place by every new transition.
+
+    The cache holds ``k^_j = H_t ... H_{j+1} k_j`` after token ``t`` has arrived
+    (largest index on the left), so that ``k^_j^T q_t = k_j^T H_{j+1} ... H_t q_t``:
+    decoding is then plain softmax attention (:meth:`attend`) over the cache.
+
+    ``step(k_t, v_t, w_t, beta_t)``: first ``k^_j <- H_t^T k^_j = H_t k^_j`` for
+    every cached ``j < t`` (``H_t`` is symmetric), then append ``(k_t, v_t)``:
+    a token's own transition never acts on its own key.  O(t D) work per token,
+    and neither the ``w`` nor the ``beta`` history needs to be stored.
+
+    Shapes: ``k_t, w_t: (..., D)``, ``v_t: (..., Dv)``, ``beta_t: (...)``.
+    """
+
+    def transition(self, w_t, beta_t):
+        """Apply ``H_t = I - beta_t w_t w_t^T`` to every cached key, in place."""
+        keys = self.k[..., : self.len, :]
+        proj = keys @ w_t[..., :, None]  # (..., len, 1): w_t . k^_j
+        keys -= beta_t[..., None, None] * proj * w_t[..., None, :]
+
+    def step(self, k_t, v_t, w_t, beta_t):
+        self.transition(w_t, beta_t)
+        self.append(k_t, v_t)
+
+
+def path_recurrent(q, k, v, w, beta, *, scale=None, page: int = 64):
+    """Decoding with in-place key updates (:class:`PathKVCache`), token by token.
+
+    When token ``t`` arrives, every cached key is multiplied by ``H_t``, then
+    ``(k_t, v_t)`` is appended and ``q_t`` attends to the cache with an ordinary
+    (paged, online-softmax) softmax attention.  The result equals the prefill
+    forms (:func:`path_matrix`).  Shapes as :func:`path_naive`.
+    """
+    n = check_qkv(q, k, v)
+    scale = check_scale(scale, n.D)
+    w, beta = _check_w_beta(w, beta, n, q)
+    if n.T == 0:
+        return _empty_out(q, v)
+    cache = PathKVCache(n.lead, n.D, n.Dv, n.T, dtype=q.dtype, device=q.device, page=_check_size(page, "page"))
+    outs = []
+    for t in range(n.T):
+        cache.step(k[..., t, :], v[..., t, :], w[..., t, :], beta[..., t])
+        outs.append(cache.attend(q[..., t, :], scale))
+    return torch.stack(outs, dim=-2)
+
+
+def path_matrix(q, k, v, w, beta, *, scale=None):
+    r"""Parallel form from one global UT transform (masked UT)::
+
+        A = (I + strictLower(D_beta W W^T))^{-1} D_beta
+        Ã = lower(Q K^T) - lower(Q W^T) A strictLower(W K^T)
+        O = softmax(scale * Ã + M) V        (M: 0 for j <= i, -inf above)
+
+    i.e. ``Ã_ij = q_i.k_j - sum_{s<=i} sum_{t>j} (q_i.w_s) A_st (w_t.k_j) = k_j^T H_{j+1} ... H_i q_i``.
+    O(T^2 D + T^3) work (the triangular solve), O(T^2) memory.  Shapes as :func:`path_naive`.
+    """
+    n = check_qkv(q, k, v)
+    scale = check_scale(scale, n.D)
+    w, beta = _check_w_beta(w, beta, n, q)
+    if n.T == 0:
+        return _empty_out(q, v)
+    logits = scale * _masked_ut_scores(q, k, w, beta)
+    return torch.softmax(masked_logits(logits, causal_mask(n.T, q.device)), dim=-1) @ v
+
+
+def path_blockwise(q, k, v, w, beta, *, scale=None, block: int = 64):
+    r"""The blockwise algorithm in PyTorch: the reference :mod:`pathedu.kernels.path_attention` follows.
+
+    Positions are cut into blocks of ``B = block`` tokens; block ``J`` covers
+    ``[s_J, e_J]``.  Per block, from the block's own UT factor ``A_J``:
+
+    * ``P_J = H_{s_J} ... H_{e_J} = I - W_J^T A_J^T W_J`` (smallest index on the left);
+    * keys ``k~_j = H_{e_J} ... H_{j+1} k_j`` (so ``k~_j^T = k_j^T H_{j+1} ... H_{e_J}``);
+    * queries ``q~_i = H_{s_I} ... H_i q_i``.
+
+    For ``j`` in an earlier block ``J < I``:
+    ``logit_ij = scale * k~_j^T P_{J+1} ... P_{I-1} q~_i``.  Query block ``I`` scans
+    right to left: the diagonal block first (masked UT form inside the block), then
+    ``J = I-1, ..., 0`` with a carried ``q^`` (start ``q^ = q~_I``; after key
+    block ``J``, ``q^ <- P_J q^``), folding each block into an online softmax.
+    O(T^2 D + T D^2) work; never a ``T x T`` matrix.  Shapes as :func:`path_naive`.
+    """
+    n = check_qkv(q, k, v)
+    scale = check_scale(scale, n.D)
+    w, beta = _check_w_beta(w, beta, n, q)
+    block = _check_size(block, "block")
+    if n.T == 0:
+        return _empty_out(q, v)
+    spans = [(s, min(s + block, n.T)) for s in range(0, n.T, block)]
+    factors = [_block_factors(q[..., s:e, :], k[..., s:e, :], w[..., s:e, :], beta[..., s:e]) for s, e in spans]
+    out = torch.empty(q.shape[:-1] + (n.Dv,), dtype=q.dtype, device=q.device)
+    for I, (s_I, e_I) in enumerate(spans):
+        _, intra, q_tilde, _ = factors[I]
+        m = torch.full(q_tilde.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
+        l = torch.zeros_like(m)
+        acc = torch.zeros(q_tilde.shape[:-1] + (n.Dv,), dtype=q.dtype, device=q.device)
+        diag = masked_logits(scale * intra, causal_mask(e_I - s_I, q.device))
+        m, l, acc = online_softmax_step(m, l, acc, diag, v[..., s_I:e_I, :])
+        q_hat = q_tilde
+        for J in range(I - 1, -1, -1):
+            s_J, e_J = spans[J]
+            A_J, _, _, k_tilde = factors[J]
+            logits = scale * q_hat @ k_tilde.transpose(-1, -2)
+            m, l, acc = online_softmax_step(m, l, acc, logits, v[..., s_J:e_J, :])
+            q_hat = _apply_block(q_hat, w[..., s_J:e_J, :], A_J)  # q^ <- P_J q^
+        out[..., s_I:e_I, :] = acc / l[..., None]
+    return out
+
+
+def path_triton(q, k, v, w, beta, *, scale=None):
+    """PaTH attention in Triton (:func:`pathedu.kernels.path_attention.path_attention`), the blockwise algorithm.
+
+    fp16/bf16/fp32 ``q, k, v``; ``w, beta`` used in fp32; head dims 16..128;
+    any T.  Shapes as :func:`path_naive`.
+    """
+    n = check_qkv(q, k, v)
+    _check_w_beta(w, beta, n, q)
+    from .kernels.path_attention import path_attention
+
+    return path_attention(q, k, v, w, beta, scale=scale)
+
+
+# ---------------------------------------------------------------------------
+# Linear side: the Householder RNN
+# ---------------------------------------------------------------------------
+
+def householder_naive(q, k, v, w, beta):
+    """The unrolled recurrence: ``o_i = sum_{j<=i} (k_j^T H_{j+1} ... H_i q_i) v_j``, loops and explicit products.
+
+    As :func:`path_naive` without scale or softmax.  Shapes as :func:`path_naive`.
+    """
+    n = check_qkv(q, k, v)
+    w, beta = _check_w_beta(w, beta, n, q)
+    return _unrolled(q, k, v, w, beta, n)
+
+
+def _unrolled(q, k, v, w, beta, n):
+    eye = torch.eye(n.D, dtype=q.dtype, device=q.device)
+    out = torch.zeros(q.shape[:-1] + (n.Dv,), dtype=q.dtype, device=q.device)
+    for i in range(n.T):
+        P = eye.expand(n.lead + (n.D, n.D))  # H_{j+1} ... H_i, starting from j = i
+        for j in range(i, -1, -1):
+            score = torch.einsum("...d,...de,...e->...", k[..., j, :], P, q[..., i, :])
+            out[..., i, :] += score[..., None] * v[..., j, :]
+            P = _householder(w[..., j, :], beta[..., j]) @ P
+    return out
+
+
+def householder_recurrent(q, k, v, w, beta, *, initial_state=None, return_state: bool = False):
+    """The RNN: ``S_t = S_{t-1} H_t + v_t k_t^T``, ``o_t = S_t q_t``.
+
+    ``S_{t-1} H_t = S_{t-1} - beta_t (S_{t-1} w_t) w_t^T``: O(D Dv) per step.
+    ``initial_state``/returned state: ``(..., Dv, D)``.  Shapes as :func:`path_naive`.
+    """
+    n = check_qkv(q, k, v)
+    w, beta = _check_w_beta(w, beta, n, q)
+    S = q.new_zeros(n.lead + (n.Dv, n.D)) if initial_state is None else initial_state.to(q.dtype).clone()
+    outs = []
+    for t in range(n.T):
+        w_t, b_t = w[..., t, :], beta[..., t]
+        S = S - b_t[..., None, None] * (S @ w_t[..., :, None]) * w_t[..., None, :]
+        S = S + v[..., t, :, None] * k[..., t, None, :]
+        outs.append((S @ q[..., t, :, None])[..., 0])
+    out = torch.stack(outs, dim=-2) if outs else _empty_out(q, v)
+    return (out, S) if return_state else out
+
+
+def householder_matrix(q, k, v, w, beta):
+    """Parallel form: ``O = (Ã * M) V`` with Ã the masked-UT scores of :func:`path_matrix` (no scale, no softmax).
+
+    Shapes as :func:`path_naive`.
+    """
+    n = check_qkv(q, k, v)
+    w, beta = _check_w_beta(w, beta, n, q)
+    if n.T == 0:
+        return _empty_out(q, v)
+    return _masked_ut_scores(q, k, w, beta) @ v
+
+
+def householder_chunked(q, k, v, w, beta, *, chunk: int = 64, initial_state=None, return_state: bool = False):
+    r"""Chunkwise-parallel form: the reference :func:`pathedu.kernels.delta_rule.chunked_householder` follows.
+
+    Chunk ``c`` covers ``[s, e]``; ``S`` (Dv x D) is the state after chunk ``c-1``.
+    From the chunk's own UT factor ``A_c`` (see :func:`path_blockwise` for
+    ``q~``, ``k~`` and ``P_c = H_s ... H_e = I - W_c^T A_c^T W_c``)::
+
+        O_c = Q~_c S^T + (Ã_c * M) V_c              (inter-chunk + intra-chunk)
+        S  <- S P_c + V_c^T K~_c = S - (S W_c^T) A_c^T W_c + V_c^T K~_c
+
+    ``initial_state``/returned state: ``(..., Dv, D)``.  Shapes as :func:`path_naive`.
+    """
+    n = check_qkv(q, k, v)
+    w, beta = _check_w_beta(w, beta, n, q)
+    chunk = _check_size(chunk, "chunk")
+    S = q.new_zeros(n.lead + (n.Dv, n.D)) if initial_state is None else initial_state.to(q.dtype).clone()
+    out = torch.empty(q.shape[:-1] + (n.Dv,), dtype=q.dtype, device=q.device)
+    for s in range(0, n.T, chunk):
+        e = min(s + chunk, n.T)
+        wc, vc = w[..., s:e, :], v[..., s:e, :]
+        A, intra, q_tilde, k_tilde = _block_factors(q[..., s:e, :], k[..., s:e, :], wc, beta[..., s:e])
+        out[..., s:e, :] = q_tilde @ S.transpose(-1, -2) + intra @ vc
+        S = S - (S @ wc.transpose(-1, -2)) @ A.transpose(-1, -2) @ wc + vc.transpose(-1, -2) @ k_tilde
+    return (out, S) if return_state else out
+
+
+def householder_triton(q, k, v, w, beta):
+    """The chunked Householder RNN in Triton (:func:`pathedu.kernels.delta_rule.chunked_householder`).
+
+    fp16/bf16/fp32 ``q, k, v``; ``w, beta`` used in fp32; head dims 16..128.
+    Shapes as :func:`path_naive`.
+    """
+    n = check_qkv(q, k, v)
+    _check_w_beta(w, beta, n, q)
+    from .kernels.delta_rule import chunked_householder
+
+    return chunked_householder(q, k, v, w, beta)
+
+
+# ---------------------------------------------------------------------------
+# Linear side: DeltaNet (the Householder RNN with w = k, values beta * v)
+# ---------------------------------------------------------------------------
+
+def deltanet_naive(q, k, v, beta):
+    """The unrolled delta rule: ``o_i = sum_{j<=i} beta_j (k_j^T H_{j+1} ... H_i q_i) v_j``
+    with ``H_s = I - beta_s k_s k_s^T``; loops and explicit products.
+
+    This is :func:`householder_naive` with ``w = k`` and values ``beta * v``.
+    Shapes: ``q, k: (..., T, D)``, ``v: (..., T, Dv)``, ``beta: (..., T)`` in [0, 2] -> ``(..., T, Dv)``.
+    """
+    n = check_qkv(q, k, v)
+    beta = _check_beta(beta, n, q)
+    return _unrolled(q, k, beta[..., None] * v, k, beta, n)
+
+
+def deltanet_recurrent(q, k, v, beta, *, initial_state=None, return_state: bool = False):
+    """The delta rule, token by token: ``S_t = S_{t-1} + beta_t (v_t - S_{t-1} k_t) k_t^T``, ``o_t = S_t q_t``.
+
+    (Equal to ``S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T``: one step of
+    gradient descent on ``|S k_t - v_t|^2 / 2`` with step ``beta_t``.)
+    ``initial_state``/returned state: ``(..., Dv, D)``.  Shapes as :func:`deltanet_naive`.
+    """
+    n = check_qkv(q, k, v)
+    beta = _check_beta(beta, n, q)
+    S = q.new_zeros(n.lead + (n.Dv, n.D)) if initial_state is None else initial_state.to(q.dtype).clone()
+    outs = []
+    for t in range(n.T):
+        k_t = k[..., t, :]
+        error = v[..., t, :] - (S @ k_t[..., :, None])[..., 0]  # v_t - S_{t-1} k_t
+        S = S + beta[..., t, None, None] * error[..., :, None] * k_t[..., None, :]
+        outs.append((S @ q[..., t, :, None])[..., 0])
+    out = torch.stack(outs, dim=-2) if outs else _empty_out(q, v)
+    return (out, S) if return_state else out
+
+
+def deltanet_matrix(q, k, v, beta):
+    r"""Parallel form: pseudo-values from one triangular solve, then linear attention::
+
+        B = diag(beta) (K K^T * M^-),    U = (I + B)^{-1} (beta * V),    O = (Q K^T * M) U
+
+    ``M^-``: strictly lower 0/1 mask (j < i); ``M``: lower, diagonal included.
+    ``S_t = sum_{j<=t} u_j k_j^T``: ``u_j`` is what token ``j`` actually writes.
+    Shapes as :func:`deltanet_naive`.
+    """
+    n = check_qkv(q, k, v)
+    beta = _check_beta(beta, n, q)
+    if n.T == 0:
+        return _empty_out(q, v)
+    B = beta[..., :, None] * (k @ k.transpose(-1, -2)) * causal_mask(n.T, q.device, strict=True)
+    eye = torch.eye(n.T, dtype=q.dtype, device=q.device)
+    U = torch.linalg.solve_triangular(eye + B, beta[..., None] * v, upper=False, unitriangular=True)
+    return ((q @ k.transpose(-1, -2)) * causal_mask(n.T, q.device)) @ U
+
+
+def deltanet_chunked(q, k, v, beta, *, chunk: int = 64, initial_state=None, return_state: bool = False):
+    r"""Chunkwise-parallel delta rule (WY representation + carried state): the reference
+    :func:`pathedu.kernels.delta_rule.chunked_delta_rule` follows.
+
+    For chunk ``c`` with state ``S`` (Dv x D) after chunk ``c-1``::
+
+        T_c = (I + diag(beta_c)(K_c K_c^T * M^-))^{-1}          (C x C, unit lower triangular)
+        W_c = T_c (beta_c * K_c),   U~_c = T_c (beta_c * V_c)     (the WY factors)
+        U_c = U~_c - W_c S^T                                      (pseudo-values given S)
+        O_c = Q_c S^T + (Q_c K_c^T * M) U_c,      S <- S + U_c^T K_c
+
+    ``initial_state``/returned state: ``(..., Dv, D)``.  Shapes as :func:`deltanet_naive`.
+    """
+    n = check_qkv(q, k, v)
+    beta = _check_beta(beta, n, q)
+    chunk = _check_size(chunk, "chunk")
+    S = q.new_zeros(n.lead + (n.Dv, n.D)) if initial_state is None else initial_state.to(q.dtype).clone()
+    out = torch.empty(q.shape[:-1] + (n.Dv,), dtype=q.dtype, device=q.device)
+    for s in range(0, n.T, chunk):
+        e = min(s + chunk, n.T)
+        qc, kc, vc, bc = q[..., s:e, :], k[..., s:e, :], v[..., s:e, :], beta[..., s:e]
+        eye = torch.eye(e - s, dtype=q.dtype, device=q.device)
+        B = bc[..., :, None] * (kc @ kc.transpose(-1, -2)) * causal_mask(e - s, q.device, strict=True)
+        T_c = torch.linalg.solve_triangular(eye + B, eye.expand_as(B), upper=False, unitriangular=True)
+        W_c, U_tilde = T_c @ (bc[..., None] * kc), T_c @ (bc[..., None] * vc)
+        U = U_tilde - W_c @ S.transpose(-1, -2)
+        out[..., s:e, :] = qc @ S.transpose(-1, -2) + ((qc @ kc.transpose(-1, -2)) * causal_mask(e - s, q.device)) @ U
+        S = S + U.transpose(-1, -2) @ kc
+    return (out, S) if return_state else out
+
+
+def deltanet_triton(q, k, v, beta):
+    """The chunked delta rule in Triton (:func:`pathedu.kernels.delta_rule.chunked_delta_rule`).
+
+    fp16/bf16/fp32 ``q, k, v``; ``beta`` used in fp32; head dims 16..128.
+    Shapes as :func:`deltanet_naive`.
+    """
+    n = check_qkv(q, k, v)
+    _check_beta(beta, n, q)
+    from .kernels.delta_rule import chunked_delta_rule
+
+    return chunked_delta_rule(q, k, v, beta)

@@ -1,0 +1,238 @@
+"""The book: it builds strictly, renders maths and widgets offline, and launches the labs on Colab.
+
+The whole book is built once for this module, exactly as ``.ci/book`` builds it
+(``python book/tools.py assets``, then ``jupyter-book build <repo> -W -n
+--keep-going``), into a temporary folder that also holds the execution cache.
+The other tests read the HTML it produced.  The last tests exercise
+``book/tools.py`` itself (sync, assets, the Sphinx hooks) without a build.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import nbformat
+import pytest
+import yaml
+
+import pathedu
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf8"))
+LAB = "notebooks/01_nope_linear_lab"
+CHAPTER = "book/ch01_nope_linear"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+
+
+def _load_tools():
+    spec = importlib.util.spec_from_file_location("book_tools", ROOT / "book" / "tools.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+tools = _load_tools()
+
+
+def _toc_files(node) -> list[str]:
+    """Every ``file:`` (and the root) of a jb-book _toc.yml, in order."""
+    found = []
+    if isinstance(node, dict):
+        for key in ("root", "file"):
+            if key in node:
+                found.append(str(node[key]))
+        for value in node.values():
+            found += _toc_files(value)
+    elif isinstance(node, list):
+        for item in node:
+            found += _toc_files(item)
+    return found
+
+
+TOC_FILES = _toc_files(yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf8")))
+
+
+@pytest.fixture(scope="module")
+def html(tmp_path_factory) -> Path:
+    """Build the whole book once (about a minute on CI); return its ``_build/html``."""
+    out = tmp_path_factory.mktemp("book")
+    assets = subprocess.run([sys.executable, str(ROOT / "book" / "tools.py"), "assets"],
+                            capture_output=True, text=True, timeout=600)
+    assert assets.returncode == 0, assets.stdout + assets.stderr
+    jupyter_book = Path(sys.executable).parent / "jupyter-book"
+    assert jupyter_book.is_file(), f"jupyter-book is not installed next to {sys.executable}"
+    build = subprocess.run([str(jupyter_book), "build", str(ROOT), "-W", "-n", "--keep-going",
+                            "--path-output", str(out)], capture_output=True, text=True, timeout=1800)
+    log = build.stdout + build.stderr
+    assert build.returncode == 0, "the book build failed:\n" + log[-8000:]
+    assert (out / "_build" / ".jupyter_cache").is_dir(), "the execution cache must live under the build output"
+    return out / "_build" / "html"
+
+
+def _page(html: Path, docname: str) -> str:
+    path = html / f"{docname}.html"
+    assert path.is_file(), f"{path.relative_to(html)} was not built"
+    return path.read_text(encoding="utf8")
+
+
+def _script_tags(text: str) -> list[str]:
+    return re.findall(r"<script\b[^>]*>", text)
+
+
+def test_every_toc_entry_is_a_page(html):
+    assert CHAPTER in TOC_FILES and LAB in TOC_FILES
+    for docname in TOC_FILES:
+        _page(html, docname)
+    assert (html / "index.html").is_file()
+
+
+def test_no_script_is_loaded_from_the_network(html):
+    pages = sorted(html.rglob("*.html"))
+    assert len(pages) >= len(TOC_FILES)
+    for page in pages:
+        for tag in _script_tags(page.read_text(encoding="utf8")):
+            src = re.search(r'\bsrc="([^"]*)"', tag)
+            if src:
+                assert not re.match(r"(https?:)?//", src.group(1)), f"{page.relative_to(html)} loads {tag}"
+            # e.g. the MathJax/require.js/embed defaults of Sphinx and myst-nb
+            assert not re.search(r"cdn\.jsdelivr|cdnjs|unpkg", tag), f"{page.relative_to(html)}: {tag}"
+
+
+def test_maths_uses_the_local_mathjax_and_the_book_macros(html):
+    mathjax = html / "_static" / "mathjax" / "tex-mml-chtml.js"
+    fonts = html / "_static" / "mathjax" / "output" / "chtml" / "fonts" / "woff-v2"
+    assert mathjax.is_file() and any(fonts.glob("*.woff")), "MathJax was not shipped with the build"
+    for docname in ("book/intro", "book/notation", CHAPTER):
+        text = _page(html, docname)
+        assert re.search(r'<script[^>]*src="\.\./_static/mathjax/tex-mml-chtml\.js', text), docname
+        config = re.search(r"window\.MathJax = (\{.*?\})</script>", text, re.S)
+        assert config, f"{docname}: no MathJax configuration"
+        macros = json.loads(config.group(1))["tex"]["macros"]
+        assert macros == CONFIG["sphinx"]["config"]["mathjax3_config"]["tex"]["macros"]
+        assert {"vq", "vk", "vv", "mS", "softmax"} <= set(macros)
+
+
+def _widget_docnames() -> list[str]:
+    """Notebooks in the toc whose committed outputs contain a widget view."""
+    names = []
+    for docname in TOC_FILES:
+        path = ROOT / f"{docname}.ipynb"
+        if path.is_file():
+            nb = nbformat.read(path, as_version=4)
+            if any(WIDGET_VIEW in out.get("data", {}) for cell in nb.cells for out in cell.get("outputs", [])):
+                names.append(docname)
+    return names
+
+
+def test_widget_pages_carry_state_views_and_local_scripts(html):
+    docnames = _widget_docnames()
+    assert LAB in docnames, "the chapter 1 lab has an interactive widget"
+    for docname in docnames:
+        text = _page(html, docname)
+        assert f'type="{WIDGET_STATE}"' in text, f"{docname}: no widget state"
+        assert f'type="{WIDGET_VIEW}"' in text, f"{docname}: no widget view"
+        tags = _script_tags(text)
+        assert any('src="../_static/requirejs/require.js' in t for t in tags), docname
+        embed = [t for t in tags if "embed-amd.js" in t]
+        assert len(embed) == 1 and 'src="../_static/jupyter-widgets/embed-amd.js' in embed[0], docname
+        # Any widget module not bundled with the embed script would come from here: not a CDN.
+        cdn = re.search(r'data-jupyter-widgets-cdn="([^"]*)"', embed[0])
+        assert cdn and not re.match(r"(https?:)?//", cdn.group(1)), embed[0]
+    for name in ("requirejs/require.js", "jupyter-widgets/embed-amd.js"):
+        assert (html / "_static" / name).is_file(), name
+
+
+def test_colab_button_opens_the_lab_notebook(html):
+    owner, repo = CONFIG["repository"]["url"].rstrip("/").split("/")[-2:]
+    branch = CONFIG["repository"]["branch"]
+    want = f"https://colab.research.google.com/github/{owner}/{repo}/blob/{branch}/{LAB}.ipynb"
+    links = set(re.findall(r'href="(https://colab\.research\.google\.com/[^"]*)"', _page(html, LAB)))
+    assert links == {want}
+    # MyST Markdown pages get no Colab button (Colab cannot open a .md file).
+    for docname in TOC_FILES:
+        if (ROOT / f"{docname}.md").is_file():
+            assert "colab.research.google.com" not in _page(html, docname), docname
+
+
+def test_install_cell_is_not_in_the_book(html):
+    for docname in _widget_docnames() + [LAB]:
+        text = _page(html, docname)
+        assert "%pip install" not in text and tools.INSTALL_MARKER not in text, docname
+
+
+def test_front_pages(html):
+    text = _page(html, "book/how_to_use")
+    assert f"Triton mode: {pathedu.triton_mode()}" in text  # the page was executed on this machine
+    assert "git clone " + CONFIG["repository"]["url"] in re.sub(r"<[^>]+>", "", text)
+    # The chapter map links every written chapter and marks the other ones of the six.
+    intro = _page(html, "book/intro")
+    chapters = [name for name in TOC_FILES if re.fullmatch(r"book/ch\d\d_\w+", name)]
+    assert CHAPTER in chapters
+    for name in chapters:
+        assert f'href="{name.split("/")[1]}.html"' in intro, name
+    assert intro.count("in preparation") == 6 - len(chapters)
+
+
+# ---------------------------------------------------------------------------
+# book/tools.py without a build
+# ---------------------------------------------------------------------------
+
+def test_sync_inserts_rewrites_and_is_idempotent():
+    url, branch = tools.read_repository()
+    assert url == CONFIG["repository"]["url"].rstrip("/")
+    source = tools.install_source(url, branch)
+    assert f'"pathedu @ git+{url}@{branch}"' in source
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")])
+    assert tools.sync_notebook(nb, source)
+    assert [c.source for c in nb.cells] == [source, "x = 1"]
+    assert nb.cells[0].metadata.tags == ["remove-cell"]
+    assert not tools.sync_notebook(nb, source)
+
+    stale = source.replace(url, "https://github.com/someone/else")
+    nb.cells[0].source = stale
+    cell_id = nb.cells[0].id
+    assert tools.sync_notebook(nb, source)
+    assert nb.cells[0].source == source and nb.cells[0].id == cell_id and len(nb.cells) == 2
+    nbformat.validate(nb)
+
+
+def test_sync_check_passes_on_the_committed_notebooks():
+    proc = subprocess.run([sys.executable, str(ROOT / "book" / "tools.py"), "sync", "--check"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_assets_fail_clearly_without_npm(tmp_path, monkeypatch):
+    monkeypatch.setattr(tools, "OFFLINE", tmp_path / "offline")
+    monkeypatch.setattr(tools.shutil, "which", lambda name: None)
+    with pytest.raises(SystemExit, match="`npm` was not found"):
+        tools.cmd_assets(SimpleNamespace(force=False))
+
+
+def test_build_stops_with_the_fix_when_assets_are_missing(tmp_path, monkeypatch):
+    monkeypatch.setattr(tools, "OFFLINE", tmp_path / "offline")
+    app = SimpleNamespace(builder=SimpleNamespace(format="html"))
+    with pytest.raises(RuntimeError, match=r"python book/tools\.py assets"):
+        tools._require_assets(app)
+
+
+def test_colab_button_is_dropped_from_markdown_pages_only():
+    def context():
+        colab = {"type": "link", "text": "Colab", "url": "https://colab.research.google.com/x"}
+        binder = {"type": "link", "text": "Binder", "url": "https://mybinder.org/x"}
+        return {"header_buttons": [{"label": "launch-buttons", "buttons": [colab, binder]}]}
+
+    env = SimpleNamespace(all_docs={"a": 0, "b": 0}, doc2path=lambda name: f"/src/{name}.{'md' if name == 'a' else 'ipynb'}")
+    app = SimpleNamespace(env=env)
+    md, ipynb = context(), context()
+    tools._colab_only_for_notebooks(app, "a", "page.html", md, None)
+    tools._colab_only_for_notebooks(app, "b", "page.html", ipynb, None)
+    assert [b["text"] for b in md["header_buttons"][0]["buttons"]] == ["Binder"]
+    assert [b["text"] for b in ipynb["header_buttons"][0]["buttons"]] == ["Colab", "Binder"]

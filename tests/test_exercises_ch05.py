@@ -1,0 +1,144 @@
+"""Chapter 5 exercise checks: right answers pass, typical wrong answers fail, nothing raises."""
+import pytest
+import torch
+
+from pathedu.exercises import ch05
+
+
+# --- right answers, written independently of the checkers' references ---------
+
+def delta_step_ok(S, k, v, beta):
+    # S (I - beta k k^T) + beta v k^T: the "gated recurrence" reading of the same step
+    D = k.shape[-1]
+    gate = torch.eye(D, dtype=S.dtype) - beta[..., None, None] * k[..., :, None] * k[..., None, :]
+    return S @ gate + beta[..., None, None] * v[..., :, None] * k[..., None, :]
+
+
+def H(w, beta, s):
+    return torch.eye(w.shape[-1], dtype=w.dtype) - beta[s] * torch.outer(w[s], w[s])
+
+
+def interval_ok(w, beta, j, i):
+    P = torch.eye(w.shape[-1], dtype=w.dtype)
+    for s in range(i, j, -1):  # build from the right: P <- H_s P, s = i, i-1, ..., j+1
+        P = H(w, beta, s) @ P
+    return P
+
+
+def ut_ok(w, beta):
+    # Forward substitution, row by row: (I + N) A = D_beta with N = strictLower(D_beta W W^T)
+    L = w.shape[0]
+    N = (beta[:, None] * (w @ w.T)).tril(-1)
+    A = torch.zeros(L, L, dtype=w.dtype)
+    for s in range(L):
+        A[s] = torch.diag(beta)[s] - N[s] @ A
+    return A
+
+
+def path_ok(q, k, v, w, beta):
+    T, D = q.shape
+    out = torch.zeros(T, v.shape[1], dtype=q.dtype)
+    for i in range(T):
+        logits = []
+        for j in range(i + 1):
+            logits.append(k[j] @ interval_ok(w, beta, j, i) @ q[i] / D ** 0.5)
+        out[i] = torch.softmax(torch.stack(logits), 0) @ v[: i + 1]
+    return out
+
+
+def stub(*args):
+    raise NotImplementedError("write your answer here")
+
+
+# --- wrong answers -------------------------------------------------------------
+
+def P(w, beta, idx):
+    M = torch.eye(w.shape[-1], dtype=w.dtype)
+    for s in idx:
+        M = M @ H(w, beta, s)
+    return M
+
+
+DELTA_WRONG = {
+    "linear attention": lambda S, k, v, b: S + b[..., None, None] * v[..., :, None] * k[..., None, :],
+    "ascent": lambda S, k, v, b: S + b[..., None, None] * ((S @ k[..., :, None])[..., 0] - v)[..., :, None] * k[..., None, :],
+    "no beta": lambda S, k, v, b: S - ((S @ k[..., :, None])[..., 0] - v)[..., :, None] * k[..., None, :],
+    "forgets the old memory": lambda S, k, v, b: b[..., None, None] * v[..., :, None] * k[..., None, :],
+    "returns the error": lambda S, k, v, b: (S @ k[..., :, None])[..., 0] - v,
+}
+
+INTERVAL_WRONG = {
+    "reversed (seed snippet)": lambda w, b, j, i: P(w, b, range(i, j, -1)),
+    "includes H_j": lambda w, b, j, i: P(w, b, range(max(j, 0), i + 1)),
+    "stops before H_i": lambda w, b, j, i: P(w, b, range(j + 1, i)),
+    "whole sequence": lambda w, b, j, i: P(w, b, range(w.shape[0])),
+}
+
+UT_WRONG = {
+    "upper": lambda w, b: torch.linalg.inv(torch.eye(3, dtype=w.dtype) + (b[:, None] * (w @ w.T)).triu(1)) @ torch.diag(b),
+    "no D_beta": lambda w, b: torch.linalg.inv(torch.eye(3, dtype=w.dtype) + (b[:, None] * (w @ w.T)).tril(-1)),
+    "columns scaled": lambda w, b: torch.linalg.inv(torch.eye(3, dtype=w.dtype) + (w @ w.T * b[None, :]).tril(-1)) @ torch.diag(b),
+    "transposed": lambda w, b: ut_ok(w, b).T,
+    "identity plus gram": lambda w, b: torch.eye(3, dtype=w.dtype) + (b[:, None] * (w @ w.T)).tril(-1),
+}
+
+
+def path_variant(idx_fn, scale_fn=lambda D: D ** -0.5):
+    def f(q, k, v, w, beta):
+        T, D = q.shape
+        logits = torch.full((T, T), float("-inf"), dtype=q.dtype)
+        for i in range(T):
+            for j in range(i + 1):
+                logits[i, j] = scale_fn(D) * k[j] @ P(w, beta, idx_fn(j, i)) @ q[i]
+        return torch.softmax(logits, -1) @ v
+    return f
+
+
+PATH_WRONG = {
+    "reversed order": path_variant(lambda j, i: range(i, j, -1)),
+    "includes H_j": path_variant(lambda j, i: range(j, i + 1)),
+    "no scale": path_variant(lambda j, i: range(j + 1, i + 1), lambda D: 1.0),
+    "no products (plain attention)": path_variant(lambda j, i: range(0)),
+    "linear instead of softmax": lambda q, k, v, w, beta: torch.stack([
+        sum((k[j] @ P(w, beta, range(j + 1, i + 1)) @ q[i]) * v[j] for j in range(i + 1)) for i in range(q.shape[0])]),
+}
+
+CASES = [
+    (ch05.check_delta_step, delta_step_ok, DELTA_WRONG),
+    (ch05.check_interval_product, interval_ok, INTERVAL_WRONG),
+    (ch05.check_ut_factor, ut_ok, UT_WRONG),
+    (ch05.check_path_attention, path_ok, PATH_WRONG),
+]
+
+
+@pytest.mark.parametrize("check, right, wrong", CASES, ids=lambda x: getattr(x, "__name__", ""))
+def test_right_answer_passes(check, right, wrong, capsys):
+    verdict = check(right)
+    assert verdict, verdict
+    assert "Correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("check, right, wrong", CASES, ids=lambda x: getattr(x, "__name__", ""))
+def test_wrong_answers_fail_without_raising(check, right, wrong, capsys):
+    for name, fn in wrong.items():
+        verdict = check(fn)
+        assert not verdict, name
+        assert "Not yet" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("check, right, wrong", CASES, ids=lambda x: getattr(x, "__name__", ""))
+def test_stub_gets_a_friendly_not_yet(check, right, wrong, capsys):
+    verdict = check(stub)
+    assert not verdict
+    out = capsys.readouterr().out
+    assert "Not yet" in out and "NotImplementedError" in out
+
+
+def test_hints_name_the_mistake(capsys):
+    assert "reverse" in ch05.check_interval_product(INTERVAL_WRONG["reversed (seed snippet)"]).message
+    assert "H_j" in ch05.check_interval_product(INTERVAL_WRONG["includes H_j"]).message
+    assert "linear attention" in ch05.check_delta_step(DELTA_WRONG["linear attention"]).message
+    assert "uphill" in ch05.check_delta_step(DELTA_WRONG["ascent"]).message
+    assert "D_beta" in ch05.check_ut_factor(UT_WRONG["no D_beta"]).message
+    assert "reverse order" in ch05.check_path_attention(PATH_WRONG["reversed order"]).message
+    assert "scale" in ch05.check_path_attention(PATH_WRONG["no scale"]).message
