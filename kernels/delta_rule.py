@@ -42,7 +42,7 @@ import triton.language as tl
 from ..checks import check_per_token
 from ._launch import dot_precision, interpreting, next_pow2, prepare_per_token, prepare_qkv
 from .flash_attention import _load_rows
-from .path_attention import Prepared, check_block
+from .path_attention import Prepared, _dot, check_block
 
 
 @triton.jit
@@ -73,9 +73,10 @@ def _householder_fwd(QT, KT, AD, GM, V, O, T,
                        CHECK_D, CHECK_D)
         a = _load_rows(AD + start * stride_at, offs_c, offs_c, stride_at, 0, CHUNK, False, False)
         v = _load_rows(V + start * stride_vt, offs_c, offs_dv, stride_vt, T - start, HEAD_DV, True, True).to(tl.float32)
-        o = tl.dot(qt, H, input_precision=PRECISION) + tl.dot(a, v, input_precision=PRECISION)
-        # H <- P^T H + K~^T V = H + G H + K~^T V
-        H += tl.dot(g, H, input_precision=PRECISION) + tl.dot(tl.trans(kt), v, input_precision=PRECISION)
+        o = _dot(qt, H, PRECISION) + _dot(a, v, PRECISION)
+        # H <- P^T H + K~^T V = H + G H + K~^T V  (tf32 operands rounded to nearest: H is multiplied
+        # by G chunk after chunk, and truncated operands would shrink it a little every time)
+        H += _dot(g, H, PRECISION) + _dot(tl.trans(kt), v, PRECISION)
         o_ptrs = O + (start + offs_c)[:, None] * stride_ot + offs_dv[None, :]
         tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=((start + offs_c)[:, None] < T) & (offs_dv[None, :] < HEAD_DV))
 
@@ -85,7 +86,7 @@ def _run(q, k, v, w, beta, *, delta: bool, chunk: int):
     if not delta:
         check_per_token(w, "w", n, q, extra=(n.D,))
     check_per_token(beta, "beta", n, q)
-    chunk = check_block(chunk)
+    chunk = check_block(chunk, n.D, "chunk")
     BH = q3.shape[0]
     out = torch.empty(q3.shape[:-1] + (n.Dv,), dtype=dtype, device=q.device)
     if n.T == 0 or BH == 0:
@@ -106,7 +107,7 @@ def _run(q, k, v, w, beta, *, delta: bool, chunk: int):
     return out.reshape(q.shape[:-1] + (n.Dv,)).to(q.dtype)
 
 
-def chunked_householder(q, k, v, w, beta, *, chunk: int = 64):
+def chunked_householder(q, k, v, w, beta, *, chunk=None):
     """The Householder RNN ``S_t = S_{t-1} H_t + v_t k_t^T``, ``o_t = S_t q_t``, chunked.
 
     ``H_t = I - beta_t w_t w_t^T`` (``w`` used as given).  Shapes:
@@ -114,13 +115,13 @@ def chunked_householder(q, k, v, w, beta, *, chunk: int = 64):
     ``(..., T, Dv)``; ``D, Dv`` in 16..128; any T.  fp16/bf16/fp32 ``q, k, v``
     (the output has their dtype), ``w`` and ``beta`` used in fp32; fp32 state.
     Unrolled: ``o_i = sum_{j<=i} (k_j^T H_{j+1} ... H_i q_i) v_j`` (smallest index
-    on the left).  ``chunk`` in {16, 32, 64, 128}.  The caller validates
+    on the left).  ``chunk`` in {16, 32, 64, 128} (``None``: 64 for ``D <= 64``, else 32).  The caller validates
     ``beta``'s values (``pathedu.path`` requires [0, 2]).
     """
     return _run(q, k, v, w, beta, delta=False, chunk=chunk)
 
 
-def chunked_delta_rule(q, k, v, beta, *, chunk: int = 64):
+def chunked_delta_rule(q, k, v, beta, *, chunk=None):
     """DeltaNet ``S_t = S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T``, ``o_t = S_t q_t``, chunked.
 
     No scale, no normalisation of ``q``/``k`` (normalise ``k`` yourself: the

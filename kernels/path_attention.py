@@ -71,6 +71,32 @@ MAX_R = 2  # a query block holds at most this many UT blocks; prepared tensors a
 # Preparation pass (shared with the chunked Householder RNN / DeltaNet in delta_rule.py)
 # ---------------------------------------------------------------------------
 
+SUB = tl.constexpr(16)  # the triangular inverse is solved row by row on SUB x SUB diagonal blocks, then merged
+
+
+@triton.jit
+def _rn(x, PRECISION: tl.constexpr):
+    """Round fp32 ``x`` to the nearest tf32 value when products run in tf32.
+
+    The tensor cores read an fp32 operand's top 19 bits, i.e. they *truncate*
+    towards zero.  A biased rounding is harmless once, but the block transitions
+    ``P_J`` are applied again and again (to the carried query, to the RNN's state):
+    truncated factors made every ``P_J`` slightly too short and the error grew
+    linearly with T (kernels/NOTES_path.md).  Rounding to nearest first (add half
+    a tf32 ulp to the bit pattern, clear the 13 low bits) makes it unbiased.
+    """
+    if PRECISION == "tf32":
+        return ((x.to(tl.int32, bitcast=True) + 4096) & -8192).to(tl.float32, bitcast=True)
+    else:
+        return x
+
+
+@triton.jit
+def _dot(a, b, PRECISION: tl.constexpr):
+    """``a @ b`` for fp32 tiles, operands rounded to nearest when the product is tf32."""
+    return tl.dot(_rn(a, PRECISION), _rn(b, PRECISION), input_precision=PRECISION)
+
+
 @triton.jit
 def _unit_lower_inverse(nt, rows, BT: tl.constexpr):
     """``(I + N)^{-1}`` for a strictly lower ``N``, given ``nt = N^T`` (``BT x BT``).
@@ -78,6 +104,8 @@ def _unit_lower_inverse(nt, rows, BT: tl.constexpr):
     Forward substitution: row ``i`` of the inverse ``X`` is ``e_i - sum_{j<i} N_ij X_j``,
     and rows ``j < i`` are final when row ``i`` is formed.  ``N^T`` is passed so that
     row ``i`` of ``N`` comes out of a reduction as a vector along the rows of ``X``.
+    Exact fp32 arithmetic, stable for every ``beta`` in [0, 2], but ``BT - 1``
+    sequential steps: used on ``SUB x SUB`` blocks only.
     """
     x = (rows[:, None] == rows[None, :]).to(tl.float32)
     for i in range(1, BT):
@@ -87,12 +115,59 @@ def _unit_lower_inverse(nt, rows, BT: tl.constexpr):
 
 
 @triton.jit
+def _ut_diag_inverse(K, W, BETA, X, T, stride_kb, stride_kt, stride_wb, stride_wt, stride_xb, stride_xt,
+                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, W_IS_K: tl.constexpr):
+    """First half of the triangular inverse: ``(I + N_bb)^{-1}`` for one ``SUB x SUB`` diagonal block.
+
+    ``N = strictLower(D_beta W W^T)`` of the enclosing ``BT`` block.  The block's
+    inverse goes to rows ``[s, s + SUB)``, columns ``[c, c + SUB)`` of ``X``
+    (``(BH, T_pad, BT)``, ``c`` = the block's offset inside its ``BT`` block); the
+    rest of ``X`` is left alone.  Everything is exact fp32, and the small tiles
+    (one warp per program) keep many programs on each multiprocessor.
+    """
+    start = tl.program_id(0) * SUB
+    bh = tl.program_id(1).to(tl.int64)
+    rows = tl.arange(0, SUB)
+    offs_d = tl.arange(0, BLOCK_D)
+    if W_IS_K:
+        W = K
+        stride_wb = stride_kb
+        stride_wt = stride_kt
+    w = _load_rows(W + bh * stride_wb + start * stride_wt, rows, offs_d, stride_wt, T - start, HEAD_DIM,
+                   True, BLOCK_D != HEAD_DIM).to(tl.float32)
+    beta = tl.load(BETA + bh * T + start + rows, mask=rows < T - start, other=0.0)
+    gram = tl.dot(w, tl.trans(w), input_precision="ieee")
+    nt = tl.where(rows[:, None] < rows[None, :], gram * beta[None, :], 0.0)  # N_bb^T
+    x = _unit_lower_inverse(nt, rows, SUB)
+    col = start % BT
+    tl.store(X + bh * stride_xb + (start + rows[:, None]) * stride_xt + col + rows[None, :], x)
+
+
+@triton.jit
+def _merge(x, n, rows, SIZE: tl.constexpr, PRECISION: tl.constexpr):
+    """One level of block forward substitution: ``x`` inverts ``I + N`` on blocks of ``SIZE / 2``;
+    the result inverts it on blocks of ``SIZE``.  For each pair of halves (1, 2) the new
+    block is ``X_21 = -X_22 N_21 X_11``, i.e. ``x - x N_l x`` with ``N_l`` = ``N`` restricted
+    to the (2, 1) blocks (every other product term vanishes, ``x`` being block-diagonal)."""
+    couple = (rows[:, None] // SIZE == rows[None, :] // SIZE) & (rows[:, None] // (SIZE // 2) != rows[None, :] // (SIZE // 2))
+    return x - _dot(x, _dot(tl.where(couple, n, 0.0), x, PRECISION), PRECISION)
+
+
+@triton.jit
 def _ut_prepare(Q, K, W, BETA, QT, QN, KT, AD, GM, WC, NU, T,
                 stride_qb, stride_qt, stride_kb, stride_kt, stride_wb, stride_wt,
                 stride_pb, stride_pt, stride_nb, stride_ab, stride_at, stride_gb, stride_gj,
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, W_IS_K: tl.constexpr,
                 VALUE_BETA: tl.constexpr, NORM_Q: tl.constexpr, STORE_UT: tl.constexpr, PRECISION: tl.constexpr):
     """Per-block UT factors and boundary-adjusted q/k for block ``J`` (``BT`` tokens ``[s, e]``).
+
+    On entry ``AD`` holds, on its ``SUB x SUB`` diagonal blocks, the inverses made
+    by :func:`_ut_diag_inverse`.  They are merged into ``X = (I + N)^{-1}``, one
+    level at a time (blocks of ``2 SUB``, ``4 SUB``, ... ``BT``): with ``X``
+    block-diagonal at the finer level and ``N_l`` the part of ``N`` that couples
+    the two halves of each coarser block, ``X <- X - X N_l X`` fills in the
+    coupling block ``-X_22 N_21 X_11`` of each half pair, which is block forward
+    substitution (stable), two products per level.  Then ``A = X D_beta``.
 
     Writes rows ``[s, s + BT)`` of ``QT`` (q~) and ``KT`` (k~), ``(BH, T_pad, HEAD_DIM)``;
     of ``AD`` (the in-block scores Ã, ``(BH, T_pad, BT)``: row ``i``, column ``c`` is
@@ -123,22 +198,29 @@ def _ut_prepare(Q, K, W, BETA, QT, QN, KT, AD, GM, WC, NU, T,
         w = _load_rows(W + bh * stride_wb + start * stride_wt, rows, offs_d, stride_wt, left, HEAD_DIM,
                        True, CHECK_D).to(tl.float32)
     beta = tl.load(BETA + bh * T + start + rows, mask=rows < left, other=0.0)
+    w = _rn(w, PRECISION)  # every product below sees the same (rounded) w
+
+    # The triangular inverse: SUB x SUB diagonal blocks from _ut_diag_inverse, merged here.
+    p_ad = AD + bh * stride_ab + (start + rows[:, None]) * stride_at + rows[None, :]
+    x = tl.load(p_ad, mask=rows[:, None] // SUB == rows[None, :] // SUB, other=0.0)
+    n = tl.where(rows[:, None] > rows[None, :], beta[:, None] * _dot(w, tl.trans(w), PRECISION), 0.0)
+    if BT >= 32:
+        x = _merge(x, n, rows, 32, PRECISION)
+    if BT >= 64:
+        x = _merge(x, n, rows, 64, PRECISION)
+    if BT >= 128:
+        x = _merge(x, n, rows, 128, PRECISION)
+    a = x * beta[None, :]  # A = (I + N)^{-1} D_beta
 
     lower = rows[:, None] >= rows[None, :]  # s <= i (diagonal kept)
-    # N^T[j, i] = beta_i w_i . w_j for i > j: the transpose of strictLower(D_beta W W^T).
-    gram = tl.dot(w, tl.trans(w), input_precision=PRECISION)
-    nt = tl.where(rows[:, None] < rows[None, :], gram * beta[None, :], 0.0)
-    a = _unit_lower_inverse(nt, rows, BT) * beta[None, :]  # A = (I + N)^{-1} D_beta
-
-    qw = tl.where(lower, tl.dot(q, tl.trans(w), input_precision=PRECISION), 0.0)  # q_i . w_s, s <= i
-    wk = tl.where(rows[:, None] > rows[None, :], tl.dot(w, tl.trans(k), input_precision=PRECISION), 0.0)  # w_t . k_j, t > j
-    r = tl.dot(qw, a, input_precision=PRECISION)  # r_it = sum_{s<=i} (q_i . w_s) A_st
-    qt = q - tl.dot(r, w, input_precision=PRECISION)  # q~_i = H_s ... H_i q_i
-    intra = tl.dot(q, tl.trans(k), input_precision=PRECISION) - tl.dot(r, wk, input_precision=PRECISION)
-    intra = tl.where(lower, intra, 0.0)  # Ã_ij = k_j^T H_{j+1} ... H_i q_i, j <= i
-    kt = k - tl.dot(tl.trans(tl.dot(a, wk, input_precision=PRECISION)), w, input_precision=PRECISION)  # k~_j
-    nu = -tl.dot(a, w, input_precision=PRECISION)  # -U, U = A W
-    g = tl.dot(tl.trans(w), nu, input_precision=PRECISION)  # G = -W^T A W
+    qw = tl.where(lower, _dot(q, tl.trans(w), PRECISION), 0.0)  # q_i . w_s, s <= i
+    wk = tl.where(rows[:, None] > rows[None, :], _dot(w, tl.trans(k), PRECISION), 0.0)  # w_t . k_j, t > j
+    r = _dot(qw, a, PRECISION)  # r_it = sum_{s<=i} (q_i . w_s) A_st
+    qt = q - _dot(r, w, PRECISION)  # q~_i = H_s ... H_i q_i
+    intra = tl.where(lower, _dot(q, tl.trans(k), PRECISION) - _dot(r, wk, PRECISION), 0.0)  # Ã_ij, j <= i
+    kt = k - _dot(tl.trans(_dot(a, wk, PRECISION)), w, PRECISION)  # k~_j = H_e ... H_{j+1} k_j
+    nu = -_dot(a, w, PRECISION)  # -U, U = A W
+    g = _dot(tl.trans(w), nu, PRECISION)  # G = -W^T A W
     if VALUE_BETA:
         intra = intra * beta[None, :]
         kt = kt * beta[:, None]
@@ -152,16 +234,18 @@ def _ut_prepare(Q, K, W, BETA, QT, QN, KT, AD, GM, WC, NU, T,
         qt = qt / norm[:, None]
     tl.store(QT + offs_p, qt.to(QT.dtype.element_ty), mask=mask_p)
     tl.store(KT + offs_p, kt.to(KT.dtype.element_ty), mask=mask_p)
-    tl.store(AD + bh * stride_ab + (start + rows[:, None]) * stride_at + rows[None, :], intra)
     offs_g = (bh * stride_gb + blk * stride_gj) + offs_d[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(GM + offs_g, g.to(GM.dtype.element_ty), mask=(offs_d[:, None] < HEAD_DIM) & mask_p)
     if STORE_UT:
         tl.store(WC + offs_p, w.to(WC.dtype.element_ty), mask=mask_p)
         tl.store(NU + offs_p, nu.to(NU.dtype.element_ty), mask=mask_p)
+    tl.debug_barrier()  # every thread has read its part of the diagonal inverses before Ã overwrites them
+    tl.store(p_ad, intra)
 
 
 class Prepared:
-    """The preparation pass's outputs for ``BH`` heads (see :func:`_ut_prepare`).
+    """The preparation pass's outputs for ``BH`` heads (two launches: :func:`_ut_diag_inverse`,
+    then :func:`_ut_prepare`).
 
     ``qt, kt: (BH, T_pad, D)``; ``ad: (BH, T_pad, block)`` (fp32); ``g: (BH, T_pad / block, D, D)``;
     ``qn: (BH, T_pad)`` (fp32, only with ``norm_q``); ``wc, nu: (BH, T_pad, D)`` (only with
@@ -183,6 +267,10 @@ class Prepared:
         self.wc = torch.empty(BH, T_pad, D, dtype=update_dtype, device=dev) if store_ut else self.g
         self.nu = torch.empty(BH, T_pad, D, dtype=update_dtype, device=dev) if store_ut else self.g
         w3 = k3 if w_is_k else w3
+        _ut_diag_inverse[(T_pad // SUB.value, BH)](
+            k3, w3, beta3, self.ad, T, k3.stride(0), k3.stride(1), w3.stride(0), w3.stride(1),
+            self.ad.stride(0), self.ad.stride(1), HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=block, W_IS_K=w_is_k,
+            num_warps=1, num_stages=1)
         _ut_prepare[(T_pad // block, BH)](
             q3, k3, w3, beta3, self.qt, self.qn, self.kt, self.ad, self.g, self.wc, self.nu, T,
             q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), w3.stride(0), w3.stride(1),
@@ -192,9 +280,13 @@ class Prepared:
             STORE_UT=store_ut, PRECISION=precision, num_warps=num_warps, num_stages=1)
 
 
-def check_block(block) -> int:
+def check_block(block, D: int, name: str = "block") -> int:
+    """The UT block size: 16, 32, 64 or 128; ``None`` picks 64 for ``D <= 64`` and 32 above
+    (with ``D = 128`` and 64-token blocks the preparation pass needs more shared memory than an H100 has)."""
+    if block is None:
+        return 64 if D <= 64 else 32
     if isinstance(block, bool) or block not in (16, 32, 64, 128):
-        raise ValueError(f"`block` must be one of 16, 32, 64, 128, got {block!r}")
+        raise ValueError(f"`{name}` must be one of 16, 32, 64, 128 (or None), got {block!r}")
     return block
 
 
@@ -267,7 +359,8 @@ def _path_fwd(QT, QN, KT, AD, GM, WC, NU, V, O, T, qk_scale,
     O += bh * stride_ob
 
     # The carried query, fp32, unit rows; the norm goes into a per-row logit scale.
-    qh = _load_rows(QT + start_m * stride_pt, rows, offs_d, stride_pt, BLOCK_M, HEAD_DIM, False, BLOCK_D != HEAD_DIM)
+    qh = _load_rows(QT + start_m * stride_pt, rows, offs_d, stride_pt, BLOCK_M, HEAD_DIM, False,
+                    BLOCK_D != HEAD_DIM).to(tl.float32)
     row_scale = tl.load(QN + bh * stride_nb + offs_m) * qk_scale
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -315,12 +408,12 @@ def _path_fwd(QT, QN, KT, AD, GM, WC, NU, V, O, T, qk_scale,
 # BLOCK_N fixed by the preparation pass); the autotuner picks R, warps and stages.
 _GPU_CONFIGS = [
     triton.Config({"R": r}, num_warps=w, num_stages=s)
-    for r, w, s in [(2, 8, 2), (2, 8, 3), (2, 4, 2), (1, 4, 2), (1, 4, 3), (2, 8, 1)]
+    for r, w, s in [(1, 4, 2), (1, 4, 3), (2, 4, 2), (2, 4, 3), (2, 8, 3)]
 ]
 _path_fwd_tuned = triton.autotune(_GPU_CONFIGS, key=["HEAD_DIM", "HEAD_DV", "BLOCK_N", "UPDATE", "PRECISION"])(_path_fwd)
 
 
-def path_attention(q, k, v, w, beta, *, scale=None, block: int = 64, _config=None):
+def path_attention(q, k, v, w, beta, *, scale=None, block=None, _config=None):
     """Causal PaTH attention forward (two launches: preparation, then the scan).
 
     Shapes: ``q, k, w: (..., T, D)``, ``v: (..., T, Dv)``, ``beta: (..., T)`` ->
@@ -329,20 +422,21 @@ def path_attention(q, k, v, w, beta, *, scale=None, block: int = 64, _config=Non
     their dtype.  ``logit_ij = scale * k_j^T H_{j+1} ... H_i q_i`` with
     ``H_s = I - beta_s w_s w_s^T`` (smallest index on the left; ``j = i``: plain
     ``k_i . q_i``); ``scale=None`` means ``D ** -0.5``.  ``block``: the UT block
-    (key block) size.  The caller validates ``beta``'s values (``pathedu.path``
+    (key block) size, 16/32/64/128 (``None``: 64 for ``D <= 64``, else 32).  The caller validates ``beta``'s values (``pathedu.path``
     requires [0, 2]; ``w`` is used as given).
 
     ``_config`` (for tests and tuning): ``dict(R=..., num_warps=..., num_stages=...)``
     fixes the main pass's tiles (query blocks of ``R * block`` rows, R in 1..MAX_R)
     instead of autotuning; ``update="dense"|"ut"`` picks the form of ``q^ <- P_J q^``
-    (default: dense while ``D <= 2 block``); ``update_dtype`` the dtype of its operands.
+    (default: dense while ``D <= 2 block``); ``update_dtype`` the dtype of its operands;
+    ``prep_precision`` the preparation pass's product precision (``"ieee"``: exact fp32).
     """
     cfg = dict(_config or {})
     n, q3, k3, v3, dtype = prepare_qkv(q, k, v)
     scale = check_scale(scale, n.D)
     check_per_token(w, "w", n, q, extra=(n.D,))
     check_per_token(beta, "beta", n, q)
-    block = check_block(block)
+    block = check_block(block, n.D)
     BH = q3.shape[0]
     out = torch.empty(q3.shape[:-1] + (n.Dv,), dtype=dtype, device=q.device)
     if n.T == 0 or BH == 0:
@@ -355,8 +449,8 @@ def path_attention(q, k, v, w, beta, *, scale=None, block: int = 64, _config=Non
     update = cfg.pop("update", "dense" if n.D <= 2 * block else "ut")
     if update not in ("dense", "ut"):
         raise ValueError(f"`_config['update']` must be 'dense' or 'ut', got {update!r}")
-    prep = Prepared(q3, k3, w3, beta3, n.T, block, q_dtype=torch.float32, k_dtype=dtype, update_dtype=update_dtype,
-                    norm_q=True, store_ut=update == "ut", precision=precision)
+    prep = Prepared(q3, k3, w3, beta3, n.T, block, q_dtype=update_dtype, k_dtype=dtype, update_dtype=update_dtype,
+                    norm_q=True, store_ut=update == "ut", precision=cfg.pop("prep_precision", precision))
     meta = dict(HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=next_pow2(n.D), BLOCK_DV=next_pow2(n.Dv), BLOCK_N=block,
                 UPDATE=update, PRECISION=precision)
     args = (prep.qt, prep.qn, prep.kt, prep.ad, prep.g, prep.wc, prep.nu, v3, out, n.T, scale * LOG2E,

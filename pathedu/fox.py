@@ -102,9 +102,9 @@ def log_gate_matrix(log_f):
 
     ``D[..., i, j] = sum_{s=j+1..i} log_f[..., s]`` for ``j <= i`` (so ``D_ii = 0``)
     and ``-inf`` for ``j > i`` (the future, hidden).  Each entry is summed over
-    exactly its own gates (a cumulative sum of the strictly-lower-triangular
-    ``Z[s, j] = log_f[s] (s > j)`` down the rows), not as a difference of two
-    long prefix sums, so no digits are lost to cancellation.  O(T^2) memory.
+    exactly its own gates (for each key j, a running sum of ``log_f[s]`` over
+    ``s > j``), not as a difference ``c_i - c_j`` of two long prefix sums, so
+    no digits are lost to cancellation.  O(T^2) memory.
     """
     if not isinstance(log_f, torch.Tensor):
         raise TypeError(f"`log_f` must be a torch.Tensor, got {type(log_f).__name__}")
@@ -114,15 +114,10 @@ def log_gate_matrix(log_f):
         raise ValueError(f"`log_f` must have shape (..., T), got shape {tuple(log_f.shape)}")
     _check_log_values(log_f)
     T = log_f.shape[-1]
-    after_j = causal_mask(T, log_f.device, strict=True)  # [s, j]: True where s > j
-    Z = log_f[..., :, None].expand(log_f.shape + (T,)).masked_fill(~after_j, 0.0)
-    return masked_logits(Z.cumsum(-2), causal_mask(T, log_f.device))
-
-
-def _suffix_sums(g, i: int):
-    """``out[..., j, :] = sum_{s=j+1..i} g[..., s, :]`` for ``j = 0..i`` (0 at ``j = i``); ``g: (..., T, G)``."""
-    tail = g[..., 1 : i + 1, :].flip(-2).cumsum(-2).flip(-2)
-    return torch.cat([tail, torch.zeros_like(g[..., :1, :])], dim=-2)
+    # Y[..., j, i] = sum_{j < s <= i} log_f[s]: keep log_f[s] for s > j in row j, sum along the row
+    # (a cumulative sum along the last, contiguous dim), then read it transposed as D[..., i, j].
+    Y = log_f[..., None, :].expand(log_f.shape[:-1] + (T, T)).triu(1).cumsum(-1)
+    return Y.transpose(-1, -2).masked_fill_(~causal_mask(T, log_f.device), float("-inf"))
 
 
 # ---------------------------------------------------------------------------
@@ -142,18 +137,19 @@ def fox_naive(q, k, v, log_f, *, scale=None):
 
         o_i = softmax_j(scale q_i . k_j + sum_{s=j+1..i} log_f[s]) V_{<=i}
 
-    The bias of each key is summed directly over its gates (suffix sums of
-    ``log_f[1..i]``).  Shapes: ``q, k: (..., T, D)``, ``v: (..., T, Dv)``,
+    The bias of each key is a sum over exactly its own gates, grown one gate at
+    a time as ``i`` advances.  Shapes: ``q, k: (..., T, D)``, ``v: (..., T, Dv)``,
     ``log_f: (..., T)`` with entries <= 0 -> ``(..., T, Dv)``.
     """
     n, scale, dt = _prepare_fox(q, k, v, log_f, scale)
     if n.T == 0:
         return _empty_out(q, v)
-    q_, k_, v_, g = q.to(dt), k.to(dt), v.to(dt), log_f.to(dt)[..., None]
+    q_, k_, v_, g = q.to(dt), k.to(dt), v.to(dt), log_f.to(dt)
+    bias = torch.zeros_like(g)  # bias[..., j] = sum_{s=j+1..i}, grown as i advances
     outs = []
     for i in range(n.T):
-        bias = _suffix_sums(g, i)[..., 0]  # (..., i+1): D_ij for j = 0..i
-        logits = scale * torch.einsum("...d,...jd->...j", q_[..., i, :], k_[..., : i + 1, :]) + bias
+        bias[..., :i] += g[..., i, None]  # token i's gate joins the sum of every earlier key; bias_ii = 0
+        logits = scale * torch.einsum("...d,...jd->...j", q_[..., i, :], k_[..., : i + 1, :]) + bias[..., : i + 1]
         outs.append(torch.einsum("...j,...jd->...d", torch.softmax(logits, dim=-1), v_[..., : i + 1, :]))
     return torch.stack(outs, dim=-2).to(q.dtype)
 
@@ -310,10 +306,12 @@ def gla_naive(q, k, v, log_f):
     if n.T == 0:
         return _empty_out(q, v)
     q_, k_, v_ = q.to(dt), k.to(dt), v.to(dt)
+    E = torch.zeros_like(g)  # E[..., j, :] = sum_{s=j+1..i} log_f[s], grown as i advances
     outs = []
     for i in range(n.T):
-        decay = torch.exp(_suffix_sums(g, i))  # (..., i+1, G), every exponent <= 0
-        w = torch.einsum("...d,...jd->...j", q_[..., i, :], k_[..., : i + 1, :] * decay)
+        E[..., :i, :] += g[..., i, None, :]  # token i's gate acts on every earlier key; E_ii = 0
+        decay = torch.exp(E[..., : i + 1, :])  # (..., i+1, G), every exponent <= 0
+        w = (k_[..., : i + 1, :] * q_[..., i, None, :] * decay).sum(-1)  # sum_d q_id k_jd e^{D_ijd}
         outs.append(torch.einsum("...j,...jd->...d", w, v_[..., : i + 1, :]))
     return torch.stack(outs, dim=-2).to(q.dtype)
 
@@ -353,9 +351,13 @@ def gla_matrix(q, k, v, log_f):
     if not channel:
         W = (q_ @ k_.transpose(-1, -2)) * torch.exp(log_gate_matrix(g[..., 0]))
     else:
-        W = q_.new_zeros(n.lead + (n.T, n.T))
+        # Accumulated key-major, W^T[j, i]: the layout in which log_gate_matrix builds D (its
+        # transpose is contiguous), so each channel's pass reads memory in order.
+        Wt = q_.new_zeros(n.lead + (n.T, n.T))
         for d in range(n.D):
-            W = W + q_[..., :, d, None] * k_[..., None, :, d] * torch.exp(log_gate_matrix(g[..., d]))
+            decay_t = torch.exp_(log_gate_matrix(g[..., d]).transpose(-1, -2))  # exp(D_d)^T
+            Wt.addcmul_(k_[..., :, d, None] * q_[..., None, :, d], decay_t)
+        W = Wt.transpose(-1, -2)
     return (W @ v_).to(q.dtype)
 
 

@@ -51,6 +51,9 @@ blockwise         ``path_blockwise``: right-to-left  ``householder_chunked``,
                   scan, online softmax               ``deltanet_chunked``: chunks + state
 Triton            ``path_triton``                    ``householder_triton``, ``deltanet_triton``
 ================  =================================  =====================================
+
+Also: :func:`path_logits` (the ``T x T`` logit matrix), :func:`ut_transform`,
+:func:`householder_product`, :func:`interval_product` and :class:`PathKVCache`.
 """
 from __future__ import annotations
 
@@ -64,7 +67,7 @@ __all__ = [
     "path_naive", "path_recurrent", "path_matrix", "path_blockwise", "path_triton",
     "householder_naive", "householder_recurrent", "householder_matrix", "householder_chunked", "householder_triton",
     "deltanet_naive", "deltanet_recurrent", "deltanet_matrix", "deltanet_chunked", "deltanet_triton",
-    "ut_transform", "householder_product", "interval_product", "PathKVCache",
+    "path_logits", "ut_transform", "householder_product", "interval_product", "PathKVCache",
 ]
 
 ORDERS = ("increasing", "decreasing")
@@ -108,6 +111,18 @@ def _check_size(x, name: str) -> int:
     if isinstance(x, bool) or not isinstance(x, int) or x < 1:
         raise ValueError(f"`{name}` must be a positive int, got {x!r}")
     return x
+
+
+def _initial_state(initial_state, n: QKV, like: torch.Tensor) -> torch.Tensor:
+    """A zero state, or ``initial_state: (..., Dv, D)`` checked and cast to ``like``'s dtype (copied)."""
+    if initial_state is None:
+        return like.new_zeros(n.lead + (n.Dv, n.D))
+    if not isinstance(initial_state, torch.Tensor):
+        raise TypeError(f"`initial_state` must be a torch.Tensor, got {type(initial_state).__name__}")
+    want = n.lead + (n.Dv, n.D)
+    if tuple(initial_state.shape) != want:
+        raise ValueError(f"`initial_state` must have shape {want} (leading dims, Dv, D), got {tuple(initial_state.shape)}")
+    return initial_state.to(like.dtype).clone()
 
 
 def _empty_out(q, v):
@@ -282,6 +297,7 @@ class PathKVCache(KVCache):
         keys -= beta_t[..., None, None] * proj * w_t[..., None, :]
 
     def step(self, k_t, v_t, w_t, beta_t):
+        """Token ``t`` arrives: update the cached keys by ``H_t``, then append ``(k_t, v_t)``."""
         self.transition(w_t, beta_t)
         self.append(k_t, v_t)
 
@@ -324,6 +340,18 @@ def path_matrix(q, k, v, w, beta, *, scale=None):
         return _empty_out(q, v)
     logits = scale * _masked_ut_scores(q, k, w, beta)
     return torch.softmax(masked_logits(logits, causal_mask(n.T, q.device)), dim=-1) @ v
+
+
+def path_logits(q, k, w, beta, *, scale=None):
+    """The PaTH logits ``scale * k_j^T H_{j+1} ... H_i q_i`` as a ``(..., T, T)`` matrix (row i = query,
+    column j = key), ``-inf`` above the diagonal; from the masked UT form of :func:`path_matrix`.
+
+    Shapes: ``q, k, w: (..., T, D)``, ``beta: (..., T)`` -> ``(..., T, T)``.
+    """
+    n = check_qkv(q, k, k)
+    scale = check_scale(scale, n.D)
+    w, beta = _check_w_beta(w, beta, n, q)
+    return masked_logits(scale * _masked_ut_scores(q, k, w, beta), causal_mask(n.T, q.device))
 
 
 def path_blockwise(q, k, v, w, beta, *, scale=None, block: int = 64):
@@ -417,7 +445,7 @@ def householder_recurrent(q, k, v, w, beta, *, initial_state=None, return_state:
     """
     n = check_qkv(q, k, v)
     w, beta = _check_w_beta(w, beta, n, q)
-    S = q.new_zeros(n.lead + (n.Dv, n.D)) if initial_state is None else initial_state.to(q.dtype).clone()
+    S = _initial_state(initial_state, n, q)
     outs = []
     for t in range(n.T):
         w_t, b_t = w[..., t, :], beta[..., t]
@@ -455,7 +483,7 @@ def householder_chunked(q, k, v, w, beta, *, chunk: int = 64, initial_state=None
     n = check_qkv(q, k, v)
     w, beta = _check_w_beta(w, beta, n, q)
     chunk = _check_size(chunk, "chunk")
-    S = q.new_zeros(n.lead + (n.Dv, n.D)) if initial_state is None else initial_state.to(q.dtype).clone()
+    S = _initial_state(initial_state, n, q)
     out = torch.empty(q.shape[:-1] + (n.Dv,), dtype=q.dtype, device=q.device)
     for s in range(0, n.T, chunk):
         e = min(s + chunk, n.T)
@@ -504,7 +532,7 @@ def deltanet_recurrent(q, k, v, beta, *, initial_state=None, return_state: bool 
     """
     n = check_qkv(q, k, v)
     beta = _check_beta(beta, n, q)
-    S = q.new_zeros(n.lead + (n.Dv, n.D)) if initial_state is None else initial_state.to(q.dtype).clone()
+    S = _initial_state(initial_state, n, q)
     outs = []
     for t in range(n.T):
         k_t = k[..., t, :]
@@ -550,7 +578,7 @@ def deltanet_chunked(q, k, v, beta, *, chunk: int = 64, initial_state=None, retu
     n = check_qkv(q, k, v)
     beta = _check_beta(beta, n, q)
     chunk = _check_size(chunk, "chunk")
-    S = q.new_zeros(n.lead + (n.Dv, n.D)) if initial_state is None else initial_state.to(q.dtype).clone()
+    S = _initial_state(initial_state, n, q)
     out = torch.empty(q.shape[:-1] + (n.Dv,), dtype=q.dtype, device=q.device)
     for s in range(0, n.T, chunk):
         e = min(s + chunk, n.T)

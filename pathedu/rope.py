@@ -70,7 +70,7 @@ from .nope import KVCache, nope_matrix, online_softmax_step
 
 __all__ = [
     "PAIRINGS", "frequencies", "apply_rope", "rotation_matrix", "to_complex", "from_complex",
-    "rope_logits", "relative_kernel", "decay_bound", "plot_relative_kernel",
+    "rope_logits", "relative_kernel", "decay_bound", "upper_envelope", "plot_relative_kernel",
     "rope_naive", "rope_recurrent", "rope_matrix", "rope_blockwise", "rope_triton",
     "complex_naive", "complex_recurrent", "complex_matrix", "complex_chunked", "complex_triton",
 ]
@@ -279,37 +279,51 @@ def relative_kernel(delta, D: int = 128, *, base: float = 10000.0, bands=None) -
 
 
 def decay_bound(delta, D: int = 128, *, base: float = 10000.0) -> torch.Tensor:
-    """RoFormer's long-term-decay envelope ``(2/D) sum_{m=1}^{D/2} |sum_{n<m} e^{i delta Omega_n}|``.
+    """RoFormer's long-term-decay envelope, normalised to 1 at ``delta = 0``.
 
     By Abel summation, ``|sum_n h_n e^{i delta Omega_n}| <= (max_n |h_{n+1} - h_n|) *
-    sum_m |S_m|`` with ``S_m`` the partial sums above; for slowly varying ``h``
-    the logit is thus bounded by a quantity that shrinks (on average) with the
-    distance (RoFormer, Su et al. 2024, section 3.4.3).  Returns that sum
-    divided by ``D/2``, shape of ``delta``.
+    sum_{m=1}^{D/2} |S_m|`` with the partial sums ``S_m = sum_{n<m} e^{i delta Omega_n}``;
+    RoFormer (Su et al. 2024, section 3.4.3) plots ``(2/D) sum_m |S_m|`` against the
+    distance and observes that it decays.  Returned here divided by its value at
+    ``delta = 0``, ``(D/2 + 1)/2``, so that it starts at 1 like :func:`relative_kernel`.
+    Shape of ``delta``, float64.
     """
     d = torch.as_tensor(delta, dtype=torch.float64)
     om = frequencies(D, base=base)
-    partial = torch.cumsum(torch.polar(torch.ones_like(d[..., None] * om), d[..., None] * om), dim=-1)
-    return partial.abs().mean(-1)
+    theta = d[..., None] * om
+    partial = torch.cumsum(torch.polar(torch.ones_like(theta), theta), dim=-1)
+    half = D // 2
+    return partial.abs().mean(-1) / ((half + 1) / 2)
+
+
+def upper_envelope(values: torch.Tensor) -> torch.Tensor:
+    """``env[i] = max_{i' >= i} |values[i']|``: the largest magnitude at this distance or beyond."""
+    return values.abs().flip(-1).cummax(-1).values.flip(-1)
 
 
 def plot_relative_kernel(ax=None, *, D: int = 128, base: float = 10000.0, max_delta: int = 8192,
-                         bands=None, envelope: bool = True, label=None):
-    """Plot :func:`relative_kernel` against the distance (log x axis), with :func:`decay_bound`."""
+                         bands=None, bound: bool = False, label=None):
+    """Plot :func:`relative_kernel` against the distance (log x axis), its :func:`upper_envelope`
+    (taken over distances up to ``2 max_delta``, so that the right end is not cut short),
+    and, with ``bound=True``, RoFormer's normalised bound :func:`decay_bound`."""
     import matplotlib.pyplot as plt
 
     if ax is None:
         _, ax = plt.subplots(figsize=(6.4, 3.6))
-    delta = torch.unique(torch.logspace(0, math.log10(max_delta), 1500, dtype=torch.float64).round())
+    delta = torch.arange(2 * max_delta + 1, dtype=torch.float64)
     kern = relative_kernel(delta, D, base=base, bands=bands)
-    ax.plot(delta, kern, lw=1.0, label=label or f"mean cos(Ω_n Δ), base={base:g}, D={D}")
-    if envelope:
-        ax.plot(delta, decay_bound(delta, D, base=base), lw=1.5, ls="--",
-                label="RoFormer bound (mean |partial sums|)")
+    env = upper_envelope(kern)
+    delta, kern, env = delta[1 : max_delta + 1], kern[1 : max_delta + 1], env[1 : max_delta + 1]
+    line, = ax.plot(delta, kern, lw=0.6, alpha=0.8, label=label or f"mean cos(Ω_n Δ), base={base:g}, D={D}")
+    ax.plot(delta, env, lw=1.6, color=line.get_color(), label="its envelope (max |·| at Δ or beyond)")
+    if bound:
+        ax.plot(delta, decay_bound(delta, D, base=base), lw=1.2, ls="--", color="gray",
+                label="RoFormer's bound (normalised)")
     ax.axhline(0.0, color="k", lw=0.5)
     ax.set_xscale("log")
+    ax.set_xlim(1, max_delta)
     ax.set_xlabel("relative distance Δ = t − j")
-    ax.set_ylabel("logit of a unit query against itself")
+    ax.set_ylabel("logit of a unit query\nagainst its own copy")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     return ax

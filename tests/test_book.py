@@ -179,6 +179,18 @@ def test_front_pages(html):
     assert intro.count("in preparation") == 6 - len(chapters)
 
 
+def test_notation_macros_used_are_defined():
+    """MathJax shows an undefined macro in red without failing the build: check the book's own ones."""
+    macros = set(CONFIG["sphinx"]["config"]["mathjax3_config"]["tex"]["macros"])
+    texts = {p.relative_to(ROOT).as_posix(): p.read_text(encoding="utf8") for p in (ROOT / "book").glob("*.md")}
+    for path in (ROOT / "notebooks").glob("*.ipynb"):
+        nb = nbformat.read(path, as_version=4)
+        texts[path.relative_to(ROOT).as_posix()] = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    for name, text in texts.items():
+        used = set(re.findall(r"\\(v[a-z]|m[A-Z])(?![A-Za-z])", text))
+        assert used <= macros, f"{name} uses undefined macros {sorted(used - macros)}: add them to _config.yml"
+
+
 # ---------------------------------------------------------------------------
 # book/tools.py without a build
 # ---------------------------------------------------------------------------

@@ -77,7 +77,7 @@ def test_committed_executed_without_errors(path):
     nb = nbformat.read(path, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code" and c.source.strip()]
     counts = [c.execution_count for c in code]
-    assert None not in counts, "commit the notebook executed: `python book/tools.py execute " + path.name + "`"
+    assert None not in counts, "commit the notebook executed: `python book/tools.py execute notebooks/" + path.name + "`"
     assert counts == list(range(1, len(code) + 1)), f"cells were not run once, top to bottom: {counts}"
     assert any(c.outputs for c in code), "no outputs committed"
     for i, c in enumerate(code):

@@ -247,6 +247,17 @@ def test_interval_product_is_the_logit_product():
     assert torch.allclose(path.interval_product(w, beta, -1, 11), path.householder_product(w, beta))
 
 
+def test_path_logits():
+    q, k, _, w, beta = inputs(((2, 3), 17, 8, 8), seed=19)
+    logits = path.path_logits(q, k, w, beta, scale=0.7)
+    upper = torch.ones(17, 17, dtype=torch.bool).triu(1)
+    assert logits.shape == (2, 3, 17, 17) and torch.isneginf(logits[..., upper]).all()
+    assert rel_err(logits[..., ~upper], 0.7 * rnn_scores(q, k, w, beta)[..., ~upper]) <= TOL_F64
+    assert path.path_logits(q[..., :0, :], k[..., :0, :], w[..., :0, :], beta[..., :0]).shape == (2, 3, 0, 0)
+    with pytest.raises(ValueError, match="`beta`"):
+        path.path_logits(q, k, w, -beta)
+
+
 def test_reflections_preserve_norms():
     """beta = 2 with unit w: each H is a reflection (orthogonal, det -1); products stay orthogonal."""
     w, _ = rand_w_beta((), 9, 5, seed=11)
@@ -394,5 +405,10 @@ def test_bad_sizes_and_products():
     for j, i in [(3, 2), (-2, 4), (0, 8)]:
         with pytest.raises(ValueError, match="`j`"):
             path.interval_product(w, beta, j, i)
+    for form in (path.householder_recurrent, path.householder_chunked):
+        with pytest.raises(ValueError, match="`initial_state`"):
+            form(q, k, v, w, beta, initial_state=torch.zeros(2, 16, 15))
+    with pytest.raises(TypeError, match="`initial_state`"):
+        path.deltanet_chunked(q, k, v, beta, initial_state=0.0)
     with pytest.raises(TypeError, match="`i`"):
         path.interval_product(w, beta, 0, 2.0)

@@ -191,14 +191,15 @@ def check_against_fla(log, Ts=(1024, 2048)):
     return rows
 
 
-def error_growth(log, Ts=(512, 1024, 2048, 4096, 8192)):
-    """bf16 PaTH against float64 as T grows: update operands fp16 (default) vs bf16, dense vs UT; fla too."""
+def error_growth(log, Ts=(512, 2048, 8192)):
+    """bf16 PaTH against float64 as T grows: dense vs UT update, bf16 update operands, exact-fp32 prep; fla too."""
     from fla.ops.path_attn import parallel_path_attn
 
     from ..kernels.path_attention import path_attention
 
-    variants = {"fp16_dense": dict(update="dense"), "bf16_dense": dict(update="dense", update_dtype=torch.bfloat16),
-                "fp16_ut": dict(update="ut")}
+    variants = {"dense": dict(update="dense"), "ut": dict(update="ut"),
+                "dense_bf16upd": dict(update="dense", update_dtype=torch.bfloat16),
+                "dense_ieee_prep": dict(update="dense", prep_precision="ieee")}
     rows = []
     for betas in ("uniform", "near2"):
         for T in Ts:
@@ -218,18 +219,18 @@ def error_growth(log, Ts=(512, 1024, 2048, 4096, 8192)):
     return rows
 
 
-def robustness(log, T=16384, D=64):
+def robustness(log, T=16384, D=64, H=2):
     """bf16, T = 16384, beta in [1.999, 2]: finite output, error against our fp32 run and against float64."""
     from ..kernels.path_attention import path_attention
 
-    q, k, v, w, beta = _rand((1, 4), T, D, D, seed=5, beta_lo=1.999)
+    q, k, v, w, beta = _rand((1, H), T, D, D, seed=5, beta_lo=1.999)
     out16 = path_attention(q.to(torch.bfloat16), k.to(torch.bfloat16), v.to(torch.bfloat16), w, beta)
     qr, kr, vr = (x.to(torch.bfloat16).float() for x in (q, k, v))
     out32 = path_attention(qr, kr, vr, w, beta)
     finite = bool(torch.isfinite(out16).all())
     res = dict(T=T, finite=finite, bf16_vs_fp32=_rel_rms(out16, out32))
     ref = torch.cat([path_ref64(qr[:, h:h + 1], kr[:, h:h + 1], vr[:, h:h + 1], w[:, h:h + 1], beta[:, h:h + 1])
-                     for h in range(4)], dim=1)
+                     for h in range(H)], dim=1)
     res["bf16_vs_f64"], res["fp32_vs_f64"] = _rel_rms(out16, ref), _rel_rms(out32, ref)
     log(f"  T={T} bf16, beta in [1.999, 2]: finite={finite}  bf16 vs fp32 run {res['bf16_vs_fp32']:.2e}  "
         f"bf16 vs f64 {res['bf16_vs_f64']:.2e}  fp32 vs f64 {res['fp32_vs_f64']:.2e}")
@@ -271,11 +272,14 @@ def sweep(log, Ts=(8192, 2048), B=32, H=32, D=64):
         b3 = beta.reshape(B * H, T)
         for blk, store_ut, nw in ((64, False, 4), (64, False, 8), (64, True, 4), (32, False, 4)):
             bench(f"prep block={blk} store_ut={store_ut} warps={nw}", lambda: Prepared(
-                q3, k3, w3, b3, T, blk, q_dtype=torch.float32, k_dtype=torch.bfloat16, update_dtype=torch.float16,
+                q3, k3, w3, b3, T, blk, q_dtype=torch.float16, k_dtype=torch.bfloat16, update_dtype=torch.float16,
                 norm_q=True, store_ut=store_ut, precision=dot_precision(torch.bfloat16), num_warps=nw))
-        configs = [("dense", 64, r, nw, ns) for r in (2, 1) for nw in (8, 4) for ns in (1, 2, 3)]
-        configs += [("ut", 64, 2, 8, 2), ("ut", 64, 2, 8, 3), ("ut", 64, 1, 4, 2), ("dense", 32, 2, 4, 2),
-                    ("dense", 32, 2, 4, 3), ("dense", 32, 2, 8, 2)]
+        bench("prep for deltanet block=64 (fp32 out)", lambda: Prepared(
+            q3, k3, k3, b3, T, 64, q_dtype=torch.float32, k_dtype=torch.float32, update_dtype=torch.float32,
+            w_is_k=True, value_beta=True, precision=dot_precision(torch.bfloat16)))
+        configs = [("dense", 64, r, nw, ns) for r, nw, ns in
+                   ((1, 4, 2), (1, 4, 3), (2, 4, 2), (2, 4, 3), (2, 8, 2), (2, 8, 3), (1, 8, 3))]
+        configs += [("ut", 64, 1, 4, 2), ("ut", 64, 2, 4, 3), ("dense", 32, 2, 4, 3)]
         for upd, blk, r, nw, ns in configs:
             cfg = dict(update=upd, R=r, num_warps=nw, num_stages=ns)
             bench(f"path {upd} block={blk} R={r} warps={nw} stages={ns}",

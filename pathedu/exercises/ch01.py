@@ -130,18 +130,22 @@ def _check_parts(name, student_fn, reference_fn, make_inputs, part_names, *, tri
             out = student_fn(*args)
         except Exception as exc:
             last = traceback.extract_tb(exc.__traceback__)[-1]
-            return verdict(name, False, f"your function raised {type(exc).__name__}: {exc} (line {last.lineno}). {hint}")
+            return verdict(name, False,
+                           f"your function raised {type(exc).__name__}: {exc} (line {last.lineno}). {hint}")
         if not isinstance(out, (tuple, list)) or len(out) != len(part_names):
-            got = f"a {type(out).__name__} of length {len(out)}" if isinstance(out, (tuple, list)) else type(out).__name__
+            got = (f"a {type(out).__name__} of length {len(out)}" if isinstance(out, (tuple, list))
+                   else type(out).__name__)
             return verdict(name, False, f"expected a tuple {want}, got {got}. {hint}")
         for part, o, r in zip(part_names, out, ref):
             if not isinstance(o, torch.Tensor):
                 return verdict(name, False, f"`{part}` should be a torch.Tensor, got {type(o).__name__}. {hint}")
             if o.shape != r.shape:
-                return verdict(name, False, f"`{part}` should have shape {tuple(r.shape)}, got {tuple(o.shape)}. {hint}")
+                return verdict(name, False,
+                               f"`{part}` should have shape {tuple(r.shape)}, got {tuple(o.shape)}. {hint}")
             err = _rel(o, r)
             if not err <= rtol:
-                return verdict(name, False, f"`{part}` differs from the reference (relative error {err:.2e} on trial {seed}). {hint}")
+                return verdict(name, False, f"`{part}` differs from the reference "
+                                            f"(relative error {err:.2e} on trial {seed}). {hint}")
     return verdict(name, True, f"{want} match the reference on {trials} random inputs.")
 
 

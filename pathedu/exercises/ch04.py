@@ -63,8 +63,8 @@ def check_relative_logit(student_fn):
     return check_function(
         "relative logit", lambda q, k, delta, t: student_fn(q, k, delta), absolute, make_inputs,
         trials=len(trials), rtol=1e-9,
-        hint="Rotating q by t and k by j leaves k . R^{t-j} q: rotate q alone by delta = t - j "
-             "(apply_rope with offset=delta) and take its dot product with k.")
+        hint="Your function is never told t. Use rotation composition: (R^t q) . (R^j k) = "
+             "q^T (R^t)^T R^j k, and (R^t)^T = R^{-t}; rotate one vector only, by the right amount.")
 
 
 def check_complex_step(student_fn):
@@ -98,5 +98,5 @@ def check_complex_step(student_fn):
     return check_function(
         "one step of the complex recurrence", run_student, lambda q, k, v: rope.complex_recurrent(q, k, v),
         make_inputs, trials=3, rtol=1e-9,
-        hint="Gate first, then write: S_new = S * torch.exp(1j * omega) + v_t[:, None] * k_t.conj()[None, :]; "
-             "read out after writing: o_t = (S_new @ q_t).real.")
+        hint="Three steps, in this order: turn the old state (column n times e^{i omega_n}), add the outer "
+             "product of v_t with the *conjugated* key, then read the new state with q_t and keep the real part.")

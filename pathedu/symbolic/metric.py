@@ -1,0 +1,146 @@
+r"""The distance a forget gate induces between positions (shared by chapters 2-4).
+
+A scalar forget gate ``f_s`` in ``(0, 1]`` acting at step ``s`` costs
+``c_s = -log f_s >= 0``.  The product of the gates between key ``j`` and query
+``i`` is ``exp(-d(j, i))`` with the *induced distance*::
+
+    d(j, i) = sum_{s=j+1}^{i} c_s = -sum_{s=j+1}^{i} log f_s      for j <= i
+    d(j, i) = +oo                                                for j >  i
+
+and the softmax side adds ``-d(j, i)`` to the logit of key ``j`` for query ``i``.
+
+**Why ``+oo`` above the diagonal** (rather than "undefined"): a query never
+sees a later key, and ``exp(-oo) = 0`` is exactly the causal mask of the
+linear side, ``-oo`` exactly the causal mask of the softmax side.  So the one
+function ``d`` carries both the decay and the mask, and with the usual
+conventions ``a + oo = oo``, ``a <= oo`` the triangle inequality holds for *all*
+triples, not only ordered ones.  What fails is symmetry: ``d(j, i)`` is finite
+for ``j < i`` while ``d(i, j) = oo``.  A function with these properties is a
+(extended) *quasi-metric*: the right notion of distance for causal models,
+where "how far back" is not "how far ahead".
+
+The identity of indiscernibles (``d(j, i) > 0`` for ``j < i``) needs every gate
+``< 1`` (costs ``> 0``): with gates equal to 1 (NoPE, chapter 1; a pure rotation,
+chapter 4) distinct positions are at distance 0, a *pseudo*-quasi-metric.
+
+Conventions: positions ``0 .. n``; ``costs[s-1]`` is the cost of the gate of
+token ``s = 1 .. n`` (token 0's gate never acts: there is nothing before it).
+Matrices are laid out like attention, row = query ``i``, column = key ``j``.
+Every function returns sympy objects; :func:`properties` returns sympy booleans
+(``sympy.true``/``sympy.false``, or an unevaluated condition when the answer
+depends on the costs).
+"""
+from __future__ import annotations
+
+import itertools
+import numbers
+
+import sympy as sp
+
+c = sp.IndexedBase("c", nonnegative=True)  # general per-step costs c_s = -log f_s >= 0
+i, j, m, s = sp.symbols("i j m s", integer=True)
+lam = sp.Symbol("lambda", positive=True)
+
+__all__ = [
+    "c", "i", "j", "m", "s", "lam",
+    "step_costs", "costs_from_gates", "constant_costs", "distance", "distance_matrix", "distance_sum",
+    "line_additivity", "properties",
+]
+
+
+def step_costs(n: int, *, positive: bool = False, name: str = "c") -> tuple:
+    """``n`` symbolic costs ``c_1 .. c_n``: nonnegative (gates in (0, 1]) or, with
+    ``positive=True``, positive (gates in (0, 1))."""
+    n = _check_n(n)
+    kw = dict(positive=True) if positive else dict(nonnegative=True)
+    return tuple(sp.Symbol(f"{name}_{k}", **kw) for k in range(1, n + 1))
+
+
+def costs_from_gates(gates) -> tuple:
+    """Costs ``-log f_s`` of gates given as sympy expressions (or numbers) ``f_1 .. f_n``."""
+    return tuple(-sp.log(sp.sympify(g)) for g in gates)
+
+
+def constant_costs(n: int, value=lam) -> tuple:
+    """``n`` equal costs (default the symbol ``lambda``): a constant gate ``e^{-lambda}``, RetNet's
+    gamma / ALiBi's slope (chapter 2)."""
+    return (sp.sympify(value),) * _check_n(n)
+
+
+def _check_n(n) -> int:
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+        raise TypeError(f"`n` must be an int, got {type(n).__name__}")
+    if n < 0:
+        raise ValueError(f"`n` must be >= 0, got {n}")
+    return int(n)
+
+
+def distance(j: int, i: int, costs) -> sp.Expr:
+    """``d(j, i)`` for concrete positions ``0 <= j, i <= len(costs)``: the sum of the costs of
+    steps ``s = j+1 .. i`` when ``j <= i`` (0 for ``j = i``), ``sympy.oo`` when ``j > i``."""
+    n = len(costs)
+    for name, p in (("j", j), ("i", i)):
+        if isinstance(p, bool) or not isinstance(p, numbers.Integral):
+            raise TypeError(f"`{name}` must be an int position, got {type(p).__name__}")
+        if not 0 <= p <= n:
+            raise ValueError(f"`{name}` must lie in 0..{n} (positions of {n} steps), got {p}")
+    if j > i:
+        return sp.oo
+    return sp.Add(*costs[j:i])  # costs[s-1] for s = j+1 .. i
+
+
+def distance_matrix(costs) -> sp.Matrix:
+    """The ``(n+1) x (n+1)`` matrix of ``d(j, i)``, row = query ``i``, column = key ``j``
+    (``oo`` above the diagonal).  The softmax side's additive bias is its negative."""
+    n = len(costs)
+    return sp.Matrix(n + 1, n + 1, lambda row, col: distance(col, row, costs))
+
+
+def distance_sum(lower=j, upper=i, cost=None) -> sp.Sum:
+    """``d(lower, upper) = Sum(cost(s), (s, lower+1, upper))`` for symbolic positions ``lower <= upper``.
+
+    ``cost``: an expression in :data:`s` (default ``c[s]``, arbitrary nonnegative costs);
+    e.g. ``cost=lam`` gives ALiBi's ``lambda (upper - lower)`` after ``.doit()``.
+    """
+    return sp.Sum(c[s] if cost is None else sp.sympify(cost), (s, lower + 1, upper))
+
+
+def line_additivity() -> tuple[sp.Eq, sp.Boolean]:
+    """For ``j <= m <= i`` and arbitrary costs: ``d(j, m) + d(m, i) = d(j, i)``.
+
+    The triangle inequality is an *equality* along the line: going from ``j`` to
+    ``i`` through ``m`` costs exactly as much as going straight, since the gates
+    in between are the same.  Returns ``(equation, holds)``; sympy combines the
+    two adjacent sums into one.
+    """
+    lhs = distance_sum(j, m) + distance_sum(m, i)
+    rhs = distance_sum(j, i)
+    return sp.Eq(lhs, rhs, evaluate=False), sp.true if sp.simplify(lhs - rhs) == 0 else sp.false
+
+
+def properties(costs) -> dict:
+    """Check every metric axiom on all positions ``0 .. n`` for the given costs (``n = len(costs)``).
+
+    Returns ``{name: sympy boolean}``:
+
+    * ``"nonnegative"``: ``d(j, i) >= 0`` for all ``j, i``;
+    * ``"zero on the diagonal"``: ``d(i, i) = 0``;
+    * ``"positive off the diagonal"``: ``d(j, i) > 0`` for ``j != i`` (identity of
+      indiscernibles; ``true`` for positive costs, ``false`` with a zero cost,
+      an unevaluated condition when the costs may be zero);
+    * ``"triangle inequality"``: ``d(j, i) <= d(j, m) + d(m, i)`` for all ``j, m, i``;
+    * ``"equality along the line"``: ``d(j, m) + d(m, i) = d(j, i)`` for ``j <= m <= i``;
+    * ``"symmetric"``: ``d(j, i) = d(i, j)`` for all ``j, i`` (``false`` as soon as ``n >= 1``).
+    """
+    n = len(costs)
+    pos = range(n + 1)
+    d = {(a, b): distance(a, b, costs) for a in pos for b in pos}
+    return {
+        "nonnegative": sp.And(*[sp.Ge(d[a, b], 0) for a in pos for b in pos]),
+        "zero on the diagonal": sp.And(*[sp.Eq(d[a, a], 0) for a in pos]),
+        "positive off the diagonal": sp.And(*[sp.Gt(d[a, b], 0) for a in pos for b in pos if a != b]),
+        "triangle inequality": sp.And(*[sp.Le(d[a, b], d[a, x] + d[x, b]) for a, x, b in itertools.product(pos, repeat=3)]),
+        "equality along the line": sp.And(*[sp.Eq(sp.expand(d[a, x] + d[x, b] - d[a, b]), 0)
+                                            for a, x, b in itertools.product(pos, repeat=3) if a <= x <= b]),
+        "symmetric": sp.And(*[sp.Eq(d[a, b], d[b, a]) for a in pos for b in pos]),
+    }
