@@ -29,9 +29,12 @@ runs it with ``w = k`` and folds ``beta_j`` into column ``j`` of Ã and row
 ``j`` of k~ (the values ``beta_j v_j``).
 
 Work is ``O(T C D)`` in matrix products plus the state update's two products
-per chunk; the state never leaves the chip.  Prepared factors are fp32 and the
-products use the template's precision (``"tf32"`` for 16-bit inputs, exact
-fp32 for fp32 inputs).
+per chunk; the state never leaves the chip.  Prepared factors are fp32; products
+are tf32 for 16-bit inputs with operands rounded to nearest (the state is
+multiplied by ``I + G_c`` chunk after chunk, and the tensor cores' truncation
+would shrink it a little every time), and about fp32 for fp32 inputs
+(three tf32 products on a GPU, exact in the interpreter); see
+:func:`.path_attention._dot`.
 """
 from __future__ import annotations
 
@@ -40,9 +43,9 @@ import triton
 import triton.language as tl
 
 from ..checks import check_per_token
-from ._launch import dot_precision, interpreting, next_pow2, prepare_per_token, prepare_qkv
+from ._launch import interpreting, next_pow2, prepare_per_token, prepare_qkv
 from .flash_attention import _load_rows
-from .path_attention import Prepared, _dot, check_block
+from .path_attention import Prepared, _dot, check_block, prep_precision
 
 
 @triton.jit
@@ -92,7 +95,7 @@ def _run(q, k, v, w, beta, *, delta: bool, chunk: int):
     if n.T == 0 or BH == 0:
         return out.reshape(q.shape[:-1] + (n.Dv,)).to(q.dtype)
     w3 = k3 if delta else w.reshape(BH, n.T, n.D).to(torch.float32).contiguous()
-    precision = dot_precision(dtype)
+    precision = prep_precision(dtype)  # also for the state's products (see path_attention._dot)
     f32 = torch.float32
     prep = Prepared(q3, k3, w3, prepare_per_token(beta, n, BH), n.T, chunk, q_dtype=f32, k_dtype=f32,
                     update_dtype=f32, w_is_k=delta, value_beta=delta, precision=precision)

@@ -93,8 +93,26 @@ def _rn(x, PRECISION: tl.constexpr):
 
 @triton.jit
 def _dot(a, b, PRECISION: tl.constexpr):
-    """``a @ b`` for fp32 tiles, operands rounded to nearest when the product is tf32."""
-    return tl.dot(_rn(a, PRECISION), _rn(b, PRECISION), input_precision=PRECISION)
+    """``a @ b`` for fp32 tiles.  ``"tf32"``: operands rounded to nearest first; ``"x3"``:
+    three tf32 products of high and low parts (``a_hi b_hi + a_hi b_lo + a_lo b_hi``,
+    about fp32 accuracy on the tensor cores; fp32 inputs on a GPU, where the
+    ``"ieee"`` FMA products of this many 64 x 64 tiles take minutes to compile);
+    ``"ieee"``: exact fp32."""
+    if PRECISION == "x3":
+        a_hi = _rn(a, "tf32")
+        b_hi = _rn(b, "tf32")
+        lo = tl.dot(_rn(a - a_hi, "tf32"), b_hi, input_precision="tf32")
+        lo = tl.dot(a_hi, _rn(b - b_hi, "tf32"), acc=lo, input_precision="tf32")
+        return tl.dot(a_hi, b_hi, acc=lo, input_precision="tf32")
+    else:
+        return tl.dot(_rn(a, PRECISION), _rn(b, PRECISION), input_precision=PRECISION)
+
+
+def prep_precision(dtype) -> str:
+    """Product precision of the preparation pass: tf32 (rounded to nearest) for 16-bit inputs,
+    ``"x3"`` for fp32 inputs on a GPU, exact ``"ieee"`` in the interpreter."""
+    p = dot_precision(dtype)
+    return "x3" if p == "ieee" and not interpreting() else p
 
 
 @triton.jit
@@ -429,7 +447,7 @@ def path_attention(q, k, v, w, beta, *, scale=None, block=None, _config=None):
     fixes the main pass's tiles (query blocks of ``R * block`` rows, R in 1..MAX_R)
     instead of autotuning; ``update="dense"|"ut"`` picks the form of ``q^ <- P_J q^``
     (default: dense while ``D <= 2 block``); ``update_dtype`` the dtype of its operands;
-    ``prep_precision`` the preparation pass's product precision (``"ieee"``: exact fp32).
+    ``prep_precision`` the preparation pass's product precision (see :func:`_dot`).
     """
     cfg = dict(_config or {})
     n, q3, k3, v3, dtype = prepare_qkv(q, k, v)
@@ -450,7 +468,7 @@ def path_attention(q, k, v, w, beta, *, scale=None, block=None, _config=None):
     if update not in ("dense", "ut"):
         raise ValueError(f"`_config['update']` must be 'dense' or 'ut', got {update!r}")
     prep = Prepared(q3, k3, w3, beta3, n.T, block, q_dtype=update_dtype, k_dtype=dtype, update_dtype=update_dtype,
-                    norm_q=True, store_ut=update == "ut", precision=cfg.pop("prep_precision", precision))
+                    norm_q=True, store_ut=update == "ut", precision=cfg.pop("prep_precision", prep_precision(dtype)))
     meta = dict(HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=next_pow2(n.D), BLOCK_DV=next_pow2(n.Dv), BLOCK_N=block,
                 UPDATE=update, PRECISION=precision)
     args = (prep.qt, prep.qn, prep.kt, prep.ad, prep.g, prep.wc, prep.nu, v3, out, n.T, scale * LOG2E,

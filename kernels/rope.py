@@ -3,8 +3,10 @@ r"""The RoPE rotation pre-pass: one fused Triton pass that rotates q and k.
 RoPE needs no attention kernel of its own.  Rotate every query and key by its
 absolute position once, then run the templates unchanged:
 
-* :func:`pathedu.rope.rope_triton`    = :func:`rotate_qk` + :func:`pathedu.kernels.flash_attention.attention`;
-* :func:`pathedu.rope.complex_triton` = :func:`rotate_qk` + :func:`pathedu.kernels.linear_attention.chunked_linear_attention`
+* :func:`pathedu.rope.rope_triton` = :func:`rotate_qk` followed by
+  :func:`pathedu.kernels.flash_attention.attention`;
+* :func:`pathedu.rope.complex_triton` = :func:`rotate_qk` followed by
+  :func:`pathedu.kernels.linear_attention.chunked_linear_attention`
   (the complex recurrence *is* linear attention on rotated q, k).
 
 One program owns ``BLOCK_T`` positions of one (batch, head) row of both ``q``
@@ -56,26 +58,29 @@ def _rotate_tile(X, XO, col_a, col_b, c, s, mask):
 
 @triton.jit
 def _rope_fwd(Q, K, QO, KO, T, offset, log2_base, stride_b, stride_t,
-              HALF: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr):
+              HALF: tl.constexpr, BLOCK_T: tl.constexpr,
+              BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr):
     pid_t = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
-    offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-    offs_n = tl.arange(0, BLOCK_H)
-    # Frequencies and angles, fp32: Omega_n = 2^(-(n / HALF) * log2(base)), theta = position * Omega_n.
+    offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)   # positions (rows)
+    offs_n = tl.arange(0, BLOCK_H)                     # channel pairs
+    # fp32 frequencies Omega_n = 2^(-(n / HALF) log2(base)) and angles.
     omega = tl.exp2(-(offs_n.to(tl.float32) / HALF) * log2_base)
     theta = (offset + offs_t).to(tl.float32)[:, None] * omega[None, :]
     c = tl.cos(theta)
     s = tl.sin(theta)
-    if INTERLEAVED:
+    if INTERLEAVED:  # pair n = channels (2n, 2n + 1)
         col_a = 2 * offs_n
         col_b = col_a + 1
-    else:
+    else:            # pair n = channels (n, n + HALF)
         col_a = offs_n
         col_b = offs_n + HALF
     mask = (offs_t[:, None] < T) & (offs_n[None, :] < HALF)
     rows = bh * stride_b + offs_t[:, None].to(tl.int64) * stride_t
-    _rotate_tile(Q + rows, QO + rows, col_a[None, :], col_b[None, :], c, s, mask)
-    _rotate_tile(K + rows, KO + rows, col_a[None, :], col_b[None, :], c, s, mask)
+    col_a, col_b = col_a[None, :], col_b[None, :]
+    # The same cos/sin turn the queries and the keys.
+    _rotate_tile(Q + rows, QO + rows, col_a, col_b, c, s, mask)
+    _rotate_tile(K + rows, KO + rows, col_a, col_b, c, s, mask)
 
 
 def rotate_qk(q, k, *, base: float = 10000.0, offset: int = 0, pairing: str = "interleaved"):

@@ -43,6 +43,12 @@ length in ``tests/test_constructions.py``):
   unselected tokens is at most ``T * exp(-scale)`` (below 1e-40 for T <= 1e3),
   far under float64 resolution.
 
+Neither construction can tell the right product order from the reversed one:
+a reversed product of swaps is the inverse permutation (the identity exactly
+when the original is, with the same logit), and the flip-flop transitions are
+diagonal, so they commute.  The order is tested with random vectors in
+``tests/test_path.py``.
+
 Conventions: token sequences are integer tensors ``(..., T)``; every leading
 dim is an independent sequence (vectorised); outputs keep those leading dims.
 Positions are 0-based.
@@ -54,6 +60,8 @@ import math
 
 import torch
 
+from . import path as _path
+
 __all__ = [
     "SWAP_PAIRS", "SWAP_START", "swap_token", "swap_tokens_from_pairs", "swap_model_inputs",
     "swap_forward", "swap_is_identity", "swap_reference", "swap_start_logit",
@@ -61,12 +69,6 @@ __all__ = [
     "flipflop_forward", "flipflop_predict", "flipflop_reference", "flipflop_state",
     "FF_SLOTS", "all_flipflop_sequences", "path_attention_weights",
 ]
-
-
-def _default_form():
-    from .path import path_matrix
-
-    return path_matrix
 
 
 def _check_tokens(tokens, name: str = "tokens") -> torch.Tensor:
@@ -177,7 +179,7 @@ def swap_forward(tokens, *, scale: float = 1.0, form=None, dtype=torch.float64) 
     """
     if not (isinstance(scale, (int, float)) and not isinstance(scale, bool) and 0 < scale < math.inf):
         raise ValueError(f"`scale` must be a positive finite number, got {scale!r}")
-    form = _default_form() if form is None else form
+    form = _path.path_matrix if form is None else form
     q, k, v, w, beta = swap_model_inputs(tokens, dtype=dtype)
     out = form(q, k, v, w, beta, scale=float(scale))  # (..., 2, T, 6)
     heads = torch.cat([out[..., 0, :, :], out[..., 1, :, :]], dim=-1)  # (..., T, 12): concatenated heads
@@ -376,7 +378,7 @@ def path_attention_weights(q, k, w, beta, *, scale=None, form=None) -> torch.Ten
     Computed by the library's form itself: with the values ``v = I`` (token j's
     value is the one-hot vector e_j), output row i *is* attention row i.
     """
-    form = _default_form() if form is None else form
+    form = _path.path_matrix if form is None else form
     T = q.shape[-2]
     eye = torch.eye(T, dtype=q.dtype, device=q.device).expand(*q.shape[:-2], T, T)
     return form(q, k, eye, w, beta, scale=scale)
@@ -399,7 +401,7 @@ def flipflop_forward(tokens, *, scale: float = 100.0, form=None, dtype=torch.flo
     """
     if not (isinstance(scale, (int, float)) and not isinstance(scale, bool) and 0 < scale < math.inf):
         raise ValueError(f"`scale` must be a positive finite number, got {scale!r}")
-    form = _default_form() if form is None else form
+    form = _path.path_matrix if form is None else form
     h = flipflop_embed(tokens, dtype=dtype)
     attention = []
     for layer, ffn in ((1, _ffn1), (2, _ffn2)):

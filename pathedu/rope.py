@@ -66,7 +66,7 @@ import torch
 
 from .checks import QKV, check_qkv, check_scale
 from .masks import causal_mask, masked_logits
-from .nope import KVCache, nope_matrix, online_softmax_step
+from .nope import KVCache, _empty_out, nope_matrix, online_softmax_step
 
 __all__ = [
     "PAIRINGS", "frequencies", "apply_rope", "rotation_matrix", "to_complex", "from_complex",
@@ -120,10 +120,6 @@ def _check_rope_qkv(q, k, v, base, pairing) -> tuple[QKV, float, str]:
 def _work_dtype(dtype: torch.dtype) -> torch.dtype:
     """float64 stays float64; everything else is rotated in float32 (one rounding back)."""
     return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _empty_out(q, v):
-    return q.new_empty(q.shape[:-1] + (v.shape[-1],))
 
 
 # ---------------------------------------------------------------------------
@@ -314,8 +310,8 @@ def plot_relative_kernel(ax=None, *, D: int = 128, base: float = 10000.0, max_de
     kern = relative_kernel(delta, D, base=base, bands=bands)
     env = upper_envelope(kern)
     delta, kern, env = delta[1 : max_delta + 1], kern[1 : max_delta + 1], env[1 : max_delta + 1]
-    line, = ax.plot(delta, kern, lw=0.6, alpha=0.8, label=label or f"mean cos(Ω_n Δ), base={base:g}, D={D}")
-    ax.plot(delta, env, lw=1.6, color=line.get_color(), label="its envelope (max |·| at Δ or beyond)")
+    line, = ax.plot(delta, kern, lw=0.6, alpha=0.8, label=label or "κ(Δ) = mean of cos(Ω_n Δ)")
+    ax.plot(delta, env, lw=1.6, color=line.get_color(), label="envelope: max |κ| at Δ or beyond")
     if bound:
         ax.plot(delta, decay_bound(delta, D, base=base), lw=1.2, ls="--", color="gray",
                 label="RoFormer's bound (normalised)")
@@ -323,9 +319,9 @@ def plot_relative_kernel(ax=None, *, D: int = 128, base: float = 10000.0, max_de
     ax.set_xscale("log")
     ax.set_xlim(1, max_delta)
     ax.set_xlabel("relative distance Δ = t − j")
-    ax.set_ylabel("logit of a unit query\nagainst its own copy")
+    ax.set_ylabel("logit against its own copy")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="lower left")
     return ax
 
 

@@ -47,7 +47,8 @@ def test_swap_transitions_are_the_permutation_matrices():
 
 
 def test_swap_logit_closed_form():
-    """Head 0's logit on the start token is scale * (sum_c c list[c] - 54.5): 0.5 for the identity, <= -0.5 otherwise."""
+    """Head 0's logit on the start token is scale * (sum_c c list[c] - 54.5):
+    0.5 for the identity, <= -0.5 otherwise."""
     g = torch.Generator().manual_seed(1)
     tokens = with_start(torch.randint(1, 21, (200, 12), generator=g))
     q, k, v, w, beta = C.swap_model_inputs(tokens)
@@ -168,7 +169,7 @@ def test_flipflop_every_sequence_up_to_length_10(T):
 
 
 def random_flipflop(n, T, p_ignore, seed):
-    """FFLM-style sequences: w first; instructions w/r with the rest of the probability split evenly, i with p_ignore."""
+    """FFLM-style sequences: w first; each instruction is i with probability p_ignore, else w or r evenly."""
     g = torch.Generator().manual_seed(seed)
     u = torch.rand(n, T, generator=g)
     instr = torch.where(u < p_ignore, 2, torch.where(u < p_ignore + (1 - p_ignore) / 2, 0, 1))

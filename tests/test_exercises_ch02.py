@@ -56,11 +56,12 @@ def test_alibi_bias_accepts_right_answers():
 @pytest.mark.parametrize("wrong,needle", [
     (lambda T, s: (s * (torch.arange(T)[:, None] - torch.arange(T)[None, :]).double()).masked_fill(
         torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")), "sign"),  # the seed's displayed sign
-    (lambda T, s: (-s * (torch.arange(T)[:, None] - torch.arange(T)[None, :]).abs().double()).tril(), "-inf"),  # seed's code
+    # the seed's code: -slope*|i-j| with tril(), so the future gets 0
+    (lambda T, s: (-s * (torch.arange(T)[:, None] - torch.arange(T)[None, :]).abs().double()).tril(), "-inf"),
     (lambda T, s: _bias(T, 2 * s), "wrong values"),
     (lambda T, s: _bias(T + 1, s), "shape"),
     (lambda T, s: _bias(T, s).tolist(), "torch.Tensor"),
-    (lambda T, s: undefined_name, "NameError"),  # noqa: F821
+    (lambda T, s: {}["bias"], "KeyError"),  # the student's code raises
 ])
 def test_alibi_bias_rejects_wrong_answers(wrong, needle, capsys):
     assert not ch02.check_alibi_bias(wrong)

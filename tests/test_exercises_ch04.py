@@ -55,7 +55,7 @@ def test_relative_logit_accepts_right_answers(capsys):
 def test_relative_logit_rejects_wrong_answers():
     wrong = [
         lambda q, k, delta: (rope.apply_rope(q[:, None, :], offset=-delta)[:, 0] * k).sum(-1),  # wrong direction
-        lambda q, k, delta: (rope.apply_rope(k[:, None, :], offset=delta)[:, 0] * q).sum(-1),   # rotates the key forward
+        lambda q, k, delta: (rope.apply_rope(k[:, None, :], offset=delta)[:, 0] * q).sum(-1),  # turns k, not q
         lambda q, k, delta: (q * k).sum(-1),                                                     # NoPE
         lambda q, k, delta: (rope.apply_rope(q[:, None, :], offset=delta)[:, 0] * k).sum(),     # wrong shape
         lambda q, k, delta: None,

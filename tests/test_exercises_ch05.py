@@ -59,12 +59,20 @@ def P(w, beta, idx):
     return M
 
 
+def outer(a, b):
+    return a[..., :, None] * b[..., None, :]
+
+
+def error(S, k, v):
+    return (S @ k[..., :, None])[..., 0] - v
+
+
 DELTA_WRONG = {
-    "linear attention": lambda S, k, v, b: S + b[..., None, None] * v[..., :, None] * k[..., None, :],
-    "ascent": lambda S, k, v, b: S + b[..., None, None] * ((S @ k[..., :, None])[..., 0] - v)[..., :, None] * k[..., None, :],
-    "no beta": lambda S, k, v, b: S - ((S @ k[..., :, None])[..., 0] - v)[..., :, None] * k[..., None, :],
-    "forgets the old memory": lambda S, k, v, b: b[..., None, None] * v[..., :, None] * k[..., None, :],
-    "returns the error": lambda S, k, v, b: (S @ k[..., :, None])[..., 0] - v,
+    "linear attention": lambda S, k, v, b: S + b[..., None, None] * outer(v, k),
+    "ascent": lambda S, k, v, b: S + b[..., None, None] * outer(error(S, k, v), k),
+    "no beta": lambda S, k, v, b: S - outer(error(S, k, v), k),
+    "forgets the old memory": lambda S, k, v, b: b[..., None, None] * outer(v, k),
+    "returns the error": lambda S, k, v, b: error(S, k, v),
 }
 
 INTERVAL_WRONG = {
@@ -74,10 +82,14 @@ INTERVAL_WRONG = {
     "whole sequence": lambda w, b, j, i: P(w, b, range(w.shape[0])),
 }
 
+def inv_eye_plus(N):
+    return torch.linalg.inv(torch.eye(3, dtype=N.dtype) + N)
+
+
 UT_WRONG = {
-    "upper": lambda w, b: torch.linalg.inv(torch.eye(3, dtype=w.dtype) + (b[:, None] * (w @ w.T)).triu(1)) @ torch.diag(b),
-    "no D_beta": lambda w, b: torch.linalg.inv(torch.eye(3, dtype=w.dtype) + (b[:, None] * (w @ w.T)).tril(-1)),
-    "columns scaled": lambda w, b: torch.linalg.inv(torch.eye(3, dtype=w.dtype) + (w @ w.T * b[None, :]).tril(-1)) @ torch.diag(b),
+    "upper": lambda w, b: inv_eye_plus((b[:, None] * (w @ w.T)).triu(1)) @ torch.diag(b),
+    "no D_beta": lambda w, b: inv_eye_plus((b[:, None] * (w @ w.T)).tril(-1)),
+    "columns scaled": lambda w, b: inv_eye_plus((w @ w.T * b[None, :]).tril(-1)) @ torch.diag(b),
     "transposed": lambda w, b: ut_ok(w, b).T,
     "identity plus gram": lambda w, b: torch.eye(3, dtype=w.dtype) + (b[:, None] * (w @ w.T)).tril(-1),
 }
@@ -100,7 +112,8 @@ PATH_WRONG = {
     "no scale": path_variant(lambda j, i: range(j + 1, i + 1), lambda D: 1.0),
     "no products (plain attention)": path_variant(lambda j, i: range(0)),
     "linear instead of softmax": lambda q, k, v, w, beta: torch.stack([
-        sum((k[j] @ P(w, beta, range(j + 1, i + 1)) @ q[i]) * v[j] for j in range(i + 1)) for i in range(q.shape[0])]),
+        sum((k[j] @ P(w, beta, range(j + 1, i + 1)) @ q[i]) * v[j] for j in range(i + 1))
+        for i in range(q.shape[0])]),
 }
 
 CASES = [

@@ -1,6 +1,4 @@
 """Chapter 4: every form of RoPE attention and of the complex recurrence against float64 references."""
-import math
-
 import pytest
 import torch
 from helpers import TOL_F64, TOL_TRITON, case_id, rand_qkv, random_shapes, rel_err
@@ -356,3 +354,33 @@ def test_long_sequences_stay_finite(form):
                else linear_reference(q, k, v, "interleaved"))
         # fp32 throughout; the triton forms also carry fp32 angles (error ~ t * 2^-24)
         assert rel_err(out, ref) <= 5e-3
+
+
+# ---------------------------------------------------------------------------
+# The benchmark module (its setup functions run on a GPU only)
+# ---------------------------------------------------------------------------
+
+def test_bench_module_imports_and_lists_ops_on_cpu():
+    from pathedu.bench import CHAPTERS
+    from pathedu.bench import rope as bench
+
+    assert "rope" in CHAPTERS
+    ops = bench.ops()
+    names = [op.name for op in ops]
+    assert len(set(names)) == len(names)
+    assert {"sdpa", "torch_rope_sdpa", "rope_triton", "torch_rope_linear", "complex_triton"} <= set(names)
+    by_name = {op.name: op for op in ops}
+    assert by_name["rope_triton"].reference == "torch_rope_sdpa"
+    assert by_name["complex_triton"].reference == "torch_rope_linear"
+    for op in ops:  # every reference is itself an op, and a reference op has none
+        assert op.reference is None or by_name[op.reference].reference is None
+    assert by_name["sdpa"].peer and by_name["fla_rope_sdpa"].peer and not by_name["rope_triton"].peer
+
+
+def test_gpu_checks_run_on_cpu_as_a_smoke_test():
+    from pathedu.bench import rope as bench
+
+    res = bench.gpu_checks(T=40, D=16, T_prepass=16, device="cpu")
+    assert res["ok"], res["failed"]
+    assert res["prepass_fp32_trig_max_err_T8192_D128"] <= bench.TRIG_TOL_8192 == TRIG_TOL_8192
+    assert any(key.startswith("rope_triton_bfloat16") for key in res)

@@ -134,21 +134,25 @@ def _rand(shape, T, D, Dv, seed, *, beta_hi=2.0, beta_lo=0.0):
 
 SMALL_SHAPES = [((2, 3), 1, 64, 64), ((1, 2), 1000, 64, 64), ((1, 3), 777, 128, 32), ((2, 1), 300, 16, 48),
                 ((1, 2), 129, 96, 80), ((1, 1), 2048, 32, 128)]
+# (dtype, shapes, PaTH variants): every shape in bf16 (the benchmark dtype), a few in fp16 and fp32.
+SMALL_PLAN = [(torch.bfloat16, SMALL_SHAPES, ((2, "dense"), (1, "dense"), (2, "ut"))),
+              (torch.float16, SMALL_SHAPES[1::2], ((2, "dense"),)),
+              (torch.float32, SMALL_SHAPES[1:4:2], ((2, "dense"),))]
 
 
-def check_small(log, shapes=SMALL_SHAPES):
+def check_small(log, plan=SMALL_PLAN):
     """Every dtype and odd sizes against float64 (inputs rounded to the dtype first)."""
     from ..kernels.delta_rule import chunked_delta_rule, chunked_householder
     from ..kernels.path_attention import path_attention
 
     worst = {}
-    for dtype in (torch.bfloat16, torch.float16, torch.float32):
-        for i, (lead, T, D, Dv) in enumerate(shapes if dtype == torch.bfloat16 else shapes[1::2]):
+    for dtype, shapes, variants in plan:
+        for i, (lead, T, D, Dv) in enumerate(shapes):
             q, k, v, w, beta = _rand(lead, T, D, Dv, seed=i)
             q, k, v = (x.to(dtype) for x in (q, k, v))
             ref = path_ref64(q, k, v, w, beta)
             errs = {}
-            for R, upd in ((2, "dense"), (1, "dense"), (2, "ut")):
+            for R, upd in variants:
                 cfg = dict(R=R, update=upd, num_warps=4 * R)
                 errs[f"path_R{R}_{upd}"] = _rel_rms(path_attention(q, k, v, w, beta, _config=cfg), ref)
             qs, ks = (q.float() / 8).to(dtype), (k.float() / 8).to(dtype)
@@ -161,7 +165,7 @@ def check_small(log, shapes=SMALL_SHAPES):
     return worst
 
 
-def check_against_fla(log, Ts=(1024, 2048)):
+def check_against_fla(log, Ts=(2048,)):
     """bf16, B=2, H=4, D=64: ours and fla's against float64 and against each other."""
     from fla.ops.delta_rule import chunk_delta_rule
     from fla.ops.path_attn import parallel_path_attn
@@ -199,7 +203,7 @@ def error_growth(log, Ts=(512, 2048, 8192)):
 
     variants = {"dense": dict(update="dense"), "ut": dict(update="ut"),
                 "dense_bf16upd": dict(update="dense", update_dtype=torch.bfloat16),
-                "dense_ieee_prep": dict(update="dense", prep_precision="ieee")}
+                "dense_x3prep": dict(update="dense", prep_precision="x3")}
     rows = []
     for betas in ("uniform", "near2"):
         for T in Ts:
@@ -237,7 +241,7 @@ def robustness(log, T=16384, D=64, H=2):
     return res
 
 
-def sweep(log, Ts=(8192, 2048), B=32, H=32, D=64):
+def sweep(log, Ts=(8192, 2048, 4096, 1024), B=32, H=32, D=64, full=(8192, 2048)):
     """Main-pass tiles, the update's form, the UT block, and the prep pass alone; SDPA and our FA template beside."""
     import triton
 
@@ -266,8 +270,11 @@ def sweep(log, Ts=(8192, 2048), B=32, H=32, D=64):
         bench("sdpa", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
         bench("flash_template (ch1 kernel, autotuned)", lambda: attention(q, k, v))
         bench("fla_path", _fla_path(q, k, v))
+        bench("path autotuned", lambda: path_attention(q, k, v, w, beta))
         bench("deltanet_triton", _delta_triton(q, k, v))
         bench("fla_delta_rule", _fla_delta(q, k, v))
+        if T not in full:
+            continue
         q3, k3, w3 = (x.reshape(B * H, T, D) for x in (q, k, w))
         b3 = beta.reshape(B * H, T)
         for blk, store_ut, nw in ((64, False, 4), (64, False, 8), (64, True, 4), (32, False, 4)):
@@ -277,14 +284,12 @@ def sweep(log, Ts=(8192, 2048), B=32, H=32, D=64):
         bench("prep for deltanet block=64 (fp32 out)", lambda: Prepared(
             q3, k3, k3, b3, T, 64, q_dtype=torch.float32, k_dtype=torch.float32, update_dtype=torch.float32,
             w_is_k=True, value_beta=True, precision=dot_precision(torch.bfloat16)))
-        configs = [("dense", 64, r, nw, ns) for r, nw, ns in
-                   ((1, 4, 2), (1, 4, 3), (2, 4, 2), (2, 4, 3), (2, 8, 2), (2, 8, 3), (1, 8, 3))]
-        configs += [("ut", 64, 1, 4, 2), ("ut", 64, 2, 4, 3), ("dense", 32, 2, 4, 3)]
+        configs = [("dense", 64, r, nw, ns) for r, nw, ns in ((1, 4, 2), (1, 4, 3), (2, 4, 2), (2, 4, 3), (2, 8, 3))]
+        configs += [("ut", 64, 1, 4, 2), ("dense", 32, 2, 4, 3)]
         for upd, blk, r, nw, ns in configs:
             cfg = dict(update=upd, R=r, num_warps=nw, num_stages=ns)
             bench(f"path {upd} block={blk} R={r} warps={nw} stages={ns}",
                   lambda: path_attention(q, k, v, w, beta, block=blk, _config=cfg))
-        bench("path autotuned", lambda: path_attention(q, k, v, w, beta))
         del q, k, v, w, beta, q3, k3, w3, b3
         torch.cuda.empty_cache()
     return rows
@@ -302,6 +307,7 @@ def main(argv=None) -> int:
     p.add_argument("--only", nargs="*", default=["small", "fla", "robust", "table"],
                    choices=["small", "fla", "growth", "robust", "sweep", "table"])
     p.add_argument("--T", type=int, nargs="+", default=[1024, 2048, 4096, 8192], help="sizes of the table")
+    p.add_argument("--deadline", type=float, default=1e9, help="start no section after this many seconds")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
@@ -318,10 +324,12 @@ def main(argv=None) -> int:
 
     log(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")
     results, t0 = {}, time.time()
-    steps = [("small", check_small), ("sweep", sweep), ("fla", check_against_fla), ("growth", error_growth),
-             ("robust", robustness)]
+    steps = [(name, fn) for name, fn in (("small", check_small), ("fla", check_against_fla), ("growth", error_growth),
+                                           ("robust", robustness), ("sweep", sweep)) if name in a.only]
+    steps.sort(key=lambda s: a.only.index(s[0]))  # in the order asked for
     for name, fn in steps:
-        if name not in a.only:
+        if time.time() - t0 > a.deadline:
+            log(f"== {name}: skipped (past the deadline)")
             continue
         log(f"== {name} ({time.time() - t0:.0f} s)")
         try:
@@ -335,7 +343,9 @@ def main(argv=None) -> int:
         log("== worst relative RMS errors against float64 (small sizes)")
         for key, e in sorted(results["small"].items()):
             log(f"  {key:40s} {e:.2e}")
-    if "table" in a.only:
+    if "table" in a.only and time.time() - t0 > a.deadline:
+        log("== benchmark table: skipped (past the deadline)")
+    elif "table" in a.only:
         log(f"== benchmark table ({time.time() - t0:.0f} s)")
         from .__main__ import main as bench_main
 

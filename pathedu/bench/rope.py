@@ -6,8 +6,9 @@ Softmax side (checked against ``torch_rope_sdpa``):
 * ``torch_rope_sdpa``: :func:`pathedu.rope.apply_rope` on q and k (eager PyTorch), then SDPA,
   both timed as one op (the reference);
 * ``rope_triton``: our fused rotation pre-pass + our FlashAttention template;
-* ``fla_rope_sdpa``: flash-linear-attention's Triton rotary kernel (``fla.modules.rotary``,
-  its cos/sin cache is built at the first call, outside the timing) + SDPA.
+* ``fla_rope_sdpa``: flash-linear-attention's Triton rotary kernel (``fla.modules.rotary``;
+  its cos/sin cache is built at the first call, outside the timing, and stored in the
+  input dtype, bf16 here, which shows in its error against the reference) + SDPA.
 
 Linear side (checked against ``torch_rope_linear``):
 
@@ -19,7 +20,8 @@ Linear side (checked against ``torch_rope_linear``):
 
 All rotations use the book's default convention: ``base = 10000``, interleaved pairs
 (channels 2n, 2n+1), position t rotated by ``+t Omega``; fla's ``interleaved=True``
-is the same convention.  fla takes ``[B, T, H, D]``: the layout change is made in
+is the same convention (checked against ``fla.modules.rotary.ops.rotary_embedding_ref``
+in float64: equal to 4e-16; its default ``interleaved=False`` is our ``"half"``).  fla takes ``[B, T, H, D]``: the layout change is made in
 ``setup``, outside the timed region.  fla is imported inside ``setup`` so that this
 module imports without it.
 """
@@ -103,7 +105,7 @@ GPU_TOL = {"float32": 5e-3, "float16": 1e-2, "bfloat16": 5e-2}
 TRIG_TOL_8192 = 2e-3  # fp32 angles up to position 8192 (tests/test_rope.py uses the same bound on the CPU)
 
 
-def gpu_checks(T: int = 4096, D: int = 64, *, device: str = "cuda") -> dict:
+def gpu_checks(T: int = 4096, D: int = 64, *, T_prepass: int = 8192, device: str = "cuda") -> dict:
     """Checks to run once on a CUDA GPU; returns a flat dict of results (``ok``: all passed).
 
     1. Robustness, bf16 (and fp16 once): ``rope_triton`` and ``complex_triton`` at ``T``
@@ -113,11 +115,12 @@ def gpu_checks(T: int = 4096, D: int = 64, *, device: str = "cuda") -> dict:
     2. The fp32 angles of the pre-pass up to position 8192 against float64
        (:func:`pathedu.kernels.rope.trig_error`), D = 64 and 128, and the GPU's
        ``exp2``/``cos``/``sin``.
-    3. The pre-pass on a bf16 ``(2, 32, 8192, 64)`` block at offset 0 and 4096 against
-       float64 ``apply_rope``.
+    3. The pre-pass on a bf16 ``(2, 32, T_prepass, 64)`` block at offset 0 and 4096 against
+       float64 ``apply_rope``, both pairings.
 
     Every check is wrapped: an exception is recorded as ``<name>_error`` and makes ``ok`` False.
-    ``device="cpu"`` (with a small ``T``) runs the same code in Triton's interpreter, as a smoke test.
+    ``device="cpu"`` with small ``T`` and ``T_prepass`` runs the same code in Triton's interpreter,
+    as a smoke test (``tests/test_rope.py`` does).
     """
     import torch
 
@@ -143,7 +146,8 @@ def gpu_checks(T: int = 4096, D: int = 64, *, device: str = "cuda") -> dict:
         try:
             q64, k64, v64 = q.double(), k.double(), v.double()
             ref_soft = rope.rope_matrix(q64, k64, v64, pairing=pairing)
-            ref_lin = nope.linear_matrix(rope.apply_rope(q64, pairing=pairing), rope.apply_rope(k64, pairing=pairing), v64)
+            qr64, kr64 = rope.apply_rope(q64, pairing=pairing), rope.apply_rope(k64, pairing=pairing)
+            ref_lin = nope.linear_matrix(qr64, kr64, v64)
             dtypes = [torch.bfloat16, torch.float16] if pairing == "interleaved" else [torch.bfloat16]
             for dtype in dtypes:
                 name = str(dtype).replace("torch.", "")
@@ -167,7 +171,7 @@ def gpu_checks(T: int = 4096, D: int = 64, *, device: str = "cuda") -> dict:
             record(f"prepass_trig_D{Dk}_error", f"{type(exc).__name__}: {exc}", False)
 
     try:
-        x = torch.randn(2, 32, 8192, 64, device=dev, generator=g, dtype=torch.float32)
+        x = torch.randn(2, 32, T_prepass, 64, device=dev, generator=g, dtype=torch.float32)
         for offset in (0, 4096):
             for pairing in rope.PAIRINGS:
                 xr, _ = rotate_qk(x.bfloat16(), x.bfloat16(), offset=offset, pairing=pairing)

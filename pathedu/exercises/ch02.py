@@ -86,8 +86,8 @@ def check_alibi_bias(fn) -> Verdict:
                                         "(the seed's snippet makes this mistake).")
         past = ~future
         if torch.allclose(got[past], -want[past], rtol=1e-9, atol=1e-12) and slope * (T - 1) > 0:
-            return verdict(name, False, "the sign is flipped: ALiBi penalises distance, so the bias is -slope*(i-j) <= 0 "
-                                        "(the seed displays +slope*(i-j)).")
+            return verdict(name, False, "the sign is flipped: ALiBi penalises distance, so the bias is "
+                                        "-slope*(i-j) <= 0 (the seed displays +slope*(i-j)).")
         if not torch.allclose(got[past], want[past], rtol=1e-9, atol=1e-12):
             return verdict(name, False, f"wrong values on or below the diagonal for T={T}, slope={slope}: "
                                         "entry (i, j) is -slope*(i-j).")

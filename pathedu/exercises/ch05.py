@@ -83,13 +83,23 @@ def _delta_reference(S, k, v, beta):
     return S_new
 
 
+def _outer(a, b):
+    """Batched outer product ``a b^T``: ``(..., m), (..., n) -> (..., m, n)``."""
+    return a[..., :, None] * b[..., None, :]
+
+
+def _error(S, k, v):
+    """The memory's prediction error ``S k - v``."""
+    return (S @ k[..., :, None])[..., 0] - v
+
+
 _DELTA_WRONG = [
-    (lambda S, k, v, beta: S + beta[..., None, None] * v[..., :, None] * k[..., None, :],
+    (lambda S, k, v, beta: S + beta[..., None, None] * _outer(v, k),
      "Your update adds beta v k^T only: that is linear attention. The delta rule first subtracts "
      "what the memory already returns for k: use the error (S k - v)."),
-    (lambda S, k, v, beta: S + beta[..., None, None] * ((S @ k[..., :, None])[..., 0] - v)[..., :, None] * k[..., None, :],
+    (lambda S, k, v, beta: S + beta[..., None, None] * _outer(_error(S, k, v), k),
      "Your step goes uphill: the gradient of |S k - v|^2 / 2 is (S k - v) k^T, and descent subtracts it."),
-    (lambda S, k, v, beta: S - ((S @ k[..., :, None])[..., 0] - v)[..., :, None] * k[..., None, :],
+    (lambda S, k, v, beta: S - _outer(_error(S, k, v), k),
      "Your step ignores beta (it takes beta = 1): scale the correction by beta."),
 ]
 
@@ -172,14 +182,18 @@ def _ut_reference(w, beta):
     return path.ut_transform(w, beta)[1]
 
 
+def _inv_eye_plus(N):
+    return torch.linalg.inv(torch.eye(N.shape[-1], dtype=N.dtype) + N)
+
+
 _UT_WRONG = [
-    (lambda w, beta: torch.linalg.inv(torch.eye(3, dtype=w.dtype) + (beta[:, None] * (w @ w.T)).triu(1)) @ torch.diag(beta),
+    (lambda w, beta: _inv_eye_plus((beta[:, None] * (w @ w.T)).triu(1)) @ torch.diag(beta),
      "Your A is upper triangular: with the rows w_0, w_1, w_2 in W, strictLower keeps s > t (below the diagonal)."),
-    (lambda w, beta: torch.linalg.inv(torch.eye(3, dtype=w.dtype) + (w @ w.T * beta[None, :]).tril(-1)) @ torch.diag(beta),
+    (lambda w, beta: _inv_eye_plus((w @ w.T * beta[None, :]).tril(-1)) @ torch.diag(beta),
      "You scaled the columns of W W^T by beta: entry (s, t) must be beta_s w_s . w_t (scale the rows)."),
-    (lambda w, beta: torch.linalg.inv(torch.eye(3, dtype=w.dtype) + (beta[:, None] * (w @ w.T)).tril(-1)),
+    (lambda w, beta: _inv_eye_plus((beta[:, None] * (w @ w.T)).tril(-1)),
      "You forgot the final D_beta: A = (I + strictLower(D_beta W W^T))^{-1} D_beta."),
-    (lambda w, beta: torch.linalg.inv(torch.eye(3, dtype=w.dtype) + (beta[:, None] * (w @ w.T)).tril(-1)).T @ torch.diag(beta),
+    (lambda w, beta: _inv_eye_plus((beta[:, None] * (w @ w.T)).tril(-1)).T @ torch.diag(beta),
      "Your A is the factor of the product in the other order; keep A lower triangular."),
 ]
 

@@ -135,12 +135,13 @@ def properties(costs) -> dict:
     n = len(costs)
     pos = range(n + 1)
     d = {(a, b): distance(a, b, costs) for a in pos for b in pos}
+    triples = list(itertools.product(pos, repeat=3))
     return {
         "nonnegative": sp.And(*[sp.Ge(d[a, b], 0) for a in pos for b in pos]),
         "zero on the diagonal": sp.And(*[sp.Eq(d[a, a], 0) for a in pos]),
         "positive off the diagonal": sp.And(*[sp.Gt(d[a, b], 0) for a in pos for b in pos if a != b]),
-        "triangle inequality": sp.And(*[sp.Le(d[a, b], d[a, x] + d[x, b]) for a, x, b in itertools.product(pos, repeat=3)]),
+        "triangle inequality": sp.And(*[sp.Le(d[a, b], d[a, x] + d[x, b]) for a, x, b in triples]),
         "equality along the line": sp.And(*[sp.Eq(sp.expand(d[a, x] + d[x, b] - d[a, b]), 0)
-                                            for a, x, b in itertools.product(pos, repeat=3) if a <= x <= b]),
+                                            for a, x, b in triples if a <= x <= b]),
         "symmetric": sp.And(*[sp.Eq(d[a, b], d[b, a]) for a in pos for b in pos]),
     }
