@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import json
 import platform
 import subprocess
@@ -45,6 +46,7 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--ops", nargs="*", help="only these ops (peers and references are always kept)")
     p.add_argument("--rep", type=int, default=200, help="do_bench repetition time, ms")
+    p.add_argument("--no-checks", action="store_true", help="skip the chapter's gpu_checks() (robustness, accuracy)")
     p.add_argument("--out", help=f"JSON file to write (default {DATA_DIR}/bench_CHAPTER.json)")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -96,9 +98,14 @@ def main(argv=None) -> int:
         err = f"{r['rel_rms_err']:.2e} vs {r['reference']}" if "rel_rms_err" in r else ""
         print(f"{r['op']:24s} {r['T']:6d} {r['ms']:9.3f} {r.get('ratio_to_sdpa', float('nan')):7.2f} "
               f"{r.get('ratio_to_reference', float('nan')):6.2f}  {err}")
+    checks = None
+    module = importlib.import_module(f"pathedu.bench.{a.chapter}")
+    if hasattr(module, "gpu_checks") and not a.no_checks:
+        checks = module.gpu_checks()  # robustness and accuracy cases the chapter defines
+        print("gpu_checks:", json.dumps(checks, indent=1, default=str))
     out = a.out or str(DATA_DIR / f"bench_{a.chapter}.json")
     with open(out, "w") as f:
-        json.dump(dict(meta=meta, rows=rows), f, indent=1)
+        json.dump(dict(meta=meta, rows=rows, checks=checks), f, indent=1, default=str)
     print(f"wrote {out}")
     return 0
 
