@@ -3,7 +3,11 @@
 Each mechanism lives in one module holding every form of both sides of the
 duality (naive, recurrent, matrix, blockwise/chunked, Triton):
 
-* :mod:`pathedu.nope`  NoPE softmax attention  <->  vanilla linear attention
+* :mod:`pathedu.nope`   NoPE softmax attention  <->  vanilla linear attention
+* :mod:`pathedu.alibi`  ALiBi                   <->  RetNet (constant decay)
+* :mod:`pathedu.fox`    Forgetting Transformer  <->  GLA / Mamba2 (data-dependent decay)
+* :mod:`pathedu.rope`   RoPE                    <->  complex-valued recurrence
+* :mod:`pathedu.path`   PaTH attention          <->  DeltaNet / Householder RNN
 
 The device policy (:mod:`pathedu._device`) runs first: without a CUDA GPU,
 Triton's interpreter is switched on before any kernel is defined.
