@@ -50,9 +50,10 @@ The gate is a hook: ``GATE`` is
   so ``b_id - b_jd`` carries an absolute error of about ``16 max|log_f| 2^-24``,
   i.e. a relative error of at most ~2e-5 on a weight when ``log_f`` reaches -20
   (one more reason for short chunks).  Measured against float64 in the
-  interpreter, fp32 (max error / max |ref|, ``tests/test_fox.py``): 1e-7 to 7e-7
-  for smooth gates (logsigmoid of N(2, 1)) or uniform in [-20, 0], like the
-  ungated path; up to ~1.5e-5 for gates that jump between -20 and -0.01.
+  interpreter, fp32 (max error / max |ref|, ``tests/test_fox.py``): ~1e-7 for
+  smooth gates (logsigmoid of N(2, 1)), like the ungated path; up to ~2e-6 for
+  gates uniform in [-20, 0]; up to ~1.5e-5 for gates that jump between -20 and
+  -0.01.
 """
 from __future__ import annotations
 
