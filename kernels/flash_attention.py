@@ -55,7 +55,7 @@ def _load_rows(ptr, rows, cols, stride, n_rows, n_cols, CHECK_ROWS: tl.constexpr
 
 
 @triton.jit
-def _attend(acc, m_i, l_i, q, K, V, bias_arg, c_m, offs_m, lo, hi, T, stride_kt, stride_vt, qk_scale,
+def _attend(acc, m_i, l_i, q, K, V, bias_arg, c_ref, start_m, offs_m, lo, hi, T, stride_kt, stride_vt, qk_scale,
             HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
             BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr):
     """Fold key blocks [lo, hi) into the running (acc, m_i, l_i) of one query block."""
@@ -67,15 +67,20 @@ def _attend(acc, m_i, l_i, q, K, V, bias_arg, c_m, offs_m, lo, hi, T, stride_kt,
         k = _load_rows(K, offs_n, offs_d, stride_kt, T, HEAD_DIM, CAUSAL_MASK, BLOCK_D != HEAD_DIM)
         v = _load_rows(V, offs_n, offs_dv, stride_vt, T, HEAD_DV, CAUSAL_MASK, BLOCK_DV != HEAD_DV)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # log2 units
+        # The bias b_ij = g(i) - g(j) is split at the query block's first row r:
+        # b_ij = (g(r) - g(j)) - (g(r) - g(i)).  The second term is the same for a
+        # whole row and softmax ignores per-row constants, so only the key term,
+        # a vector of BLOCK_N numbers, is added: one add per logit, like NoPE's scale.
         if BIAS == "alibi":
-            # bias_arg is the head's slope times log2(e); (j - i) <= 0 on visible keys.
-            s += bias_arg * (offs_n[None, :] - offs_m[:, None]).to(tl.float32)
+            # g(t) = slope * t, bias_arg = slope * log2(e); (j - r) is an exact integer.
+            s += (bias_arg * (offs_n - start_m).to(tl.float32))[None, :]
         elif BIAS == "loggate":
+            # g(t) = c_t, the cumulative log gate; c_ref = c_r.
             if CAUSAL_MASK:
                 c_n = tl.load(bias_arg + offs_n, mask=offs_n < T, other=0.0)
             else:
                 c_n = tl.load(bias_arg + offs_n)
-            s += (c_m[:, None] - c_n[None, :]) * 1.4426950408889634
+            s += ((c_ref - c_n) * 1.4426950408889634)[None, :]
         if CAUSAL_MASK:
             s = tl.where(offs_m[:, None] >= offs_n[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -107,21 +112,21 @@ def _flash_fwd(Q, K, V, O, BIAS_ARG, T, qk_scale,
     q = _load_rows(Q + start_m * stride_qt, tl.arange(0, BLOCK_M), offs_d, stride_qt, T - start_m, HEAD_DIM,
                    True, BLOCK_D != HEAD_DIM)
     bias_arg = 0.0
-    c_m = tl.zeros([BLOCK_M], dtype=tl.float32)
+    c_ref = 0.0
     if BIAS == "alibi":
         bias_arg = tl.load(BIAS_ARG + bh) * 1.4426950408889634
     elif BIAS == "loggate":
         bias_arg = BIAS_ARG + bh * T
-        c_m = tl.load(bias_arg + offs_m, mask=offs_m < T, other=0.0)
+        c_ref = tl.load(bias_arg + start_m)  # start_m < T for every launched block
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     # Key blocks strictly before the query block: every key is visible, no mask.
-    acc, m_i, l_i = _attend(acc, m_i, l_i, q, K, V, bias_arg, c_m, offs_m, 0, start_m, T, stride_kt, stride_vt,
+    acc, m_i, l_i = _attend(acc, m_i, l_i, q, K, V, bias_arg, c_ref, start_m, offs_m, 0, start_m, T, stride_kt, stride_vt,
                             qk_scale, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, BLOCK_N, False, BIAS, PRECISION)
     # Key blocks on the diagonal: hide the future (and anything past T).
-    acc, m_i, l_i = _attend(acc, m_i, l_i, q, K, V, bias_arg, c_m, offs_m, start_m, tl.minimum(start_m + BLOCK_M, T),
+    acc, m_i, l_i = _attend(acc, m_i, l_i, q, K, V, bias_arg, c_ref, start_m, offs_m, start_m, tl.minimum(start_m + BLOCK_M, T),
                             T, stride_kt, stride_vt, qk_scale, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, BLOCK_N, True,
                             BIAS, PRECISION)
     o = acc / l_i[:, None]
