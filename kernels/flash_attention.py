@@ -28,7 +28,6 @@ Rotated q/k (RoPE) reuse the kernel unchanged after a rotation pre-pass.
 """
 from __future__ import annotations
 
-import math
 
 import torch
 import triton

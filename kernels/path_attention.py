@@ -426,7 +426,7 @@ def _path_fwd(QT, QN, KT, AD, GM, WC, NU, V, O, T, qk_scale,
 # BLOCK_N fixed by the preparation pass); the autotuner picks R, warps and stages.
 _GPU_CONFIGS = [
     triton.Config({"R": r}, num_warps=w, num_stages=s)
-    for r, w, s in [(1, 4, 2), (1, 4, 3), (2, 4, 2), (2, 4, 3), (2, 8, 3)]
+    for r, w, s in [(1, 4, 2), (1, 4, 3), (2, 4, 2), (2, 4, 3)]
 ]
 _path_fwd_tuned = triton.autotune(_GPU_CONFIGS, key=["HEAD_DIM", "HEAD_DV", "BLOCK_N", "UPDATE", "PRECISION"])(_path_fwd)
 

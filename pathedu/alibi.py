@@ -55,13 +55,13 @@ import torch
 
 from .checks import QKV, check_qkv, check_scale
 from .masks import causal_mask, masked_logits
-from .nope import KVCache, _empty_out, online_softmax_step
+from .nope import KVCache, blockwise_softmax, empty_output
 
 __all__ = [
     "alibi_naive", "alibi_recurrent", "alibi_matrix", "alibi_blockwise", "alibi_triton",
     "retnet_naive", "retnet_recurrent", "retnet_matrix", "retnet_chunked", "retnet_triton",
     "alibi_bias", "retnet_decay", "alibi_slopes", "retnet_gammas", "slope_to_gamma", "gamma_to_slope",
-    "half_life", "ALiBiCache",
+    "half_life",
 ]
 
 
@@ -233,7 +233,7 @@ def alibi_naive(q, k, v, slope, *, scale=None):
     scale = check_scale(scale, n.D)
     lam = _slope(slope, n, q)[..., 0]  # (..., 1)
     if n.T == 0:
-        return _empty_out(q, v)
+        return empty_output(q, v)
     outs = []
     for i in range(n.T):
         dist = i - torch.arange(i + 1, device=q.device, dtype=q.dtype)  # i - j for j = 0..i
@@ -242,54 +242,29 @@ def alibi_naive(q, k, v, slope, *, scale=None):
     return torch.stack(outs, dim=-2)
 
 
-class ALiBiCache(KVCache):
-    """A decoding cache for ALiBi: a :class:`pathedu.nope.KVCache` whose read adds the bias.
+def alibi_recurrent(q, k, v, slope, *, scale=None, page: int = 64):
+    """Decoding: token by token, append ``(k_t, v_t)`` to a :class:`pathedu.nope.KVCache`,
+    then attend with the ALiBi bias added as each page of the cache is read.
 
     The bias ``-slope (t - j)`` depends only on the distance between the query
     ``t`` (the newest token) and the cached key ``j``, so the cache stores plain
-    keys and the bias is computed as each page is read.  (Since softmax ignores
-    a per-query constant, ``-slope t`` could be dropped and ``+slope j`` stored
-    with each key instead; but ``slope j`` grows without bound, and large fp32
-    logits lose the digits that tell neighbours apart.)  Pages are merged with
-    :func:`pathedu.nope.online_softmax_step`.
-
-    ``slope``: ``(...)``, one value per leading index.  Shapes as :class:`KVCache`.
-    """
-
-    def __init__(self, lead, D, Dv, T_max, slope, *, dtype, device, page: int = 64):
-        super().__init__(lead, D, Dv, T_max, dtype=dtype, device=device, page=page)
-        self.slope = slope
-
-    def attend(self, q_t, scale):
-        t = self.len - 1  # the query is the newest token
-        m = torch.full(q_t.shape[:-1] + (1,), float("-inf"), dtype=q_t.dtype, device=q_t.device)
-        l = torch.zeros_like(m)
-        acc = torch.zeros(q_t.shape[:-1] + (1, self.v.shape[-1]), dtype=q_t.dtype, device=q_t.device)
-        for start in range(0, self.len, self.page):
-            end = min(start + self.page, self.len)
-            s = scale * torch.einsum("...d,...jd->...j", q_t, self.k[..., start:end, :])
-            dist = t - torch.arange(start, end, device=q_t.device, dtype=q_t.dtype)
-            s = (s - self.slope[..., None] * dist)[..., None, :]  # one query row: (..., 1, N)
-            m, l, acc = online_softmax_step(m, l, acc, s, self.v[..., start:end, :])
-        return (acc / l[..., None])[..., 0, :]
-
-
-def alibi_recurrent(q, k, v, slope, *, scale=None, page: int = 64):
-    """Decoding: token by token, append ``(k_t, v_t)`` to an :class:`ALiBiCache`, then attend.
-
-    O(t) memory and O(t D) work per token (the cache grows), against RetNet's
-    fixed ``Dv x D`` state.  Shapes as :func:`alibi_naive`.
+    keys.  (Softmax ignores a per-query constant, so ``-slope t`` could be
+    dropped and ``+slope j`` stored with each key instead; but ``slope j`` grows
+    without bound, and large fp32 logits lose the digits that tell neighbours
+    apart.)  O(t) memory and O(t D) work per token, against RetNet's fixed
+    ``Dv x D`` state.  Shapes as :func:`alibi_naive`.
     """
     n = check_qkv(q, k, v)
     scale = check_scale(scale, n.D)
     lam = _slope(slope, n, q)[..., 0, 0]  # (...)
     if n.T == 0:
-        return _empty_out(q, v)
-    cache = ALiBiCache(n.lead, n.D, n.Dv, n.T, lam, dtype=q.dtype, device=q.device, page=page)
+        return empty_output(q, v)
+    cache = KVCache(n.lead, n.D, n.Dv, n.T, dtype=q.dtype, device=q.device, page=page)
     outs = []
     for t in range(n.T):
         cache.append(k[..., t, :], v[..., t, :])
-        outs.append(cache.attend(q[..., t, :], scale))
+        dist = lambda start, end: t - torch.arange(start, end, device=q.device, dtype=q.dtype)  # noqa: E731
+        outs.append(cache.attend(q[..., t, :], scale, bias=lambda start, end: -lam[..., None] * dist(start, end)))
     return torch.stack(outs, dim=-2)
 
 
@@ -303,7 +278,7 @@ def alibi_matrix(q, k, v, slope, *, scale=None):
     scale = check_scale(scale, n.D)
     lam = _slope(slope, n, q)[..., 0, 0]
     if n.T == 0:
-        return _empty_out(q, v)
+        return empty_output(q, v)
     logits = scale * q @ k.transpose(-1, -2) + alibi_bias(n.T, lam, dtype=q.dtype, device=q.device)
     return torch.softmax(logits, dim=-1) @ v
 
@@ -321,25 +296,9 @@ def alibi_blockwise(q, k, v, slope, *, scale=None, block_m: int = 64, block_n: i
     scale = check_scale(scale, n.D)
     lam = _slope(slope, n, q)  # (..., 1, 1)
     if n.T == 0:
-        return _empty_out(q, v)
-    out = torch.empty(q.shape[:-1] + (n.Dv,), dtype=q.dtype, device=q.device)
-    for start_m in range(0, n.T, block_m):
-        end_m = min(start_m + block_m, n.T)
-        q_blk = q[..., start_m:end_m, :] * scale
-        rows = torch.arange(start_m, end_m, device=q.device)
-        m = torch.full(q_blk.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
-        l = torch.zeros_like(m)
-        acc = torch.zeros(q_blk.shape[:-1] + (n.Dv,), dtype=q.dtype, device=q.device)
-        for start_n in range(0, end_m, block_n):
-            end_n = min(start_n + block_n, end_m)
-            cols = torch.arange(start_n, end_n, device=q.device)
-            s = q_blk @ k[..., start_n:end_n, :].transpose(-1, -2)
-            s = s - lam * (rows[:, None] - cols[None, :]).to(q.dtype)  # the ALiBi bias of this block
-            if end_n > start_m + 1:  # the block reaches the diagonal: hide the future
-                s = masked_logits(s, cols[None, :] <= rows[:, None])
-            m, l, acc = online_softmax_step(m, l, acc, s, v[..., start_n:end_n, :])
-        out[..., start_m:end_m, :] = acc / l[..., None]
-    return out
+        return empty_output(q, v)
+    bias = lambda rows, cols: -lam * (rows[:, None] - cols[None, :]).to(q.dtype)  # noqa: E731
+    return blockwise_softmax(q, k, v, scale, bias=bias, block_m=block_m, block_n=block_n)
 
 
 def alibi_triton(q, k, v, slope, *, scale=None):
@@ -368,7 +327,7 @@ def retnet_naive(q, k, v, gamma):
     n = check_qkv(q, k, v)
     g = _gamma(gamma, n, q)[..., 0]  # (..., 1)
     if n.T == 0:
-        return _empty_out(q, v)
+        return empty_output(q, v)
     outs = []
     for i in range(n.T):
         dist = i - torch.arange(i + 1, device=q.device, dtype=q.dtype)  # i - j for j = 0..i
@@ -389,7 +348,7 @@ def retnet_recurrent(q, k, v, gamma, *, initial_state=None, return_state: bool =
     for t in range(n.T):
         S = g * S + v[..., t, :, None] * k[..., t, None, :]
         outs.append((S @ q[..., t, :, None])[..., 0])
-    out = torch.stack(outs, dim=-2) if outs else _empty_out(q, v)
+    out = torch.stack(outs, dim=-2) if outs else empty_output(q, v)
     return (out, S) if return_state else out
 
 

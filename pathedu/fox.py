@@ -54,7 +54,7 @@ import torch.nn.functional as F
 
 from .checks import QKV, check_per_token, check_qkv, check_scale
 from .masks import causal_mask, masked_logits
-from .nope import KVCache, _empty_out, online_softmax_step
+from .nope import KVCache, blockwise_softmax, empty_output
 
 __all__ = [
     "forget_gate_logits_to_log_f", "log_gate_matrix", "ForgetKVCache",
@@ -104,7 +104,8 @@ def log_gate_matrix(log_f):
     and ``-inf`` for ``j > i`` (the future, hidden).  Each entry is summed over
     exactly its own gates (for each key j, a running sum of ``log_f[s]`` over
     ``s > j``), not as a difference ``c_i - c_j`` of two long prefix sums, so
-    no digits are lost to cancellation.  O(T^2) memory.
+    no digits are lost to cancellation.  O(T^2) memory; the result is the
+    transposed view of a contiguous key-major ``(..., T, T)`` tensor.
     """
     if not isinstance(log_f, torch.Tensor):
         raise TypeError(f"`log_f` must be a torch.Tensor, got {type(log_f).__name__}")
@@ -143,7 +144,7 @@ def fox_naive(q, k, v, log_f, *, scale=None):
     """
     n, scale, dt = _prepare_fox(q, k, v, log_f, scale)
     if n.T == 0:
-        return _empty_out(q, v)
+        return empty_output(q, v)
     q_, k_, v_, g = q.to(dt), k.to(dt), v.to(dt), log_f.to(dt)
     bias = torch.zeros_like(g)  # bias[..., j] = sum_{s=j+1..i}, grown as i advances
     outs = []
@@ -178,16 +179,8 @@ class ForgetKVCache(KVCache):
         super().append(k_t, v_t)
 
     def attend(self, q_t, scale):
-        lead = q_t.shape[:-1]
-        m = torch.full(lead + (1,), float("-inf"), dtype=q_t.dtype, device=q_t.device)
-        l = torch.zeros_like(m)
-        acc = torch.zeros(lead + (1, self.v.shape[-1]), dtype=q_t.dtype, device=q_t.device)
-        for start in range(0, self.len, self.page):
-            end = min(start + self.page, self.len)
-            s = scale * torch.einsum("...d,...jd->...j", q_t, self.k[..., start:end, :])
-            s = s + (self.c_now[..., None] - self.c[..., start:end])  # sum_{s=j+1..t} log_f[s]
-            m, l, acc = online_softmax_step(m, l, acc, s[..., None, :], self.v[..., start:end, :])
-        return (acc / l[..., None])[..., 0, :]
+        # sum_{s=j+1..t} log_f[s] = c_t - c_j, added as each page is read.
+        return super().attend(q_t, scale, bias=lambda start, end: self.c_now[..., None] - self.c[..., start:end])
 
 
 def fox_recurrent(q, k, v, log_f, *, scale=None, page: int = 64):
@@ -198,7 +191,7 @@ def fox_recurrent(q, k, v, log_f, *, scale=None, page: int = 64):
     """
     n, scale, dt = _prepare_fox(q, k, v, log_f, scale)
     if n.T == 0:
-        return _empty_out(q, v)
+        return empty_output(q, v)
     q_, k_, v_, g = q.to(dt), k.to(dt), v.to(dt), log_f.to(dt)
     cache = ForgetKVCache(n.lead, n.D, n.Dv, n.T, dtype=dt, device=q.device, page=page)
     outs = []
@@ -216,7 +209,7 @@ def fox_matrix(q, k, v, log_f, *, scale=None):
     """
     n, scale, dt = _prepare_fox(q, k, v, log_f, scale)
     if n.T == 0:
-        return _empty_out(q, v)
+        return empty_output(q, v)
     logits = scale * q.to(dt) @ k.to(dt).transpose(-1, -2) + log_gate_matrix(log_f.to(dt))
     return (torch.softmax(logits, dim=-1) @ v.to(dt)).to(q.dtype)
 
@@ -233,26 +226,10 @@ def fox_blockwise(q, k, v, log_f, *, scale=None, block_m: int = 64, block_n: int
     """
     n, scale, dt = _prepare_fox(q, k, v, log_f, scale)
     if n.T == 0:
-        return _empty_out(q, v)
-    q_, k_, v_ = q.to(dt), k.to(dt), v.to(dt)
+        return empty_output(q, v)
     c = torch.cumsum(log_f.to(dt), dim=-1)
-    out = torch.empty(q.shape[:-1] + (n.Dv,), dtype=dt, device=q.device)
-    for start_m in range(0, n.T, block_m):
-        end_m = min(start_m + block_m, n.T)
-        q_blk = q_[..., start_m:end_m, :] * scale
-        rows = torch.arange(start_m, end_m, device=q.device)
-        m = torch.full(q_blk.shape[:-1], float("-inf"), dtype=dt, device=q.device)
-        l = torch.zeros_like(m)
-        acc = torch.zeros(q_blk.shape[:-1] + (n.Dv,), dtype=dt, device=q.device)
-        for start_n in range(0, end_m, block_n):
-            end_n = min(start_n + block_n, end_m)
-            s = q_blk @ k_[..., start_n:end_n, :].transpose(-1, -2)
-            s = s + (c[..., start_m:end_m, None] - c[..., None, start_n:end_n])  # the forget-gate bias
-            if end_n > start_m + 1:  # the block reaches the diagonal: hide the future
-                cols = torch.arange(start_n, end_n, device=q.device)
-                s = masked_logits(s, cols[None, :] <= rows[:, None])
-            m, l, acc = online_softmax_step(m, l, acc, s, v_[..., start_n:end_n, :])
-        out[..., start_m:end_m, :] = acc / l[..., None]
+    bias = lambda rows, cols: c[..., rows, None] - c[..., None, cols]  # noqa: E731  (the forget-gate bias)
+    out = blockwise_softmax(q.to(dt), k.to(dt), v.to(dt), scale, bias=bias, block_m=block_m, block_n=block_n)
     return out.to(q.dtype)
 
 
@@ -260,7 +237,9 @@ def fox_triton(q, k, v, log_f, *, scale=None):
     """FoX in Triton: :func:`pathedu.kernels.flash_attention.attention` with ``log_f``.
 
     The wrapper takes the fp32 cumulative sum once; the kernel adds
-    ``c_i - c_j`` to each logit block (:func:`fox_blockwise` line by line).
+    ``c_r - c_j`` to each logit block, ``r`` the block's first query row: it
+    differs from :func:`fox_blockwise`'s ``c_i - c_j`` by ``c_i - c_r``, the same
+    for a whole row, which softmax ignores.
     Accepts fp16/bf16/fp32 ``q, k, v`` and head dims 16..128.  Shapes as
     :func:`fox_naive`.
     """
@@ -304,7 +283,7 @@ def gla_naive(q, k, v, log_f):
     """
     n, g, _, dt = _prepare_gla(q, k, v, log_f)
     if n.T == 0:
-        return _empty_out(q, v)
+        return empty_output(q, v)
     q_, k_, v_ = q.to(dt), k.to(dt), v.to(dt)
     E = torch.zeros_like(g)  # E[..., j, :] = sum_{s=j+1..i} log_f[s], grown as i advances
     outs = []
@@ -335,7 +314,7 @@ def gla_recurrent(q, k, v, log_f, *, initial_state=None, return_state: bool = Fa
     for t in range(n.T):
         S = S * torch.exp(g[..., t, None, :]) + v_[..., t, :, None] * k_[..., t, None, :]
         outs.append((S @ q_[..., t, :, None])[..., 0])
-    out = torch.stack(outs, dim=-2).to(q.dtype) if outs else _empty_out(q, v)
+    out = torch.stack(outs, dim=-2).to(q.dtype) if outs else empty_output(q, v)
     return (out, S) if return_state else out
 
 

@@ -29,7 +29,6 @@ Triton            ``nope_triton``                 ``linear_triton``
 """
 from __future__ import annotations
 
-import math
 
 import torch
 
@@ -39,11 +38,12 @@ from .masks import causal_mask, masked_logits
 __all__ = [
     "nope_naive", "nope_recurrent", "nope_matrix", "nope_blockwise", "nope_triton",
     "linear_naive", "linear_recurrent", "linear_matrix", "linear_chunked", "linear_triton",
-    "KVCache",
+    "KVCache", "online_softmax_step", "blockwise_softmax", "empty_output",
 ]
 
 
-def _empty_out(q, v):
+def empty_output(q, v):
+    """The output of an empty sequence: ``(..., 0, Dv)``."""
     return q.new_empty(q.shape[:-1] + (v.shape[-1],))
 
 
@@ -59,7 +59,7 @@ def nope_naive(q, k, v, *, scale=None):
     n = check_qkv(q, k, v)
     scale = check_scale(scale, n.D)
     if n.T == 0:
-        return _empty_out(q, v)
+        return empty_output(q, v)
     outs = []
     for i in range(n.T):
         logits = scale * torch.einsum("...d,...jd->...j", q[..., i, :], k[..., : i + 1, :])
@@ -88,22 +88,21 @@ class KVCache:
         self.v[..., self.len, :] = v_t
         self.len += 1
 
-    def attend(self, q_t, scale):
-        m = l = acc = None  # running max, running normaliser, running numerator
+    def attend(self, q_t, scale, bias=None):
+        """Attend from ``q_t: (..., D)`` to every cached token; ``bias(start, end)``,
+        if given, returns the additive logit bias ``(..., end - start)`` of cached
+        tokens ``start..end-1`` for this query (ALiBi, FoX and PaTH use it)."""
+        m = torch.full(q_t.shape[:-1] + (1,), float("-inf"), dtype=q_t.dtype, device=q_t.device)
+        l = torch.zeros_like(m)
+        acc = torch.zeros(q_t.shape[:-1] + (1, self.v.shape[-1]), dtype=q_t.dtype, device=q_t.device)
         for start in range(0, self.len, self.page):
-            kp = self.k[..., start : min(start + self.page, self.len), :]
-            vp = self.v[..., start : min(start + self.page, self.len), :]
-            s = scale * torch.einsum("...d,...jd->...j", q_t, kp)
-            m_new = s.amax(-1) if m is None else torch.maximum(m, s.amax(-1))
-            p = torch.exp(s - m_new[..., None])
-            if m is None:
-                l, acc = p.sum(-1), torch.einsum("...j,...jd->...d", p, vp)
-            else:
-                alpha = torch.exp(m - m_new)  # rescale what was summed under the old max
-                l = alpha * l + p.sum(-1)
-                acc = alpha[..., None] * acc + torch.einsum("...j,...jd->...d", p, vp)
-            m = m_new
-        return acc / l[..., None]
+            end = min(start + self.page, self.len)
+            s = scale * torch.einsum("...d,...jd->...j", q_t, self.k[..., start:end, :])
+            if bias is not None:
+                s = s + bias(start, end)
+            # One query row: the same online-softmax merge as the blockwise form.
+            m, l, acc = online_softmax_step(m, l, acc, s[..., None, :], self.v[..., start:end, :])
+        return (acc / l[..., None])[..., 0, :]
 
 
 def nope_recurrent(q, k, v, *, scale=None, page: int = 64):
@@ -116,7 +115,7 @@ def nope_recurrent(q, k, v, *, scale=None, page: int = 64):
     n = check_qkv(q, k, v)
     scale = check_scale(scale, n.D)
     if n.T == 0:
-        return _empty_out(q, v)
+        return empty_output(q, v)
     cache = KVCache(n.lead, n.D, n.Dv, n.T, dtype=q.dtype, device=q.device, page=page)
     outs = []
     for t in range(n.T):
@@ -133,7 +132,7 @@ def nope_matrix(q, k, v, *, scale=None):
     n = check_qkv(q, k, v)
     scale = check_scale(scale, n.D)
     if n.T == 0:
-        return _empty_out(q, v)
+        return empty_output(q, v)
     logits = scale * q @ k.transpose(-1, -2)
     p = torch.softmax(masked_logits(logits, causal_mask(n.T, q.device)), dim=-1)
     return p @ v
@@ -153,36 +152,58 @@ def online_softmax_step(m, l, acc, s, v_blk):
     return m_new, l, acc
 
 
-def nope_blockwise(q, k, v, *, scale=None, block_m: int = 64, block_n: int = 64):
-    """FlashAttention in PyTorch: the reference :mod:`pathedu.kernels.flash_attention` follows.
+def blockwise_softmax(q, k, v, scale, *, bias=None, load=None, block_m: int = 64, block_n: int = 64):
+    """The FlashAttention loop in PyTorch, shared by every chapter's blockwise form.
 
     For each query block of ``block_m`` rows, stream key/value blocks of
     ``block_n`` rows left to right, keeping a running max ``m``, normaliser ``l``
-    and numerator ``acc`` (the online softmax).  Key blocks strictly left of the
-    query block need no mask; only blocks that straddle the diagonal do.
-    Never materialises a ``T x T`` matrix.  Shapes as :func:`nope_naive`.
+    and numerator ``acc`` (the online softmax, :func:`online_softmax_step`).  Key
+    blocks strictly left of the query block need no mask; only blocks that
+    straddle the diagonal do.  Never materialises a ``T x T`` matrix.
+
+    Hooks (what a position encoding changes):
+
+    * ``bias(rows, cols)``: additive logit bias of a block, broadcastable to
+      ``(..., len(rows), len(cols))`` (ALiBi, FoX);
+    * ``load(x, start, end)``: rows ``start..end-1`` of ``q`` or ``k`` as the
+      kernel would load them (RoPE rotates them by their positions).
+
+    ``q, k: (..., T, D)``, ``v: (..., T, Dv)``, already validated; ``scale`` a float.
     """
-    n = check_qkv(q, k, v)
-    scale = check_scale(scale, n.D)
-    if n.T == 0:
-        return _empty_out(q, v)
-    out = torch.empty(q.shape[:-1] + (n.Dv,), dtype=q.dtype, device=q.device)
-    for start_m in range(0, n.T, block_m):
-        end_m = min(start_m + block_m, n.T)
-        q_blk = q[..., start_m:end_m, :] * scale
+    T, Dv = q.shape[-2], v.shape[-1]
+    load = load or (lambda x, start, end: x[..., start:end, :])
+    out = torch.empty(q.shape[:-1] + (Dv,), dtype=q.dtype, device=q.device)
+    for start_m in range(0, T, block_m):
+        end_m = min(start_m + block_m, T)
+        q_blk = load(q, start_m, end_m) * scale
         rows = torch.arange(start_m, end_m, device=q.device)
         m = torch.full(q_blk.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
         l = torch.zeros_like(m)
-        acc = torch.zeros(q_blk.shape[:-1] + (n.Dv,), dtype=q.dtype, device=q.device)
+        acc = torch.zeros(q_blk.shape[:-1] + (Dv,), dtype=q.dtype, device=q.device)
         for start_n in range(0, end_m, block_n):
             end_n = min(start_n + block_n, end_m)
-            s = q_blk @ k[..., start_n:end_n, :].transpose(-1, -2)
+            cols = torch.arange(start_n, end_n, device=q.device)
+            s = q_blk @ load(k, start_n, end_n).transpose(-1, -2)
+            if bias is not None:
+                s = s + bias(rows, cols)
             if end_n > start_m + 1:  # the block reaches the diagonal: hide the future
-                cols = torch.arange(start_n, end_n, device=q.device)
                 s = masked_logits(s, cols[None, :] <= rows[:, None])
             m, l, acc = online_softmax_step(m, l, acc, s, v[..., start_n:end_n, :])
         out[..., start_m:end_m, :] = acc / l[..., None]
     return out
+
+
+def nope_blockwise(q, k, v, *, scale=None, block_m: int = 64, block_n: int = 64):
+    """FlashAttention in PyTorch: the reference :mod:`pathedu.kernels.flash_attention` follows.
+
+    :func:`blockwise_softmax` with no hooks: the online softmax over key blocks,
+    unmasked blocks first, then the blocks on the diagonal.  Shapes as :func:`nope_naive`.
+    """
+    n = check_qkv(q, k, v)
+    scale = check_scale(scale, n.D)
+    if n.T == 0:
+        return empty_output(q, v)
+    return blockwise_softmax(q, k, v, scale, block_m=block_m, block_n=block_n)
 
 
 def nope_triton(q, k, v, *, scale=None):
@@ -226,7 +247,7 @@ def linear_recurrent(q, k, v, *, initial_state=None, return_state: bool = False)
     for t in range(n.T):
         S = S + v[..., t, :, None] * k[..., t, None, :]
         outs.append((S @ q[..., t, :, None])[..., 0])
-    out = torch.stack(outs, dim=-2) if outs else _empty_out(q, v)
+    out = torch.stack(outs, dim=-2) if outs else empty_output(q, v)
     return (out, S) if return_state else out
 
 

@@ -61,7 +61,7 @@ import torch
 
 from .checks import QKV, check_per_token, check_qkv, check_scale
 from .masks import causal_mask, masked_logits
-from .nope import KVCache, online_softmax_step
+from .nope import KVCache, empty_output, online_softmax_step
 
 __all__ = [
     "path_naive", "path_recurrent", "path_matrix", "path_blockwise", "path_triton",
@@ -123,10 +123,6 @@ def _initial_state(initial_state, n: QKV, like: torch.Tensor) -> torch.Tensor:
     if tuple(initial_state.shape) != want:
         raise ValueError(f"`initial_state` must have shape {want} (leading dims, Dv, D), got {tuple(initial_state.shape)}")
     return initial_state.to(like.dtype).clone()
-
-
-def _empty_out(q, v):
-    return q.new_empty(q.shape[:-1] + (v.shape[-1],))
 
 
 # ---------------------------------------------------------------------------
@@ -261,7 +257,7 @@ def path_naive(q, k, v, w, beta, *, scale=None):
     scale = check_scale(scale, n.D)
     w, beta = _check_w_beta(w, beta, n, q)
     if n.T == 0:
-        return _empty_out(q, v)
+        return empty_output(q, v)
     eye = torch.eye(n.D, dtype=q.dtype, device=q.device)
     outs = []
     for i in range(n.T):
@@ -314,7 +310,7 @@ def path_recurrent(q, k, v, w, beta, *, scale=None, page: int = 64):
     scale = check_scale(scale, n.D)
     w, beta = _check_w_beta(w, beta, n, q)
     if n.T == 0:
-        return _empty_out(q, v)
+        return empty_output(q, v)
     cache = PathKVCache(n.lead, n.D, n.Dv, n.T, dtype=q.dtype, device=q.device, page=_check_size(page, "page"))
     outs = []
     for t in range(n.T):
@@ -337,7 +333,7 @@ def path_matrix(q, k, v, w, beta, *, scale=None):
     scale = check_scale(scale, n.D)
     w, beta = _check_w_beta(w, beta, n, q)
     if n.T == 0:
-        return _empty_out(q, v)
+        return empty_output(q, v)
     logits = scale * _masked_ut_scores(q, k, w, beta)
     return torch.softmax(masked_logits(logits, causal_mask(n.T, q.device)), dim=-1) @ v
 
@@ -376,7 +372,7 @@ def path_blockwise(q, k, v, w, beta, *, scale=None, block: int = 64):
     w, beta = _check_w_beta(w, beta, n, q)
     block = _check_size(block, "block")
     if n.T == 0:
-        return _empty_out(q, v)
+        return empty_output(q, v)
     spans = [(s, min(s + block, n.T)) for s in range(0, n.T, block)]
     factors = [_block_factors(q[..., s:e, :], k[..., s:e, :], w[..., s:e, :], beta[..., s:e]) for s, e in spans]
     out = torch.empty(q.shape[:-1] + (n.Dv,), dtype=q.dtype, device=q.device)
@@ -452,7 +448,7 @@ def householder_recurrent(q, k, v, w, beta, *, initial_state=None, return_state:
         S = S - b_t[..., None, None] * (S @ w_t[..., :, None]) * w_t[..., None, :]
         S = S + v[..., t, :, None] * k[..., t, None, :]
         outs.append((S @ q[..., t, :, None])[..., 0])
-    out = torch.stack(outs, dim=-2) if outs else _empty_out(q, v)
+    out = torch.stack(outs, dim=-2) if outs else empty_output(q, v)
     return (out, S) if return_state else out
 
 
@@ -464,7 +460,7 @@ def householder_matrix(q, k, v, w, beta):
     n = check_qkv(q, k, v)
     w, beta = _check_w_beta(w, beta, n, q)
     if n.T == 0:
-        return _empty_out(q, v)
+        return empty_output(q, v)
     return _masked_ut_scores(q, k, w, beta) @ v
 
 
@@ -539,7 +535,7 @@ def deltanet_recurrent(q, k, v, beta, *, initial_state=None, return_state: bool 
         error = v[..., t, :] - (S @ k_t[..., :, None])[..., 0]  # v_t - S_{t-1} k_t
         S = S + beta[..., t, None, None] * error[..., :, None] * k_t[..., None, :]
         outs.append((S @ q[..., t, :, None])[..., 0])
-    out = torch.stack(outs, dim=-2) if outs else _empty_out(q, v)
+    out = torch.stack(outs, dim=-2) if outs else empty_output(q, v)
     return (out, S) if return_state else out
 
 
@@ -555,7 +551,7 @@ def deltanet_matrix(q, k, v, beta):
     n = check_qkv(q, k, v)
     beta = _check_beta(beta, n, q)
     if n.T == 0:
-        return _empty_out(q, v)
+        return empty_output(q, v)
     B = beta[..., :, None] * (k @ k.transpose(-1, -2)) * causal_mask(n.T, q.device, strict=True)
     eye = torch.eye(n.T, dtype=q.dtype, device=q.device)
     U = torch.linalg.solve_triangular(eye + B, beta[..., None] * v, upper=False, unitriangular=True)

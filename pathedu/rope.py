@@ -65,8 +65,8 @@ import numbers
 import torch
 
 from .checks import QKV, check_qkv, check_scale
-from .masks import causal_mask, masked_logits
-from .nope import KVCache, _empty_out, nope_matrix, online_softmax_step
+from .masks import causal_mask
+from .nope import KVCache, blockwise_softmax, empty_output, nope_matrix
 
 __all__ = [
     "PAIRINGS", "frequencies", "apply_rope", "rotation_matrix", "to_complex", "from_complex",
@@ -342,7 +342,7 @@ def rope_naive(q, k, v, *, base: float = 10000.0, scale=None, pairing: str = "in
     n, base, pairing = _check_rope_qkv(q, k, v, base, pairing)
     scale = check_scale(scale, n.D)
     if n.T == 0:
-        return _empty_out(q, v)
+        return empty_output(q, v)
     work = _work_dtype(q.dtype)
     # cos/sin of the gate product for every distance d = 0..T-1 (row d: angle d * Omega_n)
     c, s = _cos_sin(_positions(n.T, 0, q.device), n.D, base, work, q.device)
@@ -368,7 +368,7 @@ def rope_recurrent(q, k, v, *, base: float = 10000.0, scale=None, pairing: str =
     n, base, pairing = _check_rope_qkv(q, k, v, base, pairing)
     scale = check_scale(scale, n.D)
     if n.T == 0:
-        return _empty_out(q, v)
+        return empty_output(q, v)
     cache = KVCache(n.lead, n.D, n.Dv, n.T, dtype=q.dtype, device=q.device, page=page)
     outs = []
     for t in range(n.T):
@@ -405,30 +405,14 @@ def rope_blockwise(q, k, v, *, base: float = 10000.0, scale=None, pairing: str =
     n, base, pairing = _check_rope_qkv(q, k, v, base, pairing)
     scale = check_scale(scale, n.D)
     if n.T == 0:
-        return _empty_out(q, v)
+        return empty_output(q, v)
     work = _work_dtype(q.dtype)
     c, s = _cos_sin(_positions(n.T, 0, q.device), n.D, base, work, q.device)
 
     def load_rotated(x, start, end):  # rows start..end-1 of x, rotated by their positions
         return _rotate_cs(x[..., start:end, :].to(work), c[start:end], s[start:end], pairing).to(q.dtype)
 
-    out = torch.empty(q.shape[:-1] + (n.Dv,), dtype=q.dtype, device=q.device)
-    for start_m in range(0, n.T, block_m):
-        end_m = min(start_m + block_m, n.T)
-        q_blk = load_rotated(q, start_m, end_m) * scale
-        rows = torch.arange(start_m, end_m, device=q.device)
-        m = torch.full(q_blk.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
-        l = torch.zeros_like(m)
-        acc = torch.zeros(q_blk.shape[:-1] + (n.Dv,), dtype=q.dtype, device=q.device)
-        for start_n in range(0, end_m, block_n):
-            end_n = min(start_n + block_n, end_m)
-            logits = q_blk @ load_rotated(k, start_n, end_n).transpose(-1, -2)
-            if end_n > start_m + 1:  # the block reaches the diagonal: hide the future
-                cols = torch.arange(start_n, end_n, device=q.device)
-                logits = masked_logits(logits, cols[None, :] <= rows[:, None])
-            m, l, acc = online_softmax_step(m, l, acc, logits, v[..., start_n:end_n, :])
-        out[..., start_m:end_m, :] = acc / l[..., None]
-    return out
+    return blockwise_softmax(q, k, v, scale, load=load_rotated, block_m=block_m, block_n=block_n)
 
 
 def rope_triton(q, k, v, *, base: float = 10000.0, scale=None, pairing: str = "interleaved"):
@@ -464,7 +448,7 @@ def complex_naive(q, k, v, *, base: float = 10000.0, pairing: str = "interleaved
     """
     n, base, pairing = _check_rope_qkv(q, k, v, base, pairing)
     if n.T == 0:
-        return _empty_out(q, v)
+        return empty_output(q, v)
     zq, zk = to_complex(q, pairing), to_complex(k, pairing)
     work = _work_dtype(q.dtype)
     gates = _phases(_positions(n.T, 0, q.device), n.D, base, zq.dtype, q.device)  # e^{i Omega d}, d = 0..T-1
@@ -503,7 +487,7 @@ def complex_recurrent(q, k, v, *, base: float = 10000.0, pairing: str = "interle
     for t in range(n.T):
         S = S * gate + vc[..., t, :, None] * zk[..., t, None, :].conj()
         outs.append((S @ zq[..., t, :, None])[..., 0].real)
-    out = torch.stack(outs, dim=-2).to(q.dtype) if outs else _empty_out(q, v)
+    out = torch.stack(outs, dim=-2).to(q.dtype) if outs else empty_output(q, v)
     return (out, S) if return_state else out
 
 

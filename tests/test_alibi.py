@@ -6,6 +6,7 @@ import torch
 from helpers import TOL_F64, TOL_TRITON, case_id, rand_qkv, random_shapes, rel_err
 
 from pathedu import alibi, nope
+from pathedu.nope import KVCache
 from pathedu.kernels.flash_attention import attention
 from pathedu.kernels.linear_attention import chunked_linear_attention
 
@@ -209,11 +210,12 @@ def test_alibi_cache_decodes_one_token_at_a_time():
     """The cache holds plain keys; a query read at step t sees the bias -slope*(t-j)."""
     q, k, v = rand_qkv((3,), 17, 16, 8, seed=14)
     slope = torch.tensor([0.0, 0.3, 2.0], dtype=torch.float64)
-    cache = alibi.ALiBiCache((3,), 16, 8, 17, slope, dtype=q.dtype, device=q.device, page=4)
-    ref = alibi_reference(q, k, v, slope)
+    cache = KVCache((3,), 16, 8, 17, dtype=q.dtype, device=q.device, page=4)
+    ref = alibi_reference(q, k, v, slope, scale=0.25)
     for t in range(17):
         cache.append(k[..., t, :], v[..., t, :])
-        assert rel_err(cache.attend(q[..., t, :], 0.25), ref[..., t, :]) <= TOL_F64
+        bias = lambda start, end: -slope[..., None] * (t - torch.arange(start, end, dtype=q.dtype))  # noqa: E731
+        assert rel_err(cache.attend(q[..., t, :], 0.25, bias=bias), ref[..., t, :]) <= TOL_F64
     assert torch.equal(cache.k[..., :17, :], k)  # no bias was baked into the stored keys
 
 

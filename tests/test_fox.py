@@ -124,6 +124,17 @@ def test_triton_forms_match_float64(case, dtype):
         assert rel_err(out, gla_reference(q, k, v, log_f.to(dtype))) <= tol
 
 
+def test_triton_odd_head_dims():
+    """Head dims that are odd and no power of two (D = 17, Dv = 19): the kernels mask the padding."""
+    q, k, v = rand_qkv((2,), 45, 17, 19, seed=33)
+    lo = [x.float() for x in (q, k, v)]
+    log_f = gate_for(q, "token", seed=34)
+    assert rel_err(fox.fox_triton(*lo, log_f.float()), fox_reference(q, k, v, log_f)) <= 2e-3
+    for gate in GATES:
+        log_f = gate_for(q, gate, seed=35)
+        assert rel_err(fox.gla_triton(*lo, log_f.float()), gla_reference(q, k, v, log_f)) <= 2e-3
+
+
 def test_triton_accepts_bf16_on_cpu_via_fp32():
     q, k, v = rand_qkv((1, 2), 33, 16, dtype=torch.bfloat16)
     log_f = gate_for(q, "token", seed=12, dtype=torch.float32)

@@ -305,6 +305,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m pathedu.bench.path", description="Chapter 5 kernel checks on a GPU")
     p.add_argument("--out", default=".", help="folder for logs and JSON results")
     p.add_argument("--only", nargs="*", default=["small", "fla", "robust", "table"],
+                   help="sections, run in this order (the benchmark table last by default)",
                    choices=["small", "fla", "growth", "robust", "sweep", "table"])
     p.add_argument("--T", type=int, nargs="+", default=[1024, 2048, 4096, 8192], help="sizes of the table")
     p.add_argument("--deadline", type=float, default=1e9, help="start no section after this many seconds")
@@ -324,32 +325,31 @@ def main(argv=None) -> int:
 
     log(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")
     results, t0 = {}, time.time()
-    steps = [(name, fn) for name, fn in (("small", check_small), ("fla", check_against_fla), ("growth", error_growth),
-                                           ("robust", robustness), ("sweep", sweep)) if name in a.only]
-    steps.sort(key=lambda s: a.only.index(s[0]))  # in the order asked for
-    for name, fn in steps:
+
+    def table(log):
+        from .__main__ import main as bench_main
+
+        bench_main(["path", "--out", os.path.join(a.out, "bench_path.json"), "--T", *map(str, a.T)])
+
+    sections = dict(small=check_small, fla=check_against_fla, growth=error_growth, robust=robustness, sweep=sweep,
+                    table=table)
+    for name in a.only:  # in the order asked for
         if time.time() - t0 > a.deadline:
             log(f"== {name}: skipped (past the deadline)")
             continue
         log(f"== {name} ({time.time() - t0:.0f} s)")
         try:
-            res = fn(log)
-            results[name] = {f"{k[0]} {k[1]}": v for k, v in res.items()} if name == "small" else res
+            res = sections[name](log)
+            if name == "small":
+                res = {f"{k[0]} {k[1]}": v for k, v in res.items()}
+                log("  worst relative RMS errors against float64:")
+                for key, e in sorted(res.items()):
+                    log(f"    {key:40s} {e:.2e}")
+            results[name] = res
         except Exception as exc:  # keep going: later sections still report
             log(f"  FAILED: {type(exc).__name__}: {exc}")
         with open(os.path.join(a.out, "path_checks.json"), "w") as f:
             json.dump(results, f, indent=1, default=str)
-    if "small" in results:
-        log("== worst relative RMS errors against float64 (small sizes)")
-        for key, e in sorted(results["small"].items()):
-            log(f"  {key:40s} {e:.2e}")
-    if "table" in a.only and time.time() - t0 > a.deadline:
-        log("== benchmark table: skipped (past the deadline)")
-    elif "table" in a.only:
-        log(f"== benchmark table ({time.time() - t0:.0f} s)")
-        from .__main__ import main as bench_main
-
-        bench_main(["path", "--out", os.path.join(a.out, "bench_path.json"), "--T", *map(str, a.T)])
     log(f"done in {time.time() - t0:.0f} s")
     return 0
 

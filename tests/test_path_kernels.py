@@ -1,0 +1,298 @@
+"""Chapter 5 kernels (PaTH attention, chunked Householder RNN / DeltaNet) against float64 definitions.
+
+The references here are written from the definitions alone, independently of the
+kernels and of :mod:`pathedu.path`: transitions ``H_s = I - beta_s w_s w_s^T``
+are applied one at a time, in the order the recurrence ``S_t = S_{t-1} H_t``
+produces (``k_j^T H_{j+1} ... H_i q_i``, smallest index on the left).  On a CPU
+the kernels run in Triton's interpreter, so sizes stay small (T <= 130, <= 4 heads).
+"""
+import pytest
+import torch
+from helpers import TOL_TRITON, case_id, rand_qkv, rel_err
+
+from pathedu.kernels.delta_rule import chunked_delta_rule, chunked_householder
+from pathedu.kernels.path_attention import MAX_R, Prepared, path_attention
+
+CASES = [((2, 3), 1, 16, 16), ((1, 2), 37, 16, 24), ((), 65, 64, 32), ((2, 1, 2), 19, 32, 16),
+         ((1,), 130, 64, 64), ((4,), 100, 24, 40)]
+
+
+def transitions(lead, T, D, *, seed, beta="uniform"):
+    """Unit ``w: (*lead, T, D)`` and ``beta: (*lead, T)`` in float64: uniform in [0, 2], or near 0 / near 2."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.nn.functional.normalize(torch.randn(*lead, T, D, generator=g, dtype=torch.float64), dim=-1)
+    u = torch.rand(*lead, T, generator=g, dtype=torch.float64)
+    b = {"uniform": 2 * u, "near0": 1e-4 * u, "near2": 2 - 1e-4 * u}[beta]
+    return w, b
+
+
+def scores_reference(q, k, w, beta):
+    """``s_ij = k_j^T H_{j+1} H_{j+2} ... H_i q_i`` for ``j <= i`` (0 above the diagonal), float64.
+
+    Columns are filled right to left: before column ``j`` is read, row ``i`` of ``U``
+    holds ``H_{j+1} ... H_i q_i`` (row ``j`` still holds ``q_j``: a token's own
+    transition never acts on itself); then ``H_j`` is applied to rows ``i >= j``.
+    """
+    q, k, w, beta = (x.double() for x in (q, k, w, beta))
+    T = q.shape[-2]
+    U = q.clone()
+    s = torch.zeros(q.shape[:-1] + (T,), dtype=torch.float64)
+    for j in range(T - 1, -1, -1):
+        s[..., j:, j] = (U[..., j:, :] * k[..., j, None, :]).sum(-1)
+        proj = (U[..., j:, :] * w[..., j, None, :]).sum(-1, keepdim=True)  # (w_j . u_i) for rows i >= j
+        U[..., j:, :] -= beta[..., j, None, None] * proj * w[..., j, None, :]
+    return s
+
+
+def path_reference(q, k, v, w, beta, scale=None):
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    T = q.shape[-2]
+    logits = (scale * scores_reference(q, k, w, beta)).masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(logits, dim=-1) @ v.double()
+
+
+def householder_reference(q, k, v, w, beta):
+    """The RNN itself, token by token: ``S_t = S_{t-1} H_t + v_t k_t^T``, ``o_t = S_t q_t`` (float64)."""
+    q, k, v, w, beta = (x.double() for x in (q, k, v, w, beta))
+    S = torch.zeros(q.shape[:-2] + (v.shape[-1], q.shape[-1]), dtype=torch.float64)
+    outs = []
+    for t in range(q.shape[-2]):
+        S = S - beta[..., t, None, None] * (S @ w[..., t, :, None]) * w[..., t, None, :]
+        S = S + v[..., t, :, None] * k[..., t, None, :]
+        outs.append((S @ q[..., t, :, None])[..., 0])
+    return torch.stack(outs, dim=-2)
+
+
+def delta_reference(q, k, v, beta):
+    """DeltaNet token by token: ``S_t = S_{t-1} + beta_t (v_t - S_{t-1} k_t) k_t^T`` (float64)."""
+    q, k, v, beta = (x.double() for x in (q, k, v, beta))
+    S = torch.zeros(q.shape[:-2] + (v.shape[-1], q.shape[-1]), dtype=torch.float64)
+    outs = []
+    for t in range(q.shape[-2]):
+        err = v[..., t, :] - (S @ k[..., t, :, None])[..., 0]
+        S = S + beta[..., t, None, None] * err[..., :, None] * k[..., t, None, :]
+        outs.append((S @ q[..., t, :, None])[..., 0])
+    return torch.stack(outs, dim=-2)
+
+
+def unit(x):
+    return torch.nn.functional.normalize(x, dim=-1)
+
+
+# ---------------------------------------------------------------------------
+# The references themselves
+# ---------------------------------------------------------------------------
+
+def test_reference_uses_the_recurrence_order():
+    """The vector propagation equals explicit D x D products H_{j+1} ... H_i; the reverse order differs."""
+    q, k, _ = rand_qkv((), 6, 4, seed=1)
+    w, beta = transitions((), 6, 4, seed=2)
+    H = [torch.eye(4, dtype=torch.float64) - beta[s] * torch.outer(w[s], w[s]) for s in range(6)]
+    s = scores_reference(q, k, w, beta)
+    i, j = 5, 1
+    P = H[2] @ H[3] @ H[4] @ H[5]  # H_{j+1} ... H_i
+    assert torch.allclose(s[i, j], k[j] @ P @ q[i])
+    assert not torch.allclose(s[i, j], k[j] @ (H[5] @ H[4] @ H[3] @ H[2]) @ q[i])
+    assert torch.allclose(s.diagonal(), (q * k).sum(-1))  # j = i: the empty product
+
+
+def test_householder_reference_is_the_unrolled_scores():
+    q, k, v = rand_qkv((2,), 9, 8, 5, seed=3)
+    w, beta = transitions((2,), 9, 8, seed=4)
+    assert torch.allclose(householder_reference(q, k, v, w, beta), scores_reference(q, k, w, beta) @ v)
+    kn = unit(k)
+    assert torch.allclose(delta_reference(q, kn, v, beta), householder_reference(q, kn, beta[..., None] * v, kn, beta))
+
+
+# ---------------------------------------------------------------------------
+# PaTH attention
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_path_matches_float64(case, dtype):
+    lead, T, D, Dv = case
+    q, k, v = rand_qkv(lead, T, D, Dv, seed=T)
+    w, beta = transitions(lead, T, D, seed=T + 1)
+    out = path_attention(q.to(dtype), k.to(dtype), v.to(dtype), w.float(), beta.float())
+    assert out.dtype == dtype and out.shape == q.shape[:-1] + (Dv,)
+    assert rel_err(out, path_reference(q, k, v, w, beta)) <= TOL_TRITON[dtype]
+
+
+# (block, R, update): UT block sizes, query blocks of R UT blocks (the diagonal region
+# then holds R key blocks), and the two forms of the carried query's update.
+VARIANTS = [(16, 2, "ut"), (32, 2, "dense"), (32, 1, "ut"), (64, 2, "dense"), (128, 1, "dense")]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda x: "block{}_R{}_{}".format(*x))
+def test_path_tile_variants(variant):
+    block, R, update = variant
+    q, k, v = rand_qkv((2,), 130, 32, 16, seed=5)
+    w, beta = transitions((2,), 130, 32, seed=6)
+    out = path_attention(q.float(), k.float(), v.float(), w.float(), beta.float(), block=block,
+                         _config=dict(R=R, update=update))
+    assert rel_err(out, path_reference(q, k, v, w, beta)) <= TOL_TRITON[torch.float32]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("beta_kind", ["near0", "near2"])
+def test_path_beta_near_the_ends(beta_kind, dtype):
+    q, k, v = rand_qkv((1, 2), 100, 16, 16, seed=7)
+    w, beta = transitions((1, 2), 100, 16, seed=8, beta=beta_kind)
+    ref = path_reference(q, k, v, w, beta)
+    assert rel_err(path_attention(q.to(dtype), k.to(dtype), v.to(dtype), w.float(), beta.float(), block=32,
+                                  _config=dict(R=2)), ref) <= TOL_TRITON[dtype]
+    if beta_kind == "near0":  # almost no rotation: almost NoPE softmax attention
+        assert rel_err(ref, path_reference(q, k, v, w, 0 * beta)) < 1e-2
+
+
+def test_path_reflections_of_nearly_parallel_w():
+    """beta = 2 and nearly equal unit w: the worst case for the triangular inverse (stable here)."""
+    q, k, v = rand_qkv((2,), 130, 16, 16, seed=9)
+    g = torch.Generator().manual_seed(10)
+    w = unit(1 + 1e-3 * torch.randn(2, 130, 16, generator=g, dtype=torch.float64))
+    beta = torch.full((2, 130), 2.0, dtype=torch.float64)
+    ref = path_reference(q, k, v, w, beta)
+    for block in (16, 64):
+        out = path_attention(q.float(), k.float(), v.float(), w.float(), beta.float(), block=block)
+        assert rel_err(out, ref) <= TOL_TRITON[torch.float32]
+
+
+def test_path_uses_w_as_given_and_scale():
+    q, k, v = rand_qkv((2,), 40, 16, 16, seed=11)
+    w, beta = transitions((2,), 40, 16, seed=12)
+    w = 0.7 * w  # not unit: H = I - beta w w^T is used as given
+    out = path_attention(q.float(), k.float(), v.float(), w.float(), beta.float(), scale=0.3)
+    assert rel_err(out, path_reference(q, k, v, w, beta, scale=0.3)) <= 2e-3
+    assert rel_err(out, path_reference(q, k, v, w, beta)) > 1e-2  # the default scale would differ
+    assert rel_err(out, path_reference(q, k, v, w / 0.7, beta, scale=0.3)) > 1e-2  # unit w would differ
+
+
+def test_path_bf16_on_cpu_runs_in_fp32():
+    q, k, v = rand_qkv((1, 2), 33, 16, dtype=torch.bfloat16)
+    w, beta = transitions((1, 2), 33, 16, seed=13)
+    out = path_attention(q, k, v, w.float(), beta.float())
+    assert out.dtype == torch.bfloat16
+    assert rel_err(out, path_reference(q, k, v, w, beta)) <= 2e-2
+
+
+def test_prepared_factors_match_their_definitions():
+    """The preparation pass's q~, k~, Ã and G_J = P_J^T - I, checked against explicit products."""
+    T, D, block = 40, 16, 16
+    q, k, _ = rand_qkv((1,), T, D, seed=14)
+    w, beta = transitions((1,), T, D, seed=15)
+    p = Prepared(q.float(), k.float(), w.float(), beta.float(), T, block, q_dtype=torch.float32,
+                 k_dtype=torch.float32, update_dtype=torch.float32)
+    assert p.T_pad % (MAX_R * block) == 0 and p.T_pad >= T
+    H = [torch.eye(D, dtype=torch.float64) - beta[0, s] * torch.outer(w[0, s], w[0, s]) for s in range(T)]
+
+    def prod(lo, hi):  # H_lo H_{lo+1} ... H_hi (identity when lo > hi)
+        P = torch.eye(D, dtype=torch.float64)
+        for s in range(lo, hi + 1):
+            P = P @ H[s]
+        return P
+
+    J, s0, e0 = 1, 16, 31
+    i, j = 20, 18
+    assert torch.allclose(p.qt[0, i].double(), prod(s0, i) @ q[0, i], atol=1e-5)  # q~_i = H_s ... H_i q_i
+    assert torch.allclose(p.kt[0, j].double(), k[0, j] @ prod(j + 1, e0), atol=1e-5)  # k~_j^T = k_j^T H_{j+1} ... H_e
+    assert torch.allclose(p.ad[0, i, j - s0].double(), k[0, j] @ prod(j + 1, i) @ q[0, i], atol=1e-5)
+    assert p.ad[0, j, i - s0] == 0  # above the diagonal
+    assert torch.allclose(p.g[0, J].double(), prod(s0, e0).T - torch.eye(D, dtype=torch.float64), atol=1e-5)
+    # The last block runs past T: H = I there, so its G covers tokens 32..39 only.
+    assert torch.allclose(p.g[0, 2].double(), prod(32, T - 1).T - torch.eye(D, dtype=torch.float64), atol=1e-5)
+    assert (p.kt[0, T:] == 0).all() and (p.ad[0, T:] == 0).all()
+
+
+# ---------------------------------------------------------------------------
+# The linear side: chunked Householder RNN and DeltaNet
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_householder_and_delta_match_float64(case, dtype):
+    lead, T, D, Dv = case
+    q, k, v = rand_qkv(lead, T, D, Dv, seed=T + 2)
+    w, beta = transitions(lead, T, D, seed=T + 3)
+    q, k = q / D ** 0.5, k / D ** 0.5  # keeps the state's growth (and fp16) in range
+    out = chunked_householder(q.to(dtype), k.to(dtype), v.to(dtype), w.float(), beta.float())
+    assert out.dtype == dtype and out.shape == q.shape[:-1] + (Dv,)
+    assert rel_err(out, householder_reference(q, k, v, w, beta)) <= TOL_TRITON[dtype]
+    qn, kn = unit(q), unit(k)
+    out = chunked_delta_rule(qn.to(dtype), kn.to(dtype), v.to(dtype), beta.float())
+    assert out.dtype == dtype
+    assert rel_err(out, delta_reference(qn, kn, v, beta)) <= TOL_TRITON[dtype]
+
+
+@pytest.mark.parametrize("chunk", [16, 32, 128])
+@pytest.mark.parametrize("beta_kind", ["near0", "near2"])
+def test_linear_side_chunks_and_extreme_beta(chunk, beta_kind):
+    q, k, v = rand_qkv((3,), 77, 16, 24, seed=16)
+    w, beta = transitions((3,), 77, 16, seed=17, beta=beta_kind)
+    q, k = q / 4, k / 4
+    out = chunked_householder(q.float(), k.float(), v.float(), w.float(), beta.float(), chunk=chunk)
+    assert rel_err(out, householder_reference(q, k, v, w, beta)) <= TOL_TRITON[torch.float32]
+    kn = unit(k)
+    out = chunked_delta_rule(q.float(), kn.float(), v.float(), beta.float(), chunk=chunk)
+    assert rel_err(out, delta_reference(q, kn, v, beta)) <= TOL_TRITON[torch.float32]
+
+
+def test_delta_rule_is_householder_with_w_equal_k():
+    q, k, v = rand_qkv((2,), 50, 16, 16, seed=18)
+    _, beta = transitions((2,), 50, 16, seed=19)
+    kn = unit(k).float()
+    a = chunked_delta_rule(q.float(), kn, v.float(), beta.float())
+    b = chunked_householder(q.float(), kn, (beta[..., None] * v).float(), kn, beta.float())
+    assert rel_err(a, b.double()) <= 1e-5
+
+
+# ---------------------------------------------------------------------------
+# Edges and bad input
+# ---------------------------------------------------------------------------
+
+KERNELS = {
+    "path": lambda q, k, v, w, b, **kw: path_attention(q, k, v, w, b, **kw),
+    "householder": lambda q, k, v, w, b, **kw: chunked_householder(q, k, v, w, b, **kw),
+    "delta": lambda q, k, v, w, b, **kw: chunked_delta_rule(q, k, v, b, **kw),
+}
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_empty_sequence_returns_empty(name):
+    q, k, v = (torch.zeros(2, 0, 16) for _ in range(3))
+    out = KERNELS[name](q, k, v, torch.zeros(2, 0, 16), torch.zeros(2, 0))
+    assert out.shape == (2, 0, 16)
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_bad_input_names_the_argument(name):
+    f = KERNELS[name]
+    q, k, v = rand_qkv((2,), 8, 16, dtype=torch.float32)
+    w, b = torch.ones(2, 8, 16) / 4, torch.ones(2, 8)
+    with pytest.raises(TypeError, match="float64"):
+        f(q.double(), k.double(), v.double(), w, b)
+    with pytest.raises(TypeError, match="`q`"):
+        f(q.long(), k, v, w, b)
+    with pytest.raises(ValueError, match="head dims"):
+        f(q[..., :8], k[..., :8], v, w[..., :8], b)
+    with pytest.raises(ValueError, match="`v`"):
+        f(q, k, torch.zeros(2, 8, 256), w, b)
+    with pytest.raises(ValueError, match="`beta`"):
+        f(q, k, v, w, b[..., :7])
+    with pytest.raises(ValueError, match="`k`"):
+        f(q, k[..., :7, :], v, w, b)
+    kw = {"chunk": 48} if name != "path" else {"block": 48}
+    with pytest.raises(ValueError, match="`chunk`" if name != "path" else "`block`"):
+        f(q, k, v, w, b, **kw)
+    if name != "delta":
+        with pytest.raises(ValueError, match="`w`"):
+            f(q, k, v, w[..., :15], b)
+
+
+def test_path_rejects_bad_config():
+    q, k, v = rand_qkv((2,), 8, 16, dtype=torch.float32)
+    w, b = torch.ones(2, 8, 16) / 4, torch.ones(2, 8)
+    with pytest.raises(ValueError, match="R"):
+        path_attention(q, k, v, w, b, _config=dict(R=3))
+    with pytest.raises(ValueError, match="update"):
+        path_attention(q, k, v, w, b, _config=dict(update="qr"))
