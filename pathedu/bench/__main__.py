@@ -32,6 +32,11 @@ def _rel_rms(out, ref) -> float:
     return ((out - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()).item()
 
 
+def _write(path, meta, rows, checks) -> None:
+    with open(path, "w") as f:
+        json.dump(dict(meta=meta, rows=rows, checks=checks), f, indent=1, default=str)
+
+
 def main(argv=None) -> int:
     import torch
     import triton
@@ -61,6 +66,7 @@ def main(argv=None) -> int:
         dtype=a.dtype, sizes=dict(B=a.B, H=a.H, D=a.D, T=a.T), causal=True, pass_="forward",
         timer="triton.testing.do_bench, median ms",
     )
+    out = a.out or str(DATA_DIR / f"bench_{a.chapter}.json")
     rows = []
     for T in tqdm(a.T, desc="sequence lengths"):
         g = torch.Generator(device="cuda").manual_seed(T)
@@ -92,6 +98,7 @@ def main(argv=None) -> int:
             rows.append(row)
         del q, k, v, outs
         torch.cuda.empty_cache()
+        _write(out, meta, rows, None)  # after every T: a run cut short still leaves its data
     print(f"\n{meta['device']}  B={a.B} H={a.H} D={a.D} {a.dtype}  commit {meta['commit']}")
     print(f"{'op':24s} {'T':>6s} {'ms':>9s} {'x SDPA':>7s} {'x ref':>6s}  rel RMS err vs reference")
     for r in rows:
@@ -103,9 +110,7 @@ def main(argv=None) -> int:
     if hasattr(module, "gpu_checks") and not a.no_checks:
         checks = module.gpu_checks()  # robustness and accuracy cases the chapter defines
         print("gpu_checks:", json.dumps(checks, indent=1, default=str))
-    out = a.out or str(DATA_DIR / f"bench_{a.chapter}.json")
-    with open(out, "w") as f:
-        json.dump(dict(meta=meta, rows=rows, checks=checks), f, indent=1, default=str)
+    _write(out, meta, rows, checks)
     print(f"wrote {out}")
     return 0
 
