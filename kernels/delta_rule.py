@@ -22,14 +22,15 @@ with, for chunk ``[s, e]`` and its UT factor ``A_c`` (``U_c = A_c W_c``):
 identity is kept as one dense ``D x D`` matrix ``G_c`` (one product with the
 state instead of the two of the compact form ``W_c^T (U_c H)``, the same FLOPs
 at ``D = 2C`` and fewer below).  These are exactly what PaTH's
-preparation pass makes, so they come from the same kernel,
-:func:`.path_attention._ut_prepare`, run first for all chunks in parallel (its
-``BT``-step triangular inverse then stays off the sequential path).  DeltaNet
+preparation pass makes, so they come from the same kernels
+(:class:`.path_attention.Prepared`: ``_ut_diag_inverse`` then ``_ut_prepare``),
+run first for all chunks in parallel, which keeps the triangular inverse off
+the sequential chunk loop.  DeltaNet
 runs it with ``w = k`` and folds ``beta_j`` into column ``j`` of Ã and row
 ``j`` of k~ (the values ``beta_j v_j``).
 
 Work is ``O(T C D)`` in matrix products plus the state update's two products
-per chunk; the state never leaves the chip.  Prepared factors are fp32; products
+(``G_c H`` and ``K~_c^T V_c``) per chunk; the state never leaves the chip.  Prepared factors are fp32; products
 are tf32 for 16-bit inputs with operands rounded to nearest (the state is
 multiplied by ``I + G_c`` chunk after chunk, and the tensor cores' truncation
 would shrink it a little every time), and about fp32 for fp32 inputs

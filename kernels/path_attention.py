@@ -5,54 +5,60 @@ Householder-like transitions between them (0-based, smallest index on the left):
 
     H_s = I - beta_s w_s w_s^T,      logit_ij = scale * k_j^T H_{j+1} H_{j+2} ... H_i q_i   (j <= i)
 
-The kernel is :func:`pathedu.path.path_blockwise` in two launches.
+The kernel is :func:`pathedu.path.path_blockwise` in three launches.
 
-**Preparation pass** (:func:`_ut_prepare`, one program per block of ``BT``
-tokens ``[s, e]``, all blocks in parallel).  From the block's UT factor
-``A = (I + strictLower(D_beta W W^T))^{-1} D_beta`` (``BT x BT``, lower; ``W``
-holds the block's ``w`` as rows) it writes
+**Preparation pass** (all blocks of ``BT`` tokens ``[s, e]`` in parallel).  From
+the block's UT factor ``A = (I + N)^{-1} D_beta``, ``N = strictLower(D_beta W W^T)``
+(``BT x BT``, lower; ``W`` holds the block's ``w`` as rows), it writes
 
 * ``q~_i = H_s ... H_i q_i`` (boundary-adjusted queries), as rows
-  ``Q~ = Q - (lower(Q W^T) A) W``, normalised to unit length, with the norms
-  kept apart (see *Precision* below);
+  ``Q~ = Q - (lower(Q W^T) A) W``, scaled to unit length, the norms kept apart
+  (see *Precision*);
 * ``k~_j = H_e ... H_{j+1} k_j`` (boundary-adjusted keys, so
   ``k~_j^T = k_j^T H_{j+1} ... H_e``), as rows ``K~ = K - (A strictLower(W K^T))^T W``;
-* ``W`` and ``-U`` with ``U = A W``: the block's product
-  ``P = H_s ... H_e = I - W^T A^T W`` acts on row vectors as
-  ``x^T -> x^T - (x^T W^T) U``;
 * the in-block scores ``Ã_ij = k_j^T H_{j+1} ... H_i q_i`` (j <= i) by the
-  masked UT form ``Ã = lower(Q K^T) - lower(Q W^T) A strictLower(W K^T)``.
+  masked UT form ``Ã = lower(Q K^T) - lower(Q W^T) A strictLower(W K^T)``;
+* the block's whole transition ``P_J = H_s ... H_e = I - W^T A^T W`` as one
+  dense ``D x D`` matrix ``G_J = P_J^T - I = -W^T A W`` (optionally also the
+  compact factors ``W`` and ``-U = -A W``).
 
-``A`` itself is made by forward substitution, one row at a time
-(:func:`_unit_lower_inverse`): exact in fp32 and stable for every ``beta`` in
-[0, 2], at ``BT`` sequential steps per block.
+The triangular inverse is the only sequential part.  :func:`_ut_diag_inverse`
+solves the ``16 x 16`` diagonal blocks of ``I + N`` by forward substitution
+(exact fp32, small tiles, many programs per multiprocessor), and
+:func:`_ut_prepare` merges them into the ``BT x BT`` inverse with two matrix
+products per level (block forward substitution: stable for every ``beta`` in
+[0, 2], also for reflections of nearly parallel ``w``) before everything else.
 
-**Main pass** (:func:`_path_fwd`, one program per block of ``BLOCK_M`` queries,
-``R`` UT blocks: ``BLOCK_M = R * BLOCK_N``, ``BLOCK_N = BT``).  Like :func:`..flash_attention._flash_fwd` it
-keeps the online softmax ``(m, l, acc)`` in fp32 and launches the heaviest
-query blocks first; unlike it, keys are visited **right to left**, because the
-query has to be carried across the transitions it passes::
+**Main pass** (:func:`_path_fwd`, one program per block of ``BLOCK_M = R * BT``
+queries).  Like :func:`.flash_attention._flash_fwd` it keeps the online softmax
+``(m, l, acc)`` in fp32 and launches the heaviest query blocks first; unlike
+it, keys are visited **right to left**, because the query has to be carried
+across the transitions it passes::
 
     q^ = q~_I                               (fp32, one row per query)
     diagonal blocks: Ã, masked (rows of later sub-blocks see these keys as an earlier block)
     for J = I-1, I-2, ..., 0:
         s  = q^ K~_J^T                      logits of key block J
         fold s, V_J into (m, l, acc)
-        q^ <- P_J q^ = q^ - (q^ W_J^T) U_J  (two more products of the same size)
+        q^ <- P_J q^,  as rows  q^ <- q^ + q^ G_J
 
-so PaTH costs two matrix products per block pair more than FlashAttention: 4
-products of ``BLOCK_M x BLOCK_N x D`` instead of 2, i.e. twice the FLOPs.
+PaTH thus costs one product more per block pair than FlashAttention: with
+``D <= 2 BT`` the dense ``q^ G_J`` (``BLOCK_M x D x D``) is cheaper than the
+compact ``(q^ W_J^T)(-U_J)`` (two ``BLOCK_M x BT x D`` products), which is kept
+for ``D > 2 BT`` (``UPDATE`` hook).  At D = BT = 64: 3 products instead of 2,
+1.5 times FlashAttention's FLOPs.
 
-**Precision.**  ``q^`` is carried in fp32 and re-rounded to 16 bits only as a
-dot operand.  The logit product uses the input dtype (as FlashAttention does);
-the update ``q^ <- P_J q^`` uses fp16 operands (11-bit mantissa) even for
-bf16 inputs (8-bit), because its rounding error is re-injected at every block
-and accumulates along the scan: with bf16 there, the error against float64
-grows with T (kernels/NOTES_path.md has the measurements).  To keep fp16 safe
-from overflow whatever the input's range, every ``q~_i`` is scaled to unit
-length (``|P_J| <= 1`` for unit ``w`` and ``beta`` in [0, 2], so ``|q^| <= 1``
-forever) and its norm is folded into a per-row logit scale.  fp32 inputs run
-every product in fp32 (``"ieee"``).
+**Precision.**  ``q^`` is carried in fp32 and rounded to 16 bits only as a
+product operand.  The logit product uses the input dtype (as FlashAttention
+does); the update uses fp16 operands (11-bit mantissa) even for bf16 inputs,
+because its rounding error is re-injected at every block and accumulates along
+the scan.  So that fp16 cannot overflow whatever the input's range, each ``q~_i``
+is scaled to unit length (``|P_J| <= 1`` for unit ``w`` and ``beta`` in [0, 2])
+and its norm is folded into a per-row logit scale.  The preparation pass runs
+tf32 products on fp32 tiles with operands rounded to nearest (:func:`_rn`: the
+tensor cores truncate, and a truncated ``G_J`` shrinks ``q^`` a little at every
+block, an error that grows linearly with T).  fp32 inputs run about fp32
+throughout.  kernels/NOTES_path.md has the measurements behind each choice.
 """
 from __future__ import annotations
 
@@ -167,7 +173,8 @@ def _merge(x, n, rows, SIZE: tl.constexpr, PRECISION: tl.constexpr):
     the result inverts it on blocks of ``SIZE``.  For each pair of halves (1, 2) the new
     block is ``X_21 = -X_22 N_21 X_11``, i.e. ``x - x N_l x`` with ``N_l`` = ``N`` restricted
     to the (2, 1) blocks (every other product term vanishes, ``x`` being block-diagonal)."""
-    couple = (rows[:, None] // SIZE == rows[None, :] // SIZE) & (rows[:, None] // (SIZE // 2) != rows[None, :] // (SIZE // 2))
+    same = rows[:, None] // SIZE == rows[None, :] // SIZE
+    couple = same & (rows[:, None] // (SIZE // 2) != rows[None, :] // (SIZE // 2))
     return x - _dot(x, _dot(tl.where(couple, n, 0.0), x, PRECISION), PRECISION)
 
 
@@ -395,11 +402,13 @@ def _path_fwd(QT, QN, KT, AD, GM, WC, NU, V, O, T, qk_scale,
         offs_n = start_n + cols
         s = ad * qk_scale
         if cc < R - 1:
-            kt = _load_rows(KT + start_n * stride_pt, cols, offs_d, stride_pt, BLOCK_N, HEAD_DIM, False, BLOCK_D != HEAD_DIM)
+            kt = _load_rows(KT + start_n * stride_pt, cols, offs_d, stride_pt, BLOCK_N, HEAD_DIM, False,
+                            BLOCK_D != HEAD_DIM)
             s_off = tl.dot(qh.to(kt.dtype), tl.trans(kt), input_precision=PRECISION) * row_scale[:, None]
             s = tl.where(sub[:, None] == cc, s, s_off)
         s = tl.where(offs_m[:, None] >= offs_n[None, :], s, float("-inf"))
-        v = _load_rows(V + start_n * stride_vt, cols, offs_dv, stride_vt, T - start_n, HEAD_DV, True, BLOCK_DV != HEAD_DV)
+        v = _load_rows(V + start_n * stride_vt, cols, offs_dv, stride_vt, T - start_n, HEAD_DV, True,
+                       BLOCK_DV != HEAD_DV)
         acc, m_i, l_i = _fold(acc, m_i, l_i, s, v, True, PRECISION)
         if cc < R - 1:
             qn = _transition(qh, GM + (start_n // BLOCK_N) * stride_gj, WC + start_n * stride_pt,
@@ -428,11 +437,12 @@ _GPU_CONFIGS = [
     triton.Config({"R": r}, num_warps=w, num_stages=s)
     for r, w, s in [(1, 4, 2), (1, 4, 3), (2, 4, 2), (2, 4, 3)]
 ]
-_path_fwd_tuned = triton.autotune(_GPU_CONFIGS, key=["HEAD_DIM", "HEAD_DV", "BLOCK_N", "UPDATE", "PRECISION"])(_path_fwd)
+_TUNE_KEY = ["HEAD_DIM", "HEAD_DV", "BLOCK_N", "UPDATE", "PRECISION"]
+_path_fwd_tuned = triton.autotune(_GPU_CONFIGS, key=_TUNE_KEY)(_path_fwd)
 
 
 def path_attention(q, k, v, w, beta, *, scale=None, block=None, _config=None):
-    """Causal PaTH attention forward (two launches: preparation, then the scan).
+    """Causal PaTH attention forward (preparation pass, then the right-to-left scan).
 
     Shapes: ``q, k, w: (..., T, D)``, ``v: (..., T, Dv)``, ``beta: (..., T)`` ->
     ``(..., T, Dv)``; ``D, Dv`` in 16..128; any T.  ``q, k, v`` fp16/bf16/fp32
@@ -440,8 +450,9 @@ def path_attention(q, k, v, w, beta, *, scale=None, block=None, _config=None):
     their dtype.  ``logit_ij = scale * k_j^T H_{j+1} ... H_i q_i`` with
     ``H_s = I - beta_s w_s w_s^T`` (smallest index on the left; ``j = i``: plain
     ``k_i . q_i``); ``scale=None`` means ``D ** -0.5``.  ``block``: the UT block
-    (key block) size, 16/32/64/128 (``None``: 64 for ``D <= 64``, else 32).  The caller validates ``beta``'s values (``pathedu.path``
-    requires [0, 2]; ``w`` is used as given).
+    (key block) size, 16/32/64/128 (``None``: 64 for ``D <= 64``, else 32).
+    The caller validates ``beta``'s values (``pathedu.path`` requires [0, 2]);
+    ``w`` is used as given (models pass unit vectors).
 
     ``_config`` (for tests and tuning): ``dict(R=..., num_warps=..., num_stages=...)``
     fixes the main pass's tiles (query blocks of ``R * block`` rows, R in 1..MAX_R)

@@ -47,7 +47,8 @@ def scores_reference(q, k, w, beta):
 def path_reference(q, k, v, w, beta, scale=None):
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     T = q.shape[-2]
-    logits = (scale * scores_reference(q, k, w, beta)).masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    future = torch.ones(T, T, dtype=torch.bool).triu(1)
+    logits = (scale * scores_reference(q, k, w, beta)).masked_fill(future, float("-inf"))
     return torch.softmax(logits, dim=-1) @ v.double()
 
 

@@ -51,6 +51,20 @@ def load(chapter: str) -> dict:
     return json.loads(path.read_text())
 
 
+def load_checks(chapter: str) -> dict:
+    """The chapter's committed ``gpu_checks()`` results: from its benchmark file,
+    or, where that run recorded none, from a ``gpu_checks_*.json`` file that holds
+    the chapter's key (with its own ``meta``: command, commit, device)."""
+    checks = load(chapter).get("checks")
+    if checks:
+        return checks
+    for path in sorted(DATA_DIR.glob("gpu_checks_*.json")):
+        data = json.loads(path.read_text())
+        if chapter in data:
+            return data[chapter]
+    raise FileNotFoundError(f"no GPU check results for chapter {chapter!r} in {DATA_DIR}")
+
+
 def chapter_ops(chapter: str) -> list[Op]:
     if chapter not in CHAPTERS:
         raise ValueError(f"unknown chapter {chapter!r}; choose from {CHAPTERS}")

@@ -128,7 +128,8 @@ def _rand(shape, T, D, Dv, seed, *, beta_hi=2.0, beta_lo=0.0):
     q, k = (torch.randn(*shape, T, D, device=DEVICE, generator=g, dtype=torch.float64) for _ in range(2))
     v = torch.randn(*shape, T, Dv, device=DEVICE, generator=g, dtype=torch.float64)
     w = F.normalize(torch.randn(*shape, T, D, device=DEVICE, generator=g, dtype=torch.float64), dim=-1).float()
-    beta = (beta_lo + (beta_hi - beta_lo) * torch.rand(*shape, T, device=DEVICE, generator=g, dtype=torch.float64)).float()
+    u = torch.rand(*shape, T, device=DEVICE, generator=g, dtype=torch.float64)
+    beta = (beta_lo + (beta_hi - beta_lo) * u).float()
     return q, k, v, w, beta
 
 
@@ -156,10 +157,12 @@ def check_small(log, plan=SMALL_PLAN):
                 cfg = dict(R=R, update=upd, num_warps=4 * R)
                 errs[f"path_R{R}_{upd}"] = _rel_rms(path_attention(q, k, v, w, beta, _config=cfg), ref)
             qs, ks = (q.float() / 8).to(dtype), (k.float() / 8).to(dtype)
-            errs["householder"] = _rel_rms(chunked_householder(qs, ks, v, w, beta), householder_ref64(qs, ks, v, w, beta))
+            errs["householder"] = _rel_rms(chunked_householder(qs, ks, v, w, beta),
+                                           householder_ref64(qs, ks, v, w, beta))
             qn, kn = (F.normalize(x.float(), dim=-1).to(dtype) for x in (q, k))
             errs["deltanet"] = _rel_rms(chunked_delta_rule(qn, kn, v, beta / 2), delta_ref64(qn, kn, v, beta / 2))
-            log(f"  {str(dtype):15s} lead={lead} T={T} D={D} Dv={Dv}: " + " ".join(f"{n}={e:.1e}" for n, e in errs.items()))
+            errs_s = " ".join(f"{n}={e:.1e}" for n, e in errs.items())
+            log(f"  {str(dtype):15s} lead={lead} T={T} D={D} Dv={Dv}: {errs_s}")
             for n, e in errs.items():
                 worst[(n, dtype)] = max(worst.get((n, dtype), 0.0), e)
     return worst
@@ -179,14 +182,16 @@ def check_against_fla(log, Ts=(2048,)):
         q, k, v = (x.to(torch.bfloat16) for x in (q, k, v))
         ref = path_ref64(q, k, v, w, beta)
         ours = path_attention(q, k, v, w, beta)
-        fla = parallel_path_attn(*[_blhd(x) for x in (q, k, v, w)], beta.transpose(1, 2).contiguous())[0].transpose(1, 2)
+        fla = parallel_path_attn(*[_blhd(x) for x in (q, k, v, w)], beta.transpose(1, 2).contiguous())[0]
+        fla = fla.transpose(1, 2)
         rows.append(dict(op="path", T=T, ours_vs_f64=_rel_rms(ours, ref), fla_vs_f64=_rel_rms(fla, ref),
                          ours_vs_fla=_rel_rms(ours, fla)))
         qn, kn = (F.normalize(x.float(), dim=-1).to(torch.bfloat16) for x in (q, k))
         b = (beta / 2).to(torch.bfloat16)
         ref = delta_ref64(qn, kn, v, b.float())
         ours = chunked_delta_rule(qn, kn, v, b.float())
-        fla = chunk_delta_rule(*[_blhd(x) for x in (qn, kn, v)], b.transpose(1, 2).contiguous(), scale=1.0)[0].transpose(1, 2)
+        fla = chunk_delta_rule(*[_blhd(x) for x in (qn, kn, v)], b.transpose(1, 2).contiguous(), scale=1.0)[0]
+        fla = fla.transpose(1, 2)
         rows.append(dict(op="deltanet", T=T, ours_vs_f64=_rel_rms(ours, ref), fla_vs_f64=_rel_rms(fla, ref),
                          ours_vs_fla=_rel_rms(ours, fla)))
     for r in rows:
@@ -219,7 +224,8 @@ def error_growth(log, Ts=(512, 2048, 8192)):
             del ref
             torch.cuda.empty_cache()
             rows.append(row)
-            log(f"  beta {betas:7s} T={T:5d}: " + " ".join(f"{n}={e:.2e}" for n, e in row.items() if n not in ("beta", "T")))
+            errs_s = " ".join(f"{n}={e:.2e}" for n, e in row.items() if n not in ("beta", "T"))
+            log(f"  beta {betas:7s} T={T:5d}: {errs_s}")
     return rows
 
 
