@@ -6,6 +6,6 @@ the library's reference forms, print a verdict with a hint, and return
 ``True``/``False``.  They never raise on a wrong answer: a student should see
 what is wrong, not a stack trace.
 """
-from ._grader import Verdict, check_function, verdict
+from ._grader import Verdict, call_student, check_function, diagnose, rel_error, verdict
 
-__all__ = ["Verdict", "check_function", "verdict"]
+__all__ = ["Verdict", "call_student", "check_function", "diagnose", "rel_error", "verdict"]

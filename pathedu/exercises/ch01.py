@@ -26,36 +26,13 @@ import torch
 
 from .. import nope
 from ..masks import causal_mask
-from ._grader import Verdict, check_function, verdict
+from ._grader import Verdict, check_function, diagnose as _diagnose, rel_error as _rel, verdict
 
 __all__ = ["check_linear_matrix", "check_online_softmax_merge", "check_chunk_step"]
 
 
 def _randn(g, *shape):
     return torch.randn(*shape, generator=g, dtype=torch.float64)
-
-
-def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """Max abs error relative to max |ref| (the grader's measure), in float64."""
-    out, ref = out.double(), ref.double()
-    if not torch.isfinite(out).all():
-        return float("inf")
-    return ((out - ref).abs().max() / ref.abs().max().clamp_min(1e-300)).item()
-
-
-def _diagnose(student_fn, args, wrong_variants, rtol) -> str:
-    """The message of the first known wrong variant that the student's output matches, else ''."""
-    try:
-        out = student_fn(*args)
-    except Exception:
-        return ""
-    if not isinstance(out, torch.Tensor):
-        return ""
-    for fn, message in wrong_variants:
-        ref = fn(*args)
-        if out.shape == ref.shape and _rel(out, ref) <= rtol:
-            return message
-    return ""
 
 
 # ---------------------------------------------------------------------------

@@ -8,23 +8,13 @@ from __future__ import annotations
 
 import math
 import numbers
-import traceback
 
 import torch
 
 from .. import alibi
-from ._grader import Verdict, check_function, verdict
+from ._grader import Verdict, call_student as _call, check_function, verdict
 
 __all__ = ["check_alibi_slopes", "check_alibi_bias", "check_retnet_recurrent", "check_half_life_gamma"]
-
-
-def _call(fn, *args):
-    """Run the student's function; return (result, None) or (None, a short message about the exception)."""
-    try:
-        return fn(*args), None
-    except Exception as exc:  # the student's code failed: say where, kindly
-        last = traceback.extract_tb(exc.__traceback__)[-1]
-        return None, f"your function raised {type(exc).__name__}: {exc} (line {last.lineno})"
 
 
 def _as_float_list(x):

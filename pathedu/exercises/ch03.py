@@ -7,24 +7,14 @@ wrong answer, or one that raises, never raises here.
 from __future__ import annotations
 
 import numbers
-import traceback
 
 import torch
 import torch.nn.functional as F
 
 from .. import fox
-from ._grader import Verdict, check_function, verdict
+from ._grader import Verdict, call_student as _call, check_function, verdict
 
 __all__ = ["check_log_gate_matrix", "check_fox_matrix", "check_gla_recurrent", "check_underflow_length"]
-
-
-def _call(fn, *args):
-    """Run the student's function; return (result, None) or (None, a short message about the exception)."""
-    try:
-        return fn(*args), None
-    except Exception as exc:  # the student's code failed: say where, kindly
-        last = traceback.extract_tb(exc.__traceback__)[-1]
-        return None, f"your function raised {type(exc).__name__}: {exc} (line {last.lineno})"
 
 
 def _log_f(shape, seed):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from .. import path
-from ._grader import Verdict, check_function
+from ._grader import Verdict, check_function, diagnose as _diagnose
 
 __all__ = ["check_delta_step", "check_interval_product", "check_ut_factor", "check_path_attention"]
 
@@ -33,28 +33,6 @@ def _randn(g, *shape):
 
 def _unit(x):
     return x / x.norm(dim=-1, keepdim=True)
-
-
-def _rel(out, ref) -> float:
-    out, ref = out.double(), ref.double()
-    if not torch.isfinite(out).all():
-        return float("inf")
-    return ((out - ref).abs().max() / ref.abs().max().clamp_min(1e-300)).item()
-
-
-def _diagnose(student_fn, args, wrong_variants, rtol=1e-6) -> str:
-    """The message of the first known wrong variant the student's output matches, else ''."""
-    try:
-        out = student_fn(*args)
-    except Exception:
-        return ""
-    if not isinstance(out, torch.Tensor):
-        return ""
-    for fn, message in wrong_variants:
-        ref = fn(*args)
-        if out.shape == ref.shape and _rel(out, ref) <= rtol:
-            return message
-    return ""
 
 
 def _householder(w_s, beta_s):
