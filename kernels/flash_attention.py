@@ -24,6 +24,10 @@ The position encoding is a hook: ``BIAS`` adds to every logit
 * ``"loggate"``: ``c_i - c_j`` with ``c`` the fp32 cumulative sum of per-token
   log forget gates, i.e. ``sum_{s=j+1..i} log f_s`` (chapter 3).
 
+Both biases have the form ``g(i) - g(j)``; the kernel adds only ``g(r) - g(j)``,
+``r`` the query block's first row, since the remaining ``g(i) - g(r)`` is a
+constant per row and softmax ignores it (see ``_attend``).
+
 Rotated q/k (RoPE) reuse the kernel unchanged after a rotation pre-pass.
 """
 from __future__ import annotations
