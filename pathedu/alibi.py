@@ -55,7 +55,7 @@ import torch
 
 from .checks import QKV, check_qkv, check_scale
 from .masks import causal_mask, masked_logits
-from .nope import KVCache, blockwise_softmax, empty_output
+from .nope import blockwise_softmax, decode_with_cache, empty_output
 
 __all__ = [
     "alibi_naive", "alibi_recurrent", "alibi_matrix", "alibi_blockwise", "alibi_triton",
@@ -259,13 +259,10 @@ def alibi_recurrent(q, k, v, slope, *, scale=None, page: int = 64):
     lam = _slope(slope, n, q)[..., 0, 0]  # (...)
     if n.T == 0:
         return empty_output(q, v)
-    cache = KVCache(n.lead, n.D, n.Dv, n.T, dtype=q.dtype, device=q.device, page=page)
-    outs = []
-    for t in range(n.T):
-        cache.append(k[..., t, :], v[..., t, :])
-        dist = lambda start, end: t - torch.arange(start, end, device=q.device, dtype=q.dtype)  # noqa: E731
-        outs.append(cache.attend(q[..., t, :], scale, bias=lambda start, end: -lam[..., None] * dist(start, end)))
-    return torch.stack(outs, dim=-2)
+    def bias(t, start, end):  # -slope (t - j) for cached keys j = start..end-1
+        return -lam[..., None] * (t - torch.arange(start, end, device=q.device, dtype=q.dtype))
+
+    return decode_with_cache(q, k, v, scale, page=page, bias=bias)
 
 
 def alibi_matrix(q, k, v, slope, *, scale=None):

@@ -38,7 +38,7 @@ from .masks import causal_mask, masked_logits
 __all__ = [
     "nope_naive", "nope_recurrent", "nope_matrix", "nope_blockwise", "nope_triton",
     "linear_naive", "linear_recurrent", "linear_matrix", "linear_chunked", "linear_triton",
-    "KVCache", "online_softmax_step", "blockwise_softmax", "empty_output",
+    "KVCache", "decode_with_cache", "online_softmax_step", "blockwise_softmax", "empty_output",
 ]
 
 
@@ -116,11 +116,22 @@ def nope_recurrent(q, k, v, *, scale=None, page: int = 64):
     scale = check_scale(scale, n.D)
     if n.T == 0:
         return empty_output(q, v)
-    cache = KVCache(n.lead, n.D, n.Dv, n.T, dtype=q.dtype, device=q.device, page=page)
+    return decode_with_cache(q, k, v, scale, page=page)
+
+
+def decode_with_cache(q, k, v, scale, *, page: int = 64, bias=None):
+    """Decode token by token: append ``(k_t, v_t)`` to a :class:`KVCache`, then
+    attend from ``q_t``; ``bias(t, start, end)``, if given, is the additive bias of
+    cached tokens ``start..end-1`` seen from query ``t`` (``(..., end - start)``).
+    Inputs already validated; shapes as :func:`nope_naive`.
+    """
+    T, D, Dv = q.shape[-2], q.shape[-1], v.shape[-1]
+    cache = KVCache(q.shape[:-2], D, Dv, T, dtype=q.dtype, device=q.device, page=page)
     outs = []
-    for t in range(n.T):
+    for t in range(T):
         cache.append(k[..., t, :], v[..., t, :])
-        outs.append(cache.attend(q[..., t, :], scale))
+        b = None if bias is None else (lambda start, end, t=t: bias(t, start, end))
+        outs.append(cache.attend(q[..., t, :], scale, bias=b))
     return torch.stack(outs, dim=-2)
 
 
