@@ -40,4 +40,26 @@ def _source_checkout_kernels() -> None:
 _source_checkout_kernels()
 
 __version__ = "0.1.0"
-__all__ = ["triton_mode", "default_device", "__version__"]
+
+# Every chapter module is an attribute of the package (``pathedu.path.path_matrix``
+# works after a plain ``import pathedu``), loaded on first access so that
+# ``import pathedu`` itself stays fast (PEP 562).
+_LAZY = ("nope", "alibi", "fox", "rope", "path", "checks", "masks", "plotting", "constructions",
+         "symbolic", "exercises", "bench", "kernels")
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        module = importlib.import_module(f"{__name__}.{name}")
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = ["triton_mode", "default_device", "__version__", *_LAZY]

@@ -6,7 +6,9 @@ so that a mistake is reported at the call, not deep inside a kernel.
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -24,11 +26,18 @@ class QKV:
     Dv: int
 
 
+def check_device(x: torch.Tensor, name: str) -> None:
+    """Refuse tensors that hold no data (the ``meta`` device): nothing can be computed from them."""
+    if x.device.type == "meta":
+        raise ValueError(f"`{name}` is on the meta device, which holds no data; pass a CPU or CUDA tensor")
+
+
 def _check_tensor(x, name: str) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"`{name}` must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in FLOAT_DTYPES:
         raise TypeError(f"`{name}` must have a floating dtype (float16/bfloat16/float32/float64), got {x.dtype}")
+    check_device(x, name)
 
 
 def check_qkv(q, k, v) -> QKV:
@@ -93,3 +102,80 @@ def check_kernel_inputs(sizes: QKV, dtype: torch.dtype, *, min_dim: int = 16, ma
     for name, d in (("q", sizes.D), ("v", sizes.Dv)):
         if not (min_dim <= d <= max_dim):
             raise ValueError(f"Triton forms support head dims {min_dim}..{max_dim}; `{name}` has {d}")
+
+
+def check_positive_int(x, name: str) -> int:
+    """A tuning argument (``page``, ``block_m``, ``block_n``, ``chunk``, ``block``): a positive int.
+
+    Booleans, floats (even ``2.0``), zero and negative numbers are refused with a
+    ``TypeError``/``ValueError`` naming the argument, never turned into an empty
+    loop or a ``range()`` error from inside.
+    """
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+        raise TypeError(f"`{name}` must be a positive int, got {type(x).__name__} {x!r}")
+    if x < 1:
+        raise ValueError(f"`{name}` must be a positive int, got {x}")
+    return int(x)
+
+
+# ---------------------------------------------------------------------------
+# Value checks with one host synchronisation
+# ---------------------------------------------------------------------------
+# A value check (is every gate <= 0?) is a reduction on the device followed by
+# a read of its result on the host: one synchronisation each.  A call that
+# checks several tensors builds every condition first and reads them all at
+# once with :func:`require`, so it waits for the device once.
+
+Condition = tuple  # (0-dim bool tensor, zero-argument callable returning the error message)
+
+
+def require(*conditions: Condition) -> None:
+    """Raise ``ValueError`` with the message of the first condition that is false.
+
+    ``conditions``: pairs ``(ok, message)`` with ``ok`` a 0-dim bool tensor (any
+    device) and ``message()`` the text to raise (computed only on failure, so it
+    may read the offending values).  All conditions are read with one host sync.
+    """
+    conditions = [c for c in conditions if c is not None]
+    if not conditions:
+        return
+    flags = torch.stack([ok.reshape(()).to(device=conditions[0][0].device, dtype=torch.bool)
+                         for ok, _ in conditions]).tolist()
+    for flag, (_, message) in zip(flags, conditions):
+        if not flag:
+            raise ValueError(message())
+
+
+def _first_bad(x: torch.Tensor, good: torch.Tensor):
+    return x[~good].flatten()[0].item()
+
+
+def log_gate_condition(log_f: torch.Tensor, name: str = "log_f") -> Condition | None:
+    """``-inf < log_f <= 0`` everywhere (the log of a forget gate in (0, 1]; NaN fails)."""
+    if log_f.numel() == 0:
+        return None
+    good = (log_f <= 0) & (log_f > float("-inf"))
+
+    def message():
+        bad = _first_bad(log_f, good)
+        if bad == float("-inf"):
+            return f"`{name}` must be finite (a gate of exactly 0 is -inf; use a large negative number)"
+        return f"`{name}` must be <= 0 (the log of a forget gate in (0, 1]); found {bad}"
+
+    return good.all(), message
+
+
+def range_condition(x: torch.Tensor, name: str, lo: float, hi: float, why: str = "") -> Condition | None:
+    """``lo <= x <= hi`` everywhere (NaN and inf outside the range fail)."""
+    if x.numel() == 0:
+        return None
+    good = (x >= lo) & (x <= hi)
+    return good.all(), lambda: (f"`{name}` must lie in [{lo:g}, {hi:g}]{why}; found {_first_bad(x, good)}")
+
+
+def finite_condition(x: torch.Tensor, name: str) -> Condition | None:
+    """Every entry finite (no NaN, no inf)."""
+    if x.numel() == 0:
+        return None
+    good = torch.isfinite(x)
+    return good.all(), lambda: f"`{name}` must be finite; found {_first_bad(x, good)}"
