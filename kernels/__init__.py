@@ -7,14 +7,34 @@ Two templates that every chapter extends through hooks instead of copying:
   cumulative log forget gates (chapter 3).  RoPE (chapter 4) reuses it
   unchanged after the rotation pre-pass of :mod:`.rope`.
 * :mod:`.linear_attention`: chunked linear attention with a carried state and a
-  gate hook: none (chapter 1), a per-token scalar gate (RetNet, Mamba2) or a
-  per-channel gate (GLA) (chapters 2 and 3).
+  gate hook: none (chapter 1), a per-token scalar gate (RetNet, Mamba2), a
+  per-channel gate (GLA) (chapters 2 and 3), or a Householder transition
+  (the Householder RNN and DeltaNet, chapter 5, driven by :mod:`.delta_rule`).
 
 Chapter 5 adds :mod:`.path_attention` (PaTH: a preparation pass with per-block
 UT factors, then the FlashAttention loop scanning key blocks right to left with
 the query carried through each block's Householder product) and
-:mod:`.delta_rule` (chunked DeltaNet / Householder RNN through the same
-preparation pass); see ``kernels/NOTES_path.md`` for their design and timings.
+:mod:`.delta_rule` (chunked DeltaNet / Householder RNN: the same preparation
+pass, then the linear template's ``"householder"`` hook); see
+``kernels/NOTES_path.md`` for their design and timings.
+
+Where the shared pieces live:
+
+* :mod:`._pieces`: jit helpers used by several kernels: tile loads/stores
+  (``_load_rows``, ``_store_rows``), the softmax kernels' prologue
+  (``_query_block``), the online-softmax update (``_softmax_fold``, FlashAttention
+  and PaTH), rounded / three-pass fp32 products (``_rn``, ``_dot``) and
+  ``_masked_dot``, the product that keeps a NaN or inf of a hidden (future) key
+  out of earlier rows.
+* :mod:`.ut_prepare`: the UT preparation pass (``Prepared``), shared by PaTH and
+  the Householder / DeltaNet hook.
+* :mod:`._launch`: the validation boundary.  Each public entry point validates
+  every argument once (shapes, dtypes, devices; values with one host
+  synchronisation), refuses meta tensors and, while grad mode is on, inputs that
+  require grad (no backward pass yet); internal ``_*_launch`` functions check nothing.
+
+Causality holds for non-finite inputs too: a NaN or inf in ``q``, ``k`` or ``v``
+at position ``t`` changes outputs at positions ``>= t`` only.
 
 Import :mod:`pathedu` first (it does, being our parent package): it decides
 whether Triton compiles for a GPU or interprets on the CPU.

@@ -1,13 +1,38 @@
-"""What every kernel wrapper does before a launch: validate, flatten, fix dtypes."""
+"""The kernel boundary: what every kernel entry point does before a launch.
+
+Every public entry point (:func:`.flash_attention.attention`,
+:func:`.linear_attention.chunked_linear_attention`, :func:`.path_attention.path_attention`,
+:func:`.delta_rule.chunked_householder` / :func:`.delta_rule.chunked_delta_rule`,
+:func:`.rope.rotate_qk` and the composed :func:`.rope.rotary_attention` /
+:func:`.rope.rotary_linear_attention`) validates each argument exactly once, here:
+
+* :func:`prepare_qkv`: ``q, k, v`` (types, shapes, dtype, device, the kernels' head
+  dims), flattened to ``(BH, T, dim)`` in the compute dtype;
+* :func:`per_token`: a per-token tensor ``(..., T)`` or ``(..., T, D)`` (shape, dtype,
+  device), flattened to fp32 ``(BH, T[, D])``;
+* :func:`per_head`: a float or a tensor broadcastable to the leading dims, as ``(BH,)``;
+* every tensor: not on the meta device and, while grad mode is on, not requiring grad
+  (:func:`refuse_grad`: the Triton forms have no backward pass yet).
+
+Value conditions (gates <= 0, ``beta`` in [0, 2], ...) are built as 0-dim device
+tensors (:mod:`pathedu.checks`: ``log_gate_condition``, ``range_condition``,
+``finite_condition``) on the tensors the kernel will read, and read together with
+one :func:`pathedu.checks.require`: at most one host synchronisation per public
+call.  Nothing is copied for validation, and each input is copied at most once
+(only when its dtype or layout must change).  Internal launchers (``_*_launch``)
+take what this module returns and check nothing again.
+"""
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 import triton
 
 from .._device import triton_mode
-from ..checks import QKV, check_kernel_inputs, check_qkv
+from ..checks import QKV, check_device, check_kernel_inputs, check_per_token, check_qkv
+from ..rope import check_even
 
 
 def next_pow2(n: int, minimum: int = 16) -> int:
@@ -23,40 +48,102 @@ def interpreting() -> bool:
     return triton_mode() == "interpreter"
 
 
-def prepare_qkv(q, k, v, *, min_dim=16, max_dim=128):
+def refuse_grad(x, name: str) -> None:
+    """The Triton forms have no backward pass yet: refuse inputs that would expect one."""
+    if isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled():
+        raise RuntimeError(f"`{name}` requires grad, but the Triton forms have no backward pass yet: call them "
+                           f"under torch.no_grad(), or use a PyTorch form (e.g. `*_matrix`) to train")
+
+
+def as_rows(x: torch.Tensor, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` as a contiguous ``shape`` tensor in ``dtype``: no copy when it already is one,
+    otherwise exactly one (dtype and layout change together)."""
+    if x.dtype == dtype:
+        x = x.contiguous()
+    else:
+        x = x.to(dtype=dtype, memory_format=torch.contiguous_format)
+    return x.view(shape)
+
+
+class Flat:
+    """Validated ``q, k, v`` for a kernel (made by :func:`prepare_qkv`).
+
+    ``n``: the sizes (:class:`pathedu.checks.QKV`); ``BH``: the leading dims flattened;
+    ``q, k: (BH, T, D)``, ``v: (BH, T, Dv)`` (or None) contiguous in ``dtype``, the
+    compute dtype (the input dtype, but fp32 for bf16 in the interpreter);
+    ``like``: the caller's ``q`` (output dtype and device).
+    """
+
+    def __init__(self, n: QKV, q3, k3, v3, dtype, like):
+        self.n, self.BH, self.dtype, self.like = n, math.prod(n.lead), dtype, like
+        self.q, self.k, self.v = q3, k3, v3
+        self.device = like.device
+
+    @property
+    def empty_input(self) -> bool:
+        return self.n.T == 0 or self.BH == 0
+
+    def new_output(self, dim: int) -> torch.Tensor:
+        """An uninitialised ``(BH, T, dim)`` output in the compute dtype."""
+        return torch.empty(self.BH, self.n.T, dim, dtype=self.dtype, device=self.device)
+
+    def result(self, out3: torch.Tensor) -> torch.Tensor:
+        """A kernel's ``(BH, T, dim)`` output as ``(..., T, dim)`` in the caller's dtype."""
+        return out3.reshape(self.n.lead + tuple(out3.shape[-2:])).to(self.like.dtype)
+
+    def with_qk(self, q3, k3) -> "Flat":
+        """The same inputs with ``q, k`` replaced (e.g. rotated), for a second kernel."""
+        return Flat(self.n, q3, k3, self.v, self.dtype, self.like)
+
+
+def prepare_qkv(q, k, v, *, min_dim=16, max_dim=128, even=False) -> Flat:
     """Validate ``q, k: (..., T, D)``, ``v: (..., T, Dv)`` for a kernel and flatten the
-    leading dims into one: returns ``(sizes, q3, k3, v3, compute_dtype)`` with
-    ``q3: (BH, T, D)`` contiguous.
+    leading dims into one (:class:`Flat`).  ``v=None``: only ``q`` and ``k`` (a pre-pass).
+    ``even``: ``D`` must be even (RoPE rotates channel pairs).
 
     In interpreter mode bf16 inputs are upcast to fp32 (the interpreter's bf16
-    arithmetic is wrong); the caller casts the output back to the input dtype.
+    arithmetic is wrong); :meth:`Flat.result` casts the output back to the input dtype.
     """
-    n: QKV = check_qkv(q, k, v)
+    n: QKV = check_qkv(q, k, k if v is None else v)
+    if even:
+        check_even(n.D, "q")
     check_kernel_inputs(n, q.dtype, min_dim=min_dim, max_dim=max_dim)
-    dtype = q.dtype
-    if interpreting() and dtype == torch.bfloat16:
-        dtype = torch.float32
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        refuse_grad(x, name)
     if not interpreting() and q.device.type != "cuda":
         raise ValueError(f"Triton forms need CUDA tensors on a GPU machine; `q` is on {q.device}")
-
+    dtype = torch.float32 if interpreting() and q.dtype == torch.bfloat16 else q.dtype
     BH = math.prod(n.lead)
-
-    def flat(x):
-        return x.reshape((BH,) + tuple(x.shape[-2:])).to(dtype).contiguous()
-
-    return n, flat(q), flat(k), flat(v), dtype
-
-
-def prepare_per_token(x, n: QKV, BH: int) -> torch.Tensor:
-    """A per-token tensor ``(..., T)`` as contiguous fp32 ``(BH, T)`` (gates are kept in fp32)."""
-    return x.reshape(BH, n.T).to(torch.float32).contiguous()
+    q3 = as_rows(q, (BH, n.T, n.D), dtype)
+    k3 = as_rows(k, (BH, n.T, n.D), dtype)
+    v3 = None if v is None else as_rows(v, (BH, n.T, n.Dv), dtype)
+    return Flat(n, q3, k3, v3, dtype, q)
 
 
-def per_head(x, n: QKV, name: str, BH: int, device) -> torch.Tensor:
-    """A float or a tensor broadcastable to the leading dims, as contiguous fp32 ``(BH,)``."""
-    t = torch.as_tensor(x, dtype=torch.float32, device=device)
+def per_token(x, name: str, flat: Flat, *, extra: tuple = ()) -> torch.Tensor:
+    """Validate a per-token tensor ``(..., T) + extra`` and return it as contiguous fp32
+    ``(BH, T) + extra`` (gates and transitions are kept in fp32)."""
+    check_per_token(x, name, flat.n, flat.like, extra=extra)
+    refuse_grad(x, name)
+    return as_rows(x, (flat.BH, flat.n.T) + tuple(extra), torch.float32)
+
+
+def per_head(x, name: str, flat: Flat, dtype=torch.float32) -> torch.Tensor:
+    """A real number, or a real tensor broadcastable to the leading dims, as contiguous
+    ``(BH,)`` in ``dtype`` on the inputs' device (values are not checked here)."""
+    if isinstance(x, torch.Tensor):
+        if x.dtype == torch.bool or x.is_complex():
+            raise TypeError(f"`{name}` must be a real tensor, got dtype {x.dtype}")
+        check_device(x, name)
+        refuse_grad(x, name)
+        t = x.to(device=flat.device, dtype=dtype)
+    elif isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise TypeError(f"`{name}` must be a float or a tensor, got {type(x).__name__}")
+    else:
+        t = torch.full((), float(x), dtype=dtype, device=flat.device)  # a fill, no host-to-device copy
     try:
-        t = torch.broadcast_to(t, n.lead)
+        t = torch.broadcast_to(t, flat.n.lead)
     except RuntimeError:
-        raise ValueError(f"`{name}` of shape {tuple(t.shape)} does not broadcast to the leading dims {n.lead}") from None
-    return t.reshape(BH).contiguous()
+        raise ValueError(f"`{name}` of shape {tuple(t.shape)} does not broadcast to the leading dims "
+                         f"{flat.n.lead} (pass a float, or one value per head)") from None
+    return t.reshape(flat.BH).contiguous()

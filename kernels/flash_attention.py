@@ -28,40 +28,36 @@ Both biases have the form ``g(i) - g(j)``; the kernel adds only ``g(r) - g(j)``,
 ``r`` the query block's first row, since the remaining ``g(i) - g(r)`` is a
 constant per row and softmax ignores it (see ``_attend``).
 
-Rotated q/k (RoPE) reuse the kernel unchanged after a rotation pre-pass.
+Rotated q/k (RoPE) reuse the kernel unchanged after a rotation pre-pass
+(:func:`.rope.rotary_attention`).
+
+Shared pieces (:mod:`._pieces`): the online-softmax update is
+:func:`._pieces._softmax_fold` (PaTH uses the same one); on the diagonal blocks
+it multiplies through :func:`._pieces._masked_dot`, so that a NaN or inf in a
+future value cannot reach earlier rows through ``0 * NaN``.  Inputs are
+validated once, at :func:`attention` (see :mod:`._launch`).
 """
 from __future__ import annotations
-
 
 import torch
 import triton
 import triton.language as tl
 
-from ..checks import check_scale
-from ._launch import dot_precision, interpreting, next_pow2, per_head, prepare_per_token, prepare_qkv
+from ..checks import check_scale, finite_condition, log_gate_condition, range_condition, require
+from ._launch import Flat, dot_precision, interpreting, next_pow2, per_head, per_token, prepare_qkv
+from ._pieces import LOG2E, _first_nonfinite, _load_rows, _no_nonfinite, _poison, _query_block, _softmax_fold, _store_rows
 
-LOG2E = 1.4426950408889634
-
-
-@triton.jit
-def _load_rows(ptr, rows, cols, stride, n_rows, n_cols, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr):
-    """Load a (len(rows), len(cols)) tile; masks only where the sizes demand it."""
-    ptrs = ptr + rows[:, None] * stride + cols[None, :]
-    if CHECK_ROWS and CHECK_COLS:
-        return tl.load(ptrs, mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols), other=0.0)
-    elif CHECK_ROWS:
-        return tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)
-    elif CHECK_COLS:
-        return tl.load(ptrs, mask=cols[None, :] < n_cols, other=0.0)
-    else:
-        return tl.load(ptrs)
+__all__ = ["attention", "LOG2E"]
 
 
 @triton.jit
-def _attend(acc, m_i, l_i, q, K, V, bias_arg, c_ref, start_m, offs_m, lo, hi, T, stride_kt, stride_vt, qk_scale,
+def _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, lo, hi, T, stride_kt, stride_vt, qk_scale,
             HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
             BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr):
-    """Fold key blocks [lo, hi) into the running (acc, m_i, l_i) of one query block."""
+    """Fold key blocks [lo, hi) into the running (acc, m_i, l_i) of one query block.
+
+    ``bad``: per value channel, where the first NaN, +inf and -inf are among the keys of
+    the masked blocks (:func:`._pieces._first_nonfinite`; unmasked blocks leave it alone)."""
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     for start_n in range(lo, hi, BLOCK_N):
@@ -86,13 +82,11 @@ def _attend(acc, m_i, l_i, q, K, V, bias_arg, c_ref, start_m, offs_m, lo, hi, T,
             s += ((c_ref - c_n) * 1.4426950408889634)[None, :]
         if CAUSAL_MASK:
             s = tl.where(offs_m[:, None] >= offs_n[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)  # rescales what was summed under the old maximum
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
-    return acc, m_i, l_i
+        # The online-softmax update; on diagonal blocks a product that keeps hidden keys out.
+        acc, m_i, l_i = _softmax_fold(acc, m_i, l_i, s, v, False, CAUSAL_MASK, PRECISION)
+        if CAUSAL_MASK:  # where this block's NaN/inf values are, for the rows that see them (below)
+            bad = _first_nonfinite(v, offs_n - start_m, bad)
+    return acc, m_i, l_i, bad
 
 
 @triton.jit
@@ -100,20 +94,11 @@ def _flash_fwd(Q, K, V, O, BIAS_ARG, T, qk_scale,
                stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt, stride_ob, stride_ot,
                HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr):
-    # Heaviest query blocks (those with the most keys) are launched first: a shorter tail.
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    start_m = pid_m * BLOCK_M
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    Q += bh * stride_qb
+    bh, start_m, offs_m = _query_block(BLOCK_M)  # heaviest query blocks first
     K += bh * stride_kb
     V += bh * stride_vb
-    O += bh * stride_ob
-
-    q = _load_rows(Q + start_m * stride_qt, tl.arange(0, BLOCK_M), offs_d, stride_qt, T - start_m, HEAD_DIM,
-                   True, BLOCK_D != HEAD_DIM)
+    q = _load_rows(Q + bh * stride_qb + start_m * stride_qt, tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_D),
+                   stride_qt, T - start_m, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
     bias_arg = 0.0
     c_ref = 0.0
     if BIAS == "alibi":
@@ -125,16 +110,18 @@ def _flash_fwd(Q, K, V, O, BIAS_ARG, T, qk_scale,
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    bad = _no_nonfinite(BLOCK_DV)
     # Key blocks strictly before the query block: every key is visible, no mask.
-    acc, m_i, l_i = _attend(acc, m_i, l_i, q, K, V, bias_arg, c_ref, start_m, offs_m, 0, start_m, T, stride_kt, stride_vt,
-                            qk_scale, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, BLOCK_N, False, BIAS, PRECISION)
+    acc, m_i, l_i, bad = _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, 0, start_m, T, stride_kt,
+                                 stride_vt, qk_scale, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, BLOCK_N, False, BIAS, PRECISION)
     # Key blocks on the diagonal: hide the future (and anything past T).
-    acc, m_i, l_i = _attend(acc, m_i, l_i, q, K, V, bias_arg, c_ref, start_m, offs_m, start_m, tl.minimum(start_m + BLOCK_M, T),
-                            T, stride_kt, stride_vt, qk_scale, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, BLOCK_N, True,
-                            BIAS, PRECISION)
-    o = acc / l_i[:, None]
-    o_ptrs = O + offs_m[:, None] * stride_ot + offs_dv[None, :]
-    tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=(offs_m[:, None] < T) & (offs_dv[None, :] < HEAD_DV))
+    acc, m_i, l_i, bad = _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, start_m,
+                                 tl.minimum(start_m + BLOCK_M, T), T, stride_kt, stride_vt, qk_scale, HEAD_DIM, HEAD_DV,
+                                 BLOCK_D, BLOCK_DV, BLOCK_N, True, BIAS, PRECISION)
+    # The diagonal blocks multiplied values without their NaN/inf (so that no row sees a
+    # future one); the rows that do see one get it back here.
+    o = _poison(acc / l_i[:, None], offs_m - start_m, bad)
+    _store_rows(O + bh * stride_ob, o, offs_m, tl.arange(0, BLOCK_DV), stride_ot, T, HEAD_DV)
 
 
 # Tile shapes.  The interpreter's cost grows with the number of program
@@ -158,35 +145,61 @@ def attention(q, k, v, *, scale=None, alibi_slope=None, log_f=None):
     ``D, Dv`` in 16..128; fp16/bf16/fp32 (fp32 accumulation throughout).
     Logits are ``scale * q_i.k_j + bias_ij`` with ``scale=None`` meaning ``D**-0.5`` and
 
-    * ``alibi_slope`` (float or tensor broadcastable to the leading dims, >= 0):
+    * ``alibi_slope`` (float or tensor broadcastable to the leading dims, finite, >= 0):
       ``bias_ij = -slope * (i - j)``;
-    * ``log_f`` ``(..., T)``, entries <= 0: ``bias_ij = sum_{s=j+1..i} log_f[s]``
+    * ``log_f`` ``(..., T)``, finite entries <= 0: ``bias_ij = sum_{s=j+1..i} log_f[s]``
       (not multiplied by ``scale``).
 
-    The caller validates the bias arguments' values (the chapter modules do).
+    Every argument is validated here (values with one host synchronisation); no
+    input may require grad while grad mode is on (there is no backward pass yet).
+    A NaN or inf in ``q``, ``k`` or ``v`` at position ``t`` changes outputs at
+    positions ``>= t`` only.
     """
-    n, q3, k3, v3, dtype = prepare_qkv(q, k, v)
-    scale = check_scale(scale, n.D)
     if alibi_slope is not None and log_f is not None:
         raise ValueError("pass at most one of `alibi_slope` and `log_f`")
-    BH = q3.shape[0]
-    out = torch.empty(q3.shape[:-1] + (n.Dv,), dtype=dtype, device=q.device)
-    if n.T == 0 or BH == 0:
-        return out.reshape(q.shape[:-1] + (n.Dv,)).to(q.dtype)
-    bias, bias_arg = "none", q3  # a dummy pointer when there is no bias
     if alibi_slope is not None:
-        bias, bias_arg = "alibi", per_head(alibi_slope, n, "alibi_slope", BH, q.device)
-    elif log_f is not None:
-        # The cumulative sum is taken once, in fp32, outside the kernel.
-        bias, bias_arg = "loggate", torch.cumsum(prepare_per_token(log_f, n, BH), dim=-1)
+        return biased_attention(q, k, v, "alibi", alibi_slope, scale=scale, name="alibi_slope")
+    if log_f is not None:
+        return biased_attention(q, k, v, "loggate", log_f, scale=scale, name="log_f")
+    return biased_attention(q, k, v, "none", None, scale=scale)
+
+
+def biased_attention(q, k, v, bias: str, bias_arg, *, scale=None, name: str = ""):
+    """:func:`attention` with the bias hook named: ``bias`` is ``"none"``, ``"alibi"``
+    (``bias_arg`` = the slope) or ``"loggate"`` (``bias_arg`` = ``log_f``), and error
+    messages call ``bias_arg`` ``name`` (the chapter forms pass ``"slope"``, ``"log_f"``).
+    A missing ``bias_arg`` is an error here, never a silent NoPE."""
+    x = prepare_qkv(q, k, v)
+    scale = check_scale(scale, x.n.D)
+    if bias == "alibi":
+        bias_arg = per_head(bias_arg, name, x)
+        require(finite_condition(bias_arg, name),
+                range_condition(bias_arg, name, 0.0, float("inf"), " (ALiBi's bias -slope*(i-j) penalises distance)"))
+    elif bias == "loggate":
+        bias_arg = per_token(bias_arg, name, x)
+        require(log_gate_condition(bias_arg, name))
+        bias_arg = torch.cumsum(bias_arg, dim=-1)  # taken once, in fp32, outside the kernel
+    elif bias != "none":
+        raise ValueError(f"`bias` must be 'none', 'alibi' or 'loggate', got {bias!r}")
+    return x.result(_attention_launch(x, scale, bias, bias_arg))
+
+
+def _attention_launch(x: Flat, scale: float, bias: str = "none", bias_arg=None) -> torch.Tensor:
+    """Launch on validated inputs (:func:`._launch.prepare_qkv`): returns ``(BH, T, Dv)``.
+    ``bias_arg``: fp32 ``(BH,)`` slopes or ``(BH, T)`` cumulative log gates."""
+    n = x.n
+    out = x.new_output(n.Dv)
+    if x.empty_input:
+        return out
     meta = dict(HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=next_pow2(n.D), BLOCK_DV=next_pow2(n.Dv),
-                BIAS=bias, PRECISION=dot_precision(dtype))
-    args = (q3, k3, v3, out, bias_arg, n.T, scale * LOG2E, q3.stride(0), q3.stride(1), k3.stride(0),
-            k3.stride(1), v3.stride(0), v3.stride(1), out.stride(0), out.stride(1))
+                BIAS=bias, PRECISION=dot_precision(x.dtype))
+    args = (x.q, x.k, x.v, out, x.q if bias_arg is None else bias_arg, n.T, scale * LOG2E,
+            x.q.stride(0), x.q.stride(1), x.k.stride(0), x.k.stride(1), x.v.stride(0), x.v.stride(1),
+            out.stride(0), out.stride(1))
     if interpreting():
         bm = 32 if n.T <= 32 else 64
-        _flash_fwd[(triton.cdiv(n.T, bm), BH)](*args, BLOCK_M=bm, BLOCK_N=bm, **meta)
+        _flash_fwd[(triton.cdiv(n.T, bm), x.BH)](*args, BLOCK_M=bm, BLOCK_N=bm, **meta)
     else:
-        grid = lambda META: (triton.cdiv(n.T, META["BLOCK_M"]), BH)  # noqa: E731
+        grid = lambda META: (triton.cdiv(n.T, META["BLOCK_M"]), x.BH)  # noqa: E731
         _flash_fwd_tuned[grid](*args, **meta)
-    return out.reshape(q.shape[:-1] + (n.Dv,)).to(q.dtype)
+    return out

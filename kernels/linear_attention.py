@@ -54,6 +54,28 @@ The gate is a hook: ``GATE`` is
   smooth gates (logsigmoid of N(2, 1)), like the ungated path; up to ~2e-6 for
   gates uniform in [-20, 0]; up to ~1.5e-5 for gates that jump between -20 and
   -0.01.
+
+* ``"householder"``: the Householder RNN / DeltaNet transition
+  ``S_t = S_{t-1} (I - beta_t w_t w_t^T) + v_t k_t^T`` (chapter 5).  Its chunk factors
+  come from the UT preparation pass (:mod:`.ut_prepare`, launched by
+  :mod:`.delta_rule`): ``Q`` and ``K`` then hold the boundary-adjusted ``q~``, ``k~``,
+  and the hook reads the in-chunk scores Ã and the chunk transition ``G_c = P_c^T - I``::
+
+      O_c = Q~_c H + Ã_c V_c
+      H  <- H + G_c H + K~_c^T V_c
+
+  with products whose operands are rounded to nearest (:func:`._pieces._dot`: the
+  state is multiplied by ``I + G_c`` chunk after chunk, and truncated tf32 operands
+  would shrink it a little every time).
+
+Non-finite inputs.  Every causal mask is a select, never a multiply by 0, and the
+products see the values with their NaN/inf replaced by 0 (inside ``A_c V_c`` a
+future NaN would reach earlier rows as ``0 * NaN``); the output channels whose
+values had a NaN or inf at or before a row are then set to NaN for that row
+(:mod:`._pieces`).  So a NaN or inf in ``q``, ``k`` or ``v`` at position ``t``
+changes outputs at positions ``>= t`` only: the rows that see it, and through the
+state every later row (NaN in ``q`` or ``k``; NaN in the channel for ``v``).  Inputs are validated once, at the
+entry point (:mod:`._launch`).
 """
 from __future__ import annotations
 
@@ -61,7 +83,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import dot_precision, interpreting, next_pow2, prepare_per_token, prepare_qkv
+from ..checks import QKV, check_positive_int, log_gate_condition, require
+from ._launch import Flat, dot_precision, interpreting, next_pow2, per_head, per_token, prepare_qkv
+from ._pieces import _dot, _load_rows, _store_rows
+
+__all__ = ["chunked_linear_attention", "CHANNEL_CHUNK"]
 
 CHANNEL_CHUNK = 16  # chunk length of the per-channel path (its intra-chunk term is C x C x BLOCK_DC)
 
@@ -76,7 +102,7 @@ def _channel_scores(Q, K, G, offs_t, in_t, stride_qt, stride_kt,
     cumulative gate is recomputed from the loads, which hit the cache.
     """
     offs_c = tl.arange(0, CHUNK)
-    causal = (offs_c[:, None] >= offs_c[None, :])[:, :, None]
+    causal = offs_c[:, None] >= offs_c[None, :]
     a = tl.zeros([CHUNK, CHUNK], dtype=tl.float32)
     for d0 in tl.static_range(0, BLOCK_D, BLOCK_DC):
         offs_e = d0 + tl.arange(0, BLOCK_DC)
@@ -85,60 +111,77 @@ def _channel_scores(Q, K, G, offs_t, in_t, stride_qt, stride_kt,
         k = tl.load(K + offs_t[:, None] * stride_kt + offs_e[None, :], mask=mask, other=0.0).to(tl.float32)
         b = tl.cumsum(tl.load(G + offs_t[:, None] * HEAD_DIM + offs_e[None, :], mask=mask, other=0.0), axis=0)
         # Mask first, exponentiate second: only b_id - b_jd with j <= i (never > 0) reaches exp.
-        decay = tl.exp(tl.where(causal, b[:, None, :] - b[None, :, :], float("-inf")))
+        decay = tl.exp(tl.where(causal[:, :, None], b[:, None, :] - b[None, :, :], float("-inf")))
         a += tl.sum(q[:, None, :] * k[None, :, :] * decay, axis=2)
-    return a
+    # Select, not multiply: a NaN or inf in a future key made q_i k_j * 0 = NaN above the diagonal.
+    return tl.where(causal, a, 0.0)
 
 
 @triton.jit
-def _linear_fwd(Q, K, V, O, LOG_F, T,
+def _linear_fwd(Q, K, V, O, LOG_F, AD, GM, T,
                 stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt, stride_ob, stride_ot,
+                stride_ab, stride_at, stride_gb, stride_gj,
                 HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                 CHUNK: tl.constexpr, GATE: tl.constexpr, PRECISION: tl.constexpr, BLOCK_DC: tl.constexpr):
-    pid_v = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     offs_c = tl.arange(0, CHUNK)
     offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = pid_v * BLOCK_DV + tl.arange(0, BLOCK_DV)
+    offs_dv = tl.program_id(0) * BLOCK_DV + tl.arange(0, BLOCK_DV)
     Q += bh * stride_qb
     K += bh * stride_kb
     V += bh * stride_vb
-    O += bh * stride_ob
     causal = offs_c[:, None] >= offs_c[None, :]
+    CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
 
     H = tl.zeros([BLOCK_D, BLOCK_DV], dtype=tl.float32)  # the state S^T, on chip for the whole sequence
+    first = tl.full([BLOCK_DV], CHUNK, tl.int32)  # no NaN/inf value seen yet
     for start in range(0, T, CHUNK):
+        # This chunk's rows (absolute positions: offsets computed in the loop, not held in
+        # registers across it); padding past T loads as zeros.
         offs_t = start + offs_c
-        in_t = offs_t < T
-        mask_qk = in_t[:, None] & (offs_d[None, :] < HEAD_DIM)
-        mask_v = in_t[:, None] & (offs_dv[None, :] < HEAD_DV)
-        q = tl.load(Q + offs_t[:, None] * stride_qt + offs_d[None, :], mask=mask_qk, other=0.0).to(tl.float32)
-        k = tl.load(K + offs_t[:, None] * stride_kt + offs_d[None, :], mask=mask_qk, other=0.0).to(tl.float32)
-        v = tl.load(V + offs_t[:, None] * stride_vt + offs_dv[None, :], mask=mask_v, other=0.0).to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        q = _load_rows(Q, offs_t, offs_d, stride_qt, T, HEAD_DIM, True, CHECK_D).to(tl.float32)
+        k = _load_rows(K, offs_t, offs_d, stride_kt, T, HEAD_DIM, True, CHECK_D).to(tl.float32)
+        v = _load_rows(V, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True).to(tl.float32)
+        # Products see finite values only: in a product, 0 * NaN = NaN would reach the rows
+        # before a NaN.  `first`: per value channel, the first row with a NaN/inf (CHUNK: none).
+        finite = tl.abs(v) < float("inf")
+        first = tl.minimum(first, tl.min(tl.where(finite, CHUNK, offs_c[:, None]), axis=0))
+        v = tl.where(finite, v, 0.0)
         if GATE == "scalar":
             # Padding past T gets log gate 0 (a = 1): it changes nothing, and k = v = 0 there.
-            b = tl.cumsum(tl.load(LOG_F + bh * T + offs_t, mask=in_t, other=0.0), axis=0)
+            b = tl.cumsum(tl.load(LOG_F + bh * T + offs_t, mask=offs_t < T, other=0.0), axis=0)
             b_last = tl.sum(tl.where(offs_c == CHUNK - 1, b, 0.0), axis=0)
-            s = s * tl.exp(tl.where(causal, b[:, None] - b[None, :], float("-inf")))
+            decay = tl.exp(tl.where(causal, b[:, None] - b[None, :], float("-inf")))
+            s = tl.where(causal, tl.dot(q, tl.trans(k), input_precision=PRECISION) * decay, 0.0)
             o = tl.dot(q * tl.exp(b)[:, None], H, input_precision=PRECISION)
             o += tl.dot(s, v, input_precision=PRECISION)
             H = H * tl.exp(b_last) + tl.dot(tl.trans(k * tl.exp(b_last - b)[:, None]), v, input_precision=PRECISION)
         elif GATE == "channel":
             # Per-channel cumulative log gate from the chunk start, (CHUNK, BLOCK_D); padding gets 0.
             G = LOG_F + bh * T * HEAD_DIM
-            b = tl.cumsum(tl.load(G + offs_t[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_qk, other=0.0), axis=0)
+            b = tl.cumsum(_load_rows(G, offs_t, offs_d, HEAD_DIM, T, HEAD_DIM, True, CHECK_D), axis=0)
             b_last = tl.sum(tl.where(offs_c[:, None] == CHUNK - 1, b, 0.0), axis=0)
-            s = _channel_scores(Q, K, G, offs_t, in_t, stride_qt, stride_kt, HEAD_DIM, BLOCK_D, BLOCK_DC, CHUNK)
+            s = _channel_scores(Q, K, G, offs_t, offs_t < T, stride_qt, stride_kt, HEAD_DIM, BLOCK_D, BLOCK_DC, CHUNK)
             o = tl.dot(q * tl.exp(b), H, input_precision=PRECISION)
             o += tl.dot(s, v, input_precision=PRECISION)
             H = H * tl.exp(b_last)[:, None] + tl.dot(tl.trans(k * tl.exp(b_last[None, :] - b)), v,
                                                      input_precision=PRECISION)
+        elif GATE == "householder":
+            # Q, K hold q~, k~; Ã (zero above the diagonal) and G_c come from the preparation pass.
+            a = _load_rows(AD + bh * stride_ab, offs_t, offs_c, stride_at, T, CHUNK, False, False)
+            g = _load_rows(GM + bh * stride_gb + (start // CHUNK) * stride_gj, offs_d, offs_d, HEAD_DIM, HEAD_DIM,
+                           HEAD_DIM, CHECK_D, CHECK_D)
+            o = _dot(q, H, PRECISION) + _dot(a, v, PRECISION)
+            H += _dot(g, H, PRECISION) + _dot(tl.trans(k), v, PRECISION)  # H <- P^T H + K~^T V
         else:
-            s = tl.where(causal, s, 0.0)
+            s = tl.where(causal, tl.dot(q, tl.trans(k), input_precision=PRECISION), 0.0)
             o = tl.dot(q, H, input_precision=PRECISION) + tl.dot(s, v, input_precision=PRECISION)
             H += tl.dot(tl.trans(k), v, input_precision=PRECISION)
-        tl.store(O + offs_t[:, None] * stride_ot + offs_dv[None, :], o.to(O.dtype.element_ty), mask=mask_v)
+        # The rows at or after a NaN/inf of their channel get NaN (IEEE would give NaN or +-inf,
+        # depending on signs); a later chunk sees it from its first row on.
+        o = tl.where(first[None, :] <= offs_c[:, None], float("nan"), o)
+        _store_rows(O + bh * stride_ob, o, offs_t, offs_dv, stride_ot, T, HEAD_DV)
+        first = tl.where(first < CHUNK, 0, CHUNK)
 
 
 def chunked_linear_attention(q, k, v, *, log_f=None, chunk: int = 64):
@@ -149,46 +192,89 @@ def chunked_linear_attention(q, k, v, *, log_f=None, chunk: int = 64):
     ``o_t = S_t q_t`` (no scale), with ``log_f``
 
     * None: ``S_t = S_{t-1} + v_t k_t^T`` (no gate);
-    * ``(..., T)``, entries <= 0, a scalar per token (RetNet, Mamba2):
+    * ``(..., T)``, finite entries <= 0, a scalar per token (RetNet, Mamba2):
       ``S_t = exp(log_f[t]) S_{t-1} + v_t k_t^T``;
-    * ``(..., T, D)``, entries <= 0, one gate per key channel (GLA):
+    * ``(..., T, D)``, finite entries <= 0, one gate per key channel (GLA):
       ``S_t = S_{t-1} diag(exp(log_f[t])) + v_t k_t^T``.  This path always uses
       chunks of ``CHANNEL_CHUNK = 16`` tokens (``chunk`` is ignored; see the
       module docstring for why).
 
-    ``chunk`` (a power of two >= 16) is the chunk length of the other paths.
-    The caller validates ``log_f``'s values (the chapter modules do); its shape
-    is checked here, since it selects the path.
+    ``chunk`` (a power of two in 16..128) is the chunk length of the other paths.
+    Every argument is validated here (values with one host synchronisation); no
+    input may require grad while grad mode is on (there is no backward pass yet).
     """
-    n, q3, k3, v3, dtype = prepare_qkv(q, k, v)
-    BH = q3.shape[0]
-    out = torch.empty(q3.shape[:-1] + (n.Dv,), dtype=dtype, device=q.device)
-    gate, log_f3 = "none", q3  # a dummy pointer when there is no gate
-    if log_f is not None:
-        if not isinstance(log_f, torch.Tensor):
-            raise TypeError(f"`log_f` must be a torch.Tensor or None, got {type(log_f).__name__}")
-        if tuple(log_f.shape) == n.lead + (n.T,):
-            gate = "scalar"
-        elif tuple(log_f.shape) == n.lead + (n.T, n.D):
-            gate = "channel"
-        else:
-            raise ValueError(f"`log_f` must have shape {n.lead + (n.T,)} (a gate per token) or "
-                             f"{n.lead + (n.T, n.D)} (a gate per token and key channel), got {tuple(log_f.shape)}")
-        if log_f.device != q.device:
-            raise ValueError(f"`log_f` must be on {q.device}, got {log_f.device}")
-    if n.T == 0 or BH == 0:
-        return out.reshape(q.shape[:-1] + (n.Dv,)).to(q.dtype)
-    if gate == "scalar":
-        log_f3 = prepare_per_token(log_f, n, BH)
-    elif gate == "channel":
-        log_f3 = log_f.reshape(BH, n.T, n.D).to(torch.float32).contiguous()
+    if log_f is None:
+        return gated_linear_attention(q, k, v, "none", None, chunk=chunk)
+    return gated_linear_attention(q, k, v, "log_f", log_f, chunk=chunk)
+
+
+def gated_linear_attention(q, k, v, gate: str, gate_arg, *, chunk: int = 64, name: str | None = None):
+    """:func:`chunked_linear_attention` with the gate named: ``gate`` is ``"none"``,
+    ``"log_f"`` (``gate_arg`` = the log gates, ``(..., T)`` or ``(..., T, D)``) or
+    ``"gamma"`` (``gate_arg`` = RetNet's constant gate per head, a float or a tensor
+    broadcastable to the leading dims, in (0, 1]; ``S_t = gamma S_{t-1} + v_t k_t^T``).
+    Error messages call ``gate_arg`` ``name`` (default: ``gate``).  A missing ``gate_arg``
+    is an error here, never a silent ungated run."""
+    name = gate if name is None else name
+    x = prepare_qkv(q, k, v)
+    chunk = _check_chunk(chunk)
+    kind, log_f3 = "none", None
+    if gate == "log_f":
+        kind = _gate_kind(gate_arg, name, x.n, q)
+        log_f3 = per_token(gate_arg, name, x, extra=(x.n.D,) if kind == "channel" else ())
+        require(log_gate_condition(log_f3, name))
+    elif gate == "gamma":
+        kind = "scalar"
+        g = per_head(gate_arg, name, x, dtype=torch.float64)  # the log is taken in float64
+        require(None if g.numel() == 0 else (((g > 0) & (g <= 1)).all(), lambda: (
+            f"`{name}` must lie in (0, 1] (a forget gate that shrinks the state); got {g[:8].tolist()}")))
+        log_f3 = torch.log(g).to(torch.float32)[:, None].expand(x.BH, x.n.T).contiguous()
+    elif gate != "none":
+        raise ValueError(f"`gate` must be 'none', 'log_f' or 'gamma', got {gate!r}")
+    return x.result(_linear_launch(x, kind, log_f3, chunk=chunk))
+
+
+def _check_chunk(chunk) -> int:
+    chunk = check_positive_int(chunk, "chunk")
+    if chunk not in (16, 32, 64, 128):
+        raise ValueError(f"`chunk` must be a power of two in 16..128, got {chunk}")
+    return chunk
+
+
+def _gate_kind(log_f, name: str, n: QKV, like) -> str:
+    """``"channel"`` for ``(..., T, D)``, ``"scalar"`` for ``(..., T)`` (the rest is checked by ``per_token``)."""
+    if isinstance(log_f, torch.Tensor) and log_f.dim() == like.dim():
+        return "channel"
+    if isinstance(log_f, torch.Tensor) and log_f.dim() != like.dim() - 1:
+        raise ValueError(f"`{name}` must have shape {n.lead + (n.T,)} (a gate per token) or "
+                         f"{n.lead + (n.T, n.D)} (a gate per token and key channel), got {tuple(log_f.shape)}")
+    return "scalar"
+
+
+def _linear_launch(x: Flat, gate: str, log_f3=None, *, chunk: int = 64, prep=None, precision=None) -> torch.Tensor:
+    """Launch on validated inputs (:func:`._launch.prepare_qkv`): returns ``(BH, T, Dv)``.
+
+    ``gate``: ``"none"``, ``"scalar"`` / ``"channel"`` (``log_f3``: fp32 ``(BH, T)`` /
+    ``(BH, T, D)``) or ``"householder"`` (``prep``: the :class:`.ut_prepare.Prepared`
+    factors of chunks of ``chunk`` tokens, read in place of ``q`` and ``k``).
+    """
+    n = x.n
+    out = x.new_output(n.Dv)
+    if x.empty_input:
+        return out
+    q3, k3, ad, gm = x.q, x.k, x.q, x.q  # dummy pointers for the hooks that do not read them
+    if gate == "channel":
         chunk = CHANNEL_CHUNK
+    elif gate == "householder":
+        q3, k3, ad, gm = prep.qt, prep.kt, prep.ad, prep.g
+    precision = dot_precision(x.dtype) if precision is None else precision
     block_d = next_pow2(n.D)
     block_dv = min(next_pow2(n.Dv), 64)
-    grid = (triton.cdiv(n.Dv, block_dv), BH)
-    _linear_fwd[grid](q3, k3, v3, out, log_f3, n.T, q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
-                      v3.stride(0), v3.stride(1), out.stride(0), out.stride(1),
+    grid = (triton.cdiv(n.Dv, block_dv), x.BH)
+    _linear_fwd[grid](q3, k3, x.v, out, x.q if log_f3 is None else log_f3, ad, gm, n.T,
+                      q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), x.v.stride(0), x.v.stride(1),
+                      out.stride(0), out.stride(1), ad.stride(0), ad.stride(1), gm.stride(0), gm.stride(1),
                       HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=block_d, BLOCK_DV=block_dv,
-                      CHUNK=chunk, GATE=gate, PRECISION=dot_precision(dtype), BLOCK_DC=min(block_d, 32),
+                      CHUNK=chunk, GATE=gate, PRECISION=precision, BLOCK_DC=min(block_d, 32),
                       num_warps=4, num_stages=1 if interpreting() else 2)
-    return out.reshape(q.shape[:-1] + (n.Dv,)).to(q.dtype)
+    return out

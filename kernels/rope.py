@@ -3,11 +3,15 @@ r"""The RoPE rotation pre-pass: one fused Triton pass that rotates q and k.
 RoPE needs no attention kernel of its own.  Rotate every query and key by its
 absolute position once, then run the templates unchanged:
 
-* :func:`pathedu.rope.rope_triton` = :func:`rotate_qk` followed by
-  :func:`pathedu.kernels.flash_attention.attention`;
-* :func:`pathedu.rope.complex_triton` = :func:`rotate_qk` followed by
-  :func:`pathedu.kernels.linear_attention.chunked_linear_attention`
+* :func:`pathedu.rope.rope_triton` = :func:`rotary_attention` = the rotation
+  followed by :func:`pathedu.kernels.flash_attention.attention`;
+* :func:`pathedu.rope.complex_triton` = :func:`rotary_linear_attention` = the
+  rotation followed by :func:`pathedu.kernels.linear_attention.chunked_linear_attention`
   (the complex recurrence *is* linear attention on rotated q, k).
+
+The composed entry points validate ``q, k, v`` once and call the internal,
+unvalidated launchers of both kernels (``_rotate_launch``, then
+``_attention_launch`` or ``_linear_launch``).
 
 One program owns ``BLOCK_T`` positions of one (batch, head) row of both ``q``
 and ``k``.  It computes, in fp32 and in registers,
@@ -43,8 +47,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ..rope import _pairs, check_base, check_even, check_offset, check_pairing
-from ._launch import interpreting, prepare_qkv
+from ..checks import check_scale
+from ..rope import _pairs, check_base, check_offset, check_pairing
+from ._launch import Flat, interpreting, prepare_qkv
+from .flash_attention import _attention_launch
+from .linear_attention import _linear_launch
+
+__all__ = ["rotate_qk", "rotary_attention", "rotary_linear_attention", "trig_table", "trig_error"]
 
 
 @triton.jit
@@ -93,25 +102,56 @@ def rotate_qk(q, k, *, base: float = 10000.0, offset: int = 0, pairing: str = "i
     ``"interleaved"`` = channels (2n, 2n+1), ``"half"`` = channels (n, n + D/2)),
     but with fp32 angles computed in the kernel.  Leading dims are flattened.
     In interpreter mode bf16 is rotated in fp32 and rounded back to bf16.
+    No input may require grad while grad mode is on (there is no backward pass yet).
     """
     if isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and k.dtype != q.dtype:
         raise TypeError(f"`q` and `k` must share one dtype, got {q.dtype} and {k.dtype}")
-    # v = k: every shape check then concerns `q` and `k` only.
-    n, q3, k3, _, dtype = prepare_qkv(q, k, k, min_dim=2, max_dim=256)
-    check_even(n.D, "q")
-    base, offset, pairing = check_base(base), check_offset(offset), check_pairing(pairing)
-    BH = q3.shape[0]
-    qo, ko = torch.empty_like(q3), torch.empty_like(k3)
-    if n.T > 0 and BH > 0:
-        half = n.D // 2
+    x = prepare_qkv(q, k, None, min_dim=2, max_dim=256, even=True)  # v=None: a pre-pass of q and k only
+    qo, ko = _rotate_launch(x, check_base(base), check_offset(offset), check_pairing(pairing))
+    return x.result(qo), x.result(ko)
+
+
+def rotary_attention(q, k, v, *, base: float = 10000.0, scale=None, pairing: str = "interleaved"):
+    """RoPE softmax attention: :func:`rotate_qk` (offset 0) then the unchanged FlashAttention
+    template (:func:`pathedu.kernels.flash_attention.attention`), validated once.
+
+    Shapes: ``q, k: (..., T, D)``, ``v: (..., T, Dv)`` -> ``(..., T, Dv)``; ``D`` even,
+    ``D, Dv`` in 16..128; fp16/bf16/fp32; ``scale=None`` means ``D ** -0.5``.
+    """
+    x, base, pairing = _check_rotary(q, k, v, base, pairing)
+    scale = check_scale(scale, x.n.D)
+    return x.result(_attention_launch(x.with_qk(*_rotate_launch(x, base, 0, pairing)), scale))
+
+
+def rotary_linear_attention(q, k, v, *, base: float = 10000.0, pairing: str = "interleaved"):
+    """The complex recurrence ``S_t = S_{t-1} e^{i Omega} + v_t k~_t^H``, ``o_t = Re{S_t q~_t}``:
+    :func:`rotate_qk` (offset 0) then plain chunked linear attention
+    (:func:`pathedu.kernels.linear_attention.chunked_linear_attention`), validated once.
+
+    Shapes: ``q, k: (..., T, D)``, ``v: (..., T, Dv)`` -> ``(..., T, Dv)``; ``D`` even,
+    ``D, Dv`` in 16..128; fp16/bf16/fp32, fp32 state.
+    """
+    x, base, pairing = _check_rotary(q, k, v, base, pairing)
+    return x.result(_linear_launch(x.with_qk(*_rotate_launch(x, base, 0, pairing)), "none"))
+
+
+def _check_rotary(q, k, v, base, pairing):
+    return prepare_qkv(q, k, v, even=True), check_base(base), check_pairing(pairing)
+
+
+def _rotate_launch(x: Flat, base: float, offset: int, pairing: str):
+    """Rotate validated ``x.q, x.k`` (``(BH, T, D)``): returns new ``(BH, T, D)`` tensors, compute dtype."""
+    qo, ko = torch.empty_like(x.q), torch.empty_like(x.k)
+    if not x.empty_input:
+        half = x.n.D // 2
         block_h = triton.next_power_of_2(half)
         # Interpreter: few large programs (its cost is per program).  GPU: ~2048 fp32 values per tile.
         block_t = 128 if interpreting() else max(16, min(128, 2048 // block_h))
-        grid = (triton.cdiv(n.T, block_t), BH)
-        _rope_fwd[grid](q3, k3, qo, ko, n.T, offset, math.log2(base), q3.stride(0), q3.stride(1),
+        grid = (triton.cdiv(x.n.T, block_t), x.BH)
+        _rope_fwd[grid](x.q, x.k, qo, ko, x.n.T, offset, math.log2(base), x.q.stride(0), x.q.stride(1),
                         HALF=half, BLOCK_T=block_t, BLOCK_H=block_h, INTERLEAVED=pairing == "interleaved",
                         num_warps=4)
-    return qo.reshape(q.shape).to(q.dtype), ko.reshape(k.shape).to(k.dtype)
+    return qo, ko
 
 
 def trig_table(T: int, D: int, *, base: float = 10000.0, offset: int = 0, device=None):

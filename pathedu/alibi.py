@@ -45,6 +45,10 @@ Triton            ``alibi_triton``: bias hook of      ``retnet_triton``: scalar-
 Helpers: :func:`alibi_bias` (the matrix ``B``), :func:`retnet_decay` (the
 matrix ``D = exp(B)``), :func:`alibi_slopes`, :func:`retnet_gammas`,
 :func:`slope_to_gamma`, :func:`gamma_to_slope`, :func:`half_life`.
+
+Non-finite inputs: a NaN or inf in ``q``, ``k`` or ``v`` at position t changes
+only the outputs at positions >= t (masks are selects, and masked weights never
+multiply it: :func:`pathedu.masks.causal_matmul`).
 """
 from __future__ import annotations
 
@@ -53,9 +57,9 @@ import numbers
 
 import torch
 
-from .checks import QKV, check_qkv, check_scale
-from .masks import causal_mask, masked_logits
-from .nope import blockwise_softmax, decode_with_cache, empty_output
+from .checks import QKV, check_device, check_positive_int, check_qkv, check_scale, require
+from .masks import causal_mask, causal_matmul, masked_logits
+from .nope import _initial_state, blockwise_softmax, causal_softmax, decode_with_cache, empty_output
 
 __all__ = [
     "alibi_naive", "alibi_recurrent", "alibi_matrix", "alibi_blockwise", "alibi_triton",
@@ -74,28 +78,40 @@ def _as_tensor(x, name: str) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         if x.dtype == torch.bool or x.is_complex():
             raise TypeError(f"`{name}` must be a real tensor, got dtype {x.dtype}")
+        check_device(x, name)
         return x.to(torch.float64)
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
         raise TypeError(f"`{name}` must be a float or a tensor, got {type(x).__name__}")
     return torch.tensor(float(x), dtype=torch.float64)
 
 
+def _slope_condition(t: torch.Tensor, name: str = "slope"):
+    """``t`` finite and ``>= 0``, as a condition for :func:`pathedu.checks.require`."""
+    return ((torch.isfinite(t) & (t >= 0)).all(),
+            lambda: f"`{name}` must be finite and >= 0 (ALiBi's bias -slope*(i-j) penalises distance); "
+                    f"got {t.flatten()[:8].tolist()}")
+
+
+def _gamma_condition(t: torch.Tensor, name: str = "gamma"):
+    """``t`` in ``(0, 1]``, as a condition for :func:`pathedu.checks.require`."""
+    return (((t > 0) & (t <= 1)).all(),
+            lambda: f"`{name}` must lie in (0, 1] (a forget gate that shrinks the state); "
+                    f"got {t.flatten()[:8].tolist()}")
+
+
 def _check_slope_values(t: torch.Tensor, name: str = "slope") -> None:
-    if not bool((torch.isfinite(t) & (t >= 0)).all()):
-        raise ValueError(f"`{name}` must be finite and >= 0 (ALiBi's bias -slope*(i-j) penalises distance); "
-                         f"got {t.flatten()[:8].tolist()}")
+    require(_slope_condition(t, name))
 
 
 def _check_gamma_values(t: torch.Tensor, name: str = "gamma") -> None:
-    if not bool(((t > 0) & (t <= 1)).all()):
-        raise ValueError(f"`{name}` must lie in (0, 1] (a forget gate that shrinks the state); "
-                         f"got {t.flatten()[:8].tolist()}")
+    require(_gamma_condition(t, name))
 
 
 def _per_head(x, name: str, n: QKV, like: torch.Tensor, check, dtype=None) -> torch.Tensor:
     """Validate a float or a tensor broadcastable to the leading dims ``n.lead``; return it
     as a tensor of shape ``n.lead + (1, 1)`` (ready to broadcast against ``(..., T, T)``)
-    in ``dtype`` (default: ``like``'s dtype) on ``like``'s device."""
+    in ``dtype`` (default: ``like``'s dtype) on ``like``'s device.  ``check(t, name)``
+    reads the values (one host synchronisation); a public form calls this once."""
     t = _as_tensor(x, name)
     check(t, name)
     try:
@@ -199,9 +215,13 @@ def alibi_bias(T: int, slope, *, dtype=torch.float64, device=None) -> torch.Tens
     """
     t = _as_tensor(slope, "slope")
     _check_slope_values(t)
-    dist = _positions(T, device).to(dtype)
-    bias = -t.to(dtype=dtype, device=device)[..., None, None] * dist
-    return masked_logits(bias, causal_mask(T, device))
+    return masked_logits(_distance_bias(T, t.to(dtype=dtype, device=device)), causal_mask(T, device))
+
+
+def _distance_bias(T: int, lam: torch.Tensor) -> torch.Tensor:
+    """``-lam (i - j)`` for every ``(i, j)``, unmasked (positive above the diagonal): ``lam.shape + (T, T)``.
+    ``lam`` already validated; the result is in its dtype, on its device."""
+    return -lam[..., None, None] * _positions(T, lam.device).to(lam.dtype)
 
 
 def retnet_decay(T: int, gamma, *, dtype=torch.float64, device=None) -> torch.Tensor:
@@ -213,9 +233,13 @@ def retnet_decay(T: int, gamma, *, dtype=torch.float64, device=None) -> torch.Te
     """
     t = _as_tensor(gamma, "gamma")
     _check_gamma_values(t)
-    dist = _positions(T, device).clamp_min(0).to(dtype)  # future entries are zeroed below
-    decay = t.to(dtype=dtype, device=device)[..., None, None] ** dist
-    return decay * causal_mask(T, device)
+    return _decay_powers(T, t.to(dtype=dtype, device=device)).tril()
+
+
+def _decay_powers(T: int, g: torch.Tensor) -> torch.Tensor:
+    """``g^max(i - j, 0)`` for every ``(i, j)``, unmasked (1 above the diagonal): ``g.shape + (T, T)``.
+    ``g`` already validated; the result is in its dtype, on its device."""
+    return g[..., None, None] ** _positions(T, g.device).clamp_min(0).to(g.dtype)
 
 
 # ---------------------------------------------------------------------------
@@ -257,8 +281,10 @@ def alibi_recurrent(q, k, v, slope, *, scale=None, page: int = 64):
     n = check_qkv(q, k, v)
     scale = check_scale(scale, n.D)
     lam = _slope(slope, n, q)[..., 0, 0]  # (...)
+    page = check_positive_int(page, "page")
     if n.T == 0:
         return empty_output(q, v)
+
     def bias(t, start, end):  # -slope (t - j) for cached keys j = start..end-1
         return -lam[..., None] * (t - torch.arange(start, end, device=q.device, dtype=q.dtype))
 
@@ -276,8 +302,8 @@ def alibi_matrix(q, k, v, slope, *, scale=None):
     lam = _slope(slope, n, q)[..., 0, 0]
     if n.T == 0:
         return empty_output(q, v)
-    logits = scale * q @ k.transpose(-1, -2) + alibi_bias(n.T, lam, dtype=q.dtype, device=q.device)
-    return torch.softmax(logits, dim=-1) @ v
+    # The bias is finite everywhere; the future is hidden afterwards, by a select (causal_softmax).
+    return causal_softmax(scale * q @ k.transpose(-1, -2) + _distance_bias(n.T, lam), v)
 
 
 def alibi_blockwise(q, k, v, slope, *, scale=None, block_m: int = 64, block_n: int = 64):
@@ -292,6 +318,7 @@ def alibi_blockwise(q, k, v, slope, *, scale=None, block_m: int = 64, block_n: i
     n = check_qkv(q, k, v)
     scale = check_scale(scale, n.D)
     lam = _slope(slope, n, q)  # (..., 1, 1)
+    block_m, block_n = check_positive_int(block_m, "block_m"), check_positive_int(block_n, "block_n")
     if n.T == 0:
         return empty_output(q, v)
     bias = lambda rows, cols: -lam * (rows[:, None] - cols[None, :]).to(q.dtype)  # noqa: E731
@@ -302,13 +329,14 @@ def alibi_triton(q, k, v, slope, *, scale=None):
     """ALiBi through the FlashAttention template's bias hook:
     :func:`pathedu.kernels.flash_attention.attention` with ``alibi_slope=slope``.
 
-    fp16/bf16/fp32, head dims 16..128, fp32 accumulation.  Shapes as :func:`alibi_naive`.
+    fp16/bf16/fp32, head dims 16..128, fp32 accumulation.  Shapes as :func:`alibi_naive`
+    (``slope``: a float or a tensor broadcastable to the leading dims, finite, >= 0).
+    Every argument is validated by the kernel entry point
+    (:func:`pathedu.kernels.flash_attention.biased_attention`, one host sync).
     """
-    from .kernels.flash_attention import attention
+    from .kernels.flash_attention import biased_attention
 
-    n = check_qkv(q, k, v)
-    lam = _slope(slope, n, q, dtype=torch.float32)[..., 0, 0]
-    return attention(q, k, v, scale=scale, alibi_slope=lam)
+    return biased_attention(q, k, v, "alibi", slope, scale=scale, name="slope")
 
 
 # ---------------------------------------------------------------------------
@@ -340,7 +368,7 @@ def retnet_recurrent(q, k, v, gamma, *, initial_state=None, return_state: bool =
     """
     n = check_qkv(q, k, v)
     g = _gamma(gamma, n, q)  # (..., 1, 1)
-    S = q.new_zeros(n.lead + (n.Dv, n.D)) if initial_state is None else initial_state.clone()
+    S = _initial_state(initial_state, n, q)
     outs = []
     for t in range(n.T):
         S = g * S + v[..., t, :, None] * k[..., t, None, :]
@@ -353,11 +381,12 @@ def retnet_matrix(q, k, v, gamma):
     """Parallel form: ``(Q K^T * D) V`` with ``D`` = :func:`retnet_decay`
     (``gamma^(i-j)`` on and below the diagonal, 0 above).
 
-    Shapes as :func:`retnet_naive`; O(T^2) memory.
+    The 0 above the diagonal is a select (``tril``) and the product with ``V`` is
+    :func:`pathedu.masks.causal_matmul`.  Shapes as :func:`retnet_naive`; O(T^2) memory.
     """
     n = check_qkv(q, k, v)
     g = _gamma(gamma, n, q)[..., 0, 0]
-    return ((q @ k.transpose(-1, -2)) * retnet_decay(n.T, g, dtype=q.dtype, device=q.device)) @ v
+    return causal_matmul(((q @ k.transpose(-1, -2)) * _decay_powers(n.T, g)).tril(), v)
 
 
 def retnet_chunked(q, k, v, gamma, *, chunk: int = 64):
@@ -375,15 +404,17 @@ def retnet_chunked(q, k, v, gamma, *, chunk: int = 64):
     """
     n = check_qkv(q, k, v)
     g = _gamma(gamma, n, q)  # (..., 1, 1)
+    chunk = check_positive_int(chunk, "chunk")
     H = q.new_zeros(n.lead + (n.D, n.Dv))
     out = torch.empty(q.shape[:-1] + (n.Dv,), dtype=q.dtype, device=q.device)
+    v_finite = bool(torch.isfinite(v).all())
     for s in range(0, n.T, chunk):
         e = min(s + chunk, n.T)
         C = e - s
         r = torch.arange(C, device=q.device, dtype=q.dtype)[:, None]  # (C, 1)
         qc, kc, vc = q[..., s:e, :], k[..., s:e, :], v[..., s:e, :]
-        intra = (qc @ kc.transpose(-1, -2)) * retnet_decay(C, g[..., 0, 0], dtype=q.dtype, device=q.device)
-        out[..., s:e, :] = (qc * g ** (r + 1)) @ H + intra @ vc
+        intra = ((qc @ kc.transpose(-1, -2)) * _decay_powers(C, g[..., 0, 0])).tril()  # Q K^T * D_C, 0s by a select
+        out[..., s:e, :] = (qc * g ** (r + 1)) @ H + causal_matmul(intra, vc, finite=v_finite)
         H = g ** C * H + (kc * g ** (C - 1 - r)).transpose(-1, -2) @ vc
     return out
 
@@ -393,11 +424,11 @@ def retnet_triton(q, k, v, gamma):
     :func:`pathedu.kernels.linear_attention.chunked_linear_attention` with
     ``log_f = log(gamma)`` expanded to ``(..., T)`` (the same gate at every step).
 
-    fp16/bf16/fp32, head dims 16..128, fp32 state.  Shapes as :func:`retnet_naive`.
+    fp16/bf16/fp32, head dims 16..128, fp32 state.  Shapes as :func:`retnet_naive`
+    (``gamma``: a float or a tensor broadcastable to the leading dims, in (0, 1]; its log
+    is taken in float64).  Every argument is validated by the kernel entry point
+    (:func:`pathedu.kernels.linear_attention.gated_linear_attention`, one host sync).
     """
-    from .kernels.linear_attention import chunked_linear_attention
+    from .kernels.linear_attention import gated_linear_attention
 
-    n = check_qkv(q, k, v)
-    log_g = torch.log(_gamma(gamma, n, q, dtype=torch.float64)[..., 0])  # (..., 1), computed in float64
-    log_f = log_g.to(torch.float32).expand(n.lead + (n.T,))
-    return chunked_linear_attention(q, k, v, log_f=log_f)
+    return gated_linear_attention(q, k, v, "gamma", gamma)

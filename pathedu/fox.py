@@ -34,6 +34,10 @@ exponent is known to be <= 0.  Reference forms compute in float32 or wider
 Shapes everywhere: ``q, k: (..., T, D)``, ``v: (..., T, Dv)``, output
 ``(..., T, Dv)``; the leading dims (batch, heads, ...) must agree.
 
+Non-finite inputs: a NaN or inf in ``q``, ``k`` or ``v`` at position t changes
+only the outputs at positions >= t (masks are selects, and masked weights never
+multiply it: :func:`pathedu.masks.causal_matmul`); ``log_f`` must be finite.
+
 ================  ==============================  ==============================
 form              softmax side (FoX)              linear side (GLA / Mamba2)
 ================  ==============================  ==============================
@@ -52,9 +56,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .checks import QKV, check_per_token, check_qkv, check_scale
-from .masks import causal_mask, masked_logits
-from .nope import KVCache, blockwise_softmax, empty_output
+from .checks import (QKV, check_device, check_per_token, check_positive_int, check_qkv, check_scale, log_gate_condition,
+                     require)
+from .masks import causal_mask, causal_matmul, masked_logits
+from .nope import KVCache, _initial_state, blockwise_softmax, causal_softmax, empty_output
 
 __all__ = [
     "forget_gate_logits_to_log_f", "log_gate_matrix", "ForgetKVCache",
@@ -82,14 +87,8 @@ def forget_gate_logits_to_log_f(x):
 
 
 def _check_log_values(log_f) -> None:
-    """Every entry a finite log gate: ``-inf < log_f <= 0`` (NaN fails too)."""
-    if log_f.numel() == 0:
-        return
-    if not bool((log_f <= 0).all()):
-        bad = log_f[~(log_f <= 0)].flatten()[0].item()
-        raise ValueError(f"`log_f` must be <= 0 (the log of a forget gate in (0, 1]); found {bad}")
-    if bool(torch.isinf(log_f).any()):
-        raise ValueError("`log_f` must be finite (a gate of exactly 0 is -inf; use a large negative number)")
+    """Every entry a finite log gate: ``-inf < log_f <= 0`` (NaN fails too); one host sync."""
+    require(log_gate_condition(log_f))
 
 
 def _work_dtype(q, log_f) -> torch.dtype:
@@ -113,7 +112,13 @@ def log_gate_matrix(log_f):
         raise TypeError(f"`log_f` must have a floating dtype, got {log_f.dtype}")
     if log_f.dim() < 1:
         raise ValueError(f"`log_f` must have shape (..., T), got shape {tuple(log_f.shape)}")
+    check_device(log_f, "log_f")
     _check_log_values(log_f)
+    return _log_gate_matrix(log_f)
+
+
+def _log_gate_matrix(log_f):
+    """:func:`log_gate_matrix` of an already validated ``log_f``."""
     T = log_f.shape[-1]
     # Y[..., j, i] = sum_{j < s <= i} log_f[s]: keep log_f[s] for s > j in row j, sum along the row
     # (a cumulative sum along the last, contiguous dim), then read it transposed as D[..., i, j].
@@ -159,37 +164,55 @@ class ForgetKVCache(KVCache):
     """A decoding cache for FoX: keys, values and each key's cumulative log gate.
 
     The cache keeps a running total ``c_t = sum_{s<=t} log_f[s]`` (``c_now``)
-    and stores ``c_j`` next to ``k_j, v_j``.  Reading it at step ``t`` adds the
-    bias ``c_t - c_j = sum_{s=j+1..t} log_f[s]`` to each logit, page by page,
-    merged with :func:`pathedu.nope.online_softmax_step`.  Appending a token
-    costs O(1); nothing already cached is rewritten.
+    and stores ``c_j`` next to ``k_j, v_j`` (in pages, like them).  Reading it
+    at step ``t`` adds the bias ``c_t - c_j = sum_{s=j+1..t} log_f[s]`` to each
+    logit, page by page, merged with :func:`pathedu.nope.online_softmax_step`.
+    Appending a token costs O(1); nothing already cached is rewritten.
+
+    ``c`` is kept in float64 whatever the working dtype: it grows without bound,
+    and a float32 running total loses the small gates (after 1024 gates of
+    -30, ``|c|`` is 3e4, where float32's spacing is 2e-3: each later gate of
+    -1e-3 is rounded to -2e-3, and ``c_t - c_j``, a difference of two large
+    numbers, is wrong by far more than the gates it should measure).  The
+    difference is small, and is cast to the working dtype.
 
     Shapes: ``append(k_t: (..., D), v_t: (..., Dv), log_f_t: (...))``;
-    ``attend(q_t: (..., D), scale) -> (..., Dv)``.
+    ``attend(q_t: (..., D), scale) -> (..., Dv)``; ``c``: ``(..., len)``, float64.
     """
 
-    def __init__(self, lead, D, Dv, T_max, *, dtype, device, page: int = 64):
+    def __init__(self, lead, D, Dv, T_max=None, *, dtype, device, page: int = 64):
         super().__init__(lead, D, Dv, T_max, dtype=dtype, device=device, page=page)
-        self.c = torch.empty(tuple(lead) + (T_max,), dtype=dtype, device=device)
-        self.c_now = torch.zeros(tuple(lead), dtype=dtype, device=device)
+        self.c_pages: list[torch.Tensor] = []  # each (..., <= page), float64
+        self.c_now = torch.zeros(tuple(lead), dtype=torch.float64, device=device)
 
     def append(self, k_t, v_t, log_f_t):
-        self.c_now = self.c_now + log_f_t
-        self.c[..., self.len] = self.c_now
+        self.c_now = self.c_now + log_f_t.to(torch.float64)
+        self._write(self.c_pages, self.c_now[..., None], dim=-1)
         super().append(k_t, v_t)
 
+    @property
+    def c(self) -> torch.Tensor:
+        return torch.cat(self.c_pages, dim=-1) if self.c_pages else \
+            torch.empty(self.lead + (0,), dtype=torch.float64, device=self.device)
+
     def attend(self, q_t, scale):
-        # sum_{s=j+1..t} log_f[s] = c_t - c_j, added as each page is read.
-        return super().attend(q_t, scale, bias=lambda start, end: self.c_now[..., None] - self.c[..., start:end])
+        # sum_{s=j+1..t} log_f[s] = c_t - c_j (in float64), added as each page is read.
+        def bias(start, end):
+            c_page = self.c_pages[start // self.page]
+            return (self.c_now[..., None] - c_page).to(q_t.dtype)
+
+        return super().attend(q_t, scale, bias=bias)
 
 
 def fox_recurrent(q, k, v, log_f, *, scale=None, page: int = 64):
     """Decoding: token by token, append ``(k_t, v_t, log_f[t])`` to a :class:`ForgetKVCache`, then attend.
 
     The running cumulative log gate is all the state the gate adds to an
-    ordinary KV cache.  Shapes as :func:`fox_naive`.
+    ordinary KV cache (kept in float64: see :class:`ForgetKVCache`).  Shapes
+    as :func:`fox_naive`.
     """
     n, scale, dt = _prepare_fox(q, k, v, log_f, scale)
+    page = check_positive_int(page, "page")
     if n.T == 0:
         return empty_output(q, v)
     q_, k_, v_, g = q.to(dt), k.to(dt), v.to(dt), log_f.to(dt)
@@ -210,8 +233,8 @@ def fox_matrix(q, k, v, log_f, *, scale=None):
     n, scale, dt = _prepare_fox(q, k, v, log_f, scale)
     if n.T == 0:
         return empty_output(q, v)
-    logits = scale * q.to(dt) @ k.to(dt).transpose(-1, -2) + log_gate_matrix(log_f.to(dt))
-    return (torch.softmax(logits, dim=-1) @ v.to(dt)).to(q.dtype)
+    logits = scale * q.to(dt) @ k.to(dt).transpose(-1, -2) + _log_gate_matrix(log_f.to(dt))
+    return causal_softmax(logits, v.to(dt)).to(q.dtype)  # the -inf above the diagonal re-imposed by a select
 
 
 def fox_blockwise(q, k, v, log_f, *, scale=None, block_m: int = 64, block_n: int = 64):
@@ -225,6 +248,7 @@ def fox_blockwise(q, k, v, log_f, *, scale=None, block_m: int = 64, block_n: int
     Shapes as :func:`fox_naive`.
     """
     n, scale, dt = _prepare_fox(q, k, v, log_f, scale)
+    block_m, block_n = check_positive_int(block_m, "block_m"), check_positive_int(block_n, "block_n")
     if n.T == 0:
         return empty_output(q, v)
     c = torch.cumsum(log_f.to(dt), dim=-1)
@@ -241,12 +265,12 @@ def fox_triton(q, k, v, log_f, *, scale=None):
     differs from :func:`fox_blockwise`'s ``c_i - c_j`` by ``c_i - c_r``, the same
     for a whole row, which softmax ignores.
     Accepts fp16/bf16/fp32 ``q, k, v`` and head dims 16..128.  Shapes as
-    :func:`fox_naive`.
+    :func:`fox_naive`.  Every argument is validated by the kernel entry point
+    (:func:`pathedu.kernels.flash_attention.biased_attention`, one host sync).
     """
-    from .kernels.flash_attention import attention
+    from .kernels.flash_attention import biased_attention
 
-    _prepare_fox(q, k, v, log_f, scale)
-    return attention(q, k, v, scale=scale, log_f=log_f)
+    return biased_attention(q, k, v, "loggate", log_f, scale=scale, name="log_f")
 
 
 # ---------------------------------------------------------------------------
@@ -304,12 +328,7 @@ def gla_recurrent(q, k, v, log_f, *, initial_state=None, return_state: bool = Fa
     """
     n, g, _, dt = _prepare_gla(q, k, v, log_f)
     q_, k_, v_ = q.to(dt), k.to(dt), v.to(dt)
-    if initial_state is None:
-        S = q_.new_zeros(n.lead + (n.Dv, n.D))
-    else:
-        if not isinstance(initial_state, torch.Tensor) or tuple(initial_state.shape) != n.lead + (n.Dv, n.D):
-            raise ValueError(f"`initial_state` must be a tensor of shape {n.lead + (n.Dv, n.D)} (..., Dv, D)")
-        S = initial_state.to(dt).clone()
+    S = _initial_state(initial_state, n, q, dtype=dt)
     outs = []
     for t in range(n.T):
         S = S * torch.exp(g[..., t, None, :]) + v_[..., t, :, None] * k_[..., t, None, :]
@@ -328,16 +347,17 @@ def gla_matrix(q, k, v, log_f):
     n, g, channel, dt = _prepare_gla(q, k, v, log_f)
     q_, k_, v_ = q.to(dt), k.to(dt), v.to(dt)
     if not channel:
-        W = (q_ @ k_.transpose(-1, -2)) * torch.exp(log_gate_matrix(g[..., 0]))
+        W = (q_ @ k_.transpose(-1, -2)) * torch.exp(_log_gate_matrix(g[..., 0]))
     else:
         # Accumulated key-major, W^T[j, i]: the layout in which log_gate_matrix builds D (its
         # transpose is contiguous), so each channel's pass reads memory in order.
         Wt = q_.new_zeros(n.lead + (n.T, n.T))
         for d in range(n.D):
-            decay_t = torch.exp_(log_gate_matrix(g[..., d]).transpose(-1, -2))  # exp(D_d)^T
+            decay_t = torch.exp_(_log_gate_matrix(g[..., d]).transpose(-1, -2))  # exp(D_d)^T
             Wt.addcmul_(k_[..., :, d, None] * q_[..., None, :, d], decay_t)
         W = Wt.transpose(-1, -2)
-    return (W @ v_).to(q.dtype)
+    # exp(-inf) = 0 above the diagonal, but 0 * nan is NaN: zero the future by a select.
+    return causal_matmul(W.tril(), v_).to(q.dtype)
 
 
 def gla_chunked(q, k, v, log_f, *, chunk: int | None = None):
@@ -360,10 +380,9 @@ def gla_chunked(q, k, v, log_f, *, chunk: int | None = None):
     from .kernels.linear_attention import CHANNEL_CHUNK
 
     n, g, channel, dt = _prepare_gla(q, k, v, log_f)
-    C = chunk if chunk is not None else (CHANNEL_CHUNK if channel else 64)
-    if not (isinstance(C, int) and C >= 1):
-        raise ValueError(f"`chunk` must be a positive int or None, got {chunk!r}")
+    C = check_positive_int(chunk, "chunk") if chunk is not None else (CHANNEL_CHUNK if channel else 64)
     q_, k_, v_ = q.to(dt), k.to(dt), v.to(dt)
+    v_finite = bool(torch.isfinite(v_).all())
     H = q_.new_zeros(n.lead + (n.D, n.Dv))
     out = torch.empty(q.shape[:-1] + (n.Dv,), dtype=dt, device=q.device)
     for s in range(0, n.T, C):
@@ -377,7 +396,8 @@ def gla_chunked(q, k, v, log_f, *, chunk: int | None = None):
             A = torch.einsum("...id,...jd,...ijd->...ij", qc, kc, torch.exp(diff))
         else:
             A = (qc @ kc.transpose(-1, -2)) * torch.exp(masked_logits(b - b.transpose(-1, -2), mask))
-        out[..., s:e, :] = (qc * torch.exp(b)) @ H + A @ vc
+        A = A.tril()  # exp(-inf) = 0 above the diagonal, but 0 * nan is NaN: zero the future by a select
+        out[..., s:e, :] = (qc * torch.exp(b)) @ H + causal_matmul(A, vc, finite=v_finite)
         H = H * torch.exp(b_last).transpose(-1, -2) + (kc * torch.exp(b_last - b)).transpose(-1, -2) @ vc
     return out.to(q.dtype)
 
@@ -388,9 +408,10 @@ def gla_triton(q, k, v, log_f):
     A per-token gate takes the kernel's ``"scalar"`` path (chunks of 64, matrix
     products), a per-channel gate its ``"channel"`` path (chunks of 16, a 3-D
     broadcast for the intra-chunk scores).  Accepts fp16/bf16/fp32 and head dims
-    16..128; fp32 state.  Shapes as :func:`gla_naive`.
+    16..128; fp32 state.  Shapes as :func:`gla_naive`.  Every argument is validated by
+    the kernel entry point (:func:`pathedu.kernels.linear_attention.gated_linear_attention`,
+    one host sync).
     """
-    from .kernels.linear_attention import chunked_linear_attention
+    from .kernels.linear_attention import gated_linear_attention
 
-    _prepare_gla(q, k, v, log_f)
-    return chunked_linear_attention(q, k, v, log_f=log_f)
+    return gated_linear_attention(q, k, v, "log_f", log_f)

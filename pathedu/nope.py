@@ -26,25 +26,49 @@ blockwise         ``nope_blockwise``: online      ``linear_chunked``: chunks +
                   softmax over key blocks         carried state
 Triton            ``nope_triton``                 ``linear_triton``
 ================  ==============================  ==============================
+
+Non-finite inputs: a NaN or inf in ``q``, ``k`` or ``v`` at position t changes
+only the outputs at positions >= t (masked weights never multiply it:
+:func:`pathedu.masks.causal_matmul`).
 """
 from __future__ import annotations
 
 
 import torch
 
-from .checks import check_qkv, check_scale
-from .masks import causal_mask, masked_logits
+from .checks import QKV, check_device, check_positive_int, check_qkv, check_scale
+from .masks import causal_mask, causal_matmul, masked_logits
 
 __all__ = [
     "nope_naive", "nope_recurrent", "nope_matrix", "nope_blockwise", "nope_triton",
     "linear_naive", "linear_recurrent", "linear_matrix", "linear_chunked", "linear_triton",
-    "KVCache", "decode_with_cache", "online_softmax_step", "blockwise_softmax", "empty_output",
+    "KVCache", "decode_with_cache", "online_softmax_step", "blockwise_softmax", "causal_softmax", "empty_output",
 ]
 
 
 def empty_output(q, v):
     """The output of an empty sequence: ``(..., 0, Dv)``."""
     return q.new_empty(q.shape[:-1] + (v.shape[-1],))
+
+
+def _initial_state(state, n: QKV, like: torch.Tensor, *, dtype=None) -> torch.Tensor:
+    """The starting state of a linear-side recurrent/chunked form: zeros, or ``state: (..., Dv, D)``
+    checked (a real tensor of that shape on ``like``'s device) and copied in ``dtype``
+    (default ``like``'s).  Errors name ``initial_state``."""
+    dtype = like.dtype if dtype is None else dtype
+    want = n.lead + (n.Dv, n.D)
+    if state is None:
+        return torch.zeros(want, dtype=dtype, device=like.device)
+    if not isinstance(state, torch.Tensor):
+        raise TypeError(f"`initial_state` must be a torch.Tensor, got {type(state).__name__}")
+    if not state.is_floating_point():
+        raise TypeError(f"`initial_state` must have a floating dtype, got {state.dtype}")
+    check_device(state, "initial_state")
+    if tuple(state.shape) != want:
+        raise ValueError(f"`initial_state` must have shape {want} (leading dims, Dv, D), got {tuple(state.shape)}")
+    if state.device != like.device:
+        raise ValueError(f"`initial_state` must be on {like.device}, got {state.device}")
+    return state.to(dtype).clone()
 
 
 # ---------------------------------------------------------------------------
@@ -68,25 +92,60 @@ def nope_naive(q, k, v, *, scale=None):
 
 
 class KVCache:
-    """A decoding cache: keys and values appended one token at a time.
+    """A paged decoding cache: keys and values appended one token at a time.
 
-    ``attend(q_t)`` reads the cache in pages of ``page`` tokens and merges the
-    per-page softmaxes with the online-softmax rule, as a decoding kernel does
-    (each page could live on a different memory block or thread block).
+    The cache is a list of pages of ``page`` tokens (the last one may be partly
+    filled): ``append`` writes a token into the last page, opening a new page
+    when it is full, and ``attend(q_t)`` reads the cache page by page and merges
+    the per-page softmaxes with the online-softmax rule, as a decoding kernel
+    does (each page could live on a different memory block or thread block).
+
+    A serving kernel writes each token into preallocated memory; here a page is
+    rebuilt out of place (``torch.cat``), so that autograd can differentiate
+    through decoding.  ``T_max``, if given, is the most tokens the cache may
+    hold.  ``k``, ``v``: every cached key and value, ``(..., len, D)`` and
+    ``(..., len, Dv)`` (the pages joined, for inspection).
 
     Shapes: ``append(k_t: (..., D), v_t: (..., Dv))``; ``attend(q_t: (..., D)) -> (..., Dv)``.
     """
 
-    def __init__(self, lead, D, Dv, T_max, *, dtype, device, page: int = 64):
-        self.k = torch.empty(tuple(lead) + (T_max, D), dtype=dtype, device=device)
-        self.v = torch.empty(tuple(lead) + (T_max, Dv), dtype=dtype, device=device)
+    def __init__(self, lead, D, Dv, T_max=None, *, dtype, device, page: int = 64):
+        self.lead, self.D, self.Dv, self.T_max = tuple(lead), D, Dv, T_max
+        self.dtype, self.device = dtype, device
+        self.page = check_positive_int(page, "page")
+        self.k_pages: list[torch.Tensor] = []  # each (..., <= page, D)
+        self.v_pages: list[torch.Tensor] = []  # each (..., <= page, Dv)
         self.len = 0
-        self.page = page
+
+    def _write(self, pages, row, dim: int = -2):
+        """Append ``row`` (one token along ``dim``) to the last page of ``pages``, or open a new page."""
+        if self.len % self.page == 0:
+            pages.append(row)
+        else:
+            pages[-1] = torch.cat((pages[-1], row), dim=dim)
 
     def append(self, k_t, v_t):
-        self.k[..., self.len, :] = k_t
-        self.v[..., self.len, :] = v_t
+        if self.T_max is not None and self.len >= self.T_max:
+            raise ValueError(f"the cache is full (`T_max` = {self.T_max} tokens)")
+        self._write(self.k_pages, k_t[..., None, :])
+        self._write(self.v_pages, v_t[..., None, :])
         self.len += 1
+
+    def pages(self):
+        """``(start, end, k_page, v_page)`` for every page, in order (cached tokens ``start..end-1``)."""
+        for p, (k_p, v_p) in enumerate(zip(self.k_pages, self.v_pages)):
+            start = p * self.page
+            yield start, start + k_p.shape[-2], k_p, v_p
+
+    @property
+    def k(self) -> torch.Tensor:
+        return torch.cat(self.k_pages, dim=-2) if self.k_pages else \
+            torch.empty(self.lead + (0, self.D), dtype=self.dtype, device=self.device)
+
+    @property
+    def v(self) -> torch.Tensor:
+        return torch.cat(self.v_pages, dim=-2) if self.v_pages else \
+            torch.empty(self.lead + (0, self.Dv), dtype=self.dtype, device=self.device)
 
     def attend(self, q_t, scale, bias=None):
         """Attend from ``q_t: (..., D)`` to every cached token; ``bias(start, end)``,
@@ -94,14 +153,14 @@ class KVCache:
         tokens ``start..end-1`` for this query (ALiBi, FoX and PaTH use it)."""
         m = torch.full(q_t.shape[:-1] + (1,), float("-inf"), dtype=q_t.dtype, device=q_t.device)
         l = torch.zeros_like(m)
-        acc = torch.zeros(q_t.shape[:-1] + (1, self.v.shape[-1]), dtype=q_t.dtype, device=q_t.device)
-        for start in range(0, self.len, self.page):
-            end = min(start + self.page, self.len)
-            s = scale * torch.einsum("...d,...jd->...j", q_t, self.k[..., start:end, :])
+        acc = torch.zeros(q_t.shape[:-1] + (1, self.Dv), dtype=q_t.dtype, device=q_t.device)
+        for start, end, k_p, v_p in self.pages():
+            s = scale * torch.einsum("...d,...jd->...j", q_t, k_p)
             if bias is not None:
                 s = s + bias(start, end)
-            # One query row: the same online-softmax merge as the blockwise form.
-            m, l, acc = online_softmax_step(m, l, acc, s[..., None, :], self.v[..., start:end, :])
+            # One query row: the same online-softmax merge as the blockwise form.  Every
+            # cached token is in the query's past, so no weight is masked.
+            m, l, acc = online_softmax_step(m, l, acc, s[..., None, :], v_p)
         return (acc / l[..., None])[..., 0, :]
 
 
@@ -114,6 +173,7 @@ def nope_recurrent(q, k, v, *, scale=None, page: int = 64):
     """
     n = check_qkv(q, k, v)
     scale = check_scale(scale, n.D)
+    page = check_positive_int(page, "page")
     if n.T == 0:
         return empty_output(q, v)
     return decode_with_cache(q, k, v, scale, page=page)
@@ -144,22 +204,35 @@ def nope_matrix(q, k, v, *, scale=None):
     scale = check_scale(scale, n.D)
     if n.T == 0:
         return empty_output(q, v)
-    logits = scale * q @ k.transpose(-1, -2)
-    p = torch.softmax(masked_logits(logits, causal_mask(n.T, q.device)), dim=-1)
-    return p @ v
+    return causal_softmax(scale * q @ k.transpose(-1, -2), v)
 
 
-def online_softmax_step(m, l, acc, s, v_blk):
+def causal_softmax(logits, v):
+    """``softmax(logits + M) V`` for validated ``logits: (..., T, T)`` (row = query) and
+    ``v: (..., T, Dv)``: the future is hidden by a select (``-inf``), never by adding
+    ``-inf`` (``nan + -inf`` is NaN), and the weights meet ``v`` through
+    :func:`pathedu.masks.causal_matmul`.  Shared by every softmax-side matrix form."""
+    p = torch.softmax(masked_logits(logits, causal_mask(logits.shape[-1], logits.device)), dim=-1)
+    return causal_matmul(p, v)
+
+
+def online_softmax_step(m, l, acc, s, v_blk, *, masked: bool = False, finite=None):
     """Fold one block of logits ``s: (..., M, N)`` and values ``v_blk: (..., N, Dv)``
     into the running max ``m``, normaliser ``l`` (both ``(..., M)``) and numerator
     ``acc: (..., M, Dv)``.  Rows whose logits are all -inf so far keep m = -inf.
+
+    ``masked=True``: some logits of the block are masked (``-inf``, weight 0), as
+    on the diagonal; the weights then meet the values through
+    :func:`pathedu.masks.causal_matmul` (``finite`` passed on), so that a NaN or
+    inf value stays out of the rows that cannot see it.
     """
     m_new = torch.maximum(m, s.amax(-1))
     m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # avoid inf - inf
     p = torch.exp(s - m_safe[..., None])
     alpha = torch.exp(m - m_safe)
     l = alpha * l + p.sum(-1)
-    acc = alpha[..., None] * acc + p @ v_blk
+    pv = causal_matmul(p, v_blk, finite=finite) if masked else p @ v_blk
+    acc = alpha[..., None] * acc + pv
     return m_new, l, acc
 
 
@@ -179,10 +252,12 @@ def blockwise_softmax(q, k, v, scale, *, bias=None, load=None, block_m: int = 64
     * ``load(x, start, end)``: rows ``start..end-1`` of ``q`` or ``k`` as the
       kernel would load them (RoPE rotates them by their positions).
 
-    ``q, k: (..., T, D)``, ``v: (..., T, Dv)``, already validated; ``scale`` a float.
+    ``q, k: (..., T, D)``, ``v: (..., T, Dv)``, already validated; ``scale`` a float;
+    ``block_m``, ``block_n`` positive ints (validated by the caller).
     """
     T, Dv = q.shape[-2], v.shape[-1]
     load = load or (lambda x, start, end: x[..., start:end, :])
+    v_finite = bool(torch.isfinite(v).all())  # one check for every diagonal block
     out = torch.empty(q.shape[:-1] + (Dv,), dtype=q.dtype, device=q.device)
     for start_m in range(0, T, block_m):
         end_m = min(start_m + block_m, T)
@@ -197,9 +272,10 @@ def blockwise_softmax(q, k, v, scale, *, bias=None, load=None, block_m: int = 64
             s = q_blk @ load(k, start_n, end_n).transpose(-1, -2)
             if bias is not None:
                 s = s + bias(rows, cols)
-            if end_n > start_m + 1:  # the block reaches the diagonal: hide the future
+            diagonal = end_n > start_m + 1
+            if diagonal:  # the block reaches the diagonal: hide the future
                 s = masked_logits(s, cols[None, :] <= rows[:, None])
-            m, l, acc = online_softmax_step(m, l, acc, s, v[..., start_n:end_n, :])
+            m, l, acc = online_softmax_step(m, l, acc, s, v[..., start_n:end_n, :], masked=diagonal, finite=v_finite)
         out[..., start_m:end_m, :] = acc / l[..., None]
     return out
 
@@ -212,6 +288,7 @@ def nope_blockwise(q, k, v, *, scale=None, block_m: int = 64, block_n: int = 64)
     """
     n = check_qkv(q, k, v)
     scale = check_scale(scale, n.D)
+    block_m, block_n = check_positive_int(block_m, "block_m"), check_positive_int(block_n, "block_n")
     if n.T == 0:
         return empty_output(q, v)
     return blockwise_softmax(q, k, v, scale, block_m=block_m, block_n=block_n)
@@ -253,7 +330,7 @@ def linear_recurrent(q, k, v, *, initial_state=None, return_state: bool = False)
     ``initial_state``/returned state: ``(..., Dv, D)``.  Shapes as :func:`linear_naive`.
     """
     n = check_qkv(q, k, v)
-    S = q.new_zeros(n.lead + (n.Dv, n.D)) if initial_state is None else initial_state.clone()
+    S = _initial_state(initial_state, n, q)
     outs = []
     for t in range(n.T):
         S = S + v[..., t, :, None] * k[..., t, None, :]
@@ -265,10 +342,13 @@ def linear_recurrent(q, k, v, *, initial_state=None, return_state: bool = False)
 def linear_matrix(q, k, v):
     """Parallel form: ``(Q K^T * M) V`` with the 0/1 causal mask M (diagonal included).
 
-    Shapes as :func:`linear_naive`; O(T^2) memory.
+    The mask is applied as a select (``tril``: entries above the diagonal set to
+    0, whatever they hold) and the product with ``V`` is
+    :func:`pathedu.masks.causal_matmul`, so a NaN or inf at position t reaches
+    no earlier output.  Shapes as :func:`linear_naive`; O(T^2) memory.
     """
-    n = check_qkv(q, k, v)
-    return ((q @ k.transpose(-1, -2)) * causal_mask(n.T, q.device)) @ v
+    check_qkv(q, k, v)
+    return causal_matmul((q @ k.transpose(-1, -2)).tril(), v)
 
 
 def linear_chunked(q, k, v, *, chunk: int = 64):
@@ -284,13 +364,15 @@ def linear_chunked(q, k, v, *, chunk: int = 64):
     O(T C D) work in matrix products, O(D Dv) state.  Shapes as :func:`linear_naive`.
     """
     n = check_qkv(q, k, v)
+    chunk = check_positive_int(chunk, "chunk")
     H = q.new_zeros(n.lead + (n.D, n.Dv))
     out = torch.empty(q.shape[:-1] + (n.Dv,), dtype=q.dtype, device=q.device)
+    v_finite = bool(torch.isfinite(v).all())
     for s in range(0, n.T, chunk):
         e = min(s + chunk, n.T)
         qc, kc, vc = q[..., s:e, :], k[..., s:e, :], v[..., s:e, :]
-        intra = (qc @ kc.transpose(-1, -2)) * causal_mask(e - s, q.device)
-        out[..., s:e, :] = qc @ H + intra @ vc
+        intra = (qc @ kc.transpose(-1, -2)).tril()  # the mask M as a select
+        out[..., s:e, :] = qc @ H + causal_matmul(intra, vc, finite=v_finite)
         H = H + kc.transpose(-1, -2) @ vc
     return out
 

@@ -36,7 +36,14 @@ and any contiguous sub-interval uses the same global ``A`` restricted to it
 
 Shapes everywhere: ``q, k, w: (..., T, D)``, ``v: (..., T, Dv)``,
 ``beta: (..., T)``, outputs ``(..., T, Dv)``; the leading dims must agree.
-Reference forms compute in ``q``'s dtype (``w`` and ``beta`` are cast to it).
+Reference forms compute in ``q``'s dtype (``w`` and ``beta`` are cast to it),
+except that the forms built on a triangular solve (the UT transform, DeltaNet's
+``(I + B)^{-1}``) compute float16/bfloat16 input in float32 (torch has no 16-bit
+triangular solve on the CPU) and return ``q``'s dtype.
+
+Non-finite inputs: a NaN or inf in ``q``, ``k`` or ``v`` at position t changes
+only the outputs at positions >= t (masks are selects, and masked weights never
+multiply it: :func:`pathedu.masks.causal_matmul`); ``w`` and ``beta`` must be finite.
 
 ================  =================================  =====================================
 form              softmax side (PaTH)                linear side (Householder RNN, DeltaNet)
@@ -59,9 +66,10 @@ from __future__ import annotations
 
 import torch
 
-from .checks import QKV, check_per_token, check_qkv, check_scale
-from .masks import causal_mask, masked_logits
-from .nope import KVCache, empty_output, online_softmax_step
+from .checks import (QKV, check_per_token, check_positive_int, check_qkv, check_scale, finite_condition,
+                     range_condition, require)
+from .masks import causal_mask, causal_matmul, masked_logits
+from .nope import KVCache, _initial_state, causal_softmax, empty_output, online_softmax_step
 
 __all__ = [
     "path_naive", "path_recurrent", "path_matrix", "path_blockwise", "path_triton",
@@ -77,22 +85,25 @@ ORDERS = ("increasing", "decreasing")
 # Validation
 # ---------------------------------------------------------------------------
 
-def _check_beta(beta, n: QKV, like: torch.Tensor) -> torch.Tensor:
-    """``beta: (..., T)``, finite, in [0, 2]; returned in ``like``'s dtype."""
+def _beta_conditions(beta):
+    """``beta`` finite and in [0, 2], as conditions for :func:`pathedu.checks.require` (NaN: "finite")."""
+    return finite_condition(beta, "beta"), range_condition(beta, "beta", 0, 2, " (H = I - beta w w^T)")
+
+
+def _check_beta(beta, n: QKV, like: torch.Tensor, dtype=None) -> torch.Tensor:
+    """``beta: (..., T)``, finite, in [0, 2] (one host sync); returned in ``dtype`` (default ``like``'s)."""
     check_per_token(beta, "beta", n, like)
-    if not torch.isfinite(beta).all():
-        raise ValueError("`beta` must be finite (it has NaN or inf entries)")
-    if ((beta < 0) | (beta > 2)).any():
-        lo, hi = beta.min().item(), beta.max().item()
-        raise ValueError(f"`beta` must lie in [0, 2] (H = I - beta w w^T), got values in [{lo:g}, {hi:g}]")
-    return beta.to(like.dtype)
+    require(*_beta_conditions(beta))
+    return beta.to(like.dtype if dtype is None else dtype)
 
 
-def _check_w_beta(w, beta, n: QKV | None = None, like: torch.Tensor | None = None):
+def _check_w_beta(w, beta, n: QKV | None = None, like: torch.Tensor | None = None, dtype=None):
     """Validate ``w: (..., T, D)`` (finite, matching ``k``) and ``beta: (..., T)`` in [0, 2].
 
     Without ``n``/``like`` (:func:`ut_transform`, :func:`householder_product`),
-    the sizes are read off ``w`` itself.  Returns ``(w, beta)`` in ``like``'s dtype.
+    the sizes are read off ``w`` itself.  Shapes first, then every value check
+    read at once (one host sync).  Returns ``(w, beta)`` in ``dtype`` (default
+    ``like``'s dtype).
     """
     if n is None:
         if not isinstance(w, torch.Tensor):
@@ -102,27 +113,15 @@ def _check_w_beta(w, beta, n: QKV | None = None, like: torch.Tensor | None = Non
         n = QKV(tuple(w.shape[:-2]), w.shape[-2], w.shape[-1], w.shape[-1])
         like = w
     check_per_token(w, "w", n, like, extra=(n.D,))
-    if not torch.isfinite(w).all():
-        raise ValueError("`w` must be finite (it has NaN or inf entries)")
-    return w.to(like.dtype), _check_beta(beta, n, like)
+    check_per_token(beta, "beta", n, like)
+    require(finite_condition(w, "w"), *_beta_conditions(beta))
+    dtype = like.dtype if dtype is None else dtype
+    return w.to(dtype), beta.to(dtype)
 
 
-def _check_size(x, name: str) -> int:
-    if isinstance(x, bool) or not isinstance(x, int) or x < 1:
-        raise ValueError(f"`{name}` must be a positive int, got {x!r}")
-    return x
-
-
-def _initial_state(initial_state, n: QKV, like: torch.Tensor) -> torch.Tensor:
-    """A zero state, or ``initial_state: (..., Dv, D)`` checked and cast to ``like``'s dtype (copied)."""
-    if initial_state is None:
-        return like.new_zeros(n.lead + (n.Dv, n.D))
-    if not isinstance(initial_state, torch.Tensor):
-        raise TypeError(f"`initial_state` must be a torch.Tensor, got {type(initial_state).__name__}")
-    want = n.lead + (n.Dv, n.D)
-    if tuple(initial_state.shape) != want:
-        raise ValueError(f"`initial_state` must have shape {want} (leading dims, Dv, D), got {tuple(initial_state.shape)}")
-    return initial_state.to(like.dtype).clone()
+def _solve_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the forms built on a triangular solve: float16/bfloat16 are computed in float32."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 # ---------------------------------------------------------------------------
@@ -148,6 +147,11 @@ def householder_product(w, beta, *, order: str = "increasing"):
     w, beta = _check_w_beta(w, beta)
     if order not in ORDERS:
         raise ValueError(f"`order` must be one of {ORDERS}, got {order!r}")
+    return _product(w, beta, order)
+
+
+def _product(w, beta, order: str):
+    """:func:`householder_product` of already validated arguments."""
     L, D = w.shape[-2:]
     P = torch.eye(D, dtype=w.dtype, device=w.device).expand(w.shape[:-2] + (D, D))
     for s in range(L):
@@ -171,7 +175,7 @@ def interval_product(w, beta, j: int, i: int):
             raise TypeError(f"`{name}` must be an int, got {type(x).__name__}")
     if not -1 <= j <= i < L:
         raise ValueError(f"`j` and `i` must satisfy -1 <= j <= i < L = {L}, got j={j}, i={i}")
-    return householder_product(w[..., j + 1 : i + 1, :], beta[..., j + 1 : i + 1], order="increasing")
+    return _product(w[..., j + 1 : i + 1, :], beta[..., j + 1 : i + 1], "increasing")
 
 
 def ut_transform(w, beta):
@@ -196,6 +200,9 @@ def ut_transform(w, beta):
 
 
 def _ut_factor(w, beta):
+    """The UT factor ``A`` of validated ``w, beta`` (a 16-bit input is solved in float32, returned in its dtype)."""
+    if w.dtype != _solve_dtype(w.dtype):
+        return _ut_factor(w.to(torch.float32), beta.to(torch.float32)).to(w.dtype)
     L = w.shape[-2]
     eye = torch.eye(L, dtype=w.dtype, device=w.device)
     gram = beta[..., :, None] * (w @ w.transpose(-1, -2))  # D_beta W W^T: row s times beta_s
@@ -208,7 +215,10 @@ def _masked_ut_scores(q, k, w, beta, A=None):
 
         Ã = lower(Q K^T) - lower(Q W^T) A strictLower(W K^T)
 
-    ``lower`` keeps ``s <= i`` (diagonal included), ``strictLower`` keeps ``t > j``.
+    ``lower`` keeps ``s <= i`` (diagonal included), ``strictLower`` keeps ``t > j``;
+    both are selects (``tril``), so a non-finite ``k_j`` (column j) or ``q_i``
+    (row i) stays in its own column or row, and the final ``tril`` drops column j
+    from the rows ``i < j``.
     """
     A = _ut_factor(w, beta) if A is None else A
     qw = (q @ w.transpose(-1, -2)).tril()  # q_i . w_s, s <= i
@@ -272,25 +282,29 @@ def path_naive(q, k, v, w, beta, *, scale=None):
 
 
 class PathKVCache(KVCache):
-    """A decoding cache whose keys are updated in place by every new transition.
+    """A decoding cache whose keys are updated by every new transition.
 
     The cache holds ``k^_j = H_t ... H_{j+1} k_j`` after token ``t`` has arrived
     (largest index on the left), so that ``k^_j^T q_t = k_j^T H_{j+1} ... H_t q_t``:
-    decoding is then plain softmax attention (:meth:`attend`) over the cache.
+    decoding is then plain softmax attention (:meth:`attend`, paged, online
+    softmax) over the cache.
 
     ``step(k_t, v_t, w_t, beta_t)``: first ``k^_j <- H_t^T k^_j = H_t k^_j`` for
     every cached ``j < t`` (``H_t`` is symmetric), then append ``(k_t, v_t)``:
     a token's own transition never acts on its own key.  O(t D) work per token,
-    and neither the ``w`` nor the ``beta`` history needs to be stored.
+    and neither the ``w`` nor the ``beta`` history needs to be stored.  A
+    serving kernel updates the keys in place; here each page of keys is
+    replaced by its updated copy, so that autograd can differentiate through
+    decoding (it needs the old keys for the gradient).
 
     Shapes: ``k_t, w_t: (..., D)``, ``v_t: (..., Dv)``, ``beta_t: (...)``.
     """
 
     def transition(self, w_t, beta_t):
-        """Apply ``H_t = I - beta_t w_t w_t^T`` to every cached key, in place."""
-        keys = self.k[..., : self.len, :]
-        proj = keys @ w_t[..., :, None]  # (..., len, 1): w_t . k^_j
-        keys -= beta_t[..., None, None] * proj * w_t[..., None, :]
+        """Apply ``H_t = I - beta_t w_t w_t^T`` to every cached key, page by page."""
+        b, w_col, w_row = beta_t[..., None, None], w_t[..., :, None], w_t[..., None, :]
+        # k^_j <- k^_j - beta_t (w_t . k^_j) w_t, for the rows k^_j of each page
+        self.k_pages = [keys - b * (keys @ w_col) * w_row for keys in self.k_pages]
 
     def step(self, k_t, v_t, w_t, beta_t):
         """Token ``t`` arrives: update the cached keys by ``H_t``, then append ``(k_t, v_t)``."""
@@ -299,7 +313,7 @@ class PathKVCache(KVCache):
 
 
 def path_recurrent(q, k, v, w, beta, *, scale=None, page: int = 64):
-    """Decoding with in-place key updates (:class:`PathKVCache`), token by token.
+    """Decoding with key updates (:class:`PathKVCache`), token by token.
 
     When token ``t`` arrives, every cached key is multiplied by ``H_t``, then
     ``(k_t, v_t)`` is appended and ``q_t`` attends to the cache with an ordinary
@@ -309,9 +323,10 @@ def path_recurrent(q, k, v, w, beta, *, scale=None, page: int = 64):
     n = check_qkv(q, k, v)
     scale = check_scale(scale, n.D)
     w, beta = _check_w_beta(w, beta, n, q)
+    page = check_positive_int(page, "page")
     if n.T == 0:
         return empty_output(q, v)
-    cache = PathKVCache(n.lead, n.D, n.Dv, n.T, dtype=q.dtype, device=q.device, page=_check_size(page, "page"))
+    cache = PathKVCache(n.lead, n.D, n.Dv, n.T, dtype=q.dtype, device=q.device, page=page)
     outs = []
     for t in range(n.T):
         cache.step(k[..., t, :], v[..., t, :], w[..., t, :], beta[..., t])
@@ -331,11 +346,12 @@ def path_matrix(q, k, v, w, beta, *, scale=None):
     """
     n = check_qkv(q, k, v)
     scale = check_scale(scale, n.D)
-    w, beta = _check_w_beta(w, beta, n, q)
+    dt = _solve_dtype(q.dtype)
+    w, beta = _check_w_beta(w, beta, n, q, dtype=dt)
     if n.T == 0:
         return empty_output(q, v)
-    logits = scale * _masked_ut_scores(q, k, w, beta)
-    return torch.softmax(masked_logits(logits, causal_mask(n.T, q.device)), dim=-1) @ v
+    logits = scale * _masked_ut_scores(q.to(dt), k.to(dt), w, beta)
+    return causal_softmax(logits, v.to(dt)).to(q.dtype)
 
 
 def path_logits(q, k, w, beta, *, scale=None):
@@ -346,8 +362,10 @@ def path_logits(q, k, w, beta, *, scale=None):
     """
     n = check_qkv(q, k, k)
     scale = check_scale(scale, n.D)
-    w, beta = _check_w_beta(w, beta, n, q)
-    return masked_logits(scale * _masked_ut_scores(q, k, w, beta), causal_mask(n.T, q.device))
+    dt = _solve_dtype(q.dtype)
+    w, beta = _check_w_beta(w, beta, n, q, dtype=dt)
+    logits = masked_logits(scale * _masked_ut_scores(q.to(dt), k.to(dt), w, beta), causal_mask(n.T, q.device))
+    return logits.to(q.dtype)
 
 
 def path_blockwise(q, k, v, w, beta, *, scale=None, block: int = 64):
@@ -369,20 +387,23 @@ def path_blockwise(q, k, v, w, beta, *, scale=None, block: int = 64):
     """
     n = check_qkv(q, k, v)
     scale = check_scale(scale, n.D)
-    w, beta = _check_w_beta(w, beta, n, q)
-    block = _check_size(block, "block")
+    dt = _solve_dtype(q.dtype)
+    w, beta = _check_w_beta(w, beta, n, q, dtype=dt)
+    block = check_positive_int(block, "block")
     if n.T == 0:
         return empty_output(q, v)
+    q_in, (q, k, v) = q, (x.to(dt) for x in (q, k, v))
+    v_finite = bool(torch.isfinite(v).all())  # one check for every diagonal block
     spans = [(s, min(s + block, n.T)) for s in range(0, n.T, block)]
     factors = [_block_factors(q[..., s:e, :], k[..., s:e, :], w[..., s:e, :], beta[..., s:e]) for s, e in spans]
-    out = torch.empty(q.shape[:-1] + (n.Dv,), dtype=q.dtype, device=q.device)
+    out = torch.empty(q.shape[:-1] + (n.Dv,), dtype=dt, device=q.device)
     for I, (s_I, e_I) in enumerate(spans):
         _, intra, q_tilde, _ = factors[I]
-        m = torch.full(q_tilde.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
+        m = torch.full(q_tilde.shape[:-1], float("-inf"), dtype=dt, device=q.device)
         l = torch.zeros_like(m)
-        acc = torch.zeros(q_tilde.shape[:-1] + (n.Dv,), dtype=q.dtype, device=q.device)
+        acc = torch.zeros(q_tilde.shape[:-1] + (n.Dv,), dtype=dt, device=q.device)
         diag = masked_logits(scale * intra, causal_mask(e_I - s_I, q.device))
-        m, l, acc = online_softmax_step(m, l, acc, diag, v[..., s_I:e_I, :])
+        m, l, acc = online_softmax_step(m, l, acc, diag, v[..., s_I:e_I, :], masked=True, finite=v_finite)
         q_hat = q_tilde
         for J in range(I - 1, -1, -1):
             s_J, e_J = spans[J]
@@ -391,17 +412,16 @@ def path_blockwise(q, k, v, w, beta, *, scale=None, block: int = 64):
             m, l, acc = online_softmax_step(m, l, acc, logits, v[..., s_J:e_J, :])
             q_hat = _apply_block(q_hat, w[..., s_J:e_J, :], A_J)  # q^ <- P_J q^
         out[..., s_I:e_I, :] = acc / l[..., None]
-    return out
+    return out.to(q_in.dtype)
 
 
 def path_triton(q, k, v, w, beta, *, scale=None):
     """PaTH attention in Triton (:func:`pathedu.kernels.path_attention.path_attention`), the blockwise algorithm.
 
-    fp16/bf16/fp32 ``q, k, v``; ``w, beta`` used in fp32; head dims 16..128;
-    any T.  Shapes as :func:`path_naive`.
+    fp16/bf16/fp32 ``q, k, v``; ``w`` (finite) and ``beta`` (in [0, 2]) used in fp32;
+    head dims 16..128; any T.  Shapes as :func:`path_naive`.  Every argument is
+    validated by the kernel entry point (one host sync).
     """
-    n = check_qkv(q, k, v)
-    _check_w_beta(w, beta, n, q)
     from .kernels.path_attention import path_attention
 
     return path_attention(q, k, v, w, beta, scale=scale)
@@ -458,10 +478,11 @@ def householder_matrix(q, k, v, w, beta):
     Shapes as :func:`path_naive`.
     """
     n = check_qkv(q, k, v)
-    w, beta = _check_w_beta(w, beta, n, q)
+    dt = _solve_dtype(q.dtype)
+    w, beta = _check_w_beta(w, beta, n, q, dtype=dt)
     if n.T == 0:
         return empty_output(q, v)
-    return _masked_ut_scores(q, k, w, beta) @ v
+    return causal_matmul(_masked_ut_scores(q.to(dt), k.to(dt), w, beta), v.to(dt)).to(q.dtype)
 
 
 def householder_chunked(q, k, v, w, beta, *, chunk: int = 64, initial_state=None, return_state: bool = False):
@@ -477,27 +498,30 @@ def householder_chunked(q, k, v, w, beta, *, chunk: int = 64, initial_state=None
     ``initial_state``/returned state: ``(..., Dv, D)``.  Shapes as :func:`path_naive`.
     """
     n = check_qkv(q, k, v)
-    w, beta = _check_w_beta(w, beta, n, q)
-    chunk = _check_size(chunk, "chunk")
-    S = _initial_state(initial_state, n, q)
-    out = torch.empty(q.shape[:-1] + (n.Dv,), dtype=q.dtype, device=q.device)
+    dt = _solve_dtype(q.dtype)
+    w, beta = _check_w_beta(w, beta, n, q, dtype=dt)
+    chunk = check_positive_int(chunk, "chunk")
+    S = _initial_state(initial_state, n, q, dtype=dt)
+    q_in, (q, k, v) = q, (x.to(dt) for x in (q, k, v))
+    v_finite = bool(torch.isfinite(v).all())  # one check for every chunk's intra-chunk product
+    out = torch.empty(q.shape[:-1] + (n.Dv,), dtype=dt, device=q.device)
     for s in range(0, n.T, chunk):
         e = min(s + chunk, n.T)
         wc, vc = w[..., s:e, :], v[..., s:e, :]
         A, intra, q_tilde, k_tilde = _block_factors(q[..., s:e, :], k[..., s:e, :], wc, beta[..., s:e])
-        out[..., s:e, :] = q_tilde @ S.transpose(-1, -2) + intra @ vc
+        out[..., s:e, :] = q_tilde @ S.transpose(-1, -2) + causal_matmul(intra, vc, finite=v_finite)
         S = S - (S @ wc.transpose(-1, -2)) @ A.transpose(-1, -2) @ wc + vc.transpose(-1, -2) @ k_tilde
-    return (out, S) if return_state else out
+    out = out.to(q_in.dtype)
+    return (out, S.to(q_in.dtype)) if return_state else out
 
 
 def householder_triton(q, k, v, w, beta):
     """The chunked Householder RNN in Triton (:func:`pathedu.kernels.delta_rule.chunked_householder`).
 
-    fp16/bf16/fp32 ``q, k, v``; ``w, beta`` used in fp32; head dims 16..128.
-    Shapes as :func:`path_naive`.
+    fp16/bf16/fp32 ``q, k, v``; ``w`` (finite) and ``beta`` (in [0, 2]) used in fp32;
+    head dims 16..128.  Shapes as :func:`householder_naive`.  Every argument is
+    validated by the kernel entry point (one host sync).
     """
-    n = check_qkv(q, k, v)
-    _check_w_beta(w, beta, n, q)
     from .kernels.delta_rule import chunked_householder
 
     return chunked_householder(q, k, v, w, beta)
@@ -549,13 +573,18 @@ def deltanet_matrix(q, k, v, beta):
     Shapes as :func:`deltanet_naive`.
     """
     n = check_qkv(q, k, v)
-    beta = _check_beta(beta, n, q)
+    dt = _solve_dtype(q.dtype)
+    beta = _check_beta(beta, n, q, dtype=dt)
     if n.T == 0:
         return empty_output(q, v)
-    B = beta[..., :, None] * (k @ k.transpose(-1, -2)) * causal_mask(n.T, q.device, strict=True)
-    eye = torch.eye(n.T, dtype=q.dtype, device=q.device)
+    q_in, (q, k, v) = q, (x.to(dt) for x in (q, k, v))
+    # The masks M^- and M are selects (tril), and (Q K^T * M) meets U through causal_matmul: a
+    # non-finite k_t or v_t makes u_j non-finite for j >= t only (forward substitution), and the
+    # zeros of the mask must not see them.
+    B = (beta[..., :, None] * (k @ k.transpose(-1, -2))).tril(-1)
+    eye = torch.eye(n.T, dtype=dt, device=q.device)
     U = torch.linalg.solve_triangular(eye + B, beta[..., None] * v, upper=False, unitriangular=True)
-    return ((q @ k.transpose(-1, -2)) * causal_mask(n.T, q.device)) @ U
+    return causal_matmul((q @ k.transpose(-1, -2)).tril(), U).to(q_in.dtype)
 
 
 def deltanet_chunked(q, k, v, beta, *, chunk: int = 64, initial_state=None, return_state: bool = False):
@@ -572,31 +601,39 @@ def deltanet_chunked(q, k, v, beta, *, chunk: int = 64, initial_state=None, retu
     ``initial_state``/returned state: ``(..., Dv, D)``.  Shapes as :func:`deltanet_naive`.
     """
     n = check_qkv(q, k, v)
-    beta = _check_beta(beta, n, q)
-    chunk = _check_size(chunk, "chunk")
-    S = _initial_state(initial_state, n, q)
-    out = torch.empty(q.shape[:-1] + (n.Dv,), dtype=q.dtype, device=q.device)
+    dt = _solve_dtype(q.dtype)
+    beta = _check_beta(beta, n, q, dtype=dt)
+    chunk = check_positive_int(chunk, "chunk")
+    S = _initial_state(initial_state, n, q, dtype=dt)
+    q_in, (q, k, v) = q, (x.to(dt) for x in (q, k, v))
+    # T_c, W_c, U~_c and U_c are causal (row r depends on tokens <= r); their products with
+    # lower-triangular weights go through causal_matmul so that zero weights never meet a
+    # non-finite k_t or v_t of a later row.  finite=False: the careful product, checked once here.
+    kv_finite = bool(torch.isfinite(k).all() & torch.isfinite(v).all())
+    out = torch.empty(q.shape[:-1] + (n.Dv,), dtype=dt, device=q.device)
     for s in range(0, n.T, chunk):
         e = min(s + chunk, n.T)
         qc, kc, vc, bc = q[..., s:e, :], k[..., s:e, :], v[..., s:e, :], beta[..., s:e]
-        eye = torch.eye(e - s, dtype=q.dtype, device=q.device)
-        B = bc[..., :, None] * (kc @ kc.transpose(-1, -2)) * causal_mask(e - s, q.device, strict=True)
+        eye = torch.eye(e - s, dtype=dt, device=q.device)
+        B = (bc[..., :, None] * (kc @ kc.transpose(-1, -2))).tril(-1)  # diag(beta) (K K^T * M^-)
         T_c = torch.linalg.solve_triangular(eye + B, eye.expand_as(B), upper=False, unitriangular=True)
-        W_c, U_tilde = T_c @ (bc[..., None] * kc), T_c @ (bc[..., None] * vc)
+        W_c = causal_matmul(T_c, bc[..., None] * kc, finite=kv_finite)
+        U_tilde = causal_matmul(T_c, bc[..., None] * vc, finite=kv_finite)
         U = U_tilde - W_c @ S.transpose(-1, -2)
-        out[..., s:e, :] = qc @ S.transpose(-1, -2) + ((qc @ kc.transpose(-1, -2)) * causal_mask(e - s, q.device)) @ U
+        out[..., s:e, :] = qc @ S.transpose(-1, -2) + causal_matmul((qc @ kc.transpose(-1, -2)).tril(), U,
+                                                                    finite=kv_finite)
         S = S + U.transpose(-1, -2) @ kc
-    return (out, S) if return_state else out
+    out = out.to(q_in.dtype)
+    return (out, S.to(q_in.dtype)) if return_state else out
 
 
 def deltanet_triton(q, k, v, beta):
     """The chunked delta rule in Triton (:func:`pathedu.kernels.delta_rule.chunked_delta_rule`).
 
-    fp16/bf16/fp32 ``q, k, v``; ``beta`` used in fp32; head dims 16..128.
-    Shapes as :func:`deltanet_naive`.
+    fp16/bf16/fp32 ``q, k, v``; ``beta`` (in [0, 2]) used in fp32; head dims 16..128.
+    Shapes as :func:`deltanet_naive`.  Every argument is validated by the kernel
+    entry point (one host sync).
     """
-    n = check_qkv(q, k, v)
-    _check_beta(beta, n, q)
     from .kernels.delta_rule import chunked_delta_rule
 
     return chunked_delta_rule(q, k, v, beta)

@@ -42,6 +42,10 @@ Conventions, used by every function here and by :mod:`pathedu.kernels.rope`:
 Shapes everywhere: ``q, k: (..., T, D)``, ``v: (..., T, Dv)``, output
 ``(..., T, Dv)``; the leading dims (batch, heads, ...) must agree.
 
+Non-finite inputs: a NaN or inf in ``q``, ``k`` or ``v`` at position t changes
+only the outputs at positions >= t (masks are selects, and masked weights never
+multiply it: :func:`pathedu.masks.causal_matmul`).
+
 ================  ==================================  ==================================
 form              softmax side (RoPE)                 linear side (complex recurrence)
 ================  ==================================  ==================================
@@ -64,9 +68,9 @@ import numbers
 
 import torch
 
-from .checks import QKV, check_qkv, check_scale
-from .masks import causal_mask
-from .nope import KVCache, blockwise_softmax, empty_output, nope_matrix
+from .checks import QKV, check_device, check_positive_int, check_qkv, check_scale
+from .masks import causal_matmul
+from .nope import KVCache, blockwise_softmax, causal_softmax, empty_output
 
 __all__ = [
     "PAIRINGS", "frequencies", "apply_rope", "rotation_matrix", "to_complex", "from_complex",
@@ -135,9 +139,13 @@ def frequencies(D: int, *, base: float = 10000.0, dtype=torch.float64, device=No
     if isinstance(D, bool) or not isinstance(D, numbers.Integral) or D <= 0:
         raise ValueError(f"`D` must be a positive int, got {D!r}")
     check_even(int(D), "D")
-    base = check_base(base)
+    return _frequencies(int(D), check_base(base), device).to(dtype)
+
+
+def _frequencies(D: int, base: float, device) -> torch.Tensor:
+    """:func:`frequencies` (float64) of an already validated ``D`` and ``base``."""
     n = torch.arange(D // 2, dtype=torch.float64, device=device)
-    return torch.pow(torch.tensor(base, dtype=torch.float64, device=device), -2.0 * n / D).to(dtype)
+    return torch.pow(torch.tensor(base, dtype=torch.float64, device=device), -2.0 * n / D)
 
 
 def _pairs(x: torch.Tensor, pairing: str):
@@ -157,7 +165,7 @@ def _unpair(a: torch.Tensor, b: torch.Tensor, pairing: str) -> torch.Tensor:
 
 def _cos_sin(pos: torch.Tensor, D: int, base: float, dtype, device):
     """``cos`` and ``sin`` of the angles ``pos[t] * Omega_n`` (computed in float64), each ``(T, D/2)`` in ``dtype``."""
-    theta = pos[:, None] * frequencies(D, base=base, device=device)[None, :]
+    theta = pos[:, None] * _frequencies(D, base, device)[None, :]
     return torch.cos(theta).to(dtype), torch.sin(theta).to(dtype)
 
 
@@ -226,6 +234,11 @@ def to_complex(x: torch.Tensor, pairing: str = "interleaved") -> torch.Tensor:
     """
     pairing = check_pairing(pairing)
     check_even(x.shape[-1], "x")
+    return _to_complex(x, pairing)
+
+
+def _to_complex(x: torch.Tensor, pairing: str) -> torch.Tensor:
+    """:func:`to_complex` of an already validated ``x`` and ``pairing``."""
     a, b = _pairs(x.to(_work_dtype(x.dtype)), pairing)
     return torch.complex(a, b)
 
@@ -237,7 +250,7 @@ def from_complex(z: torch.Tensor, pairing: str = "interleaved") -> torch.Tensor:
 
 def _phases(pos: torch.Tensor, D: int, base: float, cdtype, device) -> torch.Tensor:
     """``e^{i pos[t] Omega_n}``, shape ``(T, D/2)``, angles in float64."""
-    theta = pos[:, None] * frequencies(D, base=base, device=device)[None, :]
+    theta = pos[:, None] * _frequencies(D, base, device)[None, :]
     return torch.polar(torch.ones_like(theta), theta).to(cdtype)
 
 
@@ -247,12 +260,10 @@ def rope_logits(q, k, *, base: float = 10000.0, scale=None, pairing: str = "inte
 
     They depend on ``i - j`` only, so ``offset`` changes nothing (up to rounding).
     """
-    n = check_qkv(q, k, k)
-    check_even(n.D, "q")
+    n, base, pairing = _check_rope_qkv(q, k, k, base, pairing)
     scale = check_scale(scale, n.D)
-    qr = apply_rope(q, base=base, offset=offset, pairing=pairing)
-    kr = apply_rope(k, base=base, offset=offset, pairing=pairing)
-    return scale * qr @ kr.transpose(-1, -2)
+    pos = _positions(n.T, check_offset(offset), q.device)
+    return scale * _rotate(q, pos, base, pairing) @ _rotate(k, pos, base, pairing).transpose(-1, -2)
 
 
 # ---------------------------------------------------------------------------
@@ -360,20 +371,24 @@ def rope_recurrent(q, k, v, *, base: float = 10000.0, scale=None, pairing: str =
                    page: int = 64):
     """Decoding, token by token, with a :class:`pathedu.nope.KVCache` of *rotated* keys.
 
-    At step t the new key is rotated once, ``apply_rope(k_t, offset=t)``, and
-    cached; the query ``apply_rope(q_t, offset=t)`` attends to the cache.  Keys
-    never need re-rotating: the angle between a cached key and any later query
-    depends only on their distance.  Shapes as :func:`rope_naive`.
+    At step t the new key is rotated once by ``R^t`` (what
+    ``apply_rope(k_t, offset=t)`` does; the cos/sin of every position come from
+    one table) and cached; the query rotated by ``R^t`` attends to the cache.
+    Keys never need re-rotating: the angle between a cached key and any later
+    query depends only on their distance.  Shapes as :func:`rope_naive`.
     """
     n, base, pairing = _check_rope_qkv(q, k, v, base, pairing)
     scale = check_scale(scale, n.D)
+    page = check_positive_int(page, "page")
     if n.T == 0:
         return empty_output(q, v)
+    work = _work_dtype(q.dtype)
+    c, s = _cos_sin(_positions(n.T, 0, q.device), n.D, base, work, q.device)  # row t: the angles of R^t
     cache = KVCache(n.lead, n.D, n.Dv, n.T, dtype=q.dtype, device=q.device, page=page)
     outs = []
     for t in range(n.T):
-        k_t = apply_rope(k[..., t : t + 1, :], base=base, offset=t, pairing=pairing)[..., 0, :]
-        q_t = apply_rope(q[..., t : t + 1, :], base=base, offset=t, pairing=pairing)[..., 0, :]
+        k_t = _rotate_cs(k[..., t, :].to(work), c[t], s[t], pairing).to(q.dtype)  # R^t k_t
+        q_t = _rotate_cs(q[..., t, :].to(work), c[t], s[t], pairing).to(q.dtype)  # R^t q_t
         cache.append(k_t, v[..., t, :])
         outs.append(cache.attend(q_t, scale))
     return torch.stack(outs, dim=-2)
@@ -383,12 +398,17 @@ def rope_matrix(q, k, v, *, base: float = 10000.0, scale=None, pairing: str = "i
     """Parallel form: ``softmax(scale (R Q)(R K)^T + M) V`` with the causal mask M (-inf above the diagonal).
 
     Rotate all queries and keys by their absolute positions, then run NoPE's
-    :func:`pathedu.nope.nope_matrix` unchanged.  Shapes as :func:`rope_naive`.
+    :func:`pathedu.nope.nope_matrix` unchanged (its body,
+    :func:`pathedu.nope.causal_softmax`: the arguments are validated once, here).
+    Shapes as :func:`rope_naive`.
     """
     n, base, pairing = _check_rope_qkv(q, k, v, base, pairing)
-    qr = apply_rope(q, base=base, pairing=pairing)
-    kr = apply_rope(k, base=base, pairing=pairing)
-    return nope_matrix(qr, kr, v, scale=scale)
+    scale = check_scale(scale, n.D)
+    if n.T == 0:
+        return empty_output(q, v)
+    pos = _positions(n.T, 0, q.device)
+    qr, kr = _rotate(q, pos, base, pairing), _rotate(k, pos, base, pairing)
+    return causal_softmax(scale * qr @ kr.transpose(-1, -2), v)  # nope_matrix's body
 
 
 def rope_blockwise(q, k, v, *, base: float = 10000.0, scale=None, pairing: str = "interleaved",
@@ -404,6 +424,7 @@ def rope_blockwise(q, k, v, *, base: float = 10000.0, scale=None, pairing: str =
     """
     n, base, pairing = _check_rope_qkv(q, k, v, base, pairing)
     scale = check_scale(scale, n.D)
+    block_m, block_n = check_positive_int(block_m, "block_m"), check_positive_int(block_n, "block_n")
     if n.T == 0:
         return empty_output(q, v)
     work = _work_dtype(q.dtype)
@@ -422,15 +443,12 @@ def rope_triton(q, k, v, *, base: float = 10000.0, scale=None, pairing: str = "i
 
     fp16/bf16/fp32, head dims 16..128 (even), fp32 accumulation.  Shapes and
     conventions as :func:`rope_naive`.  On a CPU it runs in Triton's interpreter
-    (bf16 computed in fp32 there).
+    (bf16 computed in fp32 there).  The two launches are composed, and every
+    argument validated once, by :func:`pathedu.kernels.rope.rotary_attention`.
     """
-    from .kernels.flash_attention import attention
-    from .kernels.rope import rotate_qk
+    from .kernels.rope import rotary_attention
 
-    n, base, pairing = _check_rope_qkv(q, k, v, base, pairing)
-    scale = check_scale(scale, n.D)
-    qr, kr = rotate_qk(q, k, base=base, pairing=pairing)
-    return attention(qr, kr, v, scale=scale)
+    return rotary_attention(q, k, v, base=base, scale=scale, pairing=pairing)
 
 
 # ---------------------------------------------------------------------------
@@ -449,7 +467,7 @@ def complex_naive(q, k, v, *, base: float = 10000.0, pairing: str = "interleaved
     n, base, pairing = _check_rope_qkv(q, k, v, base, pairing)
     if n.T == 0:
         return empty_output(q, v)
-    zq, zk = to_complex(q, pairing), to_complex(k, pairing)
+    zq, zk = _to_complex(q, pairing), _to_complex(k, pairing)
     work = _work_dtype(q.dtype)
     gates = _phases(_positions(n.T, 0, q.device), n.D, base, zq.dtype, q.device)  # e^{i Omega d}, d = 0..T-1
     outs = []
@@ -472,16 +490,10 @@ def complex_recurrent(q, k, v, *, base: float = 10000.0, pairing: str = "interle
     complex64 otherwise).  Shapes as :func:`complex_naive`.
     """
     n, base, pairing = _check_rope_qkv(q, k, v, base, pairing)
-    zq, zk = to_complex(q, pairing), to_complex(k, pairing)
+    S = _complex_state(initial_state, n, q)
+    zq, zk = _to_complex(q, pairing), _to_complex(k, pairing)
     work = _work_dtype(q.dtype)
     gate = _phases(torch.ones(1, dtype=torch.float64, device=q.device), n.D, base, zq.dtype, q.device)[0]
-    if initial_state is None:
-        S = torch.zeros(n.lead + (n.Dv, n.D // 2), dtype=zq.dtype, device=q.device)
-    else:
-        if tuple(initial_state.shape) != n.lead + (n.Dv, n.D // 2):
-            raise ValueError(f"`initial_state` must have shape {n.lead + (n.Dv, n.D // 2)}, "
-                             f"got {tuple(initial_state.shape)}")
-        S = initial_state.to(zq.dtype).clone()
     vc = v.to(work).to(zq.dtype)
     outs = []
     for t in range(n.T):
@@ -489,6 +501,25 @@ def complex_recurrent(q, k, v, *, base: float = 10000.0, pairing: str = "interle
         outs.append((S @ zq[..., t, :, None])[..., 0].real)
     out = torch.stack(outs, dim=-2).to(q.dtype) if outs else empty_output(q, v)
     return (out, S) if return_state else out
+
+
+def _complex_state(state, n: QKV, like: torch.Tensor) -> torch.Tensor:
+    """Zeros, or ``state: (..., Dv, D/2)`` (complex, or real) checked and copied as complex128
+    (float64 ``like``) or complex64.  Errors name ``initial_state``."""
+    cdtype = torch.complex128 if like.dtype == torch.float64 else torch.complex64
+    want = n.lead + (n.Dv, n.D // 2)
+    if state is None:
+        return torch.zeros(want, dtype=cdtype, device=like.device)
+    if not isinstance(state, torch.Tensor):
+        raise TypeError(f"`initial_state` must be a torch.Tensor, got {type(state).__name__}")
+    if not (state.is_complex() or state.is_floating_point()):
+        raise TypeError(f"`initial_state` must be complex (or real), got {state.dtype}")
+    check_device(state, "initial_state")
+    if tuple(state.shape) != want:
+        raise ValueError(f"`initial_state` must have shape {want}, got {tuple(state.shape)}")
+    if state.device != like.device:
+        raise ValueError(f"`initial_state` must be on {like.device}, got {state.device}")
+    return state.to(cdtype).clone()
 
 
 def complex_matrix(q, k, v, *, base: float = 10000.0, pairing: str = "interleaved"):
@@ -499,10 +530,10 @@ def complex_matrix(q, k, v, *, base: float = 10000.0, pairing: str = "interleave
     form.  Shapes as :func:`complex_naive`; O(T^2) memory.
     """
     n, base, pairing = _check_rope_qkv(q, k, v, base, pairing)
-    zq, zk = to_complex(q, pairing), to_complex(k, pairing)
+    zq, zk = _to_complex(q, pairing), _to_complex(k, pairing)
     ph = _phases(_positions(n.T, 0, q.device), n.D, base, zq.dtype, q.device)
-    w = ((zq * ph) @ (zk * ph).conj().transpose(-1, -2)).real
-    return ((w * causal_mask(n.T, q.device)) @ v.to(w.dtype)).to(q.dtype)
+    w = ((zq * ph) @ (zk * ph).conj().transpose(-1, -2)).real.tril()  # the mask M as a select
+    return causal_matmul(w, v.to(w.dtype)).to(q.dtype)
 
 
 def complex_chunked(q, k, v, *, base: float = 10000.0, pairing: str = "interleaved", chunk: int = 64):
@@ -520,9 +551,11 @@ def complex_chunked(q, k, v, *, base: float = 10000.0, pairing: str = "interleav
     Shapes as :func:`complex_naive`.
     """
     n, base, pairing = _check_rope_qkv(q, k, v, base, pairing)
-    zq, zk = to_complex(q, pairing), to_complex(k, pairing)
+    chunk = check_positive_int(chunk, "chunk")
+    zq, zk = _to_complex(q, pairing), _to_complex(k, pairing)
     work = _work_dtype(q.dtype)
     vw = v.to(work)
+    v_finite = bool(torch.isfinite(vw).all())
     S = torch.zeros(n.lead + (n.Dv, n.D // 2), dtype=zq.dtype, device=q.device)
     out = torch.empty(q.shape[:-1] + (n.Dv,), dtype=work, device=q.device)
     # P[r] = e^{i Omega (r+1)}, r = 0..chunk-1; a chunk of L tokens advances the state by P[L-1] = e^{i Omega L}.
@@ -531,8 +564,8 @@ def complex_chunked(q, k, v, *, base: float = 10000.0, pairing: str = "interleav
         e = min(s + chunk, n.T)
         L = e - s
         qc, kc, vc = zq[..., s:e, :] * P[:L], zk[..., s:e, :] * P[:L], vw[..., s:e, :]
-        intra = (qc @ kc.conj().transpose(-1, -2)).real * causal_mask(L, q.device)
-        out[..., s:e, :] = (qc @ S.transpose(-1, -2)).real + intra @ vc
+        intra = (qc @ kc.conj().transpose(-1, -2)).real.tril()  # the mask M as a select
+        out[..., s:e, :] = (qc @ S.transpose(-1, -2)).real + causal_matmul(intra, vc, finite=v_finite)
         S = (S + vc.transpose(-1, -2).to(zq.dtype) @ kc.conj()) * P[L - 1]
     return out.to(q.dtype)
 
@@ -543,11 +576,10 @@ def complex_triton(q, k, v, *, base: float = 10000.0, pairing: str = "interleave
 
     This *is* the chapter's claim: the complex recurrence is linear attention on
     ``q, k`` rotated by ``+Omega t``.  fp16/bf16/fp32, head dims 16..128 (even),
-    fp32 state.  Shapes as :func:`complex_naive`.
+    fp32 state.  Shapes as :func:`complex_naive`.  The two launches are composed,
+    and every argument validated once, by
+    :func:`pathedu.kernels.rope.rotary_linear_attention`.
     """
-    from .kernels.linear_attention import chunked_linear_attention
-    from .kernels.rope import rotate_qk
+    from .kernels.rope import rotary_linear_attention
 
-    n, base, pairing = _check_rope_qkv(q, k, v, base, pairing)
-    qr, kr = rotate_qk(q, k, base=base, pairing=pairing)
-    return chunked_linear_attention(qr, kr, v)
+    return rotary_linear_attention(q, k, v, base=base, pairing=pairing)

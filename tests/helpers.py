@@ -30,9 +30,13 @@ def rand_qkv(lead, T, D, Dv=None, *, dtype=torch.float64, seed=0, device="cpu"):
     return tuple(x.to(dtype=dtype, device=device) for x in (q, k, v))
 
 
+N_FIXED = 4  # random_shapes(...)[:N_FIXED]: the fixed cases, without the random ones (for the costly Triton tests)
+
+
 def random_shapes(n: int, *, seed: int, max_T: int = 80, dims=(16, 32), extra=()):
     """Randomized (lead, T, D, Dv) cases, always including T = 1, a T that is no
-    multiple of any block size, several leading dims and Dv != D."""
+    multiple of any block size, several leading dims and Dv != D: the first
+    ``N_FIXED`` cases are those fixed ones, then ``extra``, then ``n`` random ones."""
     rng = random.Random(seed)
     cases = [((2, 3), 1, dims[0], dims[0]), ((1, 2), 37, dims[0], dims[-1] + 8), ((), 65, dims[-1], dims[0]),
              ((2, 1, 2), 19, dims[0], dims[0])] + list(extra)

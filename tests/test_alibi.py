@@ -3,7 +3,7 @@ import math
 
 import pytest
 import torch
-from helpers import TOL_F64, TOL_TRITON, case_id, rand_qkv, random_shapes, rel_err
+from helpers import N_FIXED, TOL_F64, TOL_TRITON, case_id, rand_qkv, random_shapes, rel_err
 
 from pathedu import alibi, nope
 from pathedu.nope import KVCache
@@ -13,8 +13,6 @@ from pathedu.kernels.linear_attention import chunked_linear_attention
 CASES = random_shapes(6, seed=2)
 SOFTMAX_FORMS = [alibi.alibi_naive, alibi.alibi_recurrent, alibi.alibi_matrix, alibi.alibi_blockwise]
 LINEAR_FORMS = [alibi.retnet_naive, alibi.retnet_recurrent, alibi.retnet_matrix, alibi.retnet_chunked]
-TRITON_FORMS = [alibi.alibi_triton, alibi.retnet_triton]
-ALL_FORMS = SOFTMAX_FORMS + LINEAR_FORMS + TRITON_FORMS
 
 
 # ---------------------------------------------------------------------------
@@ -101,7 +99,7 @@ def test_retnet_forms_match_float64(form, case):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
-@pytest.mark.parametrize("case", CASES[:6], ids=case_id)
+@pytest.mark.parametrize("case", CASES[:N_FIXED], ids=case_id)  # the interpreter is slow: fixed cases only
 def test_triton_forms_match_float64(case, dtype):
     q, k, v = rand_qkv(*case, seed=7)
     slope, gamma = per_head_args(case[0], 5)
@@ -372,38 +370,8 @@ def test_long_sequence_strong_decay_triton_forms():
 
 
 # ---------------------------------------------------------------------------
-# Empty sequences and bad input
+# Bad slopes and gammas (the shared checks of every form are in tests/test_contract.py)
 # ---------------------------------------------------------------------------
-
-def _arg(form):
-    return 0.5 if form in (alibi.alibi_naive, alibi.alibi_recurrent, alibi.alibi_matrix, alibi.alibi_blockwise,
-                           alibi.alibi_triton) else 0.9
-
-
-@pytest.mark.parametrize("form", ALL_FORMS, ids=lambda f: f.__name__)
-def test_empty_sequence_returns_empty(form):
-    q, k, v = (torch.zeros(2, 0, 16) for _ in range(3))
-    out = form(q, k, v, _arg(form))
-    assert out.shape == (2, 0, 16)
-
-
-@pytest.mark.parametrize("form", ALL_FORMS, ids=lambda f: f.__name__)
-def test_bad_qkv_names_the_argument(form):
-    q, k, v = rand_qkv((2,), 8, 16, dtype=torch.float32)
-    a = _arg(form)
-    bad = [
-        ((q, k[..., :7, :], v), ValueError, "`k`"),
-        ((q, k, v[..., :7, :]), ValueError, "`v`"),
-        ((q, k[..., :8], v), ValueError, "`k`"),
-        ((q, k, v[None]), ValueError, "dims"),
-        ((q[0, 0], k[0, 0], v[0, 0]), ValueError, "`q`"),
-        ((q.long(), k, v), TypeError, "`q`"),
-        ((q, k.double(), v), TypeError, "dtype"),
-    ]
-    for args, exc, needle in bad:
-        with pytest.raises(exc, match=needle):
-            form(*args, a)
-
 
 SOFTMAX_ALL = SOFTMAX_FORMS + [alibi.alibi_triton]
 LINEAR_ALL = LINEAR_FORMS + [alibi.retnet_triton]
@@ -456,13 +424,3 @@ def test_bad_scale_and_helpers():
             alibi.alibi_slopes(bad)
         with pytest.raises(exc, match="`n_heads`"):
             alibi.retnet_gammas(bad)
-
-
-@pytest.mark.parametrize("form", TRITON_FORMS, ids=lambda f: f.__name__)
-def test_triton_rejects_unsupported_inputs(form):
-    q, k, v = rand_qkv((2,), 8, 8, dtype=torch.float32)
-    with pytest.raises(ValueError, match="head dims"):
-        form(q, k, v, _arg(form))
-    q, k, v = rand_qkv((2,), 8, 16)
-    with pytest.raises(TypeError, match="float64"):
-        form(q, k, v, _arg(form))

@@ -22,6 +22,9 @@ import yaml
 
 import pathedu
 
+# A minute or more of work and the network (npm assets): out of the fast loop `-m "not integration"`.
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf8"))
 LAB = "notebooks/01_nope_linear_lab"

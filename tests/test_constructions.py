@@ -60,7 +60,6 @@ def test_swap_logit_closed_form():
     assert torch.all(closed[truth] == 0.5) and torch.all(closed[~truth] <= -0.5)
 
 
-@pytest.mark.slow
 def test_swaps_every_sequence_up_to_length_6():
     """All 10^6 sequences of 6 swaps over the 10 unordered pairs; every prefix is checked, so all
     shorter sequences too.  Orientation is irrelevant (same H, same q/k/v), which the next test checks."""

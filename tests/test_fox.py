@@ -5,11 +5,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import TOL_F64, TOL_TRITON, case_id, rand_qkv, random_shapes, rel_err
+from helpers import N_FIXED, TOL_F64, TOL_TRITON, case_id, rand_qkv, random_shapes, rel_err
 
 from pathedu import fox
 from pathedu.kernels.flash_attention import attention
-from pathedu.kernels.linear_attention import CHANNEL_CHUNK, chunked_linear_attention
+from pathedu.kernels.linear_attention import chunked_linear_attention
 from pathedu.symbolic import fox as sym
 
 CASES = random_shapes(6, seed=3)
@@ -108,7 +108,7 @@ def test_fox_recurrent_any_page_size(page):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
-@pytest.mark.parametrize("case", CASES[:6], ids=case_id)
+@pytest.mark.parametrize("case", CASES[:N_FIXED], ids=case_id)  # the interpreter is slow: fixed cases only
 def test_triton_forms_match_float64(case, dtype):
     q, k, v = rand_qkv(*case, seed=7)
     tol = TOL_TRITON[dtype]
@@ -252,14 +252,6 @@ def test_channel_kernel_error_under_strong_decay(kind):
     assert err <= {"smooth": 1e-6, "uniform": 1e-5, "jumps": 5e-5}[kind]
 
 
-def test_gla_chunked_default_chunk_is_the_kernels():
-    q, k, v = rand_qkv((1,), 40, 16, seed=29)
-    log_f = gate_for(q, "channel", seed=30)
-    assert CHANNEL_CHUNK == 16
-    # identical arithmetic order: the default equals an explicit chunk of CHANNEL_CHUNK, bit for bit
-    assert torch.equal(fox.gla_chunked(q, k, v, log_f), fox.gla_chunked(q, k, v, log_f, chunk=CHANNEL_CHUNK))
-
-
 # ---------------------------------------------------------------------------
 # Gates, log space, and robustness
 # ---------------------------------------------------------------------------
@@ -271,7 +263,6 @@ def test_forget_gate_logits_to_log_f():
     assert (log_f <= 0).all()
     far = fox.forget_gate_logits_to_log_f(torch.tensor([-200.0]))
     assert torch.isfinite(far).all() and abs(far.item() + 200) < 1e-4
-    assert torch.isinf(torch.log(torch.sigmoid(torch.tensor([-200.0])))).all()  # the linear-space detour fails
     with pytest.raises(TypeError, match="`x`"):
         fox.forget_gate_logits_to_log_f([1.0])
     with pytest.raises(TypeError, match="`x`"):
@@ -288,21 +279,30 @@ def test_log_gate_matrix():
     assert (D.diagonal(dim1=-2, dim2=-1) == 0).all()
 
 
-def test_linear_space_products_fail_where_log_space_does_not():
-    """Cumulative products of gates underflow (float32: below ~1e-45 they are 0); their ratios give NaN."""
-    log_f = torch.full((400,), math.log(0.5))
-    F_lin = torch.cumprod(torch.exp(log_f), 0)
-    ratio = F_lin[:, None] / F_lin[None, :]  # prod_{s=j+1..i} f_s as a ratio of prefix products
-    assert torch.isnan(ratio).any()
+def test_log_gate_matrix_sums_each_interval_itself():
+    """D_ij is summed over its own gates, never as a difference c_i - c_j of long prefix sums: deep in
+    a float32 sequence (c_i ~ -277 at i = 400) short intervals keep every digit, where the difference
+    of prefix sums would lose ~|c_i| * 2^-24 (a relative error ~2e-5 for one gate)."""
+    T = 400
+    log_f = torch.full((T,), -0.6931472, dtype=torch.float32)  # gates of 1/2
     D = fox.log_gate_matrix(log_f)
-    assert torch.isfinite(D.tril()).all() and torch.isfinite(torch.exp(D)).all()
+    assert D.dtype == torch.float32
+    i, j = torch.meshgrid(torch.arange(T), torch.arange(T), indexing="ij")
+    exact = (i - j).double() * float(log_f[0])
+    near = (i - j >= 1) & (i - j <= 4)  # intervals of 1..4 gates, anywhere in the sequence
+    assert ((D.double() - exact).abs()[near] / exact.abs()[near]).max() <= 1e-6
+    # every interval, however long, is within float32 rounding of its length's sum, and e^D in [0, 1]
+    low = i >= j
+    assert ((D.double() - exact).abs()[low] / exact.abs()[low].clamp_min(1)).max() <= T * 2.0 ** -24
+    assert ((torch.exp(D)[low] >= 0) & (torch.exp(D)[low] <= 1)).all()
 
 
-@pytest.mark.slow
-def test_robustness_T4096_strong_decay_all_forms():
-    """T = 4096, log_f = -20 per step, fp32, one head, D = 16: no NaN or inf anywhere, and every
-    form still agrees with float64 (each output is essentially its own token's value)."""
-    T = 4096
+def test_robustness_strong_decay_all_forms():
+    """T = 1024, log_f = -20 per step, fp32, one head, D = 16: no NaN or inf anywhere, and every
+    form still agrees with float64 (each output is essentially its own token's value).  The
+    cumulative log gates reach -20,000: far past float32's exp range (e^-104 is 0, and e^{20 j} would
+    overflow from j = 5), so a longer T adds nothing but interpreter time (the GPU checks run 4096)."""
+    T = 1024
     q, k, v = rand_qkv((1,), T, 16, seed=32)
     token = torch.full((1, T), -20.0, dtype=torch.float64)
     channel = torch.full((1, T, 16), -20.0, dtype=torch.float64)
@@ -322,7 +322,7 @@ def test_robustness_T4096_strong_decay_all_forms():
 
 
 # ---------------------------------------------------------------------------
-# Bad input and empty sequences
+# Bad gates (the checks every form shares are in tests/test_contract.py)
 # ---------------------------------------------------------------------------
 
 ALL_FOX = FOX_FORMS + [fox.fox_triton]
@@ -330,37 +330,26 @@ ALL_GLA = GLA_FORMS + [fox.gla_triton]
 
 
 @pytest.mark.parametrize("form", ALL_FOX + ALL_GLA, ids=lambda f: f.__name__)
-def test_empty_sequence_returns_empty(form):
-    q, k, v = (torch.zeros(2, 0, 16) for _ in range(3))
-    assert form(q, k, v, torch.zeros(2, 0)).shape == (2, 0, 16)
-    if form in ALL_GLA:
-        assert form(q, k, v, torch.zeros(2, 0, 16)).shape == (2, 0, 16)
-
-
-@pytest.mark.parametrize("form", ALL_FOX + ALL_GLA, ids=lambda f: f.__name__)
-def test_bad_input_names_the_argument(form):
+def test_bad_log_f_names_it(form):
+    """Every wrong gate shape of this chapter (per token, per channel), non-tensors, and the messages."""
     q, k, v = rand_qkv((2,), 8, 16, dtype=torch.float32)
     good = torch.full((2, 8), -0.1)
     bad = [
-        ((q, k, v, good.abs()), ValueError, "`log_f`.*<= 0"),
-        ((q, k, v, good.masked_fill(good < 0, float("nan"))), ValueError, "`log_f`"),
-        ((q, k, v, good.masked_fill(good < 0, float("-inf"))), ValueError, "`log_f`.*finite"),
-        ((q, k, v, good[:, :7]), ValueError, "`log_f`"),
-        ((q, k, v, good[:1]), ValueError, "`log_f`"),
-        ((q, k, v, good[None]), ValueError, "`log_f`"),
-        ((q, k, v, good[..., None].expand(2, 8, 15)), ValueError, "`log_f`"),
-        ((q, k, v, good[..., None, None]), ValueError, "`log_f`"),
-        ((q, k, v, -1.0), TypeError, "`log_f`"),
-        ((q, k, v, -torch.ones(2, 8, dtype=torch.long)), TypeError, "`log_f`"),
-        ((q, k[..., :7, :], v, good), ValueError, "`k`"),
-        ((q, k, v[None], good), ValueError, "dims"),
-        ((q.long(), k, v, good), TypeError, "`q`"),
+        (good.abs(), ValueError, "`log_f`.*<= 0"),
+        (good.masked_fill(good < 0, float("-inf")), ValueError, "`log_f`.*finite"),
+        (good[:, :7], ValueError, "`log_f`"),
+        (good[:1], ValueError, "`log_f`"),
+        (good[None], ValueError, "`log_f`"),
+        (good[..., None].expand(2, 8, 15), ValueError, "`log_f`"),
+        (good[..., None, None], ValueError, "`log_f`"),
+        (-1.0, TypeError, "`log_f`"),
+        (-torch.ones(2, 8, dtype=torch.long), TypeError, "`log_f`"),
     ]
     if form in ALL_FOX:
-        bad.append(((q, k, v, good[..., None].expand(2, 8, 16)), ValueError, "`log_f`"))  # FoX has no channel gate
-    for args, exc, needle in bad:
+        bad.append((good[..., None].expand(2, 8, 16), ValueError, "`log_f`"))  # FoX has no channel gate
+    for log_f, exc, needle in bad:
         with pytest.raises(exc, match=needle):
-            form(*args)
+            form(q, k, v, log_f)
 
 
 @pytest.mark.parametrize("form", FOX_FORMS + [fox.fox_triton], ids=lambda f: f.__name__)
@@ -368,16 +357,6 @@ def test_bad_scale(form):
     q, k, v = rand_qkv((2,), 8, 16, dtype=torch.float32)
     with pytest.raises(ValueError, match="`scale`"):
         form(q, k, v, torch.full((2, 8), -0.1), scale=-1.0)
-
-
-@pytest.mark.parametrize("form", [fox.fox_triton, fox.gla_triton], ids=lambda f: f.__name__)
-def test_triton_rejects_unsupported_inputs(form):
-    q, k, v = rand_qkv((2,), 8, 8, dtype=torch.float32)
-    with pytest.raises(ValueError, match="head dims"):
-        form(q, k, v, torch.full((2, 8), -0.1))
-    q, k, v = rand_qkv((2,), 8, 16)
-    with pytest.raises(TypeError, match="float64"):
-        form(q, k, v, torch.full((2, 8), -0.1))
 
 
 def test_kernel_checks_the_gate_shape():
@@ -424,4 +403,6 @@ def test_bench_module_imports_and_lists_ops_on_cpu():
         assert o.reference is None or o.reference in names
         assert callable(o.setup)
     assert dict((o.name, o.reference) for o in ops)["fox_triton"] == "fla_fox"
-    assert callable(bench.gpu_checks)
+    from pathedu.bench.checks import CHECKS
+
+    assert {"robust", "channel", "fp32"} <= set(CHECKS["fox"])  # the GPU checks: tests/test_gpu_checks_cpu.py

@@ -18,6 +18,9 @@ from pathlib import Path
 
 import pytest
 
+# Tens of seconds of work: out of the fast loop `-m "not integration"`.
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # What pip needs to build the package; build outputs and environments are left out,

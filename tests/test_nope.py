@@ -1,7 +1,7 @@
 """Chapter 1: every form of NoPE attention and linear attention against float64 references."""
 import pytest
 import torch
-from helpers import TOL_F64, TOL_TRITON, case_id, rand_qkv, random_shapes, rel_err
+from helpers import N_FIXED, TOL_F64, TOL_TRITON, case_id, rand_qkv, random_shapes, rel_err
 
 from pathedu import nope
 
@@ -49,7 +49,7 @@ def test_explicit_scale_is_used():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
-@pytest.mark.parametrize("case", CASES[:6], ids=case_id)
+@pytest.mark.parametrize("case", CASES[:N_FIXED], ids=case_id)  # the interpreter is slow: fixed cases only
 def test_triton_forms_match_float64(case, dtype):
     q, k, v = rand_qkv(*case, seed=7)
     tol = TOL_TRITON[dtype]
@@ -74,15 +74,22 @@ def test_triton_non_power_of_two_head_dims():
     assert rel_err(nope.linear_triton(q.float(), k.float(), v.float()), linear_reference(q, k, v)) <= 2e-3
 
 
-def test_permutation_equivariance_without_mask():
-    """Without the causal mask, permuting tokens permutes the output: NoPE has no order signal."""
+@pytest.mark.parametrize("form", SOFTMAX_FORMS + LINEAR_FORMS + [nope.nope_triton, nope.linear_triton],
+                         ids=lambda f: f.__name__)
+def test_no_order_signal_but_the_mask(form):
+    """NoPE has no position signal besides the causal mask: the last output depends on the
+    earlier tokens as a set, so shuffling tokens 0..T-2 (keys with their values) leaves it unchanged."""
     q, k, v = rand_qkv((2,), 12, 16, seed=5)
-    perm = torch.randperm(12, generator=torch.Generator().manual_seed(0))
-    full = lambda q, k, v: torch.softmax(q @ k.transpose(-1, -2) / 4, -1) @ v  # noqa: E731
-    assert torch.allclose(full(q[..., perm, :], k[..., perm, :], v[..., perm, :]), full(q, k, v)[..., perm, :])
-    # With the causal mask, the same permutation does *not* commute: the mask is an order signal.
-    out_perm = nope.nope_matrix(q[..., perm, :], k[..., perm, :], v[..., perm, :])
-    assert not torch.allclose(out_perm, nope.nope_matrix(q, k, v)[..., perm, :])
+    perm = torch.cat([torch.randperm(11, generator=torch.Generator().manual_seed(0)), torch.tensor([11])])
+    assert not torch.equal(perm, torch.arange(12))
+    triton = form in (nope.nope_triton, nope.linear_triton)
+    if triton:
+        q, k, v = q.float(), k.float(), v.float()
+    out = form(q, k, v)
+    shuffled = form(q, k[..., perm, :], v[..., perm, :])
+    assert rel_err(shuffled[..., -1, :], out[..., -1, :]) <= (1e-5 if triton else 1e-12)
+    # ... while the earlier rows, which see other prefixes, do change: the shuffle is no no-op
+    assert rel_err(shuffled[..., :-1, :], out[..., :-1, :]) > 1e-2
 
 
 def test_recurrent_state_is_returned_and_resumable():
@@ -91,48 +98,6 @@ def test_recurrent_state_is_returned_and_resumable():
     rest = nope.linear_recurrent(q[..., 13:, :], k[..., 13:, :], v[..., 13:, :], initial_state=S)
     assert rel_err(torch.cat([first, rest], -2), linear_reference(q, k, v)) <= TOL_F64
     assert S.shape == (2, 8, 16)
-
-
-ALL_FORMS = SOFTMAX_FORMS + LINEAR_FORMS + [nope.nope_triton, nope.linear_triton]
-
-
-@pytest.mark.parametrize("form", ALL_FORMS, ids=lambda f: f.__name__)
-def test_empty_sequence_returns_empty(form):
-    q, k, v = (torch.zeros(2, 0, 16) for _ in range(3))
-    out = form(q, k, v)
-    assert out.shape == (2, 0, 16)
-
-
-@pytest.mark.parametrize("form", ALL_FORMS, ids=lambda f: f.__name__)
-def test_bad_input_names_the_argument(form):
-    q, k, v = rand_qkv((2,), 8, 16, dtype=torch.float32)
-    bad = [
-        ((q, k[..., :7, :], v), ValueError, "`k`"),
-        ((q, k, v[..., :7, :]), ValueError, "`v`"),
-        ((q, k[..., :8], v), ValueError, "`k`"),
-        ((q, k, v[None]), ValueError, "dims"),
-        ((q, torch.cat([k, k]), v), ValueError, "`k`"),
-        ((q[0, 0], k[0, 0], v[0, 0]), ValueError, "`q`"),
-        ((q.long(), k, v), TypeError, "`q`"),
-        ((q, k.double(), v), TypeError, "dtype"),
-        ((q.numpy(), k, v), TypeError, "`q`"),
-    ]
-    for args, exc, needle in bad:
-        with pytest.raises(exc, match=needle):
-            form(*args)
-
-
-@pytest.mark.parametrize("form", [nope.nope_triton, nope.linear_triton], ids=lambda f: f.__name__)
-def test_triton_rejects_unsupported_inputs(form):
-    q, k, v = rand_qkv((2,), 8, 8, dtype=torch.float32)
-    with pytest.raises(ValueError, match="head dims"):
-        form(q, k, v)
-    q, k, v = rand_qkv((2,), 8, 16, 256, dtype=torch.float32)
-    with pytest.raises(ValueError, match="`v`"):
-        form(q, k, v)
-    q, k, v = rand_qkv((2,), 8, 16)
-    with pytest.raises(TypeError, match="float64"):
-        form(q, k, v)
 
 
 def test_bad_scale():

@@ -1,12 +1,12 @@
 """Chapter 4: every form of RoPE attention and of the complex recurrence against float64 references."""
 import pytest
 import torch
-from helpers import TOL_F64, TOL_TRITON, case_id, rand_qkv, random_shapes, rel_err
+from helpers import N_FIXED, TOL_F64, TOL_TRITON, case_id, rand_qkv, random_shapes, rel_err
 
 from pathedu import nope, rope
 from pathedu.kernels.rope import rotate_qk, trig_error
 
-CASES = random_shapes(6, seed=4)
+CASES = random_shapes(6, seed=4, dims=(16, 32))  # RoPE rotates channel pairs: even head dims D only
 PAIRINGS = ["interleaved", "half"]
 SOFTMAX_FORMS = [rope.rope_naive, rope.rope_recurrent, rope.rope_matrix, rope.rope_blockwise]
 LINEAR_FORMS = [rope.complex_naive, rope.complex_recurrent, rope.complex_matrix, rope.complex_chunked]
@@ -45,12 +45,6 @@ def linear_reference(q, k, v, pairing):
     return (w * torch.ones(T, T, dtype=torch.float64).tril()) @ v.double()
 
 
-def _even(case):
-    """random_shapes draws D from (16, 32), already even; keep that explicit."""
-    assert case[2] % 2 == 0
-    return case
-
-
 # ---------------------------------------------------------------------------
 # Every form against float64
 # ---------------------------------------------------------------------------
@@ -59,7 +53,7 @@ def _even(case):
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 @pytest.mark.parametrize("form", SOFTMAX_FORMS, ids=lambda f: f.__name__)
 def test_softmax_forms_match_float64(form, case, pairing):
-    q, k, v = rand_qkv(*_even(case), seed=hash(case) % 1000)
+    q, k, v = rand_qkv(*case, seed=hash(case) % 1000)
     assert rel_err(form(q, k, v, pairing=pairing), softmax_reference(q, k, v, pairing)) <= TOL_F64
 
 
@@ -67,7 +61,7 @@ def test_softmax_forms_match_float64(form, case, pairing):
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 @pytest.mark.parametrize("form", LINEAR_FORMS, ids=lambda f: f.__name__)
 def test_linear_forms_match_float64(form, case, pairing):
-    q, k, v = rand_qkv(*_even(case), seed=hash(case) % 1000)
+    q, k, v = rand_qkv(*case, seed=hash(case) % 1000)
     assert rel_err(form(q, k, v, pairing=pairing), linear_reference(q, k, v, pairing)) <= TOL_F64
 
 
@@ -208,7 +202,7 @@ def test_complex_state_never_decays_and_resumes():
 # ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
-@pytest.mark.parametrize("case", CASES[:6], ids=case_id)
+@pytest.mark.parametrize("case", CASES[:N_FIXED], ids=case_id)  # the interpreter is slow: fixed cases only
 def test_triton_forms_match_float64(case, dtype):
     q, k, v = rand_qkv(*case, seed=7)
     tol = TOL_TRITON[dtype]
@@ -274,21 +268,10 @@ def test_triton_fp32_angles_up_to_8192_match_float64():
 # ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("form", ALL_FORMS, ids=lambda f: f.__name__)
-def test_empty_sequence_returns_empty(form):
-    q, k, v = (torch.zeros(2, 0, 16) for _ in range(3))
-    out = form(q, k, v)
-    assert out.shape == (2, 0, 16)
-
-
-@pytest.mark.parametrize("form", ALL_FORMS, ids=lambda f: f.__name__)
-def test_bad_input_names_the_argument(form):
+def test_bad_rope_arguments_name_them(form):
+    """What RoPE adds to the shared checks of tests/test_contract.py: even D, `pairing`, `base`."""
     q, k, v = rand_qkv((2,), 8, 16, dtype=torch.float32)
     bad = [
-        ((q, k[..., :7, :], v), {}, ValueError, "`k`"),
-        ((q, k, v[..., :7, :]), {}, ValueError, "`v`"),
-        ((q, k[..., :8], v), {}, ValueError, "`k`"),
-        ((q[0, 0], k[0, 0], v[0, 0]), {}, ValueError, "`q`"),
-        ((q.long(), k, v), {}, TypeError, "`q`"),
         ((q[..., :15], k[..., :15], v), {}, ValueError, "`q` must have an even head dim"),
         ((q, k, v), {"pairing": "neox"}, ValueError, "`pairing`"),
         ((q, k, v), {"base": -1.0}, ValueError, "`base`"),
@@ -329,25 +312,19 @@ def test_prepass_bad_input():
         rotate_qk(q, k, offset=None)
 
 
-@pytest.mark.parametrize("form", TRITON_FORMS, ids=lambda f: f.__name__)
-def test_triton_rejects_unsupported_inputs(form):
-    q, k, v = rand_qkv((2,), 8, 8, dtype=torch.float32)
-    with pytest.raises(ValueError, match="head dims"):
-        form(q, k, v)
-    q, k, v = rand_qkv((2,), 8, 16)
-    with pytest.raises(TypeError, match="float64"):
-        form(q, k, v)
-
-
 # ---------------------------------------------------------------------------
 # Numerical robustness at T = 4096 (angles up to 4096 rad): no NaN or inf in any form, fp32
 # ---------------------------------------------------------------------------
 
-@pytest.mark.slow
 @pytest.mark.parametrize("form", ALL_FORMS, ids=lambda f: f.__name__)
 def test_long_sequences_stay_finite(form):
-    q, k, v = rand_qkv((1,), 4096, 16, dtype=torch.float32, seed=21)
-    out = form(q, k, v)
+    # The Triton forms run T = 1024 (FlashAttention at 4096 costs ~10 s in the interpreter); their fp32
+    # angles up to 8192 are bounded by test_triton_fp32_angles_up_to_8192_match_float64.
+    T = 1024 if form in TRITON_FORMS else 4096
+    q, k, v = rand_qkv((1,), T, 16, dtype=torch.float32, seed=21)
+    # large pages and blocks: the same arithmetic in fewer Python steps (the default page of 64 costs ~15 s)
+    kw = {rope.rope_recurrent: dict(page=1024), rope.rope_blockwise: dict(block_m=512, block_n=512)}.get(form, {})
+    out = form(q, k, v, **kw)
     assert torch.isfinite(out).all()
     if form in (rope.rope_matrix, rope.complex_matrix, rope.rope_triton, rope.complex_triton):
         ref = (softmax_reference(q, k, v, "interleaved") if form in (rope.rope_matrix, rope.rope_triton)
@@ -377,10 +354,12 @@ def test_bench_module_imports_and_lists_ops_on_cpu():
     assert by_name["sdpa"].peer and by_name["fla_rope_sdpa"].peer and not by_name["rope_triton"].peer
 
 
-def test_gpu_checks_run_on_cpu_as_a_smoke_test():
-    from pathedu.bench import rope as bench
+def test_gpu_checks_bound_the_angles_as_this_file_does():
+    """The GPU checks (pathedu.bench.checks, smoke-run on the CPU in tests/test_gpu_checks_cpu.py) hold the
+    pre-pass's fp32 angles to this file's bound; here the check itself, on the CPU, at T = 8192 and D = 128."""
+    from pathedu.bench import checks
 
-    res = bench.gpu_checks(T=40, D=16, T_prepass=16, device="cpu")
-    assert res["ok"], res["failed"]
-    assert res["prepass_fp32_trig_max_err_T8192_D128"] <= bench.TRIG_TOL_8192 == TRIG_TOL_8192
-    assert any(key.startswith("rope_triton_bfloat16") for key in res)
+    records, _ = checks.run(["rope.trig"], device="cpu", fla="no", smoke=True)
+    long = [r for r in records if r["T"] == 8192 and r["params"]["D"] == 128]
+    assert len(long) == 1 and long[0]["ok"], long
+    assert long[0]["value"] <= long[0]["limit"] == checks.TRIG_TOL_8192 == TRIG_TOL_8192

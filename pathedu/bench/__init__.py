@@ -10,6 +10,12 @@ command, commit, device, versions, sizes and dtype.  The book plots those
 files (:func:`pathedu.plotting.plot_benchmark`); nothing in them is typed by hand.
 
 Data files ship with the package: ``pathedu/data/bench_<chapter>.json``.
+
+The GPU checks (robustness, accuracy, agreement with flash-linear-attention) are
+not timings: they live in :mod:`pathedu.bench.checks` (``python -m pathedu.bench.checks``),
+one record schema for every chapter, committed as ``pathedu/data/gpu_checks.json``
+and read with :func:`load_checks`.  Helpers shared by the ops and the checks:
+:mod:`pathedu.bench._common`.
 """
 from __future__ import annotations
 
@@ -21,8 +27,9 @@ from pathlib import Path
 from typing import Callable
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
-# Every module of this package (but __main__) is a chapter's set of ops.
-CHAPTERS = sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+CHECKS_FILE = DATA_DIR / "gpu_checks.json"
+# Every module of this package is a chapter's set of ops, but __main__, the private helpers and the checks.
+CHAPTERS = sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_") and m.name != "checks")
 
 
 @dataclass
@@ -52,17 +59,30 @@ def load(chapter: str) -> dict:
 
 
 def load_checks(chapter: str) -> dict:
-    """The chapter's committed ``gpu_checks()`` results: from its benchmark file,
-    or, where that run recorded none, from a ``gpu_checks_*.json`` file that holds
-    the chapter's key (with its own ``meta``: command, commit, device)."""
-    checks = load(chapter).get("checks")
-    if checks:
-        return checks
-    for path in sorted(DATA_DIR.glob("gpu_checks_*.json")):
-        data = json.loads(path.read_text())
-        if chapter in data:
-            return data[chapter]
-    raise FileNotFoundError(f"no GPU check results for chapter {chapter!r} in {DATA_DIR}")
+    """A chapter's committed GPU-check results: ``{"meta": {...}, "records": [...]}`` in the schema of
+    :mod:`pathedu.bench.checks` (one dict per measurement: ``check, op, reference, dtype, T, shape,
+    metric, value, limit, finite, ok, params``), from ``pathedu/data/gpu_checks.json``."""
+    if CHECKS_FILE.exists():
+        data = json.loads(CHECKS_FILE.read_text())
+        records = [r for r in data["records"] if r["chapter"] == chapter]
+        if records:
+            return dict(meta=data["meta"], records=records)
+    # Until gpu_checks.json holds a GPU run of every chapter: the files of the old per-chapter
+    # gpu_checks() functions, converted to the same schema (delete these two lines and _legacy.py then).
+    from ._legacy import legacy_checks
+    return legacy_checks(chapter)
+    raise FileNotFoundError(f"no GPU check results for chapter {chapter!r} in {CHECKS_FILE}; "
+                            f"run `python -m pathedu.bench.checks {chapter} --out FILE` on a GPU")
+
+
+def describe(record: dict) -> str:
+    """One GPU-check record (:func:`load_checks`) as a line of text: op, dtype, T, case, measure, limit, verdict."""
+    case = ", ".join(f"{k} {v}" for k, v in record.get("params", {}).items())
+    value = "not finite" if record["value"] is None else f"{record['value']:.1e}"
+    limit = "" if record["limit"] is None else f" (limit {record['limit']:.0e})"
+    verdict = "ok" if record["ok"] else "FAILED" + (f": {record['error']}" if "error" in record else "")
+    return (f"{record['op']}, {record['dtype']}, T = {record['T']}{', ' + case if case else ''}: "
+            f"{record['metric']} {value}{limit} vs {record['reference']}: {verdict}")
 
 
 def chapter_ops(chapter: str) -> list[Op]:

@@ -24,12 +24,11 @@ fla is imported inside ``setup``, so this module imports without it.  fla's layo
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
 from . import Op
+from ._common import from_bthd, sdpa, to_bthd
 
 ALIBI_REF = "alibi_blockwise_fp32"
 RETNET_REF = "retnet_chunked_fp32"
@@ -47,15 +46,7 @@ def _gammas(q):
     return retnet_gammas(q.shape[1]).to(device=q.device)  # (H,) float64; the forms cast it
 
 
-def _bthd(x):
-    return x.transpose(1, 2).contiguous()
-
-
 # --- softmax side -----------------------------------------------------------
-
-def _sdpa(q, k, v):
-    return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
-
 
 def _sdpa_alibi_mask(q, k, v):
     from ..alibi import alibi_bias
@@ -70,8 +61,8 @@ def _fla_fox_const_gate(q, k, v):
 
     B, H, T, _ = q.shape
     g = (-_slopes(q)).expand(B, T, H).contiguous()  # [B, T, H] fp32: the same log gate at every step
-    qt, kt, vt = _bthd(q), _bthd(k), _bthd(v)
-    return lambda: parallel_forgetting_attn(qt, kt, vt, g).transpose(1, 2)
+    qt, kt, vt = to_bthd(q), to_bthd(k), to_bthd(v)
+    return lambda: from_bthd(parallel_forgetting_attn(qt, kt, vt, g))
 
 
 def _alibi_triton(q, k, v):
@@ -109,8 +100,8 @@ def _retnet_triton(q, k, v):
 def _fla_chunk_retention(q, k, v):
     from fla.ops.retention import chunk_retention
 
-    qt, kt, vt = _bthd(q), _bthd(k), _bthd(v)
-    return lambda: chunk_retention(qt, kt, vt, scale=1.0)[0].transpose(1, 2)
+    qt, kt, vt = to_bthd(q), to_bthd(k), to_bthd(v)
+    return lambda: from_bthd(chunk_retention(qt, kt, vt, scale=1.0)[0])
 
 
 def _retnet_chunked_fp32(q, k, v):
@@ -123,10 +114,10 @@ def _retnet_chunked_fp32(q, k, v):
 
 def ops():
     return [
-        Op("sdpa", _sdpa, peer=True),
+        Op("sdpa", sdpa, peer=True),
         # The fp32 PyTorch references cost ~1 s a call at T = 8192 (and the materialised
         # mask ~21 GB): they are measured up to T = 2048 / 4096 only; accuracy at larger
-        # T is covered by gpu_checks().
+        # T is covered by the GPU checks (pathedu.bench.checks).
         Op(ALIBI_REF, _alibi_blockwise_fp32, max_T=2048),
         Op("sdpa_alibi_mask", _sdpa_alibi_mask, reference=ALIBI_REF, peer=True, max_T=4096),
         Op("fla_fox_const_gate", _fla_fox_const_gate, reference=ALIBI_REF, peer=True),
@@ -136,123 +127,3 @@ def ops():
         Op("fla_chunk_retention", _fla_chunk_retention, reference=RETNET_REF, peer=True),
         Op("retnet_triton", _retnet_triton, reference=RETNET_REF),
     ]
-
-
-# --- GPU checks ---------------------------------------------------------------
-
-def _rel_rms_per_head(out, ref):
-    """max over (batch, head) of ||out - ref|| / ||ref|| on the last two dims, in fp32."""
-    out, ref = out.float(), ref.float()
-    num = (out - ref).pow(2).mean((-2, -1)).sqrt()
-    den = ref.pow(2).mean((-2, -1)).sqrt().clamp_min(1e-30)
-    return (num / den).max().item()
-
-
-def gpu_checks(T: int = 4096, B: int = 2, D: int = 64, seed: int = 0, device: str = "cuda") -> dict:
-    """The bf16 robustness case on the GPU; returns ``{check: result}`` and never raises.
-
-    Eight heads with slopes from 8 down to 0 (ALiBi) and log gates from -20 up to 0 per
-    step (RetNet), ``T = 4096``, bf16 inputs from a seeded CUDA generator:
-
-    * ``*_finite``: no NaN or inf in the Triton forms' bf16 outputs;
-    * ``*_rel_rms``: max over heads of the relative RMS error against our fp32 PyTorch
-      forms on the same (upcast) inputs (bf16 rounding of inputs/outputs: expect ~1e-2 or less);
-    * ``alibi_hooks_agree_rel_rms``: the kernel's ``"alibi"`` and ``"loggate"`` hooks on the
-      same ALiBi problem (ALiBi = FoX with a constant gate);
-    * ``fla_*``: the same problems through fla's FoX and retention kernels, when fla imports;
-    * ``*_fp32_rel_rms``: the Triton forms on fp32 inputs (exact fp32 dots) at ``T = 1024``.
-
-    A check that fails to run records ``"error: ..."`` instead of a number.  ``device="cpu"``
-    runs the same code in Triton's interpreter (small ``T`` only: a smoke test of this function).
-    """
-    from .. import alibi
-    from ..kernels.flash_attention import attention
-
-    results: dict = {"T": T, "B": B, "D": D, "dtype": "bfloat16", "device": str(device)}
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        results["error"] = "no CUDA GPU"
-        return results
-    g = torch.Generator(device=dev).manual_seed(seed)
-    H = 8
-    q, k, v = (torch.randn(B, H, T, D, device=dev, dtype=torch.bfloat16, generator=g) for _ in range(3))
-    slopes = torch.tensor([8.0, 4.0, 2.0, 1.0, 0.5, 2.0 ** -4, 2.0 ** -8, 0.0], device=dev)
-    log_gammas = torch.tensor([-20.0, -8.0, -1.0, math.log(0.9), math.log(0.99), math.log(0.999), -2.0 ** -12, 0.0],
-                              device=dev, dtype=torch.float64)
-    gammas = torch.exp(log_gammas)
-    results["slopes"] = slopes.tolist()
-    results["log_gammas"] = log_gammas.tolist()
-
-    def record(name, fn):
-        try:
-            results[name] = fn()
-        except Exception as exc:  # recorded, not fatal: the lead has one GPU run
-            results[name] = f"error: {type(exc).__name__}: {exc}"[:300]
-
-    qf, kf, vf = q.float(), k.float(), v.float()
-    cache = {}
-
-    def alibi_ref():
-        if "alibi" not in cache:
-            cache["alibi"] = alibi.alibi_blockwise(qf, kf, vf, slopes, block_m=256, block_n=256)
-        return cache["alibi"]
-
-    def retnet_ref():
-        if "retnet" not in cache:
-            cache["retnet"] = alibi.retnet_chunked(qf, kf, vf, gammas.float(), chunk=128)
-        return cache["retnet"]
-
-    def alibi_out():
-        if "alibi_triton" not in cache:
-            cache["alibi_triton"] = alibi.alibi_triton(q, k, v, slopes)
-        return cache["alibi_triton"]
-
-    def retnet_out():
-        if "retnet_triton" not in cache:
-            cache["retnet_triton"] = alibi.retnet_triton(q, k, v, gammas)
-        return cache["retnet_triton"]
-
-    record("alibi_triton_bf16_finite", lambda: bool(torch.isfinite(alibi_out()).all()))
-    record("alibi_triton_bf16_rel_rms", lambda: _rel_rms_per_head(alibi_out(), alibi_ref()))
-    record("alibi_reference_fp32_finite", lambda: bool(torch.isfinite(alibi_ref()).all()))
-    record("retnet_triton_bf16_finite", lambda: bool(torch.isfinite(retnet_out()).all()))
-    record("retnet_triton_bf16_rel_rms", lambda: _rel_rms_per_head(retnet_out(), retnet_ref()))
-    record("retnet_reference_fp32_finite", lambda: bool(torch.isfinite(retnet_ref()).all()))
-
-    def via_loggate():
-        out = attention(q, k, v, log_f=(-slopes)[None, :, None].expand(B, H, T).contiguous())
-        return {"finite": bool(torch.isfinite(out).all()), "rel_rms_vs_alibi_hook": _rel_rms_per_head(out, alibi_out()),
-                "rel_rms_vs_fp32": _rel_rms_per_head(out, alibi_ref())}
-
-    record("alibi_hooks_agree", via_loggate)
-
-    def fla_fox():
-        from fla.ops.forgetting_attn import parallel_forgetting_attn
-
-        gate = (-slopes).expand(B, T, H).contiguous()
-        out = parallel_forgetting_attn(_bthd(q), _bthd(k), _bthd(v), gate).transpose(1, 2)
-        return {"finite": bool(torch.isfinite(out).all()), "rel_rms_vs_fp32": _rel_rms_per_head(out, alibi_ref())}
-
-    def fla_retention():
-        from fla.ops.simple_gla import chunk_simple_gla
-
-        out = chunk_simple_gla(_bthd(q), _bthd(k), _bthd(v), g_gamma=log_gammas.float(), scale=1.0)[0].transpose(1, 2)
-        return {"finite": bool(torch.isfinite(out).all()), "rel_rms_vs_fp32": _rel_rms_per_head(out, retnet_ref())}
-
-    record("fla_fox_const_gate", fla_fox)
-    record("fla_simple_gla_g_gamma", fla_retention)
-
-    def fp32_case():
-        Ts = min(T, 1024)
-        q32, k32, v32 = (x[:, :, :Ts].float() for x in (q, k, v))
-        a = _rel_rms_per_head(alibi.alibi_triton(q32, k32, v32, slopes),
-                              alibi.alibi_blockwise(q32.double(), k32.double(), v32.double(), slopes.double(),
-                                                    block_m=256, block_n=256))
-        r = _rel_rms_per_head(alibi.retnet_triton(q32, k32, v32, gammas),
-                              alibi.retnet_chunked(q32.double(), k32.double(), v32.double(), gammas, chunk=128))
-        return {"alibi_triton_fp32_rel_rms": a, "retnet_triton_fp32_rel_rms": r}
-
-    record("fp32_T1024", fp32_case)
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
-    return results

@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 
 from . import Op
+from ._common import from_bthd, sdpa, to_bthd
 
 BASE = 10000.0
 PAIRING = "interleaved"
@@ -45,9 +46,6 @@ def _fla_rotary(q):
 def ops():
     from .. import nope, rope
 
-    def sdpa(q, k, v):
-        return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
-
     def torch_rope_sdpa(q, k, v):
         def fn():
             qr = rope.apply_rope(q, base=BASE, pairing=PAIRING)
@@ -60,11 +58,11 @@ def ops():
 
     def fla_rope_sdpa(q, k, v):
         emb = _fla_rotary(q)
-        qt, kt = q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous()  # [B, T, H, D]
+        qt, kt = to_bthd(q), to_bthd(k)  # [B, T, H, D]
 
         def fn():
             qr, kr = emb(qt, kt)
-            return F.scaled_dot_product_attention(qr.transpose(1, 2), kr.transpose(1, 2), v, is_causal=True)
+            return F.scaled_dot_product_attention(from_bthd(qr), from_bthd(kr), v, is_causal=True)
         return fn
 
     def torch_rope_linear(q, k, v):
@@ -81,12 +79,12 @@ def ops():
         from fla.ops.linear_attn import chunk_linear_attn
 
         emb = _fla_rotary(q)
-        qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))  # [B, T, H, D]
+        qt, kt, vt = (to_bthd(x) for x in (q, k, v))  # [B, T, H, D]
 
         def fn():
             qr, kr = emb(qt, kt)
             o, _ = chunk_linear_attn(qr, kr, vt, scale=1.0, normalize=False)
-            return o.transpose(1, 2)
+            return from_bthd(o)
         return fn
 
     return [
@@ -98,88 +96,3 @@ def ops():
         Op("complex_triton", complex_triton, reference="torch_rope_linear"),
         Op("fla_rope_linear", fla_rope_linear, reference="torch_rope_linear", peer=True),
     ]
-
-
-# Bounds for gpu_checks (max abs error relative to max |reference|, against float64).
-GPU_TOL = {"float32": 5e-3, "float16": 1e-2, "bfloat16": 5e-2}
-TRIG_TOL_8192 = 2e-3  # fp32 angles up to position 8192 (tests/test_rope.py uses the same bound on the CPU)
-
-
-def gpu_checks(T: int = 4096, D: int = 64, *, T_prepass: int = 8192, device: str = "cuda") -> dict:
-    """Checks to run once on a CUDA GPU; returns a flat dict of results (``ok``: all passed).
-
-    1. Robustness, bf16 (and fp16 once): ``rope_triton`` and ``complex_triton`` at ``T``
-       (angles up to ``T`` radians; one batch, two heads) are finite and match float64
-       references (:func:`pathedu.rope.rope_matrix`, linear attention on
-       :func:`pathedu.rope.apply_rope`-rotated q, k), for both pairings.
-    2. The fp32 angles of the pre-pass up to position 8192 against float64
-       (:func:`pathedu.kernels.rope.trig_error`), D = 64 and 128, and the GPU's
-       ``exp2``/``cos``/``sin``.
-    3. The pre-pass on a bf16 ``(2, 32, T_prepass, 64)`` block at offset 0 and 4096 against
-       float64 ``apply_rope``, both pairings.
-
-    Every check is wrapped: an exception is recorded as ``<name>_error`` and makes ``ok`` False.
-    ``device="cpu"`` with small ``T`` and ``T_prepass`` runs the same code in Triton's interpreter,
-    as a smoke test (``tests/test_rope.py`` does).
-    """
-    import torch
-
-    from .. import nope, rope
-    from ..kernels.rope import rotate_qk, trig_error
-
-    res, fails = {}, []
-    dev = device
-    sync = torch.cuda.synchronize if torch.device(dev).type == "cuda" else (lambda: None)
-
-    def rel(out, ref):
-        out, ref = out.double(), ref.double()
-        return ((out - ref).abs().max() / ref.abs().max()).item()
-
-    def record(name, value, ok):
-        res[name] = value
-        if not ok:
-            fails.append(name)
-
-    g = torch.Generator(device=dev).manual_seed(0)
-    q, k, v = (torch.randn(1, 2, T, D, device=dev, generator=g, dtype=torch.float32) for _ in range(3))
-    for pairing in rope.PAIRINGS:
-        try:
-            q64, k64, v64 = q.double(), k.double(), v.double()
-            ref_soft = rope.rope_matrix(q64, k64, v64, pairing=pairing)
-            qr64, kr64 = rope.apply_rope(q64, pairing=pairing), rope.apply_rope(k64, pairing=pairing)
-            ref_lin = nope.linear_matrix(qr64, kr64, v64)
-            dtypes = [torch.bfloat16, torch.float16] if pairing == "interleaved" else [torch.bfloat16]
-            for dtype in dtypes:
-                name = str(dtype).replace("torch.", "")
-                for form, ref in ((rope.rope_triton, ref_soft), (rope.complex_triton, ref_lin)):
-                    out = form(q.to(dtype), k.to(dtype), v.to(dtype), pairing=pairing)
-                    sync()
-                    key = f"{form.__name__}_{name}_{pairing}_T{T}"
-                    finite = bool(torch.isfinite(out).all())
-                    record(key + "_finite", finite, finite)
-                    err = rel(out, ref) if finite else float("nan")
-                    record(key + "_rel_err", err, err <= GPU_TOL[name])
-        except Exception as exc:  # recorded, not fatal: the lead sees every result of one run
-            record(f"robustness_{pairing}_error", f"{type(exc).__name__}: {exc}", False)
-
-    for Dk in (64, 128):
-        try:
-            err = trig_error(8192, Dk, device=dev)
-            record(f"prepass_fp32_trig_max_err_T8192_D{Dk}", err.max().item(), err.max().item() <= TRIG_TOL_8192)
-            record(f"prepass_fp32_trig_max_err_T64_D{Dk}", err[:64].max().item(), err[:64].max().item() <= 1e-5)
-        except Exception as exc:
-            record(f"prepass_trig_D{Dk}_error", f"{type(exc).__name__}: {exc}", False)
-
-    try:
-        x = torch.randn(2, 32, T_prepass, 64, device=dev, generator=g, dtype=torch.float32)
-        for offset in (0, 4096):
-            for pairing in rope.PAIRINGS:
-                xr, _ = rotate_qk(x.bfloat16(), x.bfloat16(), offset=offset, pairing=pairing)
-                err = rel(xr, rope.apply_rope(x.bfloat16().double(), offset=offset, pairing=pairing))
-                record(f"prepass_bf16_rel_err_{pairing}_offset{offset}", err, err <= 8e-3)
-    except Exception as exc:
-        record("prepass_bf16_error", f"{type(exc).__name__}: {exc}", False)
-
-    res["failed"] = fails
-    res["ok"] = not fails
-    return res

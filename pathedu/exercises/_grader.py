@@ -77,3 +77,46 @@ def check_function(name, student_fn, reference_fn, make_inputs, *, trials: int =
         if not err <= rtol:
             return verdict(name, False, f"values differ from the reference (relative error {err:.2e} on trial {seed}). {hint}")
     return verdict(name, True, f"matches the reference on {trials} random inputs.")
+
+
+def _diagnose_parts(student_fn, args, wrong_variants, rtol) -> str:
+    """:func:`diagnose` for functions that return a tuple of tensors."""
+    out, err = call_student(student_fn, *args)
+    if err is not None:
+        return ""
+    for fn, message in wrong_variants:
+        ref = fn(*args)
+        if (isinstance(out, (tuple, list)) and len(out) == len(ref)
+                and all(isinstance(o, torch.Tensor) and o.shape == r.shape and rel_error(o, r) <= rtol
+                        for o, r in zip(out, ref))):
+            return message
+    return ""
+
+
+def check_parts(name, student_fn, reference_fn, make_inputs, part_names, *, trials: int = 3, rtol: float = 1e-8,
+                hint: str = "", wrong_variants=()) -> Verdict:
+    """Like :func:`check_function`, for functions that return a tuple of tensors:
+    each part is compared on its own, so the verdict can say which one is wrong."""
+    hint = _diagnose_parts(student_fn, make_inputs(0), wrong_variants, rtol) or hint
+    want = "(" + ", ".join(part_names) + ")"
+    for seed in range(trials):
+        args = make_inputs(seed)
+        ref = reference_fn(*args)
+        out, err = call_student(student_fn, *args)
+        if err is not None:
+            return verdict(name, False, f"{err}. {hint}")
+        if not isinstance(out, (tuple, list)) or len(out) != len(part_names):
+            got = (f"a {type(out).__name__} of length {len(out)}" if isinstance(out, (tuple, list))
+                   else type(out).__name__)
+            return verdict(name, False, f"expected a tuple {want}, got {got}. {hint}")
+        for part, o, r in zip(part_names, out, ref):
+            if not isinstance(o, torch.Tensor):
+                return verdict(name, False, f"`{part}` should be a torch.Tensor, got {type(o).__name__}. {hint}")
+            if o.shape != r.shape:
+                return verdict(name, False,
+                               f"`{part}` should have shape {tuple(r.shape)}, got {tuple(o.shape)}. {hint}")
+            err = rel_error(o, r)
+            if not err <= rtol:
+                return verdict(name, False, f"`{part}` differs from the reference "
+                                            f"(relative error {err:.2e} on trial {seed}). {hint}")
+    return verdict(name, True, f"{want} match the reference on {trials} random inputs.")

@@ -20,13 +20,12 @@ Exercises:
 """
 from __future__ import annotations
 
-import traceback
 
 import torch
 
 from .. import nope
 from ..masks import causal_mask
-from ._grader import Verdict, check_function, diagnose as _diagnose, rel_error as _rel, verdict
+from ._grader import Verdict, check_function, check_parts, diagnose as _diagnose
 
 __all__ = ["check_linear_matrix", "check_online_softmax_merge", "check_chunk_step"]
 
@@ -73,57 +72,6 @@ def check_linear_matrix(linear_matrix) -> Verdict:
         "(diagonal kept), then by V. No softmax, no scale.")
     return check_function("linear attention, matrix form", linear_matrix, _linear_reference, _linear_inputs,
                           trials=3, rtol=1e-8, hint=hint)
-
-
-# ---------------------------------------------------------------------------
-# Shared: checking a function that returns a tuple of tensors
-# ---------------------------------------------------------------------------
-
-def _diagnose_parts(student_fn, args, wrong_variants, rtol) -> str:
-    """:func:`_diagnose` for functions that return a tuple of tensors."""
-    try:
-        out = student_fn(*args)
-    except Exception:
-        return ""
-    for fn, message in wrong_variants:
-        ref = fn(*args)
-        if (isinstance(out, (tuple, list)) and len(out) == len(ref)
-                and all(isinstance(o, torch.Tensor) and o.shape == r.shape and _rel(o, r) <= rtol
-                        for o, r in zip(out, ref))):
-            return message
-    return ""
-
-
-def _check_parts(name, student_fn, reference_fn, make_inputs, part_names, *, trials=3, rtol=1e-8,
-                 hint="", wrong_variants=()) -> Verdict:
-    """Like :func:`check_function`, for functions that return a tuple of tensors:
-    each part is compared on its own, so the verdict can say which one is wrong."""
-    hint = _diagnose_parts(student_fn, make_inputs(0), wrong_variants, rtol) or hint
-    want = "(" + ", ".join(part_names) + ")"
-    for seed in range(trials):
-        args = make_inputs(seed)
-        ref = reference_fn(*args)
-        try:
-            out = student_fn(*args)
-        except Exception as exc:
-            last = traceback.extract_tb(exc.__traceback__)[-1]
-            return verdict(name, False,
-                           f"your function raised {type(exc).__name__}: {exc} (line {last.lineno}). {hint}")
-        if not isinstance(out, (tuple, list)) or len(out) != len(part_names):
-            got = (f"a {type(out).__name__} of length {len(out)}" if isinstance(out, (tuple, list))
-                   else type(out).__name__)
-            return verdict(name, False, f"expected a tuple {want}, got {got}. {hint}")
-        for part, o, r in zip(part_names, out, ref):
-            if not isinstance(o, torch.Tensor):
-                return verdict(name, False, f"`{part}` should be a torch.Tensor, got {type(o).__name__}. {hint}")
-            if o.shape != r.shape:
-                return verdict(name, False,
-                               f"`{part}` should have shape {tuple(r.shape)}, got {tuple(o.shape)}. {hint}")
-            err = _rel(o, r)
-            if not err <= rtol:
-                return verdict(name, False, f"`{part}` differs from the reference "
-                                            f"(relative error {err:.2e} on trial {seed}). {hint}")
-    return verdict(name, True, f"{want} match the reference on {trials} random inputs.")
 
 
 # ---------------------------------------------------------------------------
@@ -180,7 +128,7 @@ def check_online_softmax_merge(merge) -> Verdict:
     describe all keys together, with ``m`` the maximum of both (so that
     ``acc / l`` is the softmax-weighted average of the values).
     """
-    return _check_parts("online-softmax merge", merge, _merge_reference, _merge_inputs, ("m", "l", "acc"),
+    return check_parts("online-softmax merge", merge, _merge_reference, _merge_inputs, ("m", "l", "acc"),
                         hint="Hint: m = max(m1, m2); rescale each partial's l and acc by exp(m_a - m), then add.",
                         wrong_variants=_MERGE_WRONG)
 
@@ -228,7 +176,7 @@ def check_chunk_step(chunk_step) -> Verdict:
     outputs ``o_c: (..., C, Dv)`` and the state after the chunk ``(..., Dv, D)``,
     equal to running the recurrence token by token from ``S``.
     """
-    return _check_parts("chunk with prefix state", chunk_step, _chunk_reference, _chunk_inputs, ("o_c", "S_new"),
+    return check_parts("chunk with prefix state", chunk_step, _chunk_reference, _chunk_inputs, ("o_c", "S_new"),
                         hint="Hint: o_c = Q_c S^T + (Q_c K_c^T * M) V_c with M causal (diagonal kept); "
                              "S_new = S + V_c^T K_c.",
                         wrong_variants=_CHUNK_WRONG)

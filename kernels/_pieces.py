@@ -1,0 +1,191 @@
+r"""Jit pieces that every kernel of the book shares, in one place.
+
+* :func:`_load_rows` / :func:`_store_rows`: a ``(rows, cols)`` tile of a row-major
+  ``(T, dim)`` matrix, with bound masks only where the sizes demand them.
+* :func:`_query_block`: the prologue of the softmax kernels (which ``(batch, head)``
+  and which block of queries this program owns; heaviest blocks first).
+* :func:`_rn` / :func:`_dot`: products of fp32 tiles with operands rounded to the
+  nearest tf32 value first (the tensor cores truncate), or about fp32 accuracy from
+  three tf32 products; used wherever a factor is applied again and again (the UT
+  preparation pass, the Householder state).
+* :func:`_softmax_fold`: the online-softmax update ``(m, l, acc)`` of FlashAttention
+  (:mod:`.flash_attention`) and PaTH (:mod:`.path_attention`).
+* Causality for non-finite values.  Inside a plain product a hidden (future) key
+  still counts: its weight is 0, and ``0 * NaN`` and ``0 * inf`` are NaN.  So every
+  tile that straddles the diagonal is multiplied by :func:`_masked_dot`, on the
+  values with their NaN/inf replaced by 0 (one select per value; bit-identical to
+  the plain product for every row that sees no non-finite value), and the rows that
+  do see one get it back from :func:`_poison`, which reads where the first NaN,
+  +inf and -inf of each channel are (:func:`_first_nonfinite`: one packed integer
+  per channel, folded tile by tile) and costs one branch when there is none.  The
+  softmax kernels apply it once per query block, after their loops (so the main
+  loops keep their registers).  The linear kernels (:mod:`.linear_attention`) do the
+  same in a simpler form: they multiply only finite values, state included, and set
+  to NaN the output channels whose values had a NaN or inf at or before each row.
+  With masks that are selects (``tl.where``, never a
+  multiply by 0), this keeps every kernel causal for non-finite inputs: a NaN or
+  inf in ``q``, ``k`` or ``v`` at position ``t`` changes outputs at positions
+  ``>= t`` only.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634  # logits are kept in base 2: exp(x) = exp2(x * log2(e))
+
+
+@triton.jit
+def _load_rows(ptr, rows, cols, stride, n_rows, n_cols, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr):
+    """Load a (len(rows), len(cols)) tile; masks only where the sizes demand it."""
+    ptrs = ptr + rows[:, None] * stride + cols[None, :]
+    if CHECK_ROWS and CHECK_COLS:
+        return tl.load(ptrs, mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols), other=0.0)
+    elif CHECK_ROWS:
+        return tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)
+    elif CHECK_COLS:
+        return tl.load(ptrs, mask=cols[None, :] < n_cols, other=0.0)
+    else:
+        return tl.load(ptrs)
+
+
+@triton.jit
+def _store_rows(ptr, x, rows, cols, stride, n_rows, n_cols):
+    """Store tile ``x`` at rows ``rows < n_rows`` and columns ``cols < n_cols``, in ``ptr``'s dtype."""
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    tl.store(ptr + rows[:, None] * stride + cols[None, :], x.to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _query_block(BLOCK_M: tl.constexpr):
+    """``(bh, start_m, offs_m)`` of this program: its (batch, head) row, first query and query rows.
+
+    Grid ``(query blocks, BH)``.  The heaviest query blocks (those with the most keys) are
+    launched first: a shorter tail.
+    """
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    start_m = pid_m * BLOCK_M
+    return tl.program_id(1).to(tl.int64), start_m, start_m + tl.arange(0, BLOCK_M)
+
+
+@triton.jit
+def _rn(x, PRECISION: tl.constexpr):
+    """Round fp32 ``x`` to the nearest tf32 value when products run in tf32.
+
+    The tensor cores read an fp32 operand's top 19 bits, i.e. they *truncate*
+    towards zero.  A biased rounding is harmless once, but the block transitions
+    ``P_J`` are applied again and again (to the carried query, to the RNN's state):
+    truncated factors made every ``P_J`` slightly too short and the error grew
+    linearly with T (kernels/NOTES_path.md).  Rounding to nearest first (add half
+    a tf32 ulp to the bit pattern, clear the 13 low bits) makes it unbiased.
+    """
+    if PRECISION == "tf32":
+        return ((x.to(tl.int32, bitcast=True) + 4096) & -8192).to(tl.float32, bitcast=True)
+    else:
+        return x
+
+
+@triton.jit
+def _dot(a, b, PRECISION: tl.constexpr):
+    """``a @ b`` for fp32 tiles.  ``"tf32"``: operands rounded to nearest first; ``"x3"``:
+    three tf32 products of high and low parts (``a_hi b_hi + a_hi b_lo + a_lo b_hi``,
+    about fp32 accuracy on the tensor cores; fp32 inputs on a GPU, where the
+    ``"ieee"`` FMA products of this many 64 x 64 tiles take minutes to compile);
+    ``"ieee"``: exact fp32."""
+    if PRECISION == "x3":
+        a_hi = _rn(a, "tf32")
+        b_hi = _rn(b, "tf32")
+        lo = tl.dot(_rn(a - a_hi, "tf32"), b_hi, input_precision="tf32")
+        lo = tl.dot(a_hi, _rn(b - b_hi, "tf32"), acc=lo, input_precision="tf32")
+        return tl.dot(a_hi, b_hi, acc=lo, input_precision="tf32")
+    else:
+        return tl.dot(_rn(a, PRECISION), _rn(b, PRECISION), input_precision=PRECISION)
+
+
+@triton.jit
+def _finite_or_zero(x):
+    """``x`` with its NaN and +-inf entries replaced by 0 (same dtype)."""
+    return tl.where(tl.abs(x) < float("inf"), x, 0.0).to(x.dtype)
+
+
+@triton.jit
+def _masked_dot(p, v, acc, PRECISION: tl.constexpr):
+    """``acc + p @ v`` for a causal tile (``p`` exactly 0 on the keys a row does not see), with the
+    non-finite values replaced by 0: a NaN or inf of a hidden key cannot reach a row through
+    ``0 * NaN``.  Bit-identical to the plain product for rows that see no non-finite value;
+    the rows that do see one get it back from :func:`_first_nonfinite` and :func:`_poison`."""
+    return acc + tl.dot(p, _finite_or_zero(v), input_precision=PRECISION)
+
+
+# Where non-finite values are, per value channel: the (tile-relative) positions of the first
+# NaN, +inf and -inf key, 10 bits each in one int32 (1023: none).  Positions are relative to
+# the start of the caller's query block or chunk, so they stay below 1023.
+_NONE = tl.constexpr(1023)
+_ALL_NONE = tl.constexpr(1023 | (1023 << 10) | (1023 << 20))
+
+
+@triton.jit
+def _no_nonfinite(BLOCK_DV: tl.constexpr):
+    """The packed positions when no non-finite value has been seen: ``(BLOCK_DV,)`` int32."""
+    return tl.full([BLOCK_DV], _ALL_NONE, tl.int32)
+
+
+@triton.jit
+def _first_nonfinite(v, pos, bad):
+    """Fold a value tile (one row per key, at positions ``pos``) into the packed per-channel
+    positions ``bad`` of the first NaN, +inf and -inf key (see :func:`_no_nonfinite`)."""
+    at = pos[:, None]
+    first_nan = tl.minimum(bad & 1023, tl.min(tl.where(v != v, at, _NONE), axis=0))
+    first_pinf = tl.minimum((bad >> 10) & 1023, tl.min(tl.where(v == float("inf"), at, _NONE), axis=0))
+    first_ninf = tl.minimum(bad >> 20, tl.min(tl.where(v == float("-inf"), at, _NONE), axis=0))
+    return first_nan | (first_pinf << 10) | (first_ninf << 20)
+
+
+@triton.jit
+def _poison(out, row_pos, bad):
+    """Give back to ``out[i, d]`` the non-finite values that :func:`_masked_dot` left out: row ``i``
+    (at position ``row_pos[i]``) sees every key at a position ``<= row_pos[i]``; ``bad``: the
+    packed positions of :func:`_first_nonfinite`.
+
+    IEEE semantics of ``out + p * v`` over the non-finite ``v`` seen, for softmax weights
+    (``p > 0``): NaN for a NaN or for both infinities, otherwise the infinity seen.  Rows
+    that see none are untouched; when no channel has one (the usual case), this is one
+    reduction and a branch."""
+    if tl.min(bad, 0) != _ALL_NONE:
+        sees_nan = (bad & 1023)[None, :] <= row_pos[:, None]
+        sees_pinf = ((bad >> 10) & 1023)[None, :] <= row_pos[:, None]
+        sees_ninf = (bad >> 20)[None, :] <= row_pos[:, None]
+        add = tl.where(sees_nan | (sees_pinf & sees_ninf), float("nan"),
+                       tl.where(sees_pinf, float("inf"), tl.where(sees_ninf, float("-inf"), 0.0)))
+        out = out + add
+    return out
+
+
+@triton.jit
+def _softmax_fold(acc, m_i, l_i, s, v, GUARD: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr):
+    """Fold logits ``s`` (log2 units) and values ``v`` of one key block into the online softmax.
+
+    ``m_i``: the largest logit seen so far per row; ``l_i``: the sum of ``2^(logit - m)``;
+    ``acc``: the sum of ``2^(logit - m) v_j`` (fp32).  When the block raises the maximum
+    from ``m`` to ``m'``, what was summed so far is rescaled by ``2^(m - m')``.
+
+    ``GUARD``: some rows may have seen only ``-inf`` so far (PaTH visits its diagonal
+    region right to left, so early rows see nothing in later sub-blocks); their max stays
+    ``-inf`` and is replaced by 0 in the exponents (no ``inf - inf``).  ``MASKED``: the
+    block holds hidden keys (weight 0), so the product is :func:`_masked_dot` (the caller
+    then folds ``v`` into :func:`_first_nonfinite` and applies :func:`_poison` once, at the
+    end).  Both are compile-time flags: an unmasked block compiles to the plain update.
+    """
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    if GUARD:
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_use = m_new
+    p = tl.exp2(s - m_use[:, None])
+    alpha = tl.exp2(m_i - m_use)  # rescales what was summed under the old maximum
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if MASKED:
+        acc = _masked_dot(p.to(v.dtype), v, acc * alpha[:, None], PRECISION)
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return acc, m_new, l_i

@@ -1,0 +1,253 @@
+r"""The UT preparation pass, shared by PaTH attention (:mod:`.path_attention`) and the chunked
+Householder RNN / DeltaNet (the ``"householder"`` gate of :mod:`.linear_attention`, driven by
+:mod:`.delta_rule`).
+
+For every block of ``BT`` tokens ``[s, e]``, all blocks in parallel, from the block's UT
+factor ``A = (I + N)^{-1} D_beta``, ``N = strictLower(D_beta W W^T)`` (``BT x BT``,
+lower; ``W`` holds the block's ``w`` as rows; ``H_t = I - beta_t w_t w_t^T``), it writes
+
+* ``q~_i = H_s ... H_i q_i`` (boundary-adjusted queries), as rows
+  ``Q~ = Q - (lower(Q W^T) A) W`` (optionally scaled to unit length, norms kept apart);
+* ``k~_j = H_e ... H_{j+1} k_j`` (boundary-adjusted keys), as rows
+  ``K~ = K - (A strictLower(W K^T))^T W``;
+* the in-block scores ``Ã_ij = k_j^T H_{j+1} ... H_i q_i`` (j <= i) by the masked UT form
+  ``Ã = lower(Q K^T) - lower(Q W^T) A strictLower(W K^T)``;
+* the block's whole transition ``P_J = H_s ... H_e = I - W^T A^T W`` as one dense
+  ``D x D`` matrix ``G_J = P_J^T - I = -W^T A W`` (optionally also the compact factors
+  ``W`` and ``-U = -A W``).
+
+The triangular inverse is the only sequential part.  :func:`_ut_diag_inverse` solves the
+``SUB x SUB`` (16 x 16) diagonal blocks of ``I + N`` by forward substitution (exact fp32,
+small tiles, many programs per multiprocessor), and :func:`_ut_prepare` merges them into
+the ``BT x BT`` inverse with two matrix products per level (block forward substitution:
+stable for every ``beta`` in [0, 2], also for reflections of nearly parallel ``w``) before
+everything else.  Products are :func:`._pieces._dot`: tf32 with operands rounded to
+nearest for 16-bit inputs, three tf32 products ("x3") for fp32 inputs on a GPU, exact fp32
+in the interpreter (:func:`prep_precision`).  :class:`Prepared` runs both launches.
+
+Non-finite inputs.  Every mask is a select (``tl.where``), never a multiply by 0, so a NaN
+or inf in ``q_i`` or ``k_j`` reaches only the rows and columns that use it (``q~_i``,
+``k~_j``, row ``i`` and column ``j`` of Ã on and below the diagonal).  DeltaNet's
+transitions are built from ``k`` itself (``w = k``); there a non-finite ``k_j`` would
+poison the whole inverse through ``0 * NaN`` inside the products, so its non-finite
+entries are replaced by 0 *in w only* (``H_j`` is then wrong, but every output from
+position ``j`` on already sees the non-finite ``k_j`` through ``k~_j`` and Ã).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..checks import check_positive_int
+from ._launch import dot_precision, interpreting, next_pow2
+from ._pieces import _dot, _finite_or_zero, _load_rows, _rn  # noqa: F401  (_rn: re-exported for readers of this pass)
+
+MAX_R = 2  # a query block holds at most this many UT blocks; prepared tensors are padded to MAX_R * block rows
+SUB = tl.constexpr(16)  # the triangular inverse is solved row by row on SUB x SUB diagonal blocks, then merged
+BETA_WHY = " (H = I - beta w w^T)"  # the reason given when `beta` is outside [0, 2]
+
+
+def prep_precision(dtype) -> str:
+    """Product precision of the preparation pass: tf32 (rounded to nearest) for 16-bit inputs,
+    ``"x3"`` for fp32 inputs on a GPU, exact ``"ieee"`` in the interpreter."""
+    p = dot_precision(dtype)
+    return "x3" if p == "ieee" and not interpreting() else p
+
+
+@triton.jit
+def _unit_lower_inverse(nt, rows, BT: tl.constexpr):
+    """``(I + N)^{-1}`` for a strictly lower ``N``, given ``nt = N^T`` (``BT x BT``).
+
+    Forward substitution: row ``i`` of the inverse ``X`` is ``e_i - sum_{j<i} N_ij X_j``,
+    and rows ``j < i`` are final when row ``i`` is formed.  ``N^T`` is passed so that
+    row ``i`` of ``N`` comes out of a reduction as a vector along the rows of ``X``.
+    Exact fp32 arithmetic, stable for every ``beta`` in [0, 2], but ``BT - 1``
+    sequential steps: used on ``SUB x SUB`` blocks only.
+    """
+    x = (rows[:, None] == rows[None, :]).to(tl.float32)
+    for i in range(1, BT):
+        n_i = tl.sum(tl.where(rows[None, :] == i, nt, 0.0), axis=1)  # n_i[j] = N[i, j], zero for j >= i
+        x = tl.where(rows[:, None] == i, x - tl.sum(n_i[:, None] * x, axis=0)[None, :], x)
+    return x
+
+
+@triton.jit
+def _ut_diag_inverse(K, W, BETA, X, T, stride_kb, stride_kt, stride_wb, stride_wt, stride_xb, stride_xt,
+                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, W_IS_K: tl.constexpr):
+    """First half of the triangular inverse: ``(I + N_bb)^{-1}`` for one ``SUB x SUB`` diagonal block.
+
+    ``N = strictLower(D_beta W W^T)`` of the enclosing ``BT`` block.  The block's
+    inverse goes to rows ``[s, s + SUB)``, columns ``[c, c + SUB)`` of ``X``
+    (``(BH, T_pad, BT)``, ``c`` = the block's offset inside its ``BT`` block); the
+    rest of ``X`` is left alone.  Everything is exact fp32, and the small tiles
+    (one warp per program) keep many programs on each multiprocessor.
+    """
+    start = tl.program_id(0) * SUB
+    bh = tl.program_id(1).to(tl.int64)
+    rows = tl.arange(0, SUB)
+    offs_d = tl.arange(0, BLOCK_D)
+    if W_IS_K:
+        W = K
+        stride_wb = stride_kb
+        stride_wt = stride_kt
+    w = _load_rows(W + bh * stride_wb + start * stride_wt, rows, offs_d, stride_wt, T - start, HEAD_DIM,
+                   True, BLOCK_D != HEAD_DIM).to(tl.float32)
+    if W_IS_K:
+        w = _finite_or_zero(w)  # DeltaNet's w = k: see the module docstring
+    beta = tl.load(BETA + bh * T + start + rows, mask=rows < T - start, other=0.0)
+    gram = tl.dot(w, tl.trans(w), input_precision="ieee")
+    nt = tl.where(rows[:, None] < rows[None, :], gram * beta[None, :], 0.0)  # N_bb^T
+    x = _unit_lower_inverse(nt, rows, SUB)
+    col = start % BT
+    tl.store(X + bh * stride_xb + (start + rows[:, None]) * stride_xt + col + rows[None, :], x)
+
+
+@triton.jit
+def _merge(x, n, rows, SIZE: tl.constexpr, PRECISION: tl.constexpr):
+    """One level of block forward substitution: ``x`` inverts ``I + N`` on blocks of ``SIZE / 2``;
+    the result inverts it on blocks of ``SIZE``.  For each pair of halves (1, 2) the new
+    block is ``X_21 = -X_22 N_21 X_11``, i.e. ``x - x N_l x`` with ``N_l`` = ``N`` restricted
+    to the (2, 1) blocks (every other product term vanishes, ``x`` being block-diagonal)."""
+    same = rows[:, None] // SIZE == rows[None, :] // SIZE
+    couple = same & (rows[:, None] // (SIZE // 2) != rows[None, :] // (SIZE // 2))
+    return x - _dot(x, _dot(tl.where(couple, n, 0.0), x, PRECISION), PRECISION)
+
+
+@triton.jit
+def _ut_prepare(Q, K, W, BETA, QT, QN, KT, AD, GM, WC, NU, T,
+                stride_qb, stride_qt, stride_kb, stride_kt, stride_wb, stride_wt,
+                stride_pb, stride_pt, stride_nb, stride_ab, stride_at, stride_gb, stride_gj,
+                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, W_IS_K: tl.constexpr,
+                VALUE_BETA: tl.constexpr, NORM_Q: tl.constexpr, STORE_UT: tl.constexpr, PRECISION: tl.constexpr):
+    """Per-block UT factors and boundary-adjusted q/k for block ``J`` (``BT`` tokens ``[s, e]``).
+
+    On entry ``AD`` holds, on its ``SUB x SUB`` diagonal blocks, the inverses made
+    by :func:`_ut_diag_inverse`.  They are merged into ``X = (I + N)^{-1}``, one
+    level at a time (blocks of ``2 SUB``, ``4 SUB``, ... ``BT``): with ``X``
+    block-diagonal at the finer level and ``N_l`` the part of ``N`` that couples
+    the two halves of each coarser block, ``X <- X - X N_l X`` fills in the
+    coupling block ``-X_22 N_21 X_11`` of each half pair, which is block forward
+    substitution (stable), two products per level.  Then ``A = X D_beta``.
+
+    Writes rows ``[s, s + BT)`` of ``QT`` (q~) and ``KT`` (k~), ``(BH, T_pad, HEAD_DIM)``;
+    of ``AD`` (the in-block scores Ã, ``(BH, T_pad, BT)``: row ``i``, column ``c`` is
+    key ``s + c``); and ``GM[J] = G_J = P_J^T - I = -W^T A W`` (``HEAD_DIM x HEAD_DIM``),
+    so that ``P_J x = x + G_J^T x``: for a row vector, ``x^T <- x^T + x^T G_J``.
+    ``STORE_UT``: also ``WC`` (w) and ``NU`` (``-U = -A W``), the compact form
+    ``x^T G_J = (x^T W^T)(-U)``.  Rows past ``T`` get ``q = k = w = 0``, ``beta = 0``
+    (``H = I``): all zeros out.
+
+    ``W_IS_K``: DeltaNet's transitions, ``w = k``.  ``VALUE_BETA``: DeltaNet's
+    values ``beta_j v_j``, folded into column ``j`` of Ã and row ``j`` of k~.
+    ``NORM_Q``: store ``q~ / |q~|`` and the norms ``|q~|`` in ``QN`` (PaTH).
+    """
+    blk = tl.program_id(0)
+    start = blk * BT
+    bh = tl.program_id(1).to(tl.int64)
+    rows = tl.arange(0, BT)
+    offs_d = tl.arange(0, BLOCK_D)
+    CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    left = T - start
+    q = _load_rows(Q + bh * stride_qb + start * stride_qt, rows, offs_d, stride_qt, left, HEAD_DIM,
+                   True, CHECK_D).to(tl.float32)
+    k = _load_rows(K + bh * stride_kb + start * stride_kt, rows, offs_d, stride_kt, left, HEAD_DIM,
+                   True, CHECK_D).to(tl.float32)
+    if W_IS_K:
+        w = _finite_or_zero(k)
+    else:
+        w = _load_rows(W + bh * stride_wb + start * stride_wt, rows, offs_d, stride_wt, left, HEAD_DIM,
+                       True, CHECK_D).to(tl.float32)
+    beta = tl.load(BETA + bh * T + start + rows, mask=rows < left, other=0.0)
+    w = _rn(w, PRECISION)  # every product below sees the same (rounded) w
+
+    # The triangular inverse: SUB x SUB diagonal blocks from _ut_diag_inverse, merged here.
+    p_ad = AD + bh * stride_ab + (start + rows[:, None]) * stride_at + rows[None, :]
+    x = tl.load(p_ad, mask=rows[:, None] // SUB == rows[None, :] // SUB, other=0.0)
+    n = tl.where(rows[:, None] > rows[None, :], beta[:, None] * _dot(w, tl.trans(w), PRECISION), 0.0)
+    if BT >= 32:
+        x = _merge(x, n, rows, 32, PRECISION)
+    if BT >= 64:
+        x = _merge(x, n, rows, 64, PRECISION)
+    if BT >= 128:
+        x = _merge(x, n, rows, 128, PRECISION)
+    a = x * beta[None, :]  # A = (I + N)^{-1} D_beta
+
+    lower = rows[:, None] >= rows[None, :]  # s <= i (diagonal kept)
+    qw = tl.where(lower, _dot(q, tl.trans(w), PRECISION), 0.0)  # q_i . w_s, s <= i
+    wk = tl.where(rows[:, None] > rows[None, :], _dot(w, tl.trans(k), PRECISION), 0.0)  # w_t . k_j, t > j
+    r = _dot(qw, a, PRECISION)  # r_it = sum_{s<=i} (q_i . w_s) A_st
+    qt = q - _dot(r, w, PRECISION)  # q~_i = H_s ... H_i q_i
+    intra = tl.where(lower, _dot(q, tl.trans(k), PRECISION) - _dot(r, wk, PRECISION), 0.0)  # Ã_ij, j <= i
+    kt = k - _dot(tl.trans(_dot(a, wk, PRECISION)), w, PRECISION)  # k~_j = H_e ... H_{j+1} k_j
+    nu = -_dot(a, w, PRECISION)  # -U, U = A W
+    g = _dot(tl.trans(w), nu, PRECISION)  # G = -W^T A W
+    if VALUE_BETA:
+        intra = intra * beta[None, :]
+        kt = kt * beta[:, None]
+
+    offs_p = (bh * stride_pb + start * stride_pt) + rows[:, None] * stride_pt + offs_d[None, :]
+    mask_p = offs_d[None, :] < HEAD_DIM
+    if NORM_Q:
+        # Any positive stand-in for a zero norm is exact: q~ / n and n multiply back to q~.
+        norm = tl.maximum(tl.sqrt(tl.sum(qt * qt, axis=1)), 1e-30)
+        tl.store(QN + bh * stride_nb + start + rows, norm)
+        qt = qt / norm[:, None]
+    tl.store(QT + offs_p, qt.to(QT.dtype.element_ty), mask=mask_p)
+    tl.store(KT + offs_p, kt.to(KT.dtype.element_ty), mask=mask_p)
+    offs_g = (bh * stride_gb + blk * stride_gj) + offs_d[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(GM + offs_g, g.to(GM.dtype.element_ty), mask=(offs_d[:, None] < HEAD_DIM) & mask_p)
+    if STORE_UT:
+        tl.store(WC + offs_p, w.to(WC.dtype.element_ty), mask=mask_p)
+        tl.store(NU + offs_p, nu.to(NU.dtype.element_ty), mask=mask_p)
+    tl.debug_barrier()  # every thread has read its part of the diagonal inverses before Ã overwrites them
+    tl.store(p_ad, intra)
+
+
+class Prepared:
+    """The preparation pass's outputs for ``BH`` heads (two launches: :func:`_ut_diag_inverse`,
+    then :func:`_ut_prepare`).
+
+    ``qt, kt: (BH, T_pad, D)``; ``ad: (BH, T_pad, block)`` (fp32); ``g: (BH, T_pad / block, D, D)``;
+    ``qn: (BH, T_pad)`` (fp32, only with ``norm_q``); ``wc, nu: (BH, T_pad, D)`` (only with
+    ``store_ut``).  ``T_pad`` is ``T`` rounded up to a multiple of ``MAX_R * block``, so
+    the main pass loads whole blocks without masks.
+    """
+
+    def __init__(self, q3, k3, w3, beta3, T, block, *, q_dtype, k_dtype, update_dtype,
+                 norm_q=False, w_is_k=False, value_beta=False, store_ut=False, precision="ieee", num_warps=4):
+        BH, _, D = q3.shape
+        T_pad = triton.cdiv(max(T, 1), MAX_R * block) * MAX_R * block
+        dev = q3.device
+        self.block, self.T_pad = block, T_pad
+        self.qt = torch.empty(BH, T_pad, D, dtype=q_dtype, device=dev)
+        self.kt = torch.empty(BH, T_pad, D, dtype=k_dtype, device=dev)
+        self.ad = torch.empty(BH, T_pad, block, dtype=torch.float32, device=dev)
+        self.g = torch.empty(BH, T_pad // block, D, D, dtype=update_dtype, device=dev)
+        self.qn = torch.empty(BH, T_pad, dtype=torch.float32, device=dev) if norm_q else self.ad
+        self.wc = torch.empty(BH, T_pad, D, dtype=update_dtype, device=dev) if store_ut else self.g
+        self.nu = torch.empty(BH, T_pad, D, dtype=update_dtype, device=dev) if store_ut else self.g
+        w3 = k3 if w_is_k else w3
+        _ut_diag_inverse[(T_pad // SUB.value, BH)](
+            k3, w3, beta3, self.ad, T, k3.stride(0), k3.stride(1), w3.stride(0), w3.stride(1),
+            self.ad.stride(0), self.ad.stride(1), HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=block, W_IS_K=w_is_k,
+            num_warps=1, num_stages=1)
+        _ut_prepare[(T_pad // block, BH)](
+            q3, k3, w3, beta3, self.qt, self.qn, self.kt, self.ad, self.g, self.wc, self.nu, T,
+            q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), w3.stride(0), w3.stride(1),
+            self.qt.stride(0), self.qt.stride(1), self.qn.stride(0), self.ad.stride(0), self.ad.stride(1),
+            self.g.stride(0), self.g.stride(1),
+            HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=block, W_IS_K=w_is_k, VALUE_BETA=value_beta, NORM_Q=norm_q,
+            STORE_UT=store_ut, PRECISION=precision, num_warps=num_warps, num_stages=1)
+
+
+def check_block(block, D: int, name: str = "block") -> int:
+    """The UT block size: 16, 32, 64 or 128; ``None`` picks 64 for ``D <= 64`` and 32 above
+    (with ``D = 128`` and 64-token blocks the preparation pass needs more shared memory than an H100 has)."""
+    if block is None:
+        return 64 if D <= 64 else 32
+    if check_positive_int(block, name) not in (16, 32, 64, 128):
+        raise ValueError(f"`{name}` must be one of 16, 32, 64, 128 (or None), got {block!r}")
+    return int(block)
+
+

@@ -1,0 +1,791 @@
+"""GPU checks of every chapter: one module, one record schema, one command line.
+
+    python -m pathedu.bench.checks [CHAPTER | CHAPTER.SECTION ...] [--out FILE] [--fla auto|yes|no]
+    python -m pathedu.bench.checks --merge PART.json [PART.json ...] --out FILE
+    python -m pathedu.bench.checks --smoke --device cpu --out FILE     (tiny sizes, Triton's interpreter)
+
+Each chapter's checks are sections (functions ``section(rec, device, fla, **params)``) in
+:data:`CHECKS`; they measure what the unit tests cannot on a CPU: bf16 on a real GPU,
+long sequences, extreme gates, agreement with flash-linear-attention, the GPU's own
+trigonometry.  Every measurement is one **record**, a dict with the same keys everywhere:
+
+``chapter``, ``check`` (the section), ``op`` (what ran), ``reference`` (what it is compared with),
+``dtype`` (of ``op``'s output), ``T``, ``shape`` (of ``op``'s output), ``metric``
+(``rel_rms``, ``rel_max``, ``rel_rms_head``, ``max_abs``: :data:`pathedu.bench._common.METRICS`),
+``value``, ``limit`` (``None``: recorded, not bounded: a peer's known inaccuracy), ``finite``
+(output and value finite), ``ok`` (``finite`` and ``value <= limit``), ``params`` (the case:
+gates, pairing, variant, ...), and ``error`` (only when the check raised: ``ok`` is then false).
+
+A check never raises: a failure is a record with ``ok: false``, so one GPU run reports
+everything.  The command writes ``{"meta": {...}, "records": [...]}`` (meta: command, commit
+(``PATHEDU_COMMIT`` overrides git), device, versions, date, seconds per section) and exits 1
+when a record is not ok.  ``pathedu/data/gpu_checks.json`` is the committed run
+(:func:`pathedu.bench.load_checks` reads it); ``tests/gpu`` runs every section and asserts every
+record ok.  ``--smoke`` runs the same code at the sizes of :data:`SMOKE` (CPU tests do, in
+Triton's interpreter).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ._common import METRICS, from_bthd, generator, run_meta, seeded_qkv, to_bthd
+
+BF16, FP16, FP32, F64 = torch.bfloat16, torch.float16, torch.float32, torch.float64
+# Limits, by the dtype of the op under test.  fp32 inputs get exact fp32 dots (TF32 would give ~1e-3).
+REL_MAX = {"bfloat16": 2e-2, "float16": 1e-2, "float32": 1e-4}  # max |out - ref| / max |ref|
+REL_RMS = {"bfloat16": 1e-2, "float16": 5e-3, "float32": 1e-4}  # ||out - ref|| / ||ref||
+
+
+def _name(dtype) -> str | None:
+    return None if dtype is None else str(dtype).replace("torch.", "")
+
+
+class Recorder:
+    """Collects the records of one section of a chapter's checks; :meth:`compare` runs a case and never raises."""
+
+    def __init__(self, chapter: str, section: str, log=None):
+        self.chapter, self.section = chapter, section
+        self.records: list[dict] = []
+        self.log = log or (lambda line: None)
+
+    def compare(self, op: str, fn, *, reference: str, limit, metric: str = "rel_max", T=None,
+                dtype=None, params=None) -> dict:
+        """Run ``fn() -> (out, ref)`` and record ``metric(out, ref)`` against ``limit`` (``dtype``, ``T``:
+        given when ``out`` is not the op's output itself, else read off ``out``)."""
+        rec = dict(chapter=self.chapter, check=self.section, op=op, reference=reference, dtype=_name(dtype), T=T,
+                   shape=None, metric=metric, value=None, limit=limit, finite=False, ok=False,
+                   params=dict(params or {}))
+        try:
+            out, ref = fn()
+            rec["dtype"] = rec["dtype"] or _name(out.dtype)
+            rec["shape"] = list(out.shape)
+            if rec["T"] is None:
+                rec["T"] = int(out.shape[-2] if out.dim() >= 2 else out.shape[-1])
+            value = float(METRICS[metric](out, ref))
+            finite = bool(torch.isfinite(out).all()) and math.isfinite(value)
+            rec.update(value=value if math.isfinite(value) else None, finite=finite,
+                       ok=finite and (limit is None or value <= limit))
+        except Exception as exc:  # recorded, not fatal: one GPU run reports every check
+            rec["error"] = f"{type(exc).__name__}: {exc}"[:400]
+        self.records.append(rec)
+        self.log(format_record(rec))
+        return rec
+
+
+def format_record(r: dict) -> str:
+    case = " ".join(f"{k}={v}" for k, v in r.get("params", {}).items())
+    value = "-" if r["value"] is None else f"{r['value']:.2e}"
+    limit = "-" if r["limit"] is None else f"{r['limit']:.0e}"
+    status = "ok" if r["ok"] else "FAILED"
+    line = (f"{status:6s} {r['chapter']}.{r['check']:12s} {r['op']:28s} {str(r['dtype']):9s} T={str(r['T']):6s} "
+            f"{r['metric']:12s} {value:>9s} <= {limit:5s}  vs {r['reference']}  {case}")
+    return line + (f"  [{r['error']}]" if "error" in r else "")
+
+
+def per_slice64(fn, *args, max_elems: int = 1 << 28):
+    """``fn`` in float64 on a few slices of the flattened leading dims at a time (as many as keep one
+    ``T x T`` float64 matrix under ``max_elems`` entries), concatenated: bounds the memory of
+    quadratic float64 references at long T.  ``args``: tensors ``(..., T, ...)`` sharing ``args[0]``'s
+    leading dims ``args[0].shape[:-2]``; per-token ones ``(..., T)`` included."""
+    lead = tuple(args[0].shape[:-2])
+    T = args[0].shape[-2]
+    flat = [a.reshape(-1, *a.shape[len(lead):]).to(F64) for a in args]
+    step = max(1, max_elems // max(1, T * T))
+    outs = [fn(*(a[s:s + step] for a in flat)) for s in range(0, flat[0].shape[0], step)]
+    out = torch.cat(outs, 0)
+    return out.reshape(*lead, *out.shape[1:])
+
+
+def _want_fla(fla: str, rec: Recorder) -> bool:
+    """``fla``: ``"yes"`` (run; a missing fla is a failed record), ``"no"``, ``"auto"`` (run if importable)."""
+    if fla == "no":
+        return False
+    if importlib.util.find_spec("fla") is not None:
+        return True
+    if fla == "yes":
+        def missing():
+            import fla  # noqa: F401  (raises: recorded)
+
+        rec.compare("fla", missing, reference="-", limit=None)
+    else:
+        rec.log(f"  {rec.chapter}.{rec.section}: flash-linear-attention is not installed; its comparisons are skipped")
+    return False
+
+
+def _raise(exc):
+    raise exc
+
+
+def _sync(dev) -> None:
+    if torch.device(dev).type == "cuda":
+        torch.cuda.synchronize()
+
+
+# =============================================================================
+# Chapter 1: NoPE and linear attention
+# =============================================================================
+
+def nope_bench_sizes(rec, dev, fla, *, Ts=(1024, 2048, 4096, 8192), B=32, H=32, D=64, **_):
+    """``nope_triton`` in bf16 at the benchmark's sizes against PyTorch's SDPA (relative RMS <= 5e-3)."""
+    from .. import nope
+
+    for T in Ts:
+        def case(T=T):
+            q, k, v = seeded_qkv((B, H), T, D, seed=T, device=dev, dtype=BF16)
+            return nope.nope_triton(q, k, v), F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+        rec.compare("nope_triton", case, reference="torch SDPA (bf16)", metric="rel_rms", limit=5e-3)
+
+
+def nope_robust(rec, dev, fla, *, T=4096, H=2, D=64, **_):
+    """Both kernels in bf16 at ``T`` against float64 matrix forms on the same (rounded) inputs."""
+    from .. import nope
+
+    q, k, v = (x.to(BF16) for x in seeded_qkv((1, H), T, D, seed=1, device=dev))
+    q64, k64, v64 = (x.to(F64) for x in (q, k, v))
+    rec.compare("nope_triton", lambda: (nope.nope_triton(q, k, v), nope.nope_matrix(q64, k64, v64)),
+                reference="float64 nope_matrix", limit=REL_MAX["bfloat16"])
+    rec.compare("linear_triton", lambda: (nope.linear_triton(q, k, v), nope.linear_matrix(q64, k64, v64)),
+                reference="float64 linear_matrix", limit=REL_MAX["bfloat16"])
+
+
+def nope_fp32(rec, dev, fla, *, H=2, fp32_T=1024, **_):
+    """Both kernels on fp32 inputs (exact fp32 dots), the largest head dim and ``Dv != D``, against float64."""
+    from .. import nope
+
+    q, k, v = seeded_qkv((1, H), fp32_T, 128, 32, seed=2, device=dev)
+    q64, k64, v64 = (x.to(F64) for x in (q, k, v))
+    rec.compare("nope_triton", lambda: (nope.nope_triton(q, k, v), nope.nope_matrix(q64, k64, v64)),
+                reference="float64 nope_matrix", limit=REL_MAX["float32"], params=dict(D=128, Dv=32))
+    rec.compare("linear_triton", lambda: (nope.linear_triton(q, k, v), nope.linear_matrix(q64, k64, v64)),
+                reference="float64 linear_matrix", limit=REL_MAX["float32"], params=dict(D=128, Dv=32))
+
+
+# =============================================================================
+# Chapter 2: ALiBi and RetNet
+# =============================================================================
+
+# Eight heads from extreme to none: ALiBi slopes from 8 down to 0, RetNet log gates from -20 up to 0.
+ALIBI_SLOPES = [8.0, 4.0, 2.0, 1.0, 0.5, 2.0 ** -4, 2.0 ** -8, 0.0]
+RETNET_LOG_GAMMAS = [-20.0, -8.0, -1.0, math.log(0.9), math.log(0.99), math.log(0.999), -2.0 ** -12, 0.0]
+
+
+def _alibi_inputs(dev, T, B, D, seed=0):
+    g = generator(dev, seed)
+    H = len(ALIBI_SLOPES)
+    q, k, v = (torch.randn(B, H, T, D, device=dev, dtype=BF16, generator=g) for _ in range(3))
+    slopes = torch.tensor(ALIBI_SLOPES, device=dev)
+    log_gammas = torch.tensor(RETNET_LOG_GAMMAS, device=dev, dtype=F64)
+    return q, k, v, slopes, log_gammas
+
+
+def _alibi_ref64(q, k, v, slopes):
+    from .. import alibi
+
+    return alibi.alibi_blockwise(q.to(F64), k.to(F64), v.to(F64), slopes.to(F64), block_m=256, block_n=256)
+
+
+def _retnet_ref64(q, k, v, log_gammas):
+    from .. import alibi
+
+    return alibi.retnet_chunked(q.to(F64), k.to(F64), v.to(F64), torch.exp(log_gammas.to(F64)), chunk=128)
+
+
+def alibi_robust(rec, dev, fla, *, T=4096, B=2, D=64, **_):
+    """bf16 at ``T`` with slopes up to 8 and log gates down to -20 per step: both kernels against float64
+    blockwise/chunked forms (largest relative RMS error of one head), and the kernel's ``"alibi"`` and
+    ``"loggate"`` hooks on the same problem (ALiBi is FoX with a constant gate)."""
+    from .. import alibi
+    from ..kernels.flash_attention import attention
+
+    q, k, v, slopes, log_gammas = _alibi_inputs(dev, T, B, D)
+    params = dict(slopes="8 ... 0 (8 heads)")
+    cache = {}
+
+    def ref():
+        if "ref" not in cache:
+            cache["ref"] = _alibi_ref64(q, k, v, slopes)
+        return cache["ref"]
+
+    def ours():
+        if "ours" not in cache:
+            cache["ours"] = alibi.alibi_triton(q, k, v, slopes)
+        return cache["ours"]
+
+    def via_loggate():
+        return attention(q, k, v, log_f=(-slopes)[None, :, None].expand(B, len(ALIBI_SLOPES), T).contiguous())
+
+    rec.compare("alibi_triton", lambda: (ours(), ref()), reference="float64 alibi_blockwise",
+                metric="rel_rms_head", limit=REL_RMS["bfloat16"], params=params)
+    rec.compare("attention(log_f=-slope)", lambda: (via_loggate(), ref()),
+                reference="float64 alibi_blockwise", metric="rel_rms_head", limit=REL_RMS["bfloat16"], params=params)
+    rec.compare("attention(log_f=-slope)", lambda: (via_loggate(), ours()), reference="alibi_triton",
+                metric="rel_rms_head", limit=5e-3, params=params)
+    cache.clear()
+    rec.compare("retnet_triton",
+                lambda: (alibi.retnet_triton(q, k, v, torch.exp(log_gammas)), _retnet_ref64(q, k, v, log_gammas)),
+                reference="float64 retnet_chunked", metric="rel_rms_head", limit=REL_RMS["bfloat16"],
+                params=dict(log_gammas="-20 ... 0 (8 heads)"))
+
+
+def _alibi_fla_inputs(dev, T, B, D, fla_T):
+    q, k, v, slopes, log_gammas = _alibi_inputs(dev, T, B, D)
+    Tf = min(T, fla_T)  # the first fla_T tokens: causal outputs depend on no later token
+    return tuple(x[:, :, :Tf] for x in (q, k, v)) + (slopes, log_gammas)
+
+
+def alibi_fla_fox(rec, dev, fla, *, T=4096, B=2, D=64, fla_T=1024, **_):
+    """flash-linear-attention's FoX (``parallel_forgetting_attn``) with the constant gate ``-slope`` on the
+    robustness problem (its first ``fla_T`` tokens): our ALiBi convention and fla's agree."""
+    if not _want_fla(fla, rec):
+        return
+    q, k, v, slopes, _ = _alibi_fla_inputs(dev, T, B, D, fla_T)
+
+    def fox():
+        from fla.ops.forgetting_attn import parallel_forgetting_attn
+
+        gate = (-slopes).expand(q.shape[0], q.shape[2], q.shape[1]).contiguous()  # [B, T, H] fp32
+        out = parallel_forgetting_attn(to_bthd(q), to_bthd(k), to_bthd(v), gate)
+        return from_bthd(out), _alibi_ref64(q, k, v, slopes)
+
+    rec.compare("fla.parallel_forgetting_attn", fox, reference="float64 alibi_blockwise",
+                metric="rel_rms_head", limit=REL_RMS["bfloat16"], params=dict(gate="-slope"))
+
+
+def alibi_fla_retention(rec, dev, fla, *, T=4096, B=2, D=64, fla_T=1024, **_):
+    """flash-linear-attention's ``chunk_simple_gla`` with ``g_gamma = log gamma`` (``scale=1``: RetNet) on the
+    robustness problem (its first ``fla_T`` tokens).  A section of its own: fla autotunes this op for
+    minutes on its first call."""
+    if not _want_fla(fla, rec):
+        return
+    q, k, v, _, log_gammas = _alibi_fla_inputs(dev, T, B, D, fla_T)
+
+    def simple_gla():
+        from fla.ops.simple_gla import chunk_simple_gla
+
+        out = chunk_simple_gla(to_bthd(q), to_bthd(k), to_bthd(v), g_gamma=log_gammas.float(), scale=1.0)[0]
+        return from_bthd(out), _retnet_ref64(q, k, v, log_gammas)
+
+    rec.compare("fla.chunk_simple_gla", simple_gla, reference="float64 retnet_chunked",
+                metric="rel_rms_head", limit=REL_RMS["bfloat16"], params=dict(g_gamma="log gamma"))
+
+
+def alibi_fp32(rec, dev, fla, *, T=4096, B=2, D=64, fp32_T=1024, **_):
+    """Both kernels on fp32 inputs (exact fp32 dots) against float64."""
+    from .. import alibi
+
+    q, k, v, slopes, log_gammas = _alibi_inputs(dev, T, B, D)
+    q, k, v = (x[:, :, :min(T, fp32_T)].float() for x in (q, k, v))
+    rec.compare("alibi_triton", lambda: (alibi.alibi_triton(q, k, v, slopes), _alibi_ref64(q, k, v, slopes)),
+                reference="float64 alibi_blockwise", metric="rel_rms_head", limit=REL_RMS["float32"])
+    rec.compare("retnet_triton",
+                lambda: (alibi.retnet_triton(q, k, v, torch.exp(log_gammas)), _retnet_ref64(q, k, v, log_gammas)),
+                reference="float64 retnet_chunked", metric="rel_rms_head", limit=REL_RMS["float32"])
+
+
+# =============================================================================
+# Chapter 3: FoX and GLA
+# =============================================================================
+
+def _fox_inputs(dev, T, H, D, seed=0):
+    """bf16 q, k, v ``(1, H, T, D)`` and three per-channel log gates: ``strong`` (-20 every step),
+    ``random`` (``logsigmoid(3 + N(0, 1))``, the benchmark's) and ``jumps`` (-20 or -0.01 at random)."""
+    g = generator(dev, seed)
+    q, k, v = (torch.randn(1, H, T, D, device=dev, generator=g).to(BF16) for _ in range(3))
+    u = torch.rand(1, H, T, D, device=dev, generator=g)
+    gates = {
+        "strong": torch.full((1, H, T, D), -20.0, device=dev),
+        "random": F.logsigmoid(3.0 + torch.randn(1, H, T, D, device=dev, generator=g)),
+        "jumps": torch.where(u < 0.5, -20.0, -0.01),
+    }
+    return q, k, v, gates
+
+
+def fox_robust(rec, dev, fla, *, T=4096, H=2, D=64, **_):
+    """bf16 at ``T`` with three gates: ``fox_triton`` (per-token gate), ``gla_triton`` with the per-token and
+    with a per-channel gate, against float64 ``fox_matrix`` / ``gla_chunked`` on the same inputs."""
+    from .. import fox
+
+    q, k, v, gates = _fox_inputs(dev, T, H, D)
+    q64, k64, v64 = (x.to(F64) for x in (q, k, v))
+    lim = REL_MAX["bfloat16"]
+    for kind, lf_ch in gates.items():
+        lf_tok = lf_ch[..., 0].contiguous()
+        rec.compare("fox_triton", lambda: (fox.fox_triton(q, k, v, lf_tok),
+                                                     fox.fox_matrix(q64, k64, v64, lf_tok.to(F64))),
+                    reference="float64 fox_matrix", limit=lim, params=dict(gate=kind))
+        rec.compare("gla_triton (token gate)", lambda: (fox.gla_triton(q, k, v, lf_tok),
+                                                                  fox.gla_chunked(q64, k64, v64, lf_tok.to(F64))),
+                    reference="float64 gla_chunked", limit=lim, params=dict(gate=kind))
+        rec.compare("gla_triton (channel gate)", lambda: (fox.gla_triton(q, k, v, lf_ch),
+                                                                    fox.gla_chunked(q64, k64, v64, lf_ch.to(F64))),
+                    reference="float64 gla_chunked", limit=lim, params=dict(gate=kind))
+
+
+def fox_channel(rec, dev, fla, *, T=4096, H=2, D=64, **_):
+    """A per-channel gate constant across channels gives what the per-token gate gives (bf16 outputs)."""
+    from .. import fox
+
+    q, k, v, gates = _fox_inputs(dev, T, H, D)
+    lf_tok = gates["random"][..., 0].contiguous()
+    wide = lf_tok[..., None].expand(1, H, T, D).contiguous()
+    rec.compare("gla_triton (channel gate)",
+                lambda: (fox.gla_triton(q, k, v, wide), fox.gla_triton(q, k, v, lf_tok)),
+                reference="gla_triton (token gate)", limit=REL_MAX["bfloat16"], params=dict(gate="random"))
+
+
+def fox_fp32(rec, dev, fla, *, T=4096, H=2, fp32_T=1024, **_):
+    """fp32 inputs (exact fp32 dots), the largest head dim and ``Dv != D``: FoX and the GLA channel path."""
+    from .. import fox
+
+    Ts = min(T, fp32_T)
+    g = generator(dev, 1)
+    q, k = (torch.randn(1, H, Ts, 128, device=dev, generator=g) for _ in range(2))
+    v = torch.randn(1, H, Ts, 32, device=dev, generator=g)
+    lf = F.logsigmoid(3.0 + torch.randn(1, H, Ts, 128, device=dev, generator=g))
+    q64, k64, v64, lf64 = (x.to(F64) for x in (q, k, v, lf))
+    lf_tok = lf[..., 0].contiguous()
+    rec.compare("fox_triton", lambda: (fox.fox_triton(q, k, v, lf_tok), fox.fox_matrix(q64, k64, v64, lf64[..., 0])),
+                reference="float64 fox_matrix", limit=REL_MAX["float32"], params=dict(gate="random", D=128, Dv=32))
+    rec.compare("gla_triton (channel gate)",
+                lambda: (fox.gla_triton(q, k, v, lf), fox.gla_chunked(q64, k64, v64, lf64)),
+                reference="float64 gla_chunked", limit=REL_MAX["float32"], params=dict(gate="random", D=128, Dv=32))
+
+
+# =============================================================================
+# Chapter 4: RoPE and the complex recurrence
+# =============================================================================
+
+ROPE_REL_MAX = {"float32": 5e-3, "float16": 1e-2, "bfloat16": 5e-2}  # angles up to T radians, D = 64
+TRIG_TOL_8192 = 2e-3  # fp32 angles up to position 8192 (tests/test_rope.py uses the same bound on the CPU)
+TRIG_TOL_64 = 1e-5
+PREPASS_BF16 = 8e-3
+
+
+def rope_robust(rec, dev, fla, *, T=4096, D=64, **_):
+    """``rope_triton`` and ``complex_triton`` at ``T`` (angles up to ``T`` radians; one batch, two heads) in bf16
+    (and fp16 once) against float64 references (``rope_matrix``; linear attention on ``apply_rope``-rotated
+    q, k), for both pairings."""
+    from .. import nope, rope
+
+    q, k, v = seeded_qkv((1, 2), T, D, seed=0, device=dev)
+    for pairing in rope.PAIRINGS:
+        refs = {}
+
+        def ref(side, pairing=pairing):
+            if side not in refs:
+                q64, k64, v64 = (x.to(F64) for x in (q, k, v))
+                refs[side] = (rope.rope_matrix(q64, k64, v64, pairing=pairing) if side == "softmax" else
+                              nope.linear_matrix(rope.apply_rope(q64, pairing=pairing),
+                                                 rope.apply_rope(k64, pairing=pairing), v64))
+            return refs[side]
+
+        dtypes = [BF16, FP16] if pairing == "interleaved" else [BF16]
+        for dtype in dtypes:
+            for form, side, name in ((rope.rope_triton, "softmax", "float64 rope_matrix"),
+                                     (rope.complex_triton, "linear", "float64 linear_matrix(apply_rope)")):
+                rec.compare(form.__name__,
+                            lambda: (form(q.to(dtype), k.to(dtype), v.to(dtype), pairing=pairing), ref(side)),
+                            reference=name, limit=ROPE_REL_MAX[_name(dtype)], params=dict(pairing=pairing))
+
+
+def rope_trig(rec, dev, fla, *, trig_T=8192, **_):
+    """The pre-pass's fp32 angles against float64 (:func:`pathedu.kernels.rope.trig_error`: per position, the
+    largest change of a rotated unit pair) up to position ``trig_T``, D = 64 and 128: the GPU's own exp2/cos/sin."""
+    from ..kernels.rope import trig_error
+
+    for Dk in (64, 128):
+        cache = {}
+
+        def err():
+            if "err" not in cache:
+                cache["err"] = trig_error(trig_T, Dk, device=dev)
+            return cache["err"]
+
+        rec.compare("rotate_qk angles (fp32)", lambda: (err(), torch.zeros_like(err())),
+                    reference="float64 cos/sin", metric="max_abs", limit=TRIG_TOL_8192, T=trig_T, dtype=FP32,
+                    params=dict(D=Dk))
+        rec.compare("rotate_qk angles (fp32)", lambda: (err()[:64], torch.zeros_like(err()[:64])),
+                    reference="float64 cos/sin", metric="max_abs", limit=TRIG_TOL_64, T=min(64, trig_T),
+                    dtype=FP32, params=dict(D=Dk))
+
+
+def rope_prepass(rec, dev, fla, *, T_prepass=8192, prepass_lead=(2, 32), **_):
+    """The rotation pre-pass on a bf16 ``(2, 32, T_prepass, 64)`` block at offsets 0 and 4096 against float64
+    ``apply_rope``, both pairings."""
+    from .. import rope
+    from ..kernels.rope import rotate_qk
+
+    x = torch.randn(*prepass_lead, T_prepass, 64, device=dev, generator=generator(dev, 1)).to(BF16)
+    for offset in (0, 4096):
+        for pairing in rope.PAIRINGS:
+            rec.compare("rotate_qk", lambda: (rotate_qk(x, x, offset=offset, pairing=pairing)[0],
+                                                         rope.apply_rope(x.to(F64), offset=offset, pairing=pairing)),
+                        reference="float64 apply_rope", limit=PREPASS_BF16, params=dict(pairing=pairing, offset=offset))
+
+
+# =============================================================================
+# Chapter 5: PaTH, the Householder RNN and DeltaNet
+# =============================================================================
+
+def _path_inputs(dev, lead, T, D, Dv, seed, *, beta_lo=0.0, beta_hi=2.0):
+    """q, k, v (fp32 from float64 draws), unit ``w`` (fp32) and ``beta`` uniform in [beta_lo, beta_hi] (fp32)."""
+    g = generator(dev, seed)
+    q, k = (torch.randn(*lead, T, D, device=dev, generator=g, dtype=F64) for _ in range(2))
+    v = torch.randn(*lead, T, Dv, device=dev, generator=g, dtype=F64)
+    w = F.normalize(torch.randn(*lead, T, D, device=dev, generator=g, dtype=F64), dim=-1).float()
+    u = torch.rand(*lead, T, device=dev, generator=g, dtype=F64)
+    beta = (beta_lo + (beta_hi - beta_lo) * u).float()
+    return q.float(), k.float(), v.float(), w, beta
+
+
+def _path64(q, k, v, w, beta):
+    """PaTH in float64: :func:`pathedu.path.path_matrix`, a few heads at a time."""
+    from .. import path
+
+    return per_slice64(path.path_matrix, q, k, v, w, beta)
+
+
+def _householder64(q, k, v, w, beta):
+    from .. import path
+
+    return per_slice64(path.householder_matrix, q, k, v, w, beta)
+
+
+def _deltanet64(q, k, v, beta):
+    from .. import path
+
+    return per_slice64(path.deltanet_matrix, q, k, v, beta)
+
+
+# (dtype, [(lead, T, D, Dv)], [(R, update)]): the main pass's non-default tiles and update forms in bf16
+# (the benchmark dtype), and one shape in fp16 and fp32 (tests/gpu covers every dtype and head dim with
+# the defaults); D = 96 is not a power of two.
+PATH_SMALL_PLAN = [
+    ("bfloat16", [((2, 3), 1, 64, 64), ((1, 3), 777, 128, 32), ((2, 1), 300, 16, 48)],
+     [(2, "dense"), (1, "dense"), (2, "ut")]),
+    ("float16", [((1, 2), 1000, 64, 64)], [(2, "dense")]),
+    ("float32", [((1, 2), 129, 96, 80)], [(2, "dense")]),
+]
+
+
+def path_small(rec, dev, fla, *, plan=PATH_SMALL_PLAN, **_):
+    """Odd sizes in every dtype against float64 (inputs rounded to the dtype first): PaTH with fixed tiles
+    (``R`` UT blocks a query block) and both update forms, the Householder RNN (``q, k / 8``) and DeltaNet
+    (l2-normalised ``q, k``, ``beta / 2``)."""
+    from .. import path
+    from ..kernels.path_attention import path_attention
+
+    for dtype_name, shapes, variants in plan:
+        dtype = getattr(torch, dtype_name)
+        lim = REL_RMS[dtype_name]
+        for i, (lead, T, D, Dv) in enumerate(shapes):
+            q, k, v, w, beta = _path_inputs(dev, lead, T, D, Dv, seed=i)
+            q, k, v = (x.to(dtype) for x in (q, k, v))
+            shape = dict(D=D, Dv=Dv)
+            cache = {}
+
+            def ref():
+                if "ref" not in cache:
+                    cache["ref"] = _path64(q, k, v, w, beta)
+                return cache["ref"]
+
+            for R, upd in variants:
+                cfg = dict(R=R, update=upd, num_warps=4 * R)
+                rec.compare("path_attention", lambda: (path_attention(q, k, v, w, beta, _config=cfg), ref()),
+                            reference="float64 path_matrix", metric="rel_rms", limit=lim,
+                            params=dict(shape, R=R, update=upd))
+            cache.clear()
+            qs, ks = ((x.float() / 8).to(dtype) for x in (q, k))
+            rec.compare("householder_triton", lambda: (path.householder_triton(qs, ks, v, w, beta),
+                                                                _householder64(qs, ks, v, w, beta)),
+                        reference="float64 householder_matrix", metric="rel_rms", limit=lim, params=shape)
+            qn, kn = (F.normalize(x.float(), dim=-1).to(dtype) for x in (q, k))
+            rec.compare("deltanet_triton", lambda: (path.deltanet_triton(qn, kn, v, beta / 2),
+                                                             _deltanet64(qn, kn, v, beta / 2)),
+                        reference="float64 deltanet_matrix", metric="rel_rms", limit=lim, params=shape)
+
+
+def path_fla_path(rec, dev, fla, *, fla_T=2048, fla_lead=(1, 4), **_):
+    """bf16, D = 64, beta uniform in [0, 2): our PaTH and flash-linear-attention's (``parallel_path_attn``)
+    against float64 and against each other."""
+    if not _want_fla(fla, rec):
+        return
+    from .. import path
+
+    q, k, v, w, beta = _path_inputs(dev, fla_lead, fla_T, 64, 64, seed=fla_T)
+    q, k, v = (x.to(BF16) for x in (q, k, v))
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            if name == "ref":
+                cache[name] = _path64(q, k, v, w, beta)
+            elif name == "ours":
+                cache[name] = path.path_triton(q, k, v, w, beta)
+            else:
+                from fla.ops.path_attn import parallel_path_attn
+
+                cache[name] = from_bthd(parallel_path_attn(*(to_bthd(x) for x in (q, k, v, w)), to_bthd(beta))[0])
+        return cache[name]
+
+    lim = REL_RMS["bfloat16"]
+    params = dict(beta="uniform [0, 2)")
+    rec.compare("path_triton", lambda: (get("ours"), get("ref")), reference="float64 path_matrix",
+                metric="rel_rms", limit=lim, params=params)
+    rec.compare("fla.parallel_path_attn", lambda: (get("fla"), get("ref")), reference="float64 path_matrix",
+                metric="rel_rms", limit=lim, params=params)
+    rec.compare("path_triton", lambda: (get("ours"), get("fla")), reference="fla.parallel_path_attn",
+                metric="rel_rms", limit=lim, params=params)
+
+
+def path_fla_delta(rec, dev, fla, *, fla_T=2048, fla_lead=(1, 4), **_):
+    """bf16, D = 64, l2-normalised q, k, beta in [0, 1) (rounded to bf16, so that both see the same numbers):
+    our DeltaNet and flash-linear-attention's (``chunk_delta_rule``, ``scale=1``) against float64 and against
+    each other."""
+    if not _want_fla(fla, rec):
+        return
+    from .. import path
+
+    q, k, v, _, beta = _path_inputs(dev, fla_lead, fla_T, 64, 64, seed=fla_T)
+    qn, kn = (F.normalize(x, dim=-1).to(BF16) for x in (q, k))
+    v = v.to(BF16)
+    b = (beta / 2).to(BF16).float()
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            if name == "ref":
+                cache[name] = _deltanet64(qn, kn, v, b)
+            elif name == "ours":
+                cache[name] = path.deltanet_triton(qn, kn, v, b)
+            else:
+                from fla.ops.delta_rule import chunk_delta_rule
+
+                out = chunk_delta_rule(*(to_bthd(x) for x in (qn, kn, v)), to_bthd(b.to(BF16)), scale=1.0)[0]
+                cache[name] = from_bthd(out)
+        return cache[name]
+
+    lim = REL_RMS["bfloat16"]
+    params = dict(beta="uniform [0, 1)", qk="l2-normalised")
+    rec.compare("deltanet_triton", lambda: (get("ours"), get("ref")), reference="float64 deltanet_matrix",
+                metric="rel_rms", limit=lim, params=params)
+    rec.compare("fla.chunk_delta_rule", lambda: (get("fla"), get("ref")), reference="float64 deltanet_matrix",
+                metric="rel_rms", limit=lim, params=params)
+    rec.compare("deltanet_triton", lambda: (get("ours"), get("fla")), reference="fla.chunk_delta_rule",
+                metric="rel_rms", limit=lim, params=params)
+
+
+# The update's variants measured as T grows (kernels/NOTES_path.md, 3.1-3.3): name -> (_config, limit).
+PATH_GROWTH_VARIANTS = {
+    "dense": (dict(update="dense"), 1e-2),
+    "ut": (dict(update="ut"), 1e-2),
+    "dense_bf16upd": (dict(update="dense", update_dtype=torch.bfloat16), 2e-2),
+    "dense_x3prep": (dict(update="dense", prep_precision="x3"), 1e-2),
+}
+
+
+def path_growth(rec, dev, fla, *, growth_Ts=(512, 2048, 8192), growth_variants=tuple(PATH_GROWTH_VARIANTS), **_):
+    """bf16 PaTH against float64 as T grows, ``beta`` uniform in [0, 2) and in [1.999, 2] (reflections):
+    the dense and UT updates, bf16 update operands, exact-fp32 ("x3") preparation; fla's op recorded beside
+    (no limit: its error grows with T for beta near 2, 3.6e-2 at T = 8192 on an H100)."""
+    from ..kernels.path_attention import path_attention
+
+    with_fla = _want_fla(fla, rec)
+    for betas, lo in (("uniform", 0.0), ("near2", 1.999)):
+        for T in growth_Ts:
+            q, k, v, w, beta = _path_inputs(dev, (1, 2), T, 64, 64, seed=T + 7, beta_lo=lo)
+            q, k, v = (x.to(BF16) for x in (q, k, v))
+            ref = _path64(q, k, v, w, beta)
+            for name in growth_variants:
+                cfg, lim = PATH_GROWTH_VARIANTS[name]
+                rec.compare("path_attention",
+                            lambda: (path_attention(q, k, v, w, beta, _config=dict(R=2, num_warps=8, **cfg)), ref),
+                            reference="float64 path_matrix", metric="rel_rms", limit=lim,
+                            params=dict(beta=betas, variant=name))
+            if with_fla:
+                def fla_out():
+                    from fla.ops.path_attn import parallel_path_attn
+
+                    return from_bthd(parallel_path_attn(*(to_bthd(x) for x in (q, k, v, w)), to_bthd(beta))[0]), ref
+
+                rec.compare("fla.parallel_path_attn", fla_out, reference="float64 path_matrix",
+                            metric="rel_rms", limit=None, params=dict(beta=betas))
+            del ref
+            if torch.device(dev).type == "cuda":
+                torch.cuda.empty_cache()
+
+
+def path_robust(rec, dev, fla, *, robust_T=16384, robust_H=2, D=64, **_):
+    """bf16 at ``T = 16384`` with ``beta`` in [1.999, 2]: finite, and close to our fp32 run and to float64."""
+    from .. import path
+
+    q, k, v, w, beta = _path_inputs(dev, (1, robust_H), robust_T, D, D, seed=5, beta_lo=1.999)
+    qr, kr, vr = (x.to(BF16) for x in (q, k, v))
+    q32, k32, v32 = (x.float() for x in (qr, kr, vr))  # the same rounded numbers, in fp32
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            if name == "bf16":
+                cache[name] = path.path_triton(qr, kr, vr, w, beta)
+            elif name == "fp32":
+                cache[name] = path.path_triton(q32, k32, v32, w, beta)
+            else:
+                cache[name] = _path64(q32, k32, v32, w, beta)
+        return cache[name]
+
+    params = dict(beta="[1.999, 2]")
+    rec.compare("path_triton", lambda: (get("bf16"), get("fp32")), reference="path_triton (fp32)",
+                metric="rel_rms", limit=REL_RMS["bfloat16"], params=params)
+    rec.compare("path_triton", lambda: (get("bf16"), get("f64")), reference="float64 path_matrix",
+                metric="rel_rms", limit=REL_RMS["bfloat16"], params=params)
+    rec.compare("path_triton", lambda: (get("fp32"), get("f64")), reference="float64 path_matrix",
+                metric="rel_rms", limit=REL_RMS["float32"], params=params)
+
+
+# =============================================================================
+# Registry, sizes, runner, command line
+# =============================================================================
+
+# chapter -> {section: function}; a later chapter adds its entry here.
+CHECKS = {
+    "nope": {"bench_sizes": nope_bench_sizes, "robust": nope_robust, "fp32": nope_fp32},
+    "alibi": {"robust": alibi_robust, "fla_fox": alibi_fla_fox, "fla_retention": alibi_fla_retention,
+              "fp32": alibi_fp32},
+    "fox": {"robust": fox_robust, "channel": fox_channel, "fp32": fox_fp32},
+    "rope": {"robust": rope_robust, "trig": rope_trig, "prepass": rope_prepass},
+    "path": {"small": path_small, "fla_path": path_fla_path, "fla_delta": path_fla_delta, "growth": path_growth,
+             "robust": path_robust},
+}
+
+# Tiny sizes for a CPU run in Triton's interpreter (a smoke test of this module, not a check of the kernels).
+SMOKE = {
+    "nope": dict(Ts=(40,), B=1, H=2, D=16, T=40, fp32_T=24),
+    "alibi": dict(T=40, B=1, D=16, fla_T=24, fp32_T=24),
+    "fox": dict(T=40, H=2, D=16, fp32_T=24),
+    "rope": dict(T=40, D=16, trig_T=8192, T_prepass=16, prepass_lead=(1, 2)),
+    "path": dict(plan=[("bfloat16", [((1, 1), 33, 16, 24)], [(1, "dense"), (2, "ut")]),
+                       ("float32", [((1, 1), 1, 32, 16)], [(1, "dense")])],
+                 fla_T=40, fla_lead=(1, 1), growth_Ts=(24,), growth_variants=("dense_x3prep",),
+                 robust_T=40, robust_H=1, D=16),
+}
+
+
+def targets(names=None) -> list[tuple[str, str]]:
+    """``[(chapter, section)]`` for ``CHAPTER`` or ``CHAPTER.SECTION`` names (all when ``names`` is empty)."""
+    out = []
+    for name in names or list(CHECKS):
+        chapter, _, section = name.partition(".")
+        if chapter not in CHECKS:
+            raise ValueError(f"unknown chapter {chapter!r}; choose from {sorted(CHECKS)}")
+        if section and section not in CHECKS[chapter]:
+            raise ValueError(f"unknown section {name!r}; {chapter} has {list(CHECKS[chapter])}")
+        out += [(chapter, s) for s in ([section] if section else CHECKS[chapter])]
+    return out
+
+
+def run(names=None, *, device="cuda", fla: str = "auto", smoke: bool = False, log=None):
+    """Run the named checks; returns ``(records, seconds)`` (``seconds``: per ``chapter.section``)."""
+    records, seconds = [], {}
+    for chapter, section in targets(names):
+        rec = Recorder(chapter, section, log)
+        params = SMOKE[chapter] if smoke else {}
+        t0 = time.time()
+        try:
+            CHECKS[chapter][section](rec, device, fla, **params)
+        except Exception as exc:  # a bug outside any compare(): still a record, never a crash
+            rec.compare("(section)", lambda exc=exc: _raise(exc), reference="-", limit=None)
+        _sync(device)
+        seconds[f"{chapter}.{section}"] = round(time.time() - t0, 1)
+        records += rec.records
+        if torch.device(device).type == "cuda":
+            torch.cuda.empty_cache()
+    return records, seconds
+
+
+def write(path, meta: dict, records: list) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(dict(meta=meta, records=records), indent=1, default=str) + "\n")
+
+
+def merge(paths, command: str) -> dict:
+    """One file from several runs' files (e.g. one per section run in parallel): records concatenated in
+    :data:`CHECKS`' order; meta from the first, with ``command``, the earliest date, every part's seconds
+    and, per part, its command and date."""
+    parts = [json.loads(Path(p).read_text()) for p in sorted(map(str, paths))]
+    if not parts:
+        raise ValueError("nothing to merge")
+    meta = dict(parts[0]["meta"], command=command, seconds={}, parts=[])
+    for part in parts:
+        m = part["meta"]
+        for key in ("commit", "device", "torch", "triton"):
+            if m.get(key) != meta.get(key):
+                raise ValueError(f"cannot merge runs with different {key}: {m.get(key)!r} vs {meta.get(key)!r}")
+        meta["seconds"].update(m.get("seconds", {}))
+        meta["parts"].append(dict(command=m["command"], date=m["date"]))
+    meta["date"] = min(part["date"] for part in meta["parts"])  # when the run started
+    order = {key: i for i, key in enumerate(targets())}  # chapters and sections in CHECKS' order
+    records = sorted((r for part in parts for r in part["records"]),
+                     key=lambda r: order.get((r["chapter"], r["check"]), len(order)))
+    return dict(meta=meta, records=records)
+
+
+def main(argv=None) -> int:
+    from . import DATA_DIR
+
+    p = argparse.ArgumentParser(prog="python -m pathedu.bench.checks", description=__doc__.split("\n\n")[0])
+    p.add_argument("targets", nargs="*", help=f"CHAPTER or CHAPTER.SECTION (default: all of {list(CHECKS)})")
+    p.add_argument("--out", help=f"JSON file to write (default with no targets: {DATA_DIR / 'gpu_checks.json'})")
+    p.add_argument("--fla", choices=["auto", "yes", "no"], default="auto",
+                   help="compare with flash-linear-attention: yes (a missing fla fails), no, auto (if installed)")
+    p.add_argument("--device", default="cuda", help="cuda (default), or cpu with --smoke (Triton's interpreter)")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes (SMOKE): a smoke test of this module")
+    p.add_argument("--merge", nargs="+", metavar="PART", help="merge these files into --out instead of running")
+    p.add_argument("--list", action="store_true", help="list CHAPTER.SECTION names and exit")
+    p.add_argument("--command", help="with --merge: the command to record in meta (default: this one)")
+    a = p.parse_args(argv)
+    command = "python -m pathedu.bench.checks " + " ".join(sys.argv[1:] if argv is None else argv)
+    if a.list:
+        print("\n".join(f"{c}.{s}" for c, s in targets()))
+        return 0
+    if a.merge:
+        if not a.out:
+            p.error("--merge needs --out")
+        data = merge(a.merge, a.command or command)
+        write(a.out, data["meta"], data["records"])
+        bad = [r for r in data["records"] if not r["ok"]]
+        print(f"wrote {a.out}: {len(data['records'])} records, {len(bad)} not ok")
+        return 1 if bad else 0
+    out = a.out or (str(DATA_DIR / "gpu_checks.json") if not a.targets else None)
+    if out is None:
+        p.error("--out is needed when only some checks run (the default file holds every chapter's)")
+    if torch.device(a.device).type == "cuda" and not torch.cuda.is_available():
+        print("python -m pathedu.bench.checks needs a CUDA GPU (or --device cpu --smoke)", file=sys.stderr)
+        return 2
+    try:
+        names = targets(a.targets)
+    except ValueError as exc:
+        p.error(str(exc))
+    meta = run_meta(command, a.device)
+    records, seconds = run([f"{c}.{s}" for c, s in names], device=a.device, fla=a.fla, smoke=a.smoke,
+                           log=lambda line: print(line, flush=True))
+    meta["seconds"] = seconds
+    write(out, meta, records)
+    bad = [r for r in records if not r["ok"]]
+    print(f"{meta['device']}, commit {meta['commit']}: {len(records)} records, {len(bad)} not ok; "
+          f"{sum(seconds.values()):.0f} s; wrote {out}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,380 @@
+"""Chapter 6 exercises: check functions for ``notebooks/06_pathfox_gdn_lab.ipynb``.
+
+Each ``check_*`` function takes the student's function, runs it on a few fresh
+random float64 inputs, compares it with the library's forms
+(:mod:`pathedu.pathfox`, :mod:`pathedu.fox`) and prints one line:
+``Correct [...]`` or ``Not yet [...]`` with a hint (naming the mistake when the
+answer matches a known wrong variant).  It returns a
+:class:`~pathedu.exercises.Verdict` and never raises because of the answer: a
+stub that raises ``NotImplementedError`` gets a friendly "Not yet".
+
+Exercises (``a = exp(log_f) <= 1`` is a forget gate, ``H_s = I - beta_s w_s w_s^T``):
+
+1. :func:`check_gated_delta_step`: one step of Gated DeltaNet,
+   ``S <- a S (I - beta k k^T) + beta v k^T``.
+2. :func:`check_pathfox_logit`: the PaTH-FoX logit of one pair,
+   ``D**-0.5 * k_j^T H_{j+1} ... H_i q_i + sum_{s=j+1..i} log_f[s]``.
+3. :func:`check_gamma` and :func:`check_gated_deltanet_matrix`: the gate matrix
+   ``Gamma_ij = exp(sum_{s=j+1..i} log_f[s])`` and Gated DeltaNet's matrix form
+   ``(Q K^T * Gamma * M)(I + diag(beta)(K K^T * Gamma * M^-))^{-1} diag(beta) V``.
+4. :func:`check_gated_deltanet_chunk`: one chunk of the chunked Gated DeltaNet,
+   from the state before the chunk to the chunk's outputs and the state after it.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import fox, pathfox
+from ._grader import Verdict, check_function, check_parts, diagnose as _diagnose
+
+__all__ = ["check_gated_delta_step", "check_pathfox_logit", "check_gamma", "check_gated_deltanet_matrix",
+           "check_gated_deltanet_chunk"]
+
+
+def _randn(g, *shape):
+    return torch.randn(shape, generator=g, dtype=torch.float64)
+
+
+def _rand(g, *shape):
+    return torch.rand(shape, generator=g, dtype=torch.float64)
+
+
+def _unit(x):
+    return x / x.norm(dim=-1, keepdim=True)
+
+
+def _outer(a, b):
+    """Batched outer product ``a b^T``: ``(..., m), (..., n) -> (..., m, n)``."""
+    return a[..., :, None] * b[..., None, :]
+
+
+def _log_gates(g, *shape):
+    """Log gates in [-1.1, -0.1]: gates between 0.33 and 0.9, far enough from 1 that a missing gate shows."""
+    return -(0.1 + _rand(g, *shape))
+
+
+# ---------------------------------------------------------------------------
+# Exercise 1: one step of Gated DeltaNet
+# ---------------------------------------------------------------------------
+
+def _step_inputs(seed):
+    g = torch.Generator().manual_seed(1600 + seed)
+    lead, D, Dv = [((3,), 5, 4), ((2, 2), 6, 3), ((), 4, 7)][seed % 3]
+    S = _randn(g, *lead, Dv, D)
+    k = _unit(_randn(g, *lead, D))
+    v = _randn(g, *lead, Dv)
+    beta = 0.3 + 1.4 * _rand(g, *lead)
+    return S, k, v, beta, _log_gates(g, *lead)
+
+
+def _step_reference(S, k, v, beta, log_f):
+    """Through the library: one token of :func:`pathedu.pathfox.gated_deltanet_recurrent` from state S."""
+    _, S_new = pathfox.gated_deltanet_recurrent(k[..., None, :], k[..., None, :], v[..., None, :], beta[..., None],
+                                                log_f[..., None], initial_state=S, return_state=True)
+    return S_new
+
+
+def _delta_transition(S, k, beta):
+    """``S (I - beta k k^T)``."""
+    return S - beta[..., None, None] * _outer((S @ k[..., :, None])[..., 0], k)
+
+
+def _gate(x, log_f):
+    return torch.exp(log_f)[..., None, None] * x
+
+
+_STEP_WRONG = [
+    (lambda S, k, v, b, lf: _gate(_delta_transition(S, k, b) + b[..., None, None] * _outer(v, k), lf),
+     "You applied the gate after the write: the new pair is then decayed by its own token's gate. Decay the old "
+     "memory first, S' = a S, then take the delta step from S'."),
+    (lambda S, k, v, b, lf: _gate(S, lf) + b[..., None, None] * _outer(v, k),
+     "Your step has no delta term: a S + beta v k^T is the scalar-gated linear attention of Mamba2 (the row the "
+     "associative-memory notes give for Gated DeltaNet). Subtract what the decayed memory predicts: "
+     "beta (a S k - v) k^T."),
+    (lambda S, k, v, b, lf: _gate(S, lf) + b[..., None, None] * _outer(v - (S @ k[..., :, None])[..., 0], k),
+     "Your correction uses the prediction of the undecayed memory, S k: the regression step is taken at the "
+     "decayed state S' = a S, so the error is S' k - v."),
+    (lambda S, k, v, b, lf: _delta_transition(S, k, b) + b[..., None, None] * _outer(v, k),
+     "Your step ignores the gate: that is DeltaNet. Multiply the old memory by a = exp(log_f) first."),
+    (lambda S, k, v, b, lf: lf[..., None, None] * _delta_transition(S, k, b) + b[..., None, None] * _outer(v, k),
+     "You used log_f itself as the gate: the gate is a = exp(log_f), a number in (0, 1]."),
+    (lambda S, k, v, b, lf: _gate(_delta_transition(S, k, b), lf) + _outer(v, k),
+     "You wrote v k^T without beta: Gated DeltaNet writes beta v k^T (the gated Householder RNN with w = k and "
+     "values beta v)."),
+]
+
+
+def check_gated_delta_step(gated_delta_step) -> Verdict:
+    """Exercise 1: ``gated_delta_step(S, k, v, beta, log_f) -> S_new``, one step of Gated DeltaNet.
+
+    ``S: (..., Dv, D)`` (the memory), ``k: (..., D)`` (unit norm), ``v: (..., Dv)``,
+    ``beta: (...)`` in [0, 2], ``log_f: (...)`` (<= 0; the gate is ``a = exp(log_f)``).
+    ``S_new = a S (I - beta k k^T) + beta v k^T``: weight decay ``S' = a S``, then one
+    gradient step of size beta on ``|S k - v|^2 / 2`` at ``S'``.
+    """
+    hint = _diagnose(gated_delta_step, _step_inputs(0), _STEP_WRONG) or (
+        "Hint: S' = exp(log_f) * S; error = S' k - v; return S' - beta * outer(error, k).")
+    return check_function("gated delta step", gated_delta_step, _step_reference, _step_inputs, trials=3,
+                          rtol=1e-10, hint=hint)
+
+
+# ---------------------------------------------------------------------------
+# Exercise 2: the PaTH-FoX logit of one pair
+# ---------------------------------------------------------------------------
+
+def _logit_inputs(seed):
+    g = torch.Generator().manual_seed(1700 + seed)
+    T, D, i, j = [(8, 4, 6, 2), (7, 5, 5, 0), (6, 3, 4, 4)][seed % 3]
+    q, k = 2 * _randn(g, T, D), 2 * _randn(g, T, D)
+    w = _unit(_randn(g, T, D))
+    beta = 0.3 + 1.7 * _rand(g, T)
+    return q, k, w, beta, _log_gates(g, T), i, j
+
+
+def _logit_reference(q, k, w, beta, log_f, i, j):
+    return pathfox.pathfox_logits(q, k, w, beta, log_f)[i, j]
+
+
+def _product(w, beta, idx):
+    P = torch.eye(w.shape[-1], dtype=w.dtype)
+    for s in idx:
+        P = P @ (torch.eye(w.shape[-1], dtype=w.dtype) - beta[s] * torch.outer(w[s], w[s]))
+    return P
+
+
+def _logit_with(q, k, w, beta, log_f, i, j, *, order="right", gate=lambda j, i: range(j + 1, i + 1), how="add"):
+    idx = range(j + 1, i + 1) if order == "right" else range(i, j, -1)
+    score = k[j] @ _product(w, beta, idx) @ q[i]
+    gsum = log_f[list(gate(j, i))].sum()
+    scale = q.shape[-1] ** -0.5
+    return {"add": scale * score + gsum, "scaled": scale * (score + gsum), "exp": torch.exp(scale * score) + gsum,
+            "none": scale * score, "unscaled": score + gsum}[how]
+
+
+_LOGIT_WRONG = [
+    (lambda *a: _logit_with(*a, order="reversed"),
+     "Your product runs H_i ... H_{j+1}: the reverse order. The logit is k_j^T H_{j+1} ... H_i q_i, smallest index "
+     "next to the key."),
+    (lambda *a: _logit_with(*a, gate=lambda j, i: range(j, i + 1)),
+     "Your gate sum includes log_f[j]: a token's own gate never acts on its own key; sum s = j+1 .. i."),
+    (lambda *a: _logit_with(*a, gate=lambda j, i: range(j + 1, i)),
+     "Your gate sum stops before log_f[i]: the query's own gate acts on every earlier key; sum s = j+1 .. i."),
+    (lambda *a: _logit_with(*a, how="scaled"),
+     "You multiplied the gate sum by the scale too: as in FoX, the scale multiplies only the PaTH score, "
+     "scale * score + G."),
+    (lambda *a: _logit_with(*a, how="exp"),
+     "You added the gate to the exponentiated score (the duality post's snippet): the bias belongs on the logit, "
+     "scale * score + G, which the softmax then exponentiates."),
+    (lambda *a: _logit_with(*a, how="none"),
+     "Your logit has no gate: that is PaTH's logit. Add sum_{s=j+1..i} log_f[s]."),
+    (lambda *a: _logit_with(*a, how="unscaled"),
+     "You forgot the scale D**-0.5 on the PaTH score."),
+]
+
+
+def _as_scalar_tensor(fn):
+    """Accept a Python number or a one-element tensor for a scalar answer."""
+    def answer(*args):
+        out = fn(*args)
+        if isinstance(out, (int, float)) and not isinstance(out, bool):
+            return torch.tensor(float(out), dtype=torch.float64)
+        if isinstance(out, torch.Tensor) and out.numel() == 1:
+            return out.reshape(())
+        return out
+    return answer
+
+
+def check_pathfox_logit(pathfox_logit) -> Verdict:
+    """Exercise 2: ``pathfox_logit(q, k, w, beta, log_f, i, j) -> logit`` (a number), for ``j <= i``.
+
+    ``q, k, w: (T, D)``, ``beta, log_f: (T,)``; the logit of query ``i`` on key ``j``::
+
+        D**-0.5 * k_j^T H_{j+1} H_{j+2} ... H_i q_i + sum_{s=j+1..i} log_f[s]
+
+    with ``H_s = I - beta_s w_s w_s^T`` (empty product and empty sum when ``j = i``).
+    A 0-dim tensor, a one-element tensor or a Python float is accepted.
+    """
+    answer = _as_scalar_tensor(pathfox_logit)
+    hint = _diagnose(answer, _logit_inputs(0), _LOGIT_WRONG) or (
+        "Hint: P = I; for s in j+1 .. i: P = P @ H_s. logit = D**-0.5 * k[j] @ P @ q[i] + log_f[j+1 : i+1].sum().")
+    return check_function("PaTH-FoX logit", answer, _logit_reference, _logit_inputs, trials=3, rtol=1e-10,
+                          hint=hint)
+
+
+# ---------------------------------------------------------------------------
+# Exercise 3: Gamma and the matrix form of Gated DeltaNet
+# ---------------------------------------------------------------------------
+
+def _gamma_inputs(seed):
+    g = torch.Generator().manual_seed(1800 + seed)
+    T = (7, 5, 1)[seed % 3]
+    return (_log_gates(g, T),)
+
+
+def _gamma_reference(log_f):
+    return torch.exp(fox.log_gate_matrix(log_f))
+
+
+def _prefix_differences(log_f):
+    c = torch.cumsum(log_f, -1)
+    return c[:, None] - c[None, :]
+
+
+_GAMMA_WRONG = [
+    (lambda lf: (torch.exp(_prefix_differences(lf) + lf[None, :])).tril(),
+     "Your product includes the key's own gate (s = j .. i), so the diagonal is a_i instead of 1: a token's own "
+     "gate never acts on itself."),
+    (lambda lf: torch.exp(_prefix_differences(lf)),
+     "Your Gamma is not masked: above the diagonal (j > i, the future) it must be 0."),
+    (lambda lf: _gamma_reference(lf).T,
+     "Your Gamma is transposed: row i is the query, column j the key; Gamma_ij = a_{j+1} ... a_i for j <= i."),
+    (lambda lf: fox.log_gate_matrix(lf).nan_to_num(neginf=0.0),
+     "You returned the log gates G_ij: Gamma is their exponential, exp(G_ij)."),
+    (lambda lf: _gamma_reference(lf).tril(-1),
+     "Your diagonal is 0: Gamma_ii is the empty product, 1 (a token sees its own key undecayed)."),
+]
+
+
+def check_gamma(gamma) -> Verdict:
+    """Exercise 3a: ``gamma(log_f) -> Gamma``, ``log_f: (T,)`` -> ``(T, T)``.
+
+    ``Gamma_ij = exp(sum_{s=j+1..i} log_f[s]) = a_{j+1} ... a_i`` for ``j <= i`` (1 on the
+    diagonal), 0 for ``j > i``.
+    """
+    hint = _diagnose(gamma, _gamma_inputs(0), _GAMMA_WRONG) or (
+        "Hint: c = cumsum(log_f); G = c[:, None] - c[None, :]; Gamma = exp(G) below and on the diagonal, 0 above.")
+    return check_function("Gamma", gamma, _gamma_reference, _gamma_inputs, trials=3, rtol=1e-10, hint=hint)
+
+
+def _gdn_inputs(seed):
+    g = torch.Generator().manual_seed(1900 + seed)
+    T, D, Dv = [(7, 4, 3), (9, 3, 5), (1, 4, 2)][seed % 3]
+    q, k, v = _randn(g, T, D), _unit(_randn(g, T, D)), _randn(g, T, Dv)
+    beta = 0.3 + 1.4 * _rand(g, T)
+    return q, k, v, beta, _log_gates(g, T)
+
+
+def _gdn_reference(q, k, v, beta, log_f):
+    return pathfox.gated_deltanet_matrix(q, k, v, beta, log_f)
+
+
+def _gdn_with(q, k, v, beta, log_f, *, gate_out=True, gate_in=True, strict=True, beta_right=True, rows=True):
+    T = q.shape[0]
+    Gam = _gamma_reference(log_f)
+    M = torch.ones(T, T, dtype=q.dtype).tril()
+    inner = k @ k.T * (Gam if gate_in else M)
+    inner = inner.tril(-1) if strict else inner.tril()
+    inner = torch.diag(beta) @ inner if rows else inner @ torch.diag(beta)
+    U = torch.linalg.inv(torch.eye(T, dtype=q.dtype) + inner) @ (beta[:, None] * v if beta_right else v)
+    return (q @ k.T * (Gam if gate_out else M)) @ U
+
+
+_GDN_WRONG = [
+    (lambda q, k, v, b, lf: (q @ k.T * _gamma_reference(lf)) @ (b[:, None] * v),
+     "Your output has no inverse: (Q K^T * Gamma * M) diag(beta) V is gated linear attention (Mamba2) without the "
+     "delta term. The corrected values are U = (I + diag(beta)(K K^T * Gamma * M^-))^{-1} diag(beta) V."),
+    (lambda *a: _gdn_with(*a, gate_in=False),
+     "Your inverse has no Gamma: each correction is made by the *decayed* memory, so the gates between j and t "
+     "also multiply k_t . k_j inside the inverse."),
+    (lambda *a: _gdn_with(*a, gate_out=False),
+     "Your output weights Q K^T * M have no Gamma: the query reads the state after the gates, so "
+     "use Q K^T * Gamma * M."),
+    (lambda *a: _gdn_with(*a, strict=False),
+     "Your inverse keeps the diagonal: the correction of u_t uses only earlier tokens, so mask with the strictly "
+     "lower M^-."),
+    (lambda *a: _gdn_with(*a, beta_right=False),
+     "You forgot the final diag(beta): token t writes beta_t times its corrected value."),
+    (lambda *a: _gdn_with(*a, rows=False),
+     "You scaled the columns of K K^T * Gamma * M^- by beta: the row of token t is scaled by beta_t, "
+     "diag(beta) on the left."),
+]
+
+
+def check_gated_deltanet_matrix(gated_deltanet_matrix) -> Verdict:
+    """Exercise 3b: ``gated_deltanet_matrix(q, k, v, beta, log_f) -> o``, Gated DeltaNet in matrix form.
+
+    ``q, k: (T, D)`` (unit keys), ``v: (T, Dv)``, ``beta, log_f: (T,)``; with ``M`` the
+    causal mask (diagonal kept), ``M^-`` its strictly lower part and ``Gamma`` of exercise 3a::
+
+        U = (I + diag(beta) (K K^T * Gamma * M^-))^{-1} diag(beta) V,     o = (Q K^T * Gamma * M) U
+    """
+    hint = _diagnose(gated_deltanet_matrix, _gdn_inputs(0), _GDN_WRONG) or (
+        "Hint: Gam = Gamma(log_f); B = diag(beta) @ (k @ k.T * Gam).tril(-1); "
+        "U = solve(I + B, beta[:, None] * v); o = (q @ k.T * Gam) @ U.")
+    return check_function("Gated DeltaNet matrix form", gated_deltanet_matrix, _gdn_reference, _gdn_inputs,
+                          trials=3, rtol=1e-10, hint=hint)
+
+
+# ---------------------------------------------------------------------------
+# Exercise 4: one chunk of the chunked Gated DeltaNet
+# ---------------------------------------------------------------------------
+
+def _chunk_inputs(seed):
+    g = torch.Generator().manual_seed(2000 + seed)
+    C, D, Dv = [(6, 4, 3), (5, 3, 5), (1, 4, 2)][seed % 3]
+    q, k, v = _randn(g, C, D), _unit(_randn(g, C, D)), _randn(g, C, Dv)
+    beta = 0.3 + 1.4 * _rand(g, C)
+    S = _randn(g, Dv, D)
+    return q, k, v, beta, _log_gates(g, C), S
+
+
+def _chunk_reference(q, k, v, beta, log_f, S):
+    return pathfox.gated_deltanet_chunked(q, k, v, beta, log_f, chunk=q.shape[0], initial_state=S,
+                                          return_state=True)
+
+
+def _chunk_with(q, k, v, beta, log_f, S, *, decay_out=True, decay_state=True, correct_state=True,
+                gate_inside=True, decay_keys=True):
+    C = q.shape[0]
+    b = torch.cumsum(log_f, 0)
+    Gam = _gamma_reference(log_f)
+    g_after = torch.cat([log_f.flip(0).cumsum(0).flip(0)[1:], log_f.new_zeros(1)])
+    eye = torch.eye(C, dtype=q.dtype)
+    inner = k @ k.T * (Gam if gate_inside else torch.ones_like(Gam))
+    Tc = torch.linalg.inv(eye + torch.diag(beta) @ inner.tril(-1))
+    W = Tc @ ((beta * torch.exp(b))[:, None] * k)
+    U = Tc @ (beta[:, None] * v) - (W @ S.T if correct_state else 0)
+    o = (torch.exp(b)[:, None] if decay_out else 1) * (q @ S.T) + (q @ k.T * Gam) @ U
+    keys = (torch.exp(g_after)[:, None] if decay_keys else 1) * k
+    S_new = (torch.exp(b[-1]) if decay_state else 1) * S + U.T @ keys
+    return o, S_new
+
+
+_CHUNK_WRONG = [
+    (lambda *a: _chunk_with(*a, decay_out=False),
+     "Your outputs read the carried state undecayed: the state from before the chunk reaches token i through the "
+     "gates b_i = log_f[0] + ... + log_f[i], so the inter-chunk term is diag(e^b) Q S^T."),
+    (lambda *a: _chunk_with(*a, decay_state=False),
+     "Your new state keeps S undecayed: the whole chunk's gates act on it, S_new = e^{b_last} S + ..."),
+    (lambda *a: _chunk_with(*a, correct_state=False),
+     "Your corrected values ignore the carried state: each u_t corrects what the whole decayed memory predicts, "
+     "including S, so U = T (diag(beta) V - diag(beta e^b) K S^T)."),
+    (lambda *a: _chunk_with(*a, gate_inside=False),
+     "Your triangular factor has no Gamma: inside the chunk the corrections are made by the decayed memory, so "
+     "use K K^T * Gamma * M^- in the inverse."),
+    (lambda *a: _chunk_with(*a, decay_keys=False),
+     "Your new state writes every key of the chunk undecayed: key j is decayed by the gates after it, "
+     "exp(sum_{r=j+1..last} log_f[r])."),
+]
+
+
+def check_gated_deltanet_chunk(chunk_step) -> Verdict:
+    """Exercise 4: ``chunk_step(q, k, v, beta, log_f, S) -> (o, S_new)``, one chunk of chunked Gated DeltaNet.
+
+    ``q, k: (C, D)`` (unit keys), ``v: (C, Dv)``, ``beta, log_f: (C,)``: one chunk of C
+    tokens; ``S: (Dv, D)``: the state after every earlier token.  Must return the chunk's
+    outputs ``o: (C, Dv)`` and the state after the chunk ``S_new: (Dv, D)``, equal to running
+    ``S_t = a_t S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T``, ``o_t = S_t q_t`` token by
+    token from ``S``.  With ``b = cumsum(log_f)``, ``Gamma`` of exercise 3a and
+    ``g~_j = sum_{r=j+1..C-1} log_f[r]``::
+
+        T = (I + diag(beta) (K K^T * Gamma * M^-))^{-1}
+        W = T diag(beta e^b) K,   U = T diag(beta) V - W S^T
+        o = diag(e^b) Q S^T + (Q K^T * Gamma * M) U
+        S_new = e^{b_last} S + U^T diag(e^{g~}) K
+    """
+    return check_parts("Gated DeltaNet chunk step", chunk_step, _chunk_reference, _chunk_inputs, ("o", "S_new"),
+                        rtol=1e-10, wrong_variants=_CHUNK_WRONG,
+                        hint="Hint: b = cumsum(log_f); T = inv(I + diag(beta) (K K^T * Gamma * M^-)); "
+                             "U = T diag(beta) V - T diag(beta e^b) K S^T; o = diag(e^b) Q S^T + (Q K^T * Gamma) U; "
+                             "S_new = e^{b_last} S + U^T diag(e^{g~}) K. Exponentiate only sums of gates (<= 0).")

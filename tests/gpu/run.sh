@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The GPU run: one command on the device machine, from the repository root.
+#
+#     PATHEDU_COMMIT=<the commit of this tree> bash tests/gpu/run.sh      (device tool: carry [".whl"])
+#
+# 1. installs the wheels of tests/gpu/wheels.txt (fetched here with tests/gpu/fetch_wheels.sh into the
+#    git-ignored .whl/, which the call carries) into /tmp/site: a Jupyter kernel and nbclient for the
+#    notebooks, flash-linear-attention for the checks;
+# 2. runs tests/gpu on several xdist workers (every chapter's GPU checks, every Triton form against
+#    float64 in bf16/fp16/fp32, every lab notebook in a kernel of this Python), log in $OUT/gpu_tests.log;
+# 3. merges the checks' records into $OUT/gpu_checks.json: commit it as pathedu/data/gpu_checks.json.
+#
+# Knobs: PATHEDU_GPU_WORKERS (default 10), PATHEDU_GPU_TIMEOUT (seconds for pytest, default 510: the
+# whole script stays under the device's 10-minute limit; on a timeout pytest is interrupted, reports
+# what ran, and the checks that finished are still merged), PATHEDU_GPU_PYTEST_ARGS (default -x: stop at
+# the first failure; set it empty to run everything), PYTHON (default python3).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+start=$(date +%s)
+OUT=${OUT:-/tmp/pathedu_gpu_out}
+mkdir -p "$OUT"
+LOG="$OUT/gpu_tests.log"
+PY=${PYTHON:-python3}
+
+if ! ls .whl/*.whl > /dev/null 2>&1; then
+    echo "run.sh: no wheels in .whl/: run 'bash tests/gpu/fetch_wheels.sh' here and carry [\".whl\"]" >&2
+    exit 3
+fi
+"$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    > /tmp/pathedu_pip.log 2>&1 || { cat /tmp/pathedu_pip.log; echo "run.sh: installing .whl/ failed" >&2; exit 3; }
+export PYTHONPATH="/tmp/site:$PWD"
+export PYTHONUNBUFFERED=1
+export PATHEDU_FLA=yes
+export PATHEDU_CHECKS_DIR=/tmp/pathedu_checks
+rm -rf "$PATHEDU_CHECKS_DIR" && mkdir -p "$PATHEDU_CHECKS_DIR"
+
+{
+    echo "== tests/gpu/run.sh, commit ${PATHEDU_COMMIT:-(git)}"
+    nvidia-smi -L
+    "$PY" -c "import sys, torch, triton, fla, ipykernel, nbclient, pathedu, xdist
+print('python', sys.version.split()[0], '| torch', torch.__version__, '| triton', triton.__version__,
+      '| fla', fla.__version__, '| ipykernel', ipykernel.__version__, '| nbclient', nbclient.__version__,
+      '| pytest-xdist', xdist.__version__, '| pathedu from', pathedu.__file__, '| triton mode', pathedu.triton_mode())"
+} 2>&1 | tee "$LOG"
+
+timeout -s INT -k 30 "${PATHEDU_GPU_TIMEOUT:-510}" \
+    "$PY" -m pytest tests/gpu -o addopts="" -p no:cacheprovider ${PATHEDU_GPU_PYTEST_ARGS--x} -q --durations=20 \
+    -n "${PATHEDU_GPU_WORKERS:-10}" 2>&1 | tee -a "$LOG"
+rc=${PIPESTATUS[0]}
+
+parts=("$PATHEDU_CHECKS_DIR"/gpu_checks_*.json)
+if [ -e "${parts[0]}" ]; then
+    "$PY" -m pathedu.bench.checks --merge "${parts[@]}" --out "$OUT/gpu_checks.json" \
+        --command "bash tests/gpu/run.sh (tests/gpu/test_checks.py: one checks command a section, merged)" \
+        2>&1 | tee -a "$LOG"
+    echo "checks merged: ${#parts[@]} of $("$PY" -m pathedu.bench.checks --list | wc -l) sections" | tee -a "$LOG"
+else
+    echo "no GPU-check results to merge" | tee -a "$LOG"
+fi
+echo "run.sh: pytest exit code $rc; $(( $(date +%s) - start )) s in all" | tee -a "$LOG"
+exit "$rc"

@@ -1,0 +1,48 @@
+"""Every Triton form (tests/forms.py, kind "triton") on a real GPU against its family's matrix form in
+float64: bf16, fp16 and fp32 inputs, sequence lengths that are no multiple of any block (1, 77, 300,
+1000), head dims 16, 32, 64 and 128, Dv != D.
+
+The inputs are drawn in float64 and rounded to the dtype under test; the reference runs on those same
+rounded numbers (and on the extra arguments the kernels see, in fp32), so the error measured is the
+kernel's own.  Tolerances are the book's (CONTRIBUTING.md): max |out - ref| / max |ref| <= 2e-3 (fp32),
+1e-2 (fp16), 2e-2 (bf16).
+"""
+import pytest
+import torch
+from forms import FORMS, call, matrix_form
+from helpers import rand_qkv, rel_err
+
+TOL = {torch.float32: 2e-3, torch.float16: 1e-2, torch.bfloat16: 2e-2}
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+# (lead dims, T, D, Dv): every head dim once, two with Dv != D, T = 1 and T past several blocks.
+SHAPES = [((2, 3), 1, 16, 16), ((1, 2), 77, 32, 48), ((2, 1), 300, 64, 64), ((1, 2), 1000, 128, 32)]
+TRITON = [f for f in FORMS if f.kind == "triton"]
+
+
+def inputs(form, shape, dtype, *, seed=0, device="cuda"):
+    """``(q, k, v, extras)`` for the kernel and ``(q, k, v, extras)`` in float64 for the reference."""
+    q, k, v = rand_qkv(*shape, dtype=dtype, seed=seed, device=device)  # float64 draws, rounded to dtype
+    q64, k64, v64 = (x.double() for x in (q, k, v))
+    extras = {name: x.float() for name, x in form.extras(q64, k64, v64, seed).items()}  # gates: fp32
+    return (q, k, v, extras), (q64, k64, v64, {name: x.double() for name, x in extras.items()})
+
+
+def check_form(form, shape, dtype, *, device="cuda") -> float:
+    (q, k, v, ex), (q64, k64, v64, ex64) = inputs(form, shape, dtype, device=device)
+    out = call(form, q, k, v, ex)
+    ref = call(matrix_form(form), q64, k64, v64, ex64)
+    assert out.dtype == dtype and out.shape == ref.shape and out.device == q.device
+    return rel_err(out, ref)  # asserts a finite output
+
+
+def test_the_registry_has_a_triton_form_in_every_family():
+    assert {f.family for f in TRITON} == {f.family for f in FORMS}
+
+
+# dtype is the outer loop: bf16 (the benchmark dtype) first, fp32 last (its exact-fp32 dots compile slowest).
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"T{s[1]}-D{s[2]}-Dv{s[3]}")
+@pytest.mark.parametrize("form", TRITON, ids=lambda f: f.name)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+def test_triton_form_matches_float64(dtype, form, shape):
+    err = check_form(form, shape, dtype)
+    assert err <= TOL[dtype], f"{form.name} {dtype} {shape}: relative error {err:.2e} > {TOL[dtype]:.0e}"

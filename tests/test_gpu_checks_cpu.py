@@ -1,0 +1,106 @@
+"""The GPU checks module (pathedu.bench.checks) on the CPU: every chapter's checks at tiny sizes in
+Triton's interpreter (a smoke test of the code the GPU run uses), the record schema, the command line
+(write, merge), the readers the book uses (load_checks, describe) and the shared error measures."""
+import importlib.util
+import json
+
+import pytest
+import torch
+
+import pathedu.bench as bench
+from pathedu.bench import _common, checks
+
+FIELDS = {"chapter", "check", "op", "reference", "dtype", "T", "shape", "metric", "value", "limit", "finite", "ok",
+          "params"}
+
+
+def test_every_chapter_has_checks_and_smoke_sizes():
+    assert set(checks.CHECKS) == set(bench.CHAPTERS) == set(checks.SMOKE)
+    assert "checks" not in bench.CHAPTERS
+    assert checks.targets(["path.fla_path", "nope"]) == [("path", "fla_path"), ("nope", "bench_sizes"),
+                                                         ("nope", "robust"), ("nope", "fp32")]
+    with pytest.raises(ValueError, match="unknown section"):
+        checks.targets(["path.nothing"])
+
+
+@pytest.mark.parametrize("chapter", sorted(checks.CHECKS))
+def test_checks_run_on_cpu_at_smoke_sizes(chapter):
+    records, seconds = checks.run([chapter], device="cpu", fla="no", smoke=True)
+    assert set(seconds) == {f"{chapter}.{s}" for s in checks.CHECKS[chapter]}
+    assert records, "a chapter's checks record something"
+    for r in records:
+        assert FIELDS <= set(r) and r["chapter"] == chapter and r["check"] in checks.CHECKS[chapter]
+        assert r["metric"] in _common.METRICS and isinstance(r["shape"], list) and isinstance(r["T"], int)
+    bad = [checks.format_record(r) for r in records if not r["ok"]]
+    assert not bad, "\n".join(bad)
+    json.dumps(records)  # the file's records are plain JSON
+
+
+def test_a_failing_check_is_a_record_not_an_exception():
+    rec = checks.Recorder("nope", "robust")
+    r = rec.compare("boom", lambda: 1 / 0, reference="-", limit=1.0)
+    assert not r["ok"] and "ZeroDivisionError" in r["error"] and r["value"] is None
+    x = torch.ones(3, 4)
+    r = rec.compare("nan", lambda: (x * float("nan"), x), reference="ones", limit=1.0)
+    assert not r["ok"] and not r["finite"]
+    r = rec.compare("far", lambda: (x * 2, x), reference="ones", limit=0.5)
+    assert not r["ok"] and r["finite"] and r["value"] == pytest.approx(1.0) and r["T"] == 3 and r["shape"] == [3, 4]
+    r = rec.compare("peer", lambda: (x * 2, x), reference="ones", limit=None)
+    assert r["ok"]  # no limit: recorded, only finiteness required
+    assert not checks.run(["alibi.fla_fox"], device="cpu", fla="yes", smoke=True)[0][0]["ok"] or \
+        importlib.util.find_spec("fla") is not None  # fla asked for and missing: a failed record
+
+
+def test_command_line_writes_and_merges_one_schema(tmp_path, monkeypatch):
+    a, b, merged = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "gpu_checks.json"
+    assert checks.main(["nope.robust", "--smoke", "--device", "cpu", "--fla", "no", "--out", str(a)]) == 0
+    assert checks.main(["alibi.fp32", "--smoke", "--device", "cpu", "--out", str(b)]) == 0
+    assert checks.main(["--merge", str(a), str(b), "--out", str(merged)]) == 0
+    data = json.loads(merged.read_text())
+    meta = data["meta"]
+    assert {"command", "commit", "device", "torch", "triton", "python", "date", "seconds", "parts"} <= set(meta)
+    assert set(meta["seconds"]) == {"nope.robust", "alibi.fp32"} and len(meta["parts"]) == 2
+    assert {r["chapter"] for r in data["records"]} == {"nope", "alibi"}
+    monkeypatch.setenv("PATHEDU_COMMIT", "abc123")
+    assert _common.run_meta("x", "cpu")["commit"] == "abc123"
+    # the book's reader: the new file first, per chapter
+    monkeypatch.setattr(bench, "CHECKS_FILE", merged)
+    got = bench.load_checks("alibi")
+    assert got["records"] and all(r["chapter"] == "alibi" for r in got["records"])
+    assert all(bench.describe(r).endswith(": ok") for r in got["records"])
+
+
+def test_book_readers_fall_back_to_the_committed_legacy_files(tmp_path, monkeypatch):
+    """Until gpu_checks.json holds a GPU run: the old files, converted to the same schema (pathedu/bench/_legacy.py)."""
+    monkeypatch.setattr(bench, "CHECKS_FILE", tmp_path / "absent.json")
+    for chapter in ("fox", "rope"):  # the chapters whose pages print GPU checks
+        data = bench.load_checks(chapter)
+        assert data["records"] and all(FIELDS <= set(r) and r["ok"] for r in data["records"])
+        assert all(bench.describe(r) for r in data["records"])
+    with pytest.raises(FileNotFoundError, match="python -m pathedu.bench.checks"):
+        bench.load_checks("no_such_chapter")
+
+
+def test_error_measures(monkeypatch):
+    g = torch.Generator().manual_seed(0)
+    ref = torch.randn(2, 3, 50, 8, generator=g)
+    out = ref + 1e-3 * torch.randn(2, 3, 50, 8, generator=g)
+    d, r = (out - ref).double(), ref.double()
+    expect = {"rel_rms": (d.norm() / r.norm()).item(), "rel_max": (d.abs().max() / r.abs().max()).item(),
+              "rel_rms_head": max((d[i, j].norm() / r[i, j].norm()).item() for i in range(2) for j in range(3)),
+              "max_abs": d.abs().max().item()}
+    monkeypatch.setattr(_common, "_CHUNK", 16)  # many chunks: the chunked sums are the whole-tensor sums
+    for name, fn in _common.METRICS.items():
+        assert fn(out, ref) == pytest.approx(expect[name], rel=1e-12), name
+    assert _common.rel_rms(ref, ref) == 0.0 and _common.rel_max(out.bfloat16(), ref) > 0
+    x = torch.randn(2, 3, 10, 4, generator=g)
+    assert torch.equal(_common.from_bthd(_common.to_bthd(x)), x) and _common.to_bthd(x).shape == (2, 10, 3, 4)
+
+
+def test_float64_references_by_slices_equal_one_call():
+    from pathedu import path
+
+    q, k, v, w, beta = checks._path_inputs("cpu", (2, 3), 20, 16, 8, seed=0)
+    whole = path.path_matrix(*(x.double() for x in (q, k, v, w, beta)))
+    sliced = checks.per_slice64(path.path_matrix, q, k, v, w, beta, max_elems=2 * 20 * 20)  # 2 heads a call
+    assert sliced.dtype == torch.float64 and torch.allclose(sliced, whole, rtol=0, atol=1e-12)

@@ -1,0 +1,371 @@
+"""The kernel boundary: every entry point of ``pathedu.kernels`` on its own.
+
+* non-finite causality: a NaN or inf in ``q``, ``k`` or ``v`` at position t leaves
+  every output before t bit-identical, and does reach the outputs that see it
+  (so nothing is hidden either);
+* validation: shapes (``log_f`` layouts, ``w``, ``beta``, per-head slopes and
+  gammas), values (with the argument named in backticks), tuning arguments;
+* refusals: meta tensors, and inputs that require grad while grad mode is on;
+* at most one host synchronisation per public call, and no copy of inputs that
+  are already contiguous fp32.
+
+On a CPU the kernels run in Triton's interpreter: sizes stay small (T <= 80).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import pytest
+import torch
+from helpers import rand_qkv
+
+from pathedu import alibi, fox, nope, path, rope
+from pathedu.kernels import _launch
+from pathedu.kernels.delta_rule import chunked_delta_rule, chunked_householder
+from pathedu.kernels.flash_attention import attention, biased_attention
+from pathedu.kernels.linear_attention import chunked_linear_attention, gated_linear_attention
+from pathedu.kernels.path_attention import path_attention
+from pathedu.kernels.rope import rotary_attention, rotary_linear_attention, rotate_qk
+
+LEAD, T, D, DV = (1, 2), 80, 16, 24
+AT = 37  # the poisoned position: inside a block/chunk, not on a boundary
+
+
+def extras(seed=0):
+    """Valid extra arguments for LEAD, T, D (fp32)."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.nn.functional.normalize(torch.randn(*LEAD, T, D, generator=g), dim=-1)
+    beta = 2 * torch.rand(*LEAD, T, generator=g)
+    log_f = -torch.rand(*LEAD, T, generator=g)
+    log_f_channel = -torch.rand(*LEAD, T, D, generator=g)
+    return dict(w=w, beta=beta, log_f=log_f, log_f_channel=log_f_channel)
+
+
+# name -> (call(q, k, v, ex), softmax?)  Every public entry point, each hook.
+ENTRIES = {
+    "attention": (lambda q, k, v, ex: attention(q, k, v), True),
+    "attention_alibi": (lambda q, k, v, ex: attention(q, k, v, alibi_slope=torch.tensor([0.3, 0.05])), True),
+    "attention_loggate": (lambda q, k, v, ex: attention(q, k, v, log_f=ex["log_f"]), True),
+    "linear": (lambda q, k, v, ex: chunked_linear_attention(q, k, v), False),
+    "linear_chunk16": (lambda q, k, v, ex: chunked_linear_attention(q, k, v, chunk=16), False),
+    "linear_scalar": (lambda q, k, v, ex: chunked_linear_attention(q, k, v, log_f=ex["log_f"]), False),
+    "linear_channel": (lambda q, k, v, ex: chunked_linear_attention(q, k, v, log_f=ex["log_f_channel"]), False),
+    "linear_gamma": (lambda q, k, v, ex: gated_linear_attention(q, k, v, "gamma", 0.9), False),
+    "path": (lambda q, k, v, ex: path_attention(q, k, v, ex["w"], ex["beta"]), True),
+    "path_block16_R2": (lambda q, k, v, ex: path_attention(q, k, v, ex["w"], ex["beta"], block=16,
+                                                          _config=dict(R=2)), True),
+    "householder": (lambda q, k, v, ex: chunked_householder(q / 4, k / 4, v, ex["w"], ex["beta"], chunk=32), False),
+    "delta": (lambda q, k, v, ex: chunked_delta_rule(q / 4, torch.nn.functional.normalize(k, dim=-1), v,
+                                                    ex["beta"] / 2, chunk=16), False),
+    "rotary": (lambda q, k, v, ex: rotary_attention(q, k, v), True),
+    "rotary_linear": (lambda q, k, v, ex: rotary_linear_attention(q, k, v), False),
+}
+
+
+def inputs(seed=0):
+    q, k, v = rand_qkv(LEAD, T, D, DV, dtype=torch.float32, seed=seed)
+    return q, k, v, extras(seed)
+
+
+# ---------------------------------------------------------------------------
+# Non-finite causality
+# ---------------------------------------------------------------------------
+
+POISONS = [("v", float("nan")), ("v", float("inf")), ("v", float("-inf")), ("k", float("nan")),
+           ("k", float("inf")), ("q", float("nan"))]
+
+
+@pytest.mark.parametrize("which, value", POISONS, ids=lambda x: str(x))
+@pytest.mark.parametrize("name", ENTRIES)
+def test_non_finite_input_changes_only_later_outputs(name, which, value):
+    call, softmax = ENTRIES[name]
+    q, k, v, ex = inputs(seed=1)
+    clean = call(q, k, v, ex)
+    assert torch.isfinite(clean).all()
+    x = {"q": q, "k": k, "v": v}
+    x[which] = x[which].clone()
+    d = 3  # one channel of one head, as in a real overflow
+    x[which][0, 1, AT, d] = value
+    out = call(x["q"], x["k"], x["v"], ex)
+    # Every output before AT is bit-identical (the other head entirely).
+    assert torch.equal(out[..., :AT, :], clean[..., :AT, :])
+    assert torch.equal(out[0, 0], clean[0, 0])
+    seen = out[0, 1, AT:]
+    if which == "q":  # a query changes its own row only
+        assert not torch.isfinite(out[0, 1, AT]).all()
+        assert torch.equal(out[0, 1, AT + 1:], clean[0, 1, AT + 1:])
+    elif which == "k":  # the row at AT sees the key at AT (an infinite logit of -inf is a weight of 0)
+        if value != value or not softmax:
+            assert not torch.isfinite(out[0, 1, AT]).all()
+    else:  # a value reaches every row that sees it, in its channel only
+        others = torch.cat([seen[:, :d], seen[:, d + 1:]], dim=1)
+        assert torch.isfinite(others).all()
+        if value != value or not softmax:
+            assert seen[:, d].isnan().all()  # NaN; the linear kernels do not track signs: NaN too
+        else:
+            assert (seen[:, d] == value).all()  # a positive weight times +-inf (IEEE)
+
+
+def test_non_finite_values_on_every_diagonal_row():
+    """A NaN at each position of a whole diagonal block in turn (FlashAttention and PaTH)."""
+    q, k, v, ex = inputs(seed=2)
+    q, k, v = q[..., :40, :], k[..., :40, :], v[..., :40, :]
+    w, beta = ex["w"][..., :40, :], ex["beta"][..., :40]
+    forms = [lambda v_: attention(q, k, v_), lambda v_: path_attention(q, k, v_, w, beta, block=16, _config=dict(R=2))]
+    for f in forms:
+        clean = f(v)
+        for t in range(0, 40, 3):
+            vp = v.clone()
+            vp[..., t, 0] = float("nan")
+            out = f(vp)
+            assert torch.equal(out[..., :t, :], clean[..., :t, :]), t
+            assert out[..., t:, 0].isnan().all() and torch.isfinite(out[..., 1:]).all(), t
+
+
+def test_infinities_of_both_signs_give_nan_softmax():
+    q, k, v, _ = inputs(seed=3)
+    v = v.clone()
+    v[..., 10, 2] = float("inf")
+    v[..., 20, 2] = float("-inf")
+    out = attention(q, k, v)
+    assert (out[..., 10:20, 2] == float("inf")).all()
+    assert out[..., 20:, 2].isnan().all()
+
+
+# ---------------------------------------------------------------------------
+# Shapes and values: bad input names the argument
+# ---------------------------------------------------------------------------
+
+def test_attention_refuses_log_f_in_another_layout():
+    q, k, v, _ = inputs()
+    good = -torch.rand(*LEAD, T)
+    for bad in (good.reshape(-1, T).T.contiguous(),      # (T, B*H): the same element count
+                good.reshape(-1, T),                       # (B*H, T)
+                good[..., :-1], good[None], torch.zeros(7)):
+        with pytest.raises(ValueError, match="`log_f`"):
+            attention(q, k, v, log_f=bad)
+    with pytest.raises(TypeError, match="`log_f`"):
+        attention(q, k, v, log_f=-0.5)
+    with pytest.raises(TypeError, match="`log_f`"):
+        attention(q, k, v, log_f=good.long())
+    with pytest.raises(ValueError, match="at most one"):
+        attention(q, k, v, log_f=good, alibi_slope=0.1)
+
+
+@pytest.mark.parametrize("value, needle", [(0.5, r"`log_f` must be <= 0"), (float("nan"), "`log_f`"),
+                                           (float("-inf"), "`log_f` must be finite")])
+def test_log_gate_values_are_checked_at_every_entry(value, needle):
+    q, k, v, ex = inputs()
+    for log_f in (ex["log_f"].clone(), ex["log_f_channel"].clone()):
+        log_f[0, 1, 5] = value
+        if log_f.dim() == 3:
+            with pytest.raises(ValueError, match=needle):
+                attention(q, k, v, log_f=log_f)
+        with pytest.raises(ValueError, match=needle):
+            chunked_linear_attention(q, k, v, log_f=log_f)
+
+
+def test_linear_refuses_bad_gate_shapes_and_chunks():
+    q, k, v, _ = inputs()
+    for bad in (torch.zeros(*LEAD, T, DV), torch.zeros(*LEAD, T, D, 1), torch.zeros(T), torch.zeros(*LEAD, T - 1)):
+        with pytest.raises(ValueError, match="`log_f`"):
+            chunked_linear_attention(q, k, v, log_f=bad)
+    for chunk, exc in [(48, ValueError), (256, ValueError), (0, ValueError), (8, ValueError), (2.0, TypeError),
+                       (True, TypeError)]:
+        with pytest.raises(exc, match="`chunk`"):
+            chunked_linear_attention(q, k, v, chunk=chunk)
+    with pytest.raises(ValueError, match="`gate`"):
+        gated_linear_attention(q, k, v, "cosine", None)
+
+
+def test_per_head_arguments():
+    q, k, v, _ = inputs()
+    for slope in (-0.1, float("nan"), float("inf"), torch.tensor([0.1, -1.0])):
+        with pytest.raises(ValueError, match="`alibi_slope`"):
+            attention(q, k, v, alibi_slope=slope)
+        with pytest.raises(ValueError, match="`slope`"):
+            biased_attention(q, k, v, "alibi", slope, name="slope")
+    with pytest.raises(ValueError, match="`alibi_slope`.*broadcast"):
+        attention(q, k, v, alibi_slope=torch.ones(3))
+    for slope in ("0.1", True, torch.ones(2, dtype=torch.bool), torch.ones(2, dtype=torch.complex64)):
+        with pytest.raises(TypeError, match="`alibi_slope`"):
+            attention(q, k, v, alibi_slope=slope)
+    for gamma in (0.0, 1.5, float("nan"), torch.tensor([0.9, -0.1])):
+        with pytest.raises(ValueError, match="`gamma`"):
+            gated_linear_attention(q, k, v, "gamma", gamma)
+    with pytest.raises(TypeError, match="`gamma`"):
+        gated_linear_attention(q, k, v, "gamma", None)
+
+
+def test_path_and_delta_values_and_shapes():
+    q, k, v, ex = inputs()
+    w, beta = ex["w"], ex["beta"]
+    bad_w = w.clone()
+    bad_w[0, 0, 3, 1] = float("inf")
+    for f in (path_attention, chunked_householder):
+        with pytest.raises(ValueError, match="`w` must be finite"):
+            f(q, k, v, bad_w, beta)
+        with pytest.raises(ValueError, match="`w`"):
+            f(q, k, v, w.transpose(-1, -2), beta)
+        for b in (beta + 2.5, -beta, beta.masked_fill(beta > 1, float("nan"))):
+            with pytest.raises(ValueError, match=r"`beta` must lie in \[0, 2\]"):
+                f(q, k, v, w, b)
+        with pytest.raises(ValueError, match="`beta`"):
+            f(q, k, v, w, beta.reshape(-1, T).T)
+    with pytest.raises(ValueError, match="`beta`"):
+        chunked_delta_rule(q, k, v, beta + 2.5)
+    for bad, exc in [(48, ValueError), (2.0, TypeError), (True, TypeError)]:
+        with pytest.raises(exc, match="`chunk`"):
+            chunked_delta_rule(q, k, v, beta, chunk=bad)
+        with pytest.raises(exc, match="`block`"):
+            path_attention(q, k, v, w, beta, block=bad)
+
+
+def test_chapter_forms_name_their_own_arguments():
+    """The Triton forms pass their argument names to the kernel entry points."""
+    q, k, v, ex = inputs()
+    with pytest.raises(ValueError, match="`slope`"):
+        alibi.alibi_triton(q, k, v, -1.0)
+    with pytest.raises(TypeError, match="`slope`"):
+        alibi.alibi_triton(q, k, v, None)
+    with pytest.raises(ValueError, match="`gamma`"):
+        alibi.retnet_triton(q, k, v, 1.5)
+    with pytest.raises(TypeError, match="`log_f`"):
+        fox.fox_triton(q, k, v, None)
+    with pytest.raises(TypeError, match="`log_f`"):
+        fox.gla_triton(q, k, v, None)
+    with pytest.raises(ValueError, match="`beta`"):
+        path.deltanet_triton(q, k, v, ex["beta"] + 3)
+    with pytest.raises(ValueError, match="`q` must have an even head dim"):
+        rope.rope_triton(q[..., :15], k[..., :15], v)
+
+
+# ---------------------------------------------------------------------------
+# Refusals: meta tensors, inputs that require grad
+# ---------------------------------------------------------------------------
+
+def _all_calls(q, k, v, ex, slope):
+    """(argument name, call) for every tensor argument of every entry point."""
+    return [
+        ("q", lambda: attention(q, k, v)), ("k", lambda: chunked_linear_attention(q, k, v)),
+        ("v", lambda: rotary_attention(q, k, v)), ("q", lambda: rotate_qk(q, k)),
+        ("log_f", lambda: attention(q, k, v, log_f=ex["log_f"])),
+        ("log_f", lambda: chunked_linear_attention(q, k, v, log_f=ex["log_f_channel"])),
+        ("alibi_slope", lambda: attention(q, k, v, alibi_slope=slope)),
+        ("gamma", lambda: gated_linear_attention(q, k, v, "gamma", slope)),
+        ("w", lambda: path_attention(q, k, v, ex["w"], ex["beta"])),
+        ("beta", lambda: chunked_delta_rule(q, k, v, ex["beta"])),
+        ("w", lambda: chunked_householder(q, k, v, ex["w"], ex["beta"])),
+    ]
+
+
+def _with(name, q, k, v, ex, slope, change):
+    x = dict(q=q, k=k, v=v, alibi_slope=slope, gamma=slope, **ex)
+    x[name] = change(x[name])
+    if name in ("log_f",):
+        x["log_f_channel"] = change(x["log_f_channel"])
+    return x["q"], x["k"], x["v"], {n: x[n] for n in ex}, x["alibi_slope"] if name != "gamma" else x["gamma"]
+
+
+@pytest.mark.parametrize("index", range(11))
+def test_inputs_that_require_grad_are_refused(index):
+    q, k, v, ex = inputs()
+    slope = torch.tensor([0.5, 0.9])
+    name, _ = _all_calls(q, k, v, ex, slope)[index]
+    args = _with(name, q, k, v, ex, slope, lambda t: t.clone().requires_grad_())
+    _, call = _all_calls(*args)[index]
+    with pytest.raises(RuntimeError, match=rf"`{name}` requires grad.*no backward.*no_grad"):
+        call()
+    with torch.no_grad():
+        out = call()
+    out = out if isinstance(out, torch.Tensor) else out[0]
+    assert not out.requires_grad and out.grad_fn is None
+
+
+@pytest.mark.parametrize("index", range(11))
+def test_meta_tensors_are_refused(index):
+    q, k, v, ex = inputs()
+    slope = torch.tensor([0.5, 0.9])
+    name, _ = _all_calls(q, k, v, ex, slope)[index]
+    args = _with(name, q, k, v, ex, slope, lambda t: t.to("meta"))
+    _, call = _all_calls(*args)[index]
+    with pytest.raises(ValueError, match=rf"`{name}` is on the meta device"):
+        call()
+
+
+def test_chapter_triton_forms_refuse_grad_once():
+    q, k, v, ex = inputs()
+    v = v.requires_grad_()
+    for f, args in [(nope.nope_triton, ()), (alibi.alibi_triton, (0.1,)), (fox.fox_triton, (ex["log_f"],)),
+                    (rope.complex_triton, ()), (path.path_triton, (ex["w"], ex["beta"]))]:
+        with pytest.raises(RuntimeError, match="`v` requires grad"):
+            f(q, k, v, *args)
+
+
+# ---------------------------------------------------------------------------
+# One host synchronisation per public call; no needless copies
+# ---------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def count_host_syncs():
+    """Count the calls, made from pathedu's own code, that read a tensor's value on the host."""
+    here = (os.sep + "pathedu" + os.sep, os.sep + "kernels" + os.sep)
+    counts = []
+    originals = {n: getattr(torch.Tensor, n) for n in ("item", "tolist", "__bool__", "__float__", "__int__")}
+
+    def wrap(name, fn):
+        def counted(self, *a, **kw):
+            import sys
+
+            caller = sys._getframe(1).f_code.co_filename
+            if any(h in caller for h in here):
+                counts.append((name, caller))
+            return fn(self, *a, **kw)
+        return counted
+
+    for n, fn in originals.items():
+        setattr(torch.Tensor, n, wrap(n, fn))
+    try:
+        yield counts
+    finally:
+        for n, fn in originals.items():
+            setattr(torch.Tensor, n, fn)
+
+
+def test_at_most_one_host_sync_per_public_call():
+    q, k, v, ex = inputs()
+    calls = {name: (lambda c=c: c(q, k, v, ex)) for name, (c, _) in ENTRIES.items()}
+    calls.update({
+        "nope_triton": lambda: nope.nope_triton(q, k, v), "linear_triton": lambda: nope.linear_triton(q, k, v),
+        "alibi_triton": lambda: alibi.alibi_triton(q, k, v, torch.tensor([0.1, 0.2])),
+        "retnet_triton": lambda: alibi.retnet_triton(q, k, v, 0.9),
+        "fox_triton": lambda: fox.fox_triton(q, k, v, ex["log_f"]),
+        "gla_triton": lambda: fox.gla_triton(q, k, v, ex["log_f_channel"]),
+        "rope_triton": lambda: rope.rope_triton(q, k, v), "complex_triton": lambda: rope.complex_triton(q, k, v),
+        "path_triton": lambda: path.path_triton(q, k, v, ex["w"], ex["beta"]),
+        "householder_triton": lambda: path.householder_triton(q / 4, k / 4, v, ex["w"], ex["beta"]),
+        "deltanet_triton": lambda: path.deltanet_triton(q, k, v, ex["beta"] / 2),
+        "rotate_qk": lambda: rotate_qk(q, k),
+    })
+    for name, call in calls.items():
+        with count_host_syncs() as syncs:
+            call()
+        assert len(syncs) <= 1, (name, syncs)
+    with count_host_syncs() as syncs:  # no value to check: no sync at all
+        attention(q, k, v)
+        chunked_linear_attention(q, k, v)
+        rotary_attention(q, k, v)
+    assert syncs == []
+
+
+def test_no_copy_of_contiguous_fp32_inputs():
+    q, k, v, ex = inputs()
+    x = _launch.prepare_qkv(q, k, v)
+    assert x.q.data_ptr() == q.data_ptr() and x.k.data_ptr() == k.data_ptr() and x.v.data_ptr() == v.data_ptr()
+    assert _launch.per_token(ex["log_f"], "log_f", x).data_ptr() == ex["log_f"].data_ptr()
+    assert _launch.per_token(ex["w"], "w", x, extra=(D,)).data_ptr() == ex["w"].data_ptr()
+    # One copy where dtype and layout both change: the result is contiguous fp32 with the same values.
+    t = ex["log_f"].double().transpose(0, 1)
+    r = _launch.as_rows(t, (2, T), torch.float32)
+    assert r.is_contiguous() and r.dtype == torch.float32 and torch.equal(r, t.float().reshape(2, T))
