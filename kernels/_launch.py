@@ -1,10 +1,12 @@
 """The kernel boundary: what every kernel entry point does before a launch.
 
-Every public entry point (:func:`.flash_attention.attention`,
-:func:`.linear_attention.chunked_linear_attention`, :func:`.path_attention.path_attention`,
+Every public entry point (:func:`.flash_attention.attention` and its named-hook form
+:func:`.flash_attention.biased_attention`, :func:`.linear_attention.chunked_linear_attention`
+and :func:`.linear_attention.gated_linear_attention`, :func:`.path_attention.path_attention`,
 :func:`.delta_rule.chunked_householder` / :func:`.delta_rule.chunked_delta_rule`,
 :func:`.rope.rotate_qk` and the composed :func:`.rope.rotary_attention` /
-:func:`.rope.rotary_linear_attention`) validates each argument exactly once, here:
+:func:`.rope.rotary_linear_attention`) validates each argument exactly once, with these
+helpers; the chapters' ``*_triton`` forms call an entry point and validate nothing themselves:
 
 * :func:`prepare_qkv`: ``q, k, v`` (types, shapes, dtype, device, the kernels' head
   dims), flattened to ``(BH, T, dim)`` in the compute dtype;

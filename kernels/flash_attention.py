@@ -45,9 +45,10 @@ import triton.language as tl
 
 from ..checks import check_scale, finite_condition, log_gate_condition, range_condition, require
 from ._launch import Flat, dot_precision, interpreting, next_pow2, per_head, per_token, prepare_qkv
-from ._pieces import LOG2E, _first_nonfinite, _load_rows, _no_nonfinite, _poison, _query_block, _softmax_fold, _store_rows
+from ._pieces import (LOG2E, _first_nonfinite, _load_rows, _no_nonfinite, _poison, _query_block, _softmax_fold,
+                      _store_rows)
 
-__all__ = ["attention", "LOG2E"]
+__all__ = ["attention", "biased_attention", "LOG2E"]
 
 
 @triton.jit
@@ -112,8 +113,9 @@ def _flash_fwd(Q, K, V, O, BIAS_ARG, T, qk_scale,
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     bad = _no_nonfinite(BLOCK_DV)
     # Key blocks strictly before the query block: every key is visible, no mask.
-    acc, m_i, l_i, bad = _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, 0, start_m, T, stride_kt,
-                                 stride_vt, qk_scale, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, BLOCK_N, False, BIAS, PRECISION)
+    acc, m_i, l_i, bad = _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, 0, start_m, T,
+                                 stride_kt, stride_vt, qk_scale, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, BLOCK_N, False,
+                                 BIAS, PRECISION)
     # Key blocks on the diagonal: hide the future (and anything past T).
     acc, m_i, l_i, bad = _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, start_m,
                                  tl.minimum(start_m + BLOCK_M, T), T, stride_kt, stride_vt, qk_scale, HEAD_DIM, HEAD_DV,

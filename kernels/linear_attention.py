@@ -87,7 +87,7 @@ from ..checks import QKV, check_positive_int, log_gate_condition, require
 from ._launch import Flat, dot_precision, interpreting, next_pow2, per_head, per_token, prepare_qkv
 from ._pieces import _dot, _load_rows, _store_rows
 
-__all__ = ["chunked_linear_attention", "CHANNEL_CHUNK"]
+__all__ = ["chunked_linear_attention", "gated_linear_attention", "CHANNEL_CHUNK"]
 
 CHANNEL_CHUNK = 16  # chunk length of the per-channel path (its intra-chunk term is C x C x BLOCK_DC)
 
@@ -226,12 +226,19 @@ def gated_linear_attention(q, k, v, gate: str, gate_arg, *, chunk: int = 64, nam
     elif gate == "gamma":
         kind = "scalar"
         g = per_head(gate_arg, name, x, dtype=torch.float64)  # the log is taken in float64
-        require(None if g.numel() == 0 else (((g > 0) & (g <= 1)).all(), lambda: (
-            f"`{name}` must lie in (0, 1] (a forget gate that shrinks the state); got {g[:8].tolist()}")))
+        require(_gamma_condition(g, name))
         log_f3 = torch.log(g).to(torch.float32)[:, None].expand(x.BH, x.n.T).contiguous()
     elif gate != "none":
         raise ValueError(f"`gate` must be 'none', 'log_f' or 'gamma', got {gate!r}")
     return x.result(_linear_launch(x, kind, log_f3, chunk=chunk))
+
+
+def _gamma_condition(g, name: str):
+    """``0 < gamma <= 1`` everywhere, as a condition for :func:`pathedu.checks.require` (NaN fails)."""
+    if g.numel() == 0:
+        return None
+    return ((g > 0) & (g <= 1)).all(), lambda: (
+        f"`{name}` must lie in (0, 1] (a forget gate that shrinks the state); got {g[:8].tolist()}")
 
 
 def _check_chunk(chunk) -> int:

@@ -62,7 +62,8 @@ import triton.language as tl
 
 from ..checks import check_scale, finite_condition, range_condition, require
 from ._launch import Flat, dot_precision, interpreting, next_pow2, per_token, prepare_qkv
-from ._pieces import LOG2E, _first_nonfinite, _load_rows, _no_nonfinite, _poison, _query_block, _softmax_fold, _store_rows
+from ._pieces import (LOG2E, _first_nonfinite, _load_rows, _no_nonfinite, _poison, _query_block, _softmax_fold,
+                      _store_rows)
 from .ut_prepare import BETA_WHY, MAX_R, Prepared, check_block, prep_precision
 
 __all__ = ["path_attention", "Prepared", "MAX_R"]

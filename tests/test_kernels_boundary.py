@@ -369,3 +369,26 @@ def test_no_copy_of_contiguous_fp32_inputs():
     t = ex["log_f"].double().transpose(0, 1)
     r = _launch.as_rows(t, (2, T), torch.float32)
     assert r.is_contiguous() and r.dtype == torch.float32 and torch.equal(r, t.float().reshape(2, T))
+
+
+def test_chapter_triton_forms_validate_q_k_v_once(monkeypatch):
+    """A Triton form validates nothing itself: ``check_qkv`` runs once per call (composed forms included)."""
+    from pathedu.checks import check_qkv
+
+    calls = []
+
+    def counted(*a):
+        calls.append(1)
+        return check_qkv(*a)
+
+    for module in (_launch, nope, alibi, fox, rope, path):
+        monkeypatch.setattr(module, "check_qkv", counted, raising=False)
+    q, k, v, ex = inputs()
+    forms = [(nope.nope_triton, ()), (nope.linear_triton, ()), (alibi.alibi_triton, (0.1,)),
+             (alibi.retnet_triton, (0.9,)), (fox.fox_triton, (ex["log_f"],)), (fox.gla_triton, (ex["log_f"],)),
+             (rope.rope_triton, ()), (rope.complex_triton, ()), (path.path_triton, (ex["w"], ex["beta"])),
+             (path.householder_triton, (ex["w"], ex["beta"])), (path.deltanet_triton, (ex["beta"],))]
+    for form, args in forms:
+        calls.clear()
+        form(q, k, v, *args)
+        assert len(calls) == 1, form.__name__
