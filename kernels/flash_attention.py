@@ -136,6 +136,10 @@ _GPU_CONFIGS = [
         (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 4), (64, 64, 4, 3), (64, 32, 4, 4),
     ]
 ]
+# fp32 inputs take the exact ("ieee") dots: a precision path, not a speed path, and
+# Triton compiles exact fp32 dots over many tiles for a minute or more per shape.  So
+# they get one tile shape instead of the six the autotuner would compile.
+_FP32_CONFIG = dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)
 # T is part of the key: the best tile for T = 1024 need not be the best for 8192.
 _flash_fwd_tuned = triton.autotune(_GPU_CONFIGS, key=["T", "HEAD_DIM", "HEAD_DV", "BIAS", "PRECISION"])(_flash_fwd)
 
@@ -201,6 +205,8 @@ def _attention_launch(x: Flat, scale: float, bias: str = "none", bias_arg=None) 
     if interpreting():
         bm = 32 if n.T <= 32 else 64
         _flash_fwd[(triton.cdiv(n.T, bm), x.BH)](*args, BLOCK_M=bm, BLOCK_N=bm, **meta)
+    elif meta["PRECISION"] == "ieee":
+        _flash_fwd[(triton.cdiv(n.T, _FP32_CONFIG["BLOCK_M"]), x.BH)](*args, **_FP32_CONFIG, **meta)
     else:
         grid = lambda META: (triton.cdiv(n.T, META["BLOCK_M"]), x.BH)  # noqa: E731
         _flash_fwd_tuned[grid](*args, **meta)

@@ -227,7 +227,9 @@ def _path_launch(x: Flat, w3, beta3, scale: float, block: int, update: str, cfg:
     args = (prep.qt, prep.qn, prep.kt, prep.ad, prep.g, prep.wc, prep.nu, x.v, out, n.T, scale * LOG2E,
             prep.qt.stride(0), prep.qt.stride(1), prep.qn.stride(0), prep.ad.stride(0), prep.ad.stride(1),
             prep.g.stride(0), prep.g.stride(1), x.v.stride(0), x.v.stride(1), out.stride(0), out.stride(1))
-    if cfg or interpreting():
+    # Fixed tiles: in the interpreter, when the caller fixes them, and for fp32 inputs (exact
+    # dots: a precision path whose compile time would dominate autotuning, as in the template).
+    if cfg or interpreting() or meta["PRECISION"] == "ieee":
         cfg = {"R": 1, "num_warps": 4, "num_stages": 1 if interpreting() else 2, **cfg}
         _path_fwd[(triton.cdiv(n.T, cfg["R"] * block), x.BH)](*args, **cfg, **meta)
     else:

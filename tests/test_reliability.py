@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from forms import FORMS, call
 from helpers import rand_qkv, rel_err
 
-from pathedu import alibi, fox, nope, path, rope
+from pathedu import alibi, fox, nope, path, pathfox, rope
 from pathedu.masks import causal_matmul
 
 TORCH_FORMS = [f for f in FORMS if f.kind != "triton"]
@@ -371,8 +371,8 @@ def test_causal_matmul_is_ieee_where_a_weight_is_nonzero():
 # ---------------------------------------------------------------------------
 
 VALIDATORS = {  # module attribute -> modules whose namespace holds it
-    "check_qkv": (nope, alibi, fox, rope, path), "check_scale": (nope, alibi, fox, rope, path),
-    "require": (alibi, fox, path), "check_per_token": (fox, path), "check_base": (rope,),
+    "check_qkv": (nope, alibi, fox, rope, path, pathfox), "check_scale": (nope, alibi, fox, rope, path, pathfox),
+    "require": (alibi, fox, path, pathfox), "check_per_token": (fox, path, pathfox), "check_base": (rope,),
     "check_pairing": (rope,), "check_offset": (rope,), "_as_tensor": (alibi,),
 }
 

@@ -27,6 +27,9 @@ def main(argv=None) -> int:
     p.add_argument("--D", type=int, default=64)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--ops", nargs="*", help="only these ops (peers and references are always kept)")
+    p.add_argument("--skip", nargs="*", default=[],
+                   help="leave these ops out, peers included (e.g. fla ops that autotune for minutes); "
+                        "the command recorded in the data file says which")
     p.add_argument("--rep", type=int, default=200, help="do_bench repetition time, ms")
     p.add_argument("--no-checks", action="store_true",
                    help="accepted for old command lines; the GPU checks are `python -m pathedu.bench.checks CHAPTER`")
@@ -37,6 +40,7 @@ def main(argv=None) -> int:
         return 2
     dtype = getattr(torch, a.dtype)
     ops = [o for o in chapter_ops(a.chapter) if not a.ops or o.name in a.ops or o.peer or o.reference is None]
+    ops = [o for o in ops if o.name not in a.skip]
     meta = run_meta("python -m pathedu.bench " + " ".join(argv if argv is not None else sys.argv[1:]))
     meta.update(dtype=a.dtype, sizes=dict(B=a.B, H=a.H, D=a.D, T=a.T), causal=True, pass_="forward",
                 timer="triton.testing.do_bench, median ms")
