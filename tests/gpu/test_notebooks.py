@@ -9,6 +9,7 @@ cells ran compiled, on CUDA tensors.  Outputs are not compared: CI compares the 
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -55,7 +56,11 @@ def test_notebook_runs_on_gpu(path, kernel):
         "assert pathedu.triton_mode() == 'gpu' and torch.cuda.is_available()\n"
         "print('ran on', torch.cuda.get_device_name())"))
     client = NotebookClient(nb, kernel_name=kernel, timeout=CELL_TIMEOUT, startup_timeout=180,
-                            allow_errors=False, resources={"metadata": {"path": str(path.parent)}})
+                            allow_errors=False, resources={"metadata": {"path": str(path.parent)}},
+                            # which cell runs when: a report that stops (a timeout) says where
+                            on_cell_start=lambda cell, cell_index: print(
+                                f"{path.stem}: cell {cell_index} starts at {time.time() - t0:.1f} s", flush=True))
+    t0 = time.time()
     client.execute()  # raises CellExecutionError, with the cell and its traceback, on any error
     last = "".join(o.get("text", "") for o in nb.cells[-1].outputs if o.get("output_type") == "stream")
     assert "ran on" in last
