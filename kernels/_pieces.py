@@ -134,11 +134,15 @@ def _no_nonfinite(BLOCK_DV: tl.constexpr):
 def _first_nonfinite(v, pos, bad):
     """Fold a value tile (one row per key, at positions ``pos``) into the packed per-channel
     positions ``bad`` of the first NaN, +inf and -inf key (see :func:`_no_nonfinite`)."""
-    at = pos[:, None]
-    first_nan = tl.minimum(bad & 1023, tl.min(tl.where(v != v, at, _NONE), axis=0))
-    first_pinf = tl.minimum((bad >> 10) & 1023, tl.min(tl.where(v == float("inf"), at, _NONE), axis=0))
-    first_ninf = tl.minimum(bad >> 20, tl.min(tl.where(v == float("-inf"), at, _NONE), axis=0))
-    return first_nan | (first_pinf << 10) | (first_ninf << 20)
+    # One reduction tells whether the tile holds any NaN/inf (the usual answer: no, and the
+    # three per-kind reductions below are skipped).
+    if tl.min((tl.abs(v) < float("inf")).to(tl.int32)) == 0:
+        at = pos[:, None]
+        first_nan = tl.minimum(bad & 1023, tl.min(tl.where(v != v, at, _NONE), axis=0))
+        first_pinf = tl.minimum((bad >> 10) & 1023, tl.min(tl.where(v == float("inf"), at, _NONE), axis=0))
+        first_ninf = tl.minimum(bad >> 20, tl.min(tl.where(v == float("-inf"), at, _NONE), axis=0))
+        bad = first_nan | (first_pinf << 10) | (first_ninf << 20)
+    return bad
 
 
 @triton.jit
