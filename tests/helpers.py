@@ -1,6 +1,7 @@
 """Test utilities shared by every chapter's tests (one home, imported as `helpers`)."""
 from __future__ import annotations
 
+import functools
 import random
 
 import torch
@@ -49,3 +50,45 @@ def random_shapes(n: int, *, seed: int, max_T: int = 80, dims=(16, 32), extra=()
 def case_id(case) -> str:
     lead, T, D, Dv = case[:4]
     return f"lead{'x'.join(map(str, lead)) or '-'}_T{T}_D{D}_Dv{Dv}"
+
+
+# ---------------------------------------------------------------------------
+# Float64 references of the Householder products (chapters 5 and 6), written independently of the modules
+# ---------------------------------------------------------------------------
+
+def H(w_s, b_s):
+    """``I - b w w^T`` for one token: ``w_s: (..., D)``, ``b_s: (...)``."""
+    return torch.eye(w_s.shape[-1], dtype=w_s.dtype) - b_s[..., None, None] * torch.einsum("...a,...b->...ab", w_s, w_s)
+
+
+def direct_product(w, beta, indices):
+    """``H_{s_0} H_{s_1} ...`` for the listed indices, left to right, by explicit matrix products."""
+    eye = torch.eye(w.shape[-1], dtype=w.dtype).expand(w.shape[:-2] + (w.shape[-1],) * 2)
+    return functools.reduce(torch.matmul, [H(w[..., s, :], beta[..., s]) for s in indices], eye)
+
+
+def definition_scores(q, k, w, beta):
+    """``k_j^T H_{j+1} ... H_i q_i`` for j <= i (0 above), one explicit product per pair: small T only."""
+    q, k, w, beta = (x.double() for x in (q, k, w, beta))
+    T = q.shape[-2]
+    out = torch.zeros(q.shape[:-2] + (T, T), dtype=torch.float64)
+    for i in range(T):
+        for j in range(i + 1):
+            P = direct_product(w, beta, range(j + 1, i + 1))
+            out[..., i, j] = torch.einsum("...a,...ab,...b->...", k[..., j, :], P, q[..., i, :])
+    return out
+
+
+def rnn_scores(q, k, w, beta):
+    """The same scores from the recurrence ``S_t = S_{t-1} H_t + e_t k_t^T`` with one-hot values:
+    row j of ``S_t`` is ``k_j^T H_{j+1} ... H_t``, so ``(S_t q_t)_j`` is the score of (t, j)."""
+    q, k, w, beta = (x.double() for x in (q, k, w, beta))
+    T = q.shape[-2]
+    R = torch.zeros(q.shape[:-2] + (T, q.shape[-1]), dtype=torch.float64)
+    out = torch.zeros(q.shape[:-2] + (T, T), dtype=torch.float64)
+    for t in range(T):
+        w_t = w[..., t, :]
+        R = R - beta[..., t, None, None] * (R @ w_t[..., :, None]) * w_t[..., None, :]
+        R[..., t, :] = k[..., t, :]
+        out[..., t, :] = (R @ q[..., t, :, None])[..., 0]
+    return out

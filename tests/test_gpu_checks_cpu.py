@@ -70,11 +70,11 @@ def test_command_line_writes_and_merges_one_schema(tmp_path, monkeypatch):
     assert all(bench.describe(r).endswith(": ok") for r in got["records"])
 
 
-def test_book_readers_fall_back_to_the_committed_legacy_files(tmp_path, monkeypatch):
-    """Until gpu_checks.json holds a GPU run: the old files, converted to the same schema (pathedu/bench/_legacy.py)."""
-    monkeypatch.setattr(bench, "CHECKS_FILE", tmp_path / "absent.json")
-    for chapter in ("fox", "rope"):  # the chapters whose pages print GPU checks
+def test_book_readers_read_the_committed_gpu_run():
+    """The pages of chapters 3 and 4 print their GPU checks from pathedu/data/gpu_checks.json (an H100 run)."""
+    for chapter in ("fox", "rope"):
         data = bench.load_checks(chapter)
+        assert "H100" in data["meta"]["device"] and data["meta"]["commit"] not in ("", "unknown")
         assert data["records"] and all(FIELDS <= set(r) and r["ok"] for r in data["records"])
         assert all(bench.describe(r) for r in data["records"])
     with pytest.raises(FileNotFoundError, match="python -m pathedu.bench.checks"):

@@ -1,10 +1,8 @@
 """Chapter 5: every form of PaTH attention, the Householder RNN and DeltaNet against float64 references,
 and the product-order conventions of the UT transform."""
-import functools
-
 import pytest
 import torch
-from helpers import TOL_F64, case_id, rand_qkv, random_shapes, rel_err
+from helpers import TOL_F64, case_id, definition_scores, direct_product, rand_qkv, random_shapes, rel_err, rnn_scores
 
 from pathedu import nope, path
 
@@ -35,44 +33,6 @@ def rand_w_beta(lead, T, D, *, seed=0, dtype=torch.float64):
     if T > 3:
         beta[..., 1], beta[..., 3] = 2.0, 0.0  # a reflection and an identity transition
     return w.to(dtype), beta.to(dtype)
-
-
-def H(w_s, b_s):
-    """``I - b w w^T`` for one token: ``w_s: (..., D)``, ``b_s: (...)``."""
-    return torch.eye(w_s.shape[-1], dtype=w_s.dtype) - b_s[..., None, None] * torch.einsum("...a,...b->...ab", w_s, w_s)
-
-
-def direct_product(w, beta, indices):
-    """``H_{s_0} H_{s_1} ...`` for the listed indices, left to right, by explicit matrix products."""
-    eye = torch.eye(w.shape[-1], dtype=w.dtype).expand(w.shape[:-2] + (w.shape[-1],) * 2)
-    return functools.reduce(torch.matmul, [H(w[..., s, :], beta[..., s]) for s in indices], eye)
-
-
-def definition_scores(q, k, w, beta):
-    """``k_j^T H_{j+1} ... H_i q_i`` for j <= i (0 above), one explicit product per pair: small T only."""
-    q, k, w, beta = (x.double() for x in (q, k, w, beta))
-    T = q.shape[-2]
-    out = torch.zeros(q.shape[:-2] + (T, T), dtype=torch.float64)
-    for i in range(T):
-        for j in range(i + 1):
-            P = direct_product(w, beta, range(j + 1, i + 1))
-            out[..., i, j] = torch.einsum("...a,...ab,...b->...", k[..., j, :], P, q[..., i, :])
-    return out
-
-
-def rnn_scores(q, k, w, beta):
-    """The same scores from the recurrence ``S_t = S_{t-1} H_t + e_t k_t^T`` with one-hot values:
-    row j of ``S_t`` is ``k_j^T H_{j+1} ... H_t``, so ``(S_t q_t)_j`` is the score of (t, j)."""
-    q, k, w, beta = (x.double() for x in (q, k, w, beta))
-    T = q.shape[-2]
-    R = torch.zeros(q.shape[:-2] + (T, q.shape[-1]), dtype=torch.float64)
-    out = torch.zeros(q.shape[:-2] + (T, T), dtype=torch.float64)
-    for t in range(T):
-        w_t = w[..., t, :]
-        R = R - beta[..., t, None, None] * (R @ w_t[..., :, None]) * w_t[..., None, :]
-        R[..., t, :] = k[..., t, :]
-        out[..., t, :] = (R @ q[..., t, :, None])[..., 0]
-    return out
 
 
 def path_reference(q, k, v, w, beta, scale=None):

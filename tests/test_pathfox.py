@@ -1,11 +1,9 @@
 """Chapter 6: every form of PaTH-FoX, the gated Householder RNN and Gated DeltaNet against float64 references
 written here from the definitions, the reductions to chapters 3 and 5, decoding precision, and the seeds' errors."""
-import functools
-
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import TOL_F64, case_id, rand_qkv, rel_err
+from helpers import TOL_F64, H, case_id, definition_scores, direct_product, rand_qkv, rel_err, rnn_scores
 
 from pathedu import fox, path, pathfox
 
@@ -58,44 +56,6 @@ def rand_inputs(lead, T, D, Dv, *, seed=0, dtype=torch.float64, gate_mean=1.0):
 
 def unit(k):
     return k / k.norm(dim=-1, keepdim=True)
-
-
-def H(w_s, b_s):
-    """``I - b w w^T`` for one token, as an explicit D x D matrix."""
-    return torch.eye(w_s.shape[-1], dtype=w_s.dtype) - b_s[..., None, None] * torch.einsum("...a,...b->...ab", w_s, w_s)
-
-
-def direct_product(w, beta, indices):
-    """``H_{s_0} H_{s_1} ...`` for the listed indices, left to right."""
-    eye = torch.eye(w.shape[-1], dtype=w.dtype).expand(w.shape[:-2] + (w.shape[-1],) * 2)
-    return functools.reduce(torch.matmul, [H(w[..., s, :], beta[..., s]) for s in indices], eye)
-
-
-def definition_scores(q, k, w, beta):
-    """``k_j^T H_{j+1} ... H_i q_i`` for j <= i (0 above), one explicit product per pair."""
-    q, k, w, beta = (x.double() for x in (q, k, w, beta))
-    T = q.shape[-2]
-    out = torch.zeros(q.shape[:-2] + (T, T), dtype=torch.float64)
-    for i in range(T):
-        for j in range(i + 1):
-            out[..., i, j] = torch.einsum("...a,...ab,...b->...", k[..., j, :],
-                                          direct_product(w, beta, range(j + 1, i + 1)), q[..., i, :])
-    return out
-
-
-def rnn_scores(q, k, w, beta):
-    """The same scores from the ungated recurrence with one-hot values: row j of ``R_t`` is
-    ``k_j^T H_{j+1} ... H_t``, so ``(R_t q_t)_j`` is the score of (t, j).  O(T^2 D)."""
-    q, k, w, beta = (x.double() for x in (q, k, w, beta))
-    T = q.shape[-2]
-    R = torch.zeros(q.shape[:-2] + (T, q.shape[-1]), dtype=torch.float64)
-    out = torch.zeros(q.shape[:-2] + (T, T), dtype=torch.float64)
-    for t in range(T):
-        w_t = w[..., t, :]
-        R = R - beta[..., t, None, None] * (R @ w_t[..., :, None]) * w_t[..., None, :]
-        R[..., t, :] = k[..., t, :]
-        out[..., t, :] = (R @ q[..., t, :, None])[..., 0]
-    return out
 
 
 def gate_sums(log_f):

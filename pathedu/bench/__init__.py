@@ -67,10 +67,6 @@ def load_checks(chapter: str) -> dict:
         records = [r for r in data["records"] if r["chapter"] == chapter]
         if records:
             return dict(meta=data["meta"], records=records)
-    # Until gpu_checks.json holds a GPU run of every chapter: the files of the old per-chapter
-    # gpu_checks() functions, converted to the same schema (delete these two lines and _legacy.py then).
-    from ._legacy import legacy_checks
-    return legacy_checks(chapter)
     raise FileNotFoundError(f"no GPU check results for chapter {chapter!r} in {CHECKS_FILE}; "
                             f"run `python -m pathedu.bench.checks {chapter} --out FILE` on a GPU")
 
