@@ -59,7 +59,7 @@ import torch
 
 from .checks import QKV, check_device, check_positive_int, check_qkv, check_scale, require
 from .masks import causal_mask, causal_matmul, masked_logits
-from .nope import _initial_state, blockwise_softmax, causal_softmax, decode_with_cache, empty_output
+from .nope import _initial_state, blockwise_softmax, causal_softmax, chunk_scan, decode_with_cache, empty_output
 
 __all__ = [
     "alibi_naive", "alibi_recurrent", "alibi_matrix", "alibi_blockwise", "alibi_triton",
@@ -246,6 +246,22 @@ def _decay_powers(T: int, g: torch.Tensor) -> torch.Tensor:
 # Softmax side: ALiBi
 # ---------------------------------------------------------------------------
 
+def _per_query(q, k, v, n: QKV, weights) -> torch.Tensor:
+    """The naive forms' loop, one query at a time: ``o_i = weights(dist, qk) V_{<=i}`` with
+    ``dist: (i+1,)`` = ``i - j`` and ``qk: (..., i+1)`` = ``q_i . k_j`` for ``j = 0..i``.
+
+    Shapes: ``q, k: (..., T, D)``, ``v: (..., T, Dv)`` -> ``(..., T, Dv)``.
+    """
+    if n.T == 0:
+        return empty_output(q, v)
+    outs = []
+    for i in range(n.T):
+        dist = i - torch.arange(i + 1, device=q.device, dtype=q.dtype)  # i - j for j = 0..i
+        qk = torch.einsum("...d,...jd->...j", q[..., i, :], k[..., : i + 1, :])
+        outs.append(torch.einsum("...j,...jd->...d", weights(dist, qk), v[..., : i + 1, :]))
+    return torch.stack(outs, dim=-2)
+
+
 def alibi_naive(q, k, v, slope, *, scale=None):
     """The definition, one query at a time:
     ``o_i = softmax_j(scale q_i . k_j - slope (i - j))_{j<=i} V_{<=i}``.
@@ -256,14 +272,7 @@ def alibi_naive(q, k, v, slope, *, scale=None):
     n = check_qkv(q, k, v)
     scale = check_scale(scale, n.D)
     lam = _slope(slope, n, q)[..., 0]  # (..., 1)
-    if n.T == 0:
-        return empty_output(q, v)
-    outs = []
-    for i in range(n.T):
-        dist = i - torch.arange(i + 1, device=q.device, dtype=q.dtype)  # i - j for j = 0..i
-        logits = scale * torch.einsum("...d,...jd->...j", q[..., i, :], k[..., : i + 1, :]) - lam * dist
-        outs.append(torch.einsum("...j,...jd->...d", torch.softmax(logits, dim=-1), v[..., : i + 1, :]))
-    return torch.stack(outs, dim=-2)
+    return _per_query(q, k, v, n, lambda dist, qk: torch.softmax(scale * qk - lam * dist, dim=-1))
 
 
 def alibi_recurrent(q, k, v, slope, *, scale=None, page: int = 64):
@@ -351,14 +360,7 @@ def retnet_naive(q, k, v, gamma):
     """
     n = check_qkv(q, k, v)
     g = _gamma(gamma, n, q)[..., 0]  # (..., 1)
-    if n.T == 0:
-        return empty_output(q, v)
-    outs = []
-    for i in range(n.T):
-        dist = i - torch.arange(i + 1, device=q.device, dtype=q.dtype)  # i - j for j = 0..i
-        w = g ** dist * torch.einsum("...d,...jd->...j", q[..., i, :], k[..., : i + 1, :])
-        outs.append(torch.einsum("...j,...jd->...d", w, v[..., : i + 1, :]))
-    return torch.stack(outs, dim=-2)
+    return _per_query(q, k, v, n, lambda dist, qk: g ** dist * qk)
 
 
 def retnet_recurrent(q, k, v, gamma, *, initial_state=None, return_state: bool = False):
@@ -405,18 +407,14 @@ def retnet_chunked(q, k, v, gamma, *, chunk: int = 64):
     n = check_qkv(q, k, v)
     g = _gamma(gamma, n, q)  # (..., 1, 1)
     chunk = check_positive_int(chunk, "chunk")
-    H = q.new_zeros(n.lead + (n.D, n.Dv))
-    out = torch.empty(q.shape[:-1] + (n.Dv,), dtype=q.dtype, device=q.device)
-    v_finite = bool(torch.isfinite(v).all())
-    for s in range(0, n.T, chunk):
-        e = min(s + chunk, n.T)
+
+    def step(s, e, qc, kc, vc, H):
         C = e - s
         r = torch.arange(C, device=q.device, dtype=q.dtype)[:, None]  # (C, 1)
-        qc, kc, vc = q[..., s:e, :], k[..., s:e, :], v[..., s:e, :]
         intra = ((qc @ kc.transpose(-1, -2)) * _decay_powers(C, g[..., 0, 0])).tril()  # Q K^T * D_C, 0s by a select
-        out[..., s:e, :] = (qc * g ** (r + 1)) @ H + causal_matmul(intra, vc, finite=v_finite)
-        H = g ** C * H + (kc * g ** (C - 1 - r)).transpose(-1, -2) @ vc
-    return out
+        return (qc * g ** (r + 1)) @ H, intra, g ** C * H + (kc * g ** (C - 1 - r)).transpose(-1, -2) @ vc
+
+    return chunk_scan(q, k, v, chunk, step)
 
 
 def retnet_triton(q, k, v, gamma):

@@ -42,7 +42,8 @@ from .masks import causal_mask, causal_matmul, masked_logits
 __all__ = [
     "nope_naive", "nope_recurrent", "nope_matrix", "nope_blockwise", "nope_triton",
     "linear_naive", "linear_recurrent", "linear_matrix", "linear_chunked", "linear_triton",
-    "KVCache", "decode_with_cache", "online_softmax_step", "blockwise_softmax", "causal_softmax", "empty_output",
+    "KVCache", "decode_with_cache", "online_softmax_step", "blockwise_softmax", "causal_softmax", "chunk_scan",
+    "empty_output",
 ]
 
 
@@ -51,24 +52,34 @@ def empty_output(q, v):
     return q.new_empty(q.shape[:-1] + (v.shape[-1],))
 
 
+def _state_or_zeros(state, want: tuple, dtype: torch.dtype, like: torch.Tensor, *,
+                    allow_complex: bool = False, shape_note: str = "") -> torch.Tensor:
+    """Zeros of shape ``want`` in ``dtype`` on ``like``'s device, or ``state`` checked (a tensor of
+    shape ``want`` on ``like``'s device, floating, or complex too where ``allow_complex``) and copied in
+    ``dtype``.  Errors name ``initial_state``; ``shape_note`` follows the wanted shape in the message."""
+    if state is None:
+        return torch.zeros(want, dtype=dtype, device=like.device)
+    if not isinstance(state, torch.Tensor):
+        raise TypeError(f"`initial_state` must be a torch.Tensor, got {type(state).__name__}")
+    if allow_complex:
+        if not (state.is_complex() or state.is_floating_point()):
+            raise TypeError(f"`initial_state` must be complex (or real), got {state.dtype}")
+    elif not state.is_floating_point():
+        raise TypeError(f"`initial_state` must have a floating dtype, got {state.dtype}")
+    check_device(state, "initial_state")
+    if tuple(state.shape) != want:
+        raise ValueError(f"`initial_state` must have shape {want}{shape_note}, got {tuple(state.shape)}")
+    if state.device != like.device:
+        raise ValueError(f"`initial_state` must be on {like.device}, got {state.device}")
+    return state.to(dtype).clone()
+
+
 def _initial_state(state, n: QKV, like: torch.Tensor, *, dtype=None) -> torch.Tensor:
     """The starting state of a linear-side recurrent/chunked form: zeros, or ``state: (..., Dv, D)``
     checked (a real tensor of that shape on ``like``'s device) and copied in ``dtype``
     (default ``like``'s).  Errors name ``initial_state``."""
     dtype = like.dtype if dtype is None else dtype
-    want = n.lead + (n.Dv, n.D)
-    if state is None:
-        return torch.zeros(want, dtype=dtype, device=like.device)
-    if not isinstance(state, torch.Tensor):
-        raise TypeError(f"`initial_state` must be a torch.Tensor, got {type(state).__name__}")
-    if not state.is_floating_point():
-        raise TypeError(f"`initial_state` must have a floating dtype, got {state.dtype}")
-    check_device(state, "initial_state")
-    if tuple(state.shape) != want:
-        raise ValueError(f"`initial_state` must have shape {want} (leading dims, Dv, D), got {tuple(state.shape)}")
-    if state.device != like.device:
-        raise ValueError(f"`initial_state` must be on {like.device}, got {state.device}")
-    return state.to(dtype).clone()
+    return _state_or_zeros(state, n.lead + (n.Dv, n.D), dtype, like, shape_note=" (leading dims, Dv, D)")
 
 
 # ---------------------------------------------------------------------------
@@ -363,17 +374,35 @@ def linear_chunked(q, k, v, *, chunk: int = 64):
 
     O(T C D) work in matrix products, O(D Dv) state.  Shapes as :func:`linear_naive`.
     """
-    n = check_qkv(q, k, v)
+    check_qkv(q, k, v)
     chunk = check_positive_int(chunk, "chunk")
-    H = q.new_zeros(n.lead + (n.D, n.Dv))
-    out = torch.empty(q.shape[:-1] + (n.Dv,), dtype=q.dtype, device=q.device)
-    v_finite = bool(torch.isfinite(v).all())
-    for s in range(0, n.T, chunk):
-        e = min(s + chunk, n.T)
-        qc, kc, vc = q[..., s:e, :], k[..., s:e, :], v[..., s:e, :]
+
+    def step(s, e, qc, kc, vc, H):
         intra = (qc @ kc.transpose(-1, -2)).tril()  # the mask M as a select
-        out[..., s:e, :] = qc @ H + causal_matmul(intra, vc, finite=v_finite)
-        H = H + kc.transpose(-1, -2) @ vc
+        return qc @ H, intra, H + kc.transpose(-1, -2) @ vc
+
+    return chunk_scan(q, k, v, chunk, step)
+
+
+def chunk_scan(q, k, v, chunk: int, step):
+    """The loop every chunked linear form shares: chunks ``[s, e)`` of ``chunk`` tokens, left to
+    right, with the state ``H = S^T`` (``(..., D, Dv)``, zero at the start) carried between them.
+
+    ``step(s, e, qc, kc, vc, H) -> (inter, intra, H_next)``: the chunk's inter-chunk output
+    ``(..., C, Dv)`` (what the state before it contributes), its intra-chunk weights ``(..., C, C)``
+    (exactly zero above the diagonal, set by a select) and the state after it.  The output is
+    ``inter + intra @ vc``, the product taken by :func:`pathedu.masks.causal_matmul` so that a
+    NaN or inf value never reaches an earlier row.  Inputs already validated.
+    """
+    T, Dv = q.shape[-2], v.shape[-1]
+    H = q.new_zeros(q.shape[:-2] + (q.shape[-1], Dv))
+    out = torch.empty(q.shape[:-1] + (Dv,), dtype=q.dtype, device=q.device)
+    v_finite = bool(torch.isfinite(v).all())
+    for s in range(0, T, chunk):
+        e = min(s + chunk, T)
+        vc = v[..., s:e, :]
+        inter, intra, H = step(s, e, q[..., s:e, :], k[..., s:e, :], vc, H)
+        out[..., s:e, :] = inter + causal_matmul(intra, vc, finite=v_finite)
     return out
 
 

@@ -68,9 +68,9 @@ import numbers
 
 import torch
 
-from .checks import QKV, check_device, check_positive_int, check_qkv, check_scale
+from .checks import QKV, check_positive_int, check_qkv, check_scale
 from .masks import causal_matmul
-from .nope import KVCache, blockwise_softmax, causal_softmax, empty_output
+from .nope import KVCache, _state_or_zeros, blockwise_softmax, causal_softmax, empty_output
 
 __all__ = [
     "PAIRINGS", "frequencies", "apply_rope", "rotation_matrix", "to_complex", "from_complex",
@@ -507,19 +507,7 @@ def _complex_state(state, n: QKV, like: torch.Tensor) -> torch.Tensor:
     """Zeros, or ``state: (..., Dv, D/2)`` (complex, or real) checked and copied as complex128
     (float64 ``like``) or complex64.  Errors name ``initial_state``."""
     cdtype = torch.complex128 if like.dtype == torch.float64 else torch.complex64
-    want = n.lead + (n.Dv, n.D // 2)
-    if state is None:
-        return torch.zeros(want, dtype=cdtype, device=like.device)
-    if not isinstance(state, torch.Tensor):
-        raise TypeError(f"`initial_state` must be a torch.Tensor, got {type(state).__name__}")
-    if not (state.is_complex() or state.is_floating_point()):
-        raise TypeError(f"`initial_state` must be complex (or real), got {state.dtype}")
-    check_device(state, "initial_state")
-    if tuple(state.shape) != want:
-        raise ValueError(f"`initial_state` must have shape {want}, got {tuple(state.shape)}")
-    if state.device != like.device:
-        raise ValueError(f"`initial_state` must be on {like.device}, got {state.device}")
-    return state.to(cdtype).clone()
+    return _state_or_zeros(state, n.lead + (n.Dv, n.D // 2), cdtype, like, allow_complex=True)
 
 
 def complex_matrix(q, k, v, *, base: float = 10000.0, pairing: str = "interleaved"):

@@ -82,20 +82,20 @@ def per_head_args(lead, seed):
 # Every form against the references
 # ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("case", CASES, ids=case_id)
-@pytest.mark.parametrize("form", SOFTMAX_FORMS, ids=lambda f: f.__name__)
-def test_alibi_forms_match_float64(form, case):
-    q, k, v = rand_qkv(*case, seed=hash(case) % 1000)
-    slope, _ = per_head_args(case[0], 3)
-    assert rel_err(form(q, k, v, slope), alibi_reference(q, k, v, slope)) <= TOL_F64
+# (form, reference, which of per_head_args' (slope, gamma) it takes, the seed of per_head_args)
+FORMS_AND_REFERENCES = ([(f, alibi_reference, 0, 3) for f in SOFTMAX_FORMS]
+                        + [(f, retnet_reference, 1, 4) for f in LINEAR_FORMS])
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
-@pytest.mark.parametrize("form", LINEAR_FORMS, ids=lambda f: f.__name__)
-def test_retnet_forms_match_float64(form, case):
+@pytest.mark.parametrize("form, reference, which, arg_seed", FORMS_AND_REFERENCES,
+                         ids=[f.__name__ for f, *_ in FORMS_AND_REFERENCES])
+def test_forms_match_float64(form, reference, which, arg_seed, case):
+    """Every ALiBi form against ``alibi_reference`` (with ``slope``), every RetNet form against
+    ``retnet_reference`` (with ``gamma``)."""
     q, k, v = rand_qkv(*case, seed=hash(case) % 1000)
-    _, gamma = per_head_args(case[0], 4)
-    assert rel_err(form(q, k, v, gamma), retnet_reference(q, k, v, gamma)) <= TOL_F64
+    arg = per_head_args(case[0], arg_seed)[which]
+    assert rel_err(form(q, k, v, arg), reference(q, k, v, arg)) <= TOL_F64
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)

@@ -28,10 +28,6 @@ def chunk_step_ok(q, k, v, S):
     return torch.stack(outs, -2), S
 
 
-def stub(*args):
-    raise NotImplementedError("write your answer here")
-
-
 # --- wrong answers -------------------------------------------------------------
 
 def _tri(T, offset=0):
@@ -83,58 +79,24 @@ CHECKS = [
 ]
 
 
-@pytest.mark.parametrize("check, right, wrong", CHECKS, ids=lambda x: getattr(x, "__name__", ""))
-def test_right_answer_passes(check, right, wrong, capsys):
-    v = check(right)
-    assert v and v.ok
-    assert capsys.readouterr().out.startswith("Correct")
-
-
 def test_library_forms_pass_the_checks():
     assert ch01.check_linear_matrix(nope.linear_matrix)
     assert ch01.check_chunk_step(lambda q, k, v, S: nope.linear_recurrent(q, k, v, initial_state=S, return_state=True))
 
 
-WRONG_CASES = [(check, name, fn) for check, _, wrong in CHECKS for name, fn in wrong.items()]
+HINTS = [  # (check, wrong answer, what its verdict must say)
+    (ch01.check_linear_matrix, LINEAR_WRONG["strict mask (off by one)"], "diagonal"),
+    (ch01.check_linear_matrix, LINEAR_WRONG["extra scale"], "no scale"),
+    (ch01.check_online_softmax_merge, MERGE_WRONG["no rescale"], "rescale it by exp(m_a - m)"),
+    (ch01.check_chunk_step, CHUNK_WRONG["no prefix term"], "ignores the prefix"),
+    # a wrong part of a tuple answer is named
+    (ch01.check_online_softmax_merge, MERGE_WRONG["acc not rescaled"], "`acc`"),
+    (ch01.check_chunk_step, CHUNK_WRONG["state not updated"], "`S_new`"),
+    (ch01.check_chunk_step, CHUNK_WRONG["transposed state (D x Dv)"], "`S_new` should have shape"),
+]
 
 
-@pytest.mark.parametrize("check, name, wrong", WRONG_CASES, ids=[f"{c.__name__}-{n}" for c, n, _ in WRONG_CASES])
-def test_wrong_answer_fails_without_raising(check, name, wrong, capsys):
-    v = check(wrong)
-    assert not v
-    out = capsys.readouterr().out
-    assert out.startswith("Not yet"), out
-
-
-@pytest.mark.parametrize("check", [c for c, _, _ in CHECKS], ids=lambda c: c.__name__)
-def test_stub_gets_a_friendly_not_yet(check, capsys):
-    v = check(stub)
-    assert not v
-    out = capsys.readouterr().out
-    assert out.startswith("Not yet") and "NotImplementedError" in out
-
-
-@pytest.mark.parametrize("check", [c for c, _, _ in CHECKS], ids=lambda c: c.__name__)
-def test_non_function_answers_do_not_raise(check):
-    assert not check(lambda *a: None)
-    assert not check(lambda *a: "42")
-
-
-def test_known_mistakes_get_a_specific_hint(capsys):
-    ch01.check_linear_matrix(LINEAR_WRONG["strict mask (off by one)"])
-    assert "diagonal" in capsys.readouterr().out
-    ch01.check_linear_matrix(LINEAR_WRONG["extra scale"])
-    assert "no scale" in capsys.readouterr().out
-    ch01.check_online_softmax_merge(MERGE_WRONG["no rescale"])
-    assert "rescale it by exp(m_a - m)" in capsys.readouterr().out
-    ch01.check_chunk_step(CHUNK_WRONG["no prefix term"])
-    assert "ignores the prefix" in capsys.readouterr().out
-
-
-def test_wrong_part_is_named(capsys):
-    ch01.check_online_softmax_merge(MERGE_WRONG["acc not rescaled"])
-    assert "`acc`" in capsys.readouterr().out
-    ch01.check_chunk_step(CHUNK_WRONG["state not updated"])
-    assert "`S_new`" in capsys.readouterr().out
-    ch01.check_chunk_step(CHUNK_WRONG["transposed state (D x Dv)"])
-    assert "`S_new` should have shape" in capsys.readouterr().out
+@pytest.mark.parametrize("check, wrong, phrase", HINTS, ids=[p for _, _, p in HINTS])
+def test_known_mistakes_get_a_specific_hint(check, wrong, phrase, capsys):
+    check(wrong)
+    assert phrase in capsys.readouterr().out

@@ -57,10 +57,6 @@ def chunk_ok(q, k, v, beta, log_f, S):
     return torch.stack(outs), S
 
 
-def stub(*args):
-    raise NotImplementedError("write your answer here")
-
-
 # --- wrong answers -------------------------------------------------------------
 
 STEP_WRONG = {
@@ -120,14 +116,14 @@ def gdn_variant(gate_in=True, gate_out=True, strict=True, beta_right=True, rows=
     return f
 
 
-GDN_WRONG = {
-    "no inverse (Mamba2)": gdn_variant(inverse=False),
-    "no Gamma in the inverse": gdn_variant(gate_in=False),
-    "no Gamma on the output": gdn_variant(gate_out=False),
-    "diagonal kept in the inverse": gdn_variant(strict=False),
-    "no final diag(beta)": gdn_variant(beta_right=False),
-    "columns scaled by beta": gdn_variant(rows=False),
-}
+GDN_WRONG = {name: gdn_variant(**{flag: False}) for name, flag in {
+    "no inverse (Mamba2)": "inverse",
+    "no Gamma in the inverse": "gate_in",
+    "no Gamma on the output": "gate_out",
+    "diagonal kept in the inverse": "strict",
+    "no final diag(beta)": "beta_right",
+    "columns scaled by beta": "rows",
+}.items()}
 
 
 def chunk_variant(decay_out=True, decay_state=True, correct_state=True, gate_inside=True, decay_keys=True):
@@ -146,16 +142,18 @@ def chunk_variant(decay_out=True, decay_state=True, correct_state=True, gate_ins
     return f
 
 
-CHUNK_WRONG = {
-    "inter-chunk output undecayed": chunk_variant(decay_out=False),
-    "state undecayed": chunk_variant(decay_state=False),
-    "corrections ignore the state": chunk_variant(correct_state=False),
-    "no Gamma in the factor": chunk_variant(gate_inside=False),
-    "keys undecayed in the state": chunk_variant(decay_keys=False),
+CHUNK_WRONG = {name: chunk_variant(**{flag: False}) for name, flag in {
+    "inter-chunk output undecayed": "decay_out",
+    "state undecayed": "decay_state",
+    "corrections ignore the state": "correct_state",
+    "no Gamma in the factor": "gate_inside",
+    "keys undecayed in the state": "decay_keys",
+}.items()}
+CHUNK_WRONG.update({
     "outputs only": lambda q, k, v, beta, log_f, S: chunk_ok(q, k, v, beta, log_f, S)[0],
     "state transposed": lambda q, k, v, beta, log_f, S: (chunk_ok(q, k, v, beta, log_f, S)[0],
                                                          chunk_ok(q, k, v, beta, log_f, S)[1].T),
-}
+})
 
 CASES = [
     (ch06.check_gated_delta_step, step_ok, STEP_WRONG),
@@ -165,36 +163,6 @@ CASES = [
     (ch06.check_gated_deltanet_chunk, chunk_ok, CHUNK_WRONG),
 ]
 IDS = [c.__name__ for c, _, _ in CASES]
-
-
-@pytest.mark.parametrize("check, right, wrong", CASES, ids=IDS)
-def test_right_answer_passes(check, right, wrong, capsys):
-    verdict = check(right)
-    assert verdict, verdict
-    assert capsys.readouterr().out.startswith("Correct")
-
-
-@pytest.mark.parametrize("check, right, wrong", CASES, ids=IDS)
-def test_wrong_answers_fail_without_raising(check, right, wrong, capsys):
-    for name, fn in wrong.items():
-        verdict = check(fn)
-        assert not verdict, name
-        assert capsys.readouterr().out.startswith("Not yet"), name
-
-
-@pytest.mark.parametrize("check, right, wrong", CASES, ids=IDS)
-def test_stub_gets_a_friendly_not_yet(check, right, wrong, capsys):
-    verdict = check(stub)
-    assert not verdict
-    out = capsys.readouterr().out
-    assert out.startswith("Not yet") and "NotImplementedError" in out
-
-
-@pytest.mark.parametrize("check", [c for c, _, _ in CASES], ids=IDS)
-def test_non_function_answers_do_not_raise(check):
-    assert not check(lambda *a: None)
-    assert not check(lambda *a: "42")
-    assert not check(None)
 
 
 HINTS = [

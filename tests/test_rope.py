@@ -49,20 +49,17 @@ def linear_reference(q, k, v, pairing):
 # Every form against float64
 # ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("pairing", PAIRINGS)
-@pytest.mark.parametrize("case", CASES, ids=case_id)
-@pytest.mark.parametrize("form", SOFTMAX_FORMS, ids=lambda f: f.__name__)
-def test_softmax_forms_match_float64(form, case, pairing):
-    q, k, v = rand_qkv(*case, seed=hash(case) % 1000)
-    assert rel_err(form(q, k, v, pairing=pairing), softmax_reference(q, k, v, pairing)) <= TOL_F64
+FORMS_AND_REFERENCES = ([(f, softmax_reference) for f in SOFTMAX_FORMS]
+                        + [(f, linear_reference) for f in LINEAR_FORMS])
 
 
 @pytest.mark.parametrize("pairing", PAIRINGS)
 @pytest.mark.parametrize("case", CASES, ids=case_id)
-@pytest.mark.parametrize("form", LINEAR_FORMS, ids=lambda f: f.__name__)
-def test_linear_forms_match_float64(form, case, pairing):
+@pytest.mark.parametrize("form, reference", FORMS_AND_REFERENCES, ids=lambda f: f.__name__)
+def test_forms_match_float64(form, reference, case, pairing):
+    """Every softmax form against ``softmax_reference``, every linear form against ``linear_reference``."""
     q, k, v = rand_qkv(*case, seed=hash(case) % 1000)
-    assert rel_err(form(q, k, v, pairing=pairing), linear_reference(q, k, v, pairing)) <= TOL_F64
+    assert rel_err(form(q, k, v, pairing=pairing), reference(q, k, v, pairing)) <= TOL_F64
 
 
 def test_other_base_and_chunk_sizes():

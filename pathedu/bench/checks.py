@@ -515,6 +515,19 @@ def path_small(rec, dev, fla, *, plan=PATH_SMALL_PLAN, **_):
                         reference="float64 deltanet_matrix", metric="rel_rms", limit=lim, params=shape)
 
 
+def _compare_with_fla(rec, get, ours: str, fla_name: str, reference: str, *, params: dict) -> None:
+    """The three bf16 comparisons of one of our kernels and its flash-linear-attention peer: ours and
+    fla's each against the float64 reference (``get("ours")``, ``get("fla")``, ``get("ref")``), and ours
+    against fla's, all by rel_rms within the bf16 limit."""
+    lim = REL_RMS["bfloat16"]
+    rec.compare(ours, lambda: (get("ours"), get("ref")), reference=reference,
+                metric="rel_rms", limit=lim, params=params)
+    rec.compare(fla_name, lambda: (get("fla"), get("ref")), reference=reference,
+                metric="rel_rms", limit=lim, params=params)
+    rec.compare(ours, lambda: (get("ours"), get("fla")), reference=fla_name,
+                metric="rel_rms", limit=lim, params=params)
+
+
 def path_fla_path(rec, dev, fla, *, fla_T=2048, fla_lead=(1, 4), **_):
     """bf16, D = 64, beta uniform in [0, 2): our PaTH and flash-linear-attention's (``parallel_path_attn``)
     against float64 and against each other."""
@@ -538,14 +551,8 @@ def path_fla_path(rec, dev, fla, *, fla_T=2048, fla_lead=(1, 4), **_):
                 cache[name] = from_bthd(parallel_path_attn(*(to_bthd(x) for x in (q, k, v, w)), to_bthd(beta))[0])
         return cache[name]
 
-    lim = REL_RMS["bfloat16"]
-    params = dict(beta="uniform [0, 2)")
-    rec.compare("path_triton", lambda: (get("ours"), get("ref")), reference="float64 path_matrix",
-                metric="rel_rms", limit=lim, params=params)
-    rec.compare("fla.parallel_path_attn", lambda: (get("fla"), get("ref")), reference="float64 path_matrix",
-                metric="rel_rms", limit=lim, params=params)
-    rec.compare("path_triton", lambda: (get("ours"), get("fla")), reference="fla.parallel_path_attn",
-                metric="rel_rms", limit=lim, params=params)
+    _compare_with_fla(rec, get, "path_triton", "fla.parallel_path_attn", "float64 path_matrix",
+                      params=dict(beta="uniform [0, 2)"))
 
 
 def path_fla_delta(rec, dev, fla, *, fla_T=2048, fla_lead=(1, 4), **_):
@@ -575,14 +582,8 @@ def path_fla_delta(rec, dev, fla, *, fla_T=2048, fla_lead=(1, 4), **_):
                 cache[name] = from_bthd(out)
         return cache[name]
 
-    lim = REL_RMS["bfloat16"]
-    params = dict(beta="uniform [0, 1)", qk="l2-normalised")
-    rec.compare("deltanet_triton", lambda: (get("ours"), get("ref")), reference="float64 deltanet_matrix",
-                metric="rel_rms", limit=lim, params=params)
-    rec.compare("fla.chunk_delta_rule", lambda: (get("fla"), get("ref")), reference="float64 deltanet_matrix",
-                metric="rel_rms", limit=lim, params=params)
-    rec.compare("deltanet_triton", lambda: (get("ours"), get("fla")), reference="fla.chunk_delta_rule",
-                metric="rel_rms", limit=lim, params=params)
+    _compare_with_fla(rec, get, "deltanet_triton", "fla.chunk_delta_rule", "float64 deltanet_matrix",
+                      params=dict(beta="uniform [0, 1)", qk="l2-normalised"))
 
 
 # The update's variants measured as T grows (kernels/NOTES_path.md, 3.1-3.3): name -> (_config, limit).

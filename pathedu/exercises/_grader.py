@@ -59,24 +59,49 @@ def diagnose(student_fn, args, wrong_variants, rtol: float = 1e-6) -> str:
     return ""
 
 
-def check_function(name, student_fn, reference_fn, make_inputs, *, trials: int = 3, rtol: float = 1e-6,
-                   hint: str = "") -> Verdict:
-    """Run ``student_fn`` and ``reference_fn`` on ``trials`` fresh inputs from
-    ``make_inputs(seed) -> tuple`` and compare (max error relative to max |ref|)."""
+def _run_trials(name, student_fn, reference_fn, make_inputs, trials, hint, compare, success) -> Verdict:
+    """The trial loop shared by the checks: run ``student_fn`` and ``reference_fn`` on
+    ``trials`` fresh inputs; ``compare(out, ref, seed)`` returns what is wrong (a message
+    without the hint) or ``None``.  The first failure is the verdict; else ``success``."""
     for seed in range(trials):
         args = make_inputs(seed)
         ref = reference_fn(*args)
         out, err = call_student(student_fn, *args)
-        if err is not None:
-            return verdict(name, False, f"{err}. {hint}")
-        if not isinstance(out, torch.Tensor):
-            return verdict(name, False, f"expected a torch.Tensor, got {type(out).__name__}. {hint}")
-        if out.shape != ref.shape:
-            return verdict(name, False, f"expected shape {tuple(ref.shape)}, got {tuple(out.shape)}. {hint}")
-        err = rel_error(out, ref)
-        if not err <= rtol:
-            return verdict(name, False, f"values differ from the reference (relative error {err:.2e} on trial {seed}). {hint}")
-    return verdict(name, True, f"matches the reference on {trials} random inputs.")
+        problem = err if err is not None else compare(out, ref, seed)
+        if problem is not None:
+            return verdict(name, False, f"{problem}. {hint}")
+    return verdict(name, True, success)
+
+
+def _tensor_problem(out, ref, seed, rtol, says) -> str | None:
+    """What is wrong with tensor ``out`` against ``ref`` (type, shape, then values), phrased
+    with ``says = (not-a-tensor, wrong-shape, values-differ)`` prefixes; ``None`` when right."""
+    not_tensor, bad_shape, differs = says
+    if not isinstance(out, torch.Tensor):
+        return f"{not_tensor}, got {type(out).__name__}"
+    if out.shape != ref.shape:
+        return f"{bad_shape} {tuple(ref.shape)}, got {tuple(out.shape)}"
+    err = rel_error(out, ref)
+    if not err <= rtol:
+        return f"{differs} (relative error {err:.2e} on trial {seed})"
+    return None
+
+
+def check_function(name, student_fn, reference_fn, make_inputs, *, trials: int = 3, rtol: float = 1e-6,
+                   hint: str = "", wrong_variants=()) -> Verdict:
+    """Run ``student_fn`` and ``reference_fn`` on ``trials`` fresh inputs from
+    ``make_inputs(seed) -> tuple`` and compare (max error relative to max |ref|).
+    When the answer matches one of ``wrong_variants`` (``(fn, message)``, see
+    :func:`diagnose`), that message replaces ``hint``."""
+    if wrong_variants:
+        hint = diagnose(student_fn, make_inputs(0), wrong_variants) or hint
+
+    def compare(out, ref, seed):
+        return _tensor_problem(out, ref, seed, rtol, ("expected a torch.Tensor", "expected shape",
+                                                      "values differ from the reference"))
+
+    return _run_trials(name, student_fn, reference_fn, make_inputs, trials, hint, compare,
+                       f"matches the reference on {trials} random inputs.")
 
 
 def _diagnose_parts(student_fn, args, wrong_variants, rtol) -> str:
@@ -99,24 +124,17 @@ def check_parts(name, student_fn, reference_fn, make_inputs, part_names, *, tria
     each part is compared on its own, so the verdict can say which one is wrong."""
     hint = _diagnose_parts(student_fn, make_inputs(0), wrong_variants, rtol) or hint
     want = "(" + ", ".join(part_names) + ")"
-    for seed in range(trials):
-        args = make_inputs(seed)
-        ref = reference_fn(*args)
-        out, err = call_student(student_fn, *args)
-        if err is not None:
-            return verdict(name, False, f"{err}. {hint}")
+
+    def compare(out, ref, seed):
         if not isinstance(out, (tuple, list)) or len(out) != len(part_names):
             got = (f"a {type(out).__name__} of length {len(out)}" if isinstance(out, (tuple, list))
                    else type(out).__name__)
-            return verdict(name, False, f"expected a tuple {want}, got {got}. {hint}")
-        for part, o, r in zip(part_names, out, ref):
-            if not isinstance(o, torch.Tensor):
-                return verdict(name, False, f"`{part}` should be a torch.Tensor, got {type(o).__name__}. {hint}")
-            if o.shape != r.shape:
-                return verdict(name, False,
-                               f"`{part}` should have shape {tuple(r.shape)}, got {tuple(o.shape)}. {hint}")
-            err = rel_error(o, r)
-            if not err <= rtol:
-                return verdict(name, False, f"`{part}` differs from the reference "
-                                            f"(relative error {err:.2e} on trial {seed}). {hint}")
-    return verdict(name, True, f"{want} match the reference on {trials} random inputs.")
+            return f"expected a tuple {want}, got {got}"
+        problems = (_tensor_problem(o, r, seed, rtol, (f"`{part}` should be a torch.Tensor",
+                                                       f"`{part}` should have shape",
+                                                       f"`{part}` differs from the reference"))
+                    for part, o, r in zip(part_names, out, ref))
+        return next((p for p in problems if p is not None), None)
+
+    return _run_trials(name, student_fn, reference_fn, make_inputs, trials, hint, compare,
+                       f"{want} match the reference on {trials} random inputs.")

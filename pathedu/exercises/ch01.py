@@ -25,7 +25,7 @@ import torch
 
 from .. import nope
 from ..masks import causal_mask
-from ._grader import Verdict, check_function, check_parts, diagnose as _diagnose
+from ._grader import Verdict, check_function, check_parts
 
 __all__ = ["check_linear_matrix", "check_online_softmax_merge", "check_chunk_step"]
 
@@ -67,11 +67,10 @@ def check_linear_matrix(linear_matrix) -> Verdict:
     ``M`` the 0/1 causal mask with the diagonal kept; compared with
     :func:`pathedu.nope.linear_recurrent` on three shapes (one with T = 1).
     """
-    hint = _diagnose(linear_matrix, _linear_inputs(0), _LINEAR_WRONG, 1e-6) or (
-        "Hint: o_i = sum_{j<=i} (q_i . k_j) v_j; multiply Q K^T by a lower-triangular 0/1 mask "
-        "(diagonal kept), then by V. No softmax, no scale.")
     return check_function("linear attention, matrix form", linear_matrix, _linear_reference, _linear_inputs,
-                          trials=3, rtol=1e-8, hint=hint)
+                          trials=3, rtol=1e-8, wrong_variants=_LINEAR_WRONG,
+                          hint="Hint: o_i = sum_{j<=i} (q_i . k_j) v_j; multiply Q K^T by a lower-triangular 0/1 mask "
+                               "(diagonal kept), then by V. No softmax, no scale.")
 
 
 # ---------------------------------------------------------------------------

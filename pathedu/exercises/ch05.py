@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from .. import path
-from ._grader import Verdict, check_function, diagnose as _diagnose
+from ._grader import Verdict, check_function
 
 __all__ = ["check_delta_step", "check_interval_product", "check_ut_factor", "check_path_attention"]
 
@@ -91,10 +91,10 @@ def check_delta_step(delta_step) -> Verdict:
     the regression loss ``|S k - v|^2 / 2``; equivalently
     ``S (I - beta k k^T) + beta v k^T``.
     """
-    hint = _diagnose(delta_step, _delta_inputs(0), _DELTA_WRONG) or (
-        "Hint: compute the prediction S k, the error S k - v, and subtract beta * outer(error, k).")
     return check_function("delta-rule step", delta_step, _delta_reference, _delta_inputs, trials=3, rtol=1e-10,
-                          hint=hint)
+                          wrong_variants=_DELTA_WRONG,
+                          hint="Hint: compute the prediction S k, the error S k - v, and subtract beta * "
+                               "outer(error, k).")
 
 
 # ---------------------------------------------------------------------------
@@ -138,10 +138,10 @@ def check_interval_product(interval_product) -> Verdict:
     ``H_s = I - beta_s w_s w_s^T``.  Returns the ``(D, D)`` product with the
     smallest index on the left: the matrix in ``logit_ij = k_j^T (...) q_i``.
     """
-    hint = _diagnose(interval_product, _interval_inputs(0), _INTERVAL_WRONG) or (
-        "Hint: start from the identity and multiply on the right by H_{j+1}, then H_{j+2}, ..., up to H_i.")
     return check_function("interval product", interval_product, _interval_reference, _interval_inputs,
-                          trials=3, rtol=1e-10, hint=hint)
+                          trials=3, rtol=1e-10, wrong_variants=_INTERVAL_WRONG,
+                          hint="Hint: start from the identity and multiply on the right by H_{j+1}, then "
+                               "H_{j+2}, ..., up to H_i.")
 
 
 # ---------------------------------------------------------------------------
@@ -183,10 +183,10 @@ def check_ut_factor(ut_factor) -> Verdict:
     ``A: (3, 3)`` lower triangular with ``H_2 H_1 H_0 = I - W^T A W``:
     ``A = (I + strictLower(D_beta W W^T))^{-1} D_beta``, ``D_beta = diag(beta)``.
     """
-    hint = _diagnose(ut_factor, _ut_inputs(0), _UT_WRONG) or (
-        "Hint: build G = D_beta W W^T (row s scaled by beta_s), keep its strictly lower part, add I, "
-        "invert (or solve) and multiply by D_beta on the right.")
-    return check_function("UT factor (L = 3)", ut_factor, _ut_reference, _ut_inputs, trials=3, rtol=1e-10, hint=hint)
+    return check_function("UT factor (L = 3)", ut_factor, _ut_reference, _ut_inputs, trials=3, rtol=1e-10,
+                          wrong_variants=_UT_WRONG,
+                          hint="Hint: build G = D_beta W W^T (row s scaled by beta_s), keep its strictly "
+                               "lower part, add I, invert (or solve) and multiply by D_beta on the right.")
 
 
 # ---------------------------------------------------------------------------
@@ -237,8 +237,7 @@ def check_path_attention(path_attention) -> Verdict:
     ``logit_ij = D**-0.5 * k_j^T H_{j+1} ... H_i q_i`` for ``j <= i`` (``-inf`` above
     the diagonal), ``o_i = sum_j softmax_j(logit_ij) v_j``: ``(T, Dv)``.
     """
-    hint = _diagnose(path_attention, _path_inputs(0), _PATH_WRONG) or (
-        "Hint: for each i, walk j = i, i-1, ..., 0 keeping P = H_{j+1} ... H_i (start with I; "
-        "after key j, P <- H_j P); logit = scale * k_j^T P q_i; then softmax over j <= i.")
     return check_function("PaTH attention", path_attention, _path_reference, _path_inputs, trials=3, rtol=1e-10,
-                          hint=hint)
+                          wrong_variants=_PATH_WRONG,
+                          hint="Hint: for each i, walk j = i, i-1, ..., 0 keeping P = H_{j+1} ... H_i (start "
+                               "with I; after key j, P <- H_j P); logit = scale * k_j^T P q_i; then softmax over j <= i.")

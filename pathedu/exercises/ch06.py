@@ -22,10 +22,12 @@ Exercises (``a = exp(log_f) <= 1`` is a forget gate, ``H_s = I - beta_s w_s w_s^
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .. import fox, pathfox
-from ._grader import Verdict, check_function, check_parts, diagnose as _diagnose
+from ._grader import Verdict, check_function, check_parts
 
 __all__ = ["check_gated_delta_step", "check_pathfox_logit", "check_gamma", "check_gated_deltanet_matrix",
            "check_gated_deltanet_chunk"]
@@ -51,6 +53,11 @@ def _outer(a, b):
 def _log_gates(g, *shape):
     """Log gates in [-1.1, -0.1]: gates between 0.33 and 0.9, far enough from 1 that a missing gate shows."""
     return -(0.1 + _rand(g, *shape))
+
+
+def _switched_off(with_fn, flags_and_messages):
+    """Wrong variants ``(fn, message)``: ``with_fn`` with one of its keyword flags set to False."""
+    return [(functools.partial(with_fn, **{flag: False}), message) for flag, message in flags_and_messages]
 
 
 # ---------------------------------------------------------------------------
@@ -112,10 +119,9 @@ def check_gated_delta_step(gated_delta_step) -> Verdict:
     ``S_new = a S (I - beta k k^T) + beta v k^T``: weight decay ``S' = a S``, then one
     gradient step of size beta on ``|S k - v|^2 / 2`` at ``S'``.
     """
-    hint = _diagnose(gated_delta_step, _step_inputs(0), _STEP_WRONG) or (
-        "Hint: S' = exp(log_f) * S; error = S' k - v; return S' - beta * outer(error, k).")
     return check_function("gated delta step", gated_delta_step, _step_reference, _step_inputs, trials=3,
-                          rtol=1e-10, hint=hint)
+                          rtol=1e-10, wrong_variants=_STEP_WRONG,
+                          hint="Hint: S' = exp(log_f) * S; error = S' k - v; return S' - beta * outer(error, k).")
 
 
 # ---------------------------------------------------------------------------
@@ -195,10 +201,10 @@ def check_pathfox_logit(pathfox_logit) -> Verdict:
     A 0-dim tensor, a one-element tensor or a Python float is accepted.
     """
     answer = _as_scalar_tensor(pathfox_logit)
-    hint = _diagnose(answer, _logit_inputs(0), _LOGIT_WRONG) or (
-        "Hint: P = I; for s in j+1 .. i: P = P @ H_s. logit = D**-0.5 * k[j] @ P @ q[i] + log_f[j+1 : i+1].sum().")
     return check_function("PaTH-FoX logit", answer, _logit_reference, _logit_inputs, trials=3, rtol=1e-10,
-                          hint=hint)
+                          wrong_variants=_LOGIT_WRONG,
+                          hint="Hint: P = I; for s in j+1 .. i: P = P @ H_s. logit = D**-0.5 * k[j] @ P @ "
+                               "q[i] + log_f[j+1 : i+1].sum().")
 
 
 # ---------------------------------------------------------------------------
@@ -241,9 +247,10 @@ def check_gamma(gamma) -> Verdict:
     ``Gamma_ij = exp(sum_{s=j+1..i} log_f[s]) = a_{j+1} ... a_i`` for ``j <= i`` (1 on the
     diagonal), 0 for ``j > i``.
     """
-    hint = _diagnose(gamma, _gamma_inputs(0), _GAMMA_WRONG) or (
-        "Hint: c = cumsum(log_f); G = c[:, None] - c[None, :]; Gamma = exp(G) below and on the diagonal, 0 above.")
-    return check_function("Gamma", gamma, _gamma_reference, _gamma_inputs, trials=3, rtol=1e-10, hint=hint)
+    return check_function("Gamma", gamma, _gamma_reference, _gamma_inputs, trials=3, rtol=1e-10,
+                          wrong_variants=_GAMMA_WRONG,
+                          hint="Hint: c = cumsum(log_f); G = c[:, None] - c[None, :]; Gamma = exp(G) below "
+                               "and on the diagonal, 0 above.")
 
 
 def _gdn_inputs(seed):
@@ -273,21 +280,22 @@ _GDN_WRONG = [
     (lambda q, k, v, b, lf: (q @ k.T * _gamma_reference(lf)) @ (b[:, None] * v),
      "Your output has no inverse: (Q K^T * Gamma * M) diag(beta) V is gated linear attention (Mamba2) without the "
      "delta term. The corrected values are U = (I + diag(beta)(K K^T * Gamma * M^-))^{-1} diag(beta) V."),
-    (lambda *a: _gdn_with(*a, gate_in=False),
+] + _switched_off(_gdn_with, [
+    ("gate_in",
      "Your inverse has no Gamma: each correction is made by the *decayed* memory, so the gates between j and t "
      "also multiply k_t . k_j inside the inverse."),
-    (lambda *a: _gdn_with(*a, gate_out=False),
+    ("gate_out",
      "Your output weights Q K^T * M have no Gamma: the query reads the state after the gates, so "
      "use Q K^T * Gamma * M."),
-    (lambda *a: _gdn_with(*a, strict=False),
+    ("strict",
      "Your inverse keeps the diagonal: the correction of u_t uses only earlier tokens, so mask with the strictly "
      "lower M^-."),
-    (lambda *a: _gdn_with(*a, beta_right=False),
+    ("beta_right",
      "You forgot the final diag(beta): token t writes beta_t times its corrected value."),
-    (lambda *a: _gdn_with(*a, rows=False),
+    ("rows",
      "You scaled the columns of K K^T * Gamma * M^- by beta: the row of token t is scaled by beta_t, "
      "diag(beta) on the left."),
-]
+])
 
 
 def check_gated_deltanet_matrix(gated_deltanet_matrix) -> Verdict:
@@ -298,11 +306,10 @@ def check_gated_deltanet_matrix(gated_deltanet_matrix) -> Verdict:
 
         U = (I + diag(beta) (K K^T * Gamma * M^-))^{-1} diag(beta) V,     o = (Q K^T * Gamma * M) U
     """
-    hint = _diagnose(gated_deltanet_matrix, _gdn_inputs(0), _GDN_WRONG) or (
-        "Hint: Gam = Gamma(log_f); B = diag(beta) @ (k @ k.T * Gam).tril(-1); "
-        "U = solve(I + B, beta[:, None] * v); o = (q @ k.T * Gam) @ U.")
     return check_function("Gated DeltaNet matrix form", gated_deltanet_matrix, _gdn_reference, _gdn_inputs,
-                          trials=3, rtol=1e-10, hint=hint)
+                          trials=3, rtol=1e-10, wrong_variants=_GDN_WRONG,
+                          hint="Hint: Gam = Gamma(log_f); B = diag(beta) @ (k @ k.T * Gam).tril(-1); "
+                               "U = solve(I + B, beta[:, None] * v); o = (q @ k.T * Gam) @ U.")
 
 
 # ---------------------------------------------------------------------------
@@ -340,22 +347,22 @@ def _chunk_with(q, k, v, beta, log_f, S, *, decay_out=True, decay_state=True, co
     return o, S_new
 
 
-_CHUNK_WRONG = [
-    (lambda *a: _chunk_with(*a, decay_out=False),
+_CHUNK_WRONG = _switched_off(_chunk_with, [
+    ("decay_out",
      "Your outputs read the carried state undecayed: the state from before the chunk reaches token i through the "
      "gates b_i = log_f[0] + ... + log_f[i], so the inter-chunk term is diag(e^b) Q S^T."),
-    (lambda *a: _chunk_with(*a, decay_state=False),
+    ("decay_state",
      "Your new state keeps S undecayed: the whole chunk's gates act on it, S_new = e^{b_last} S + ..."),
-    (lambda *a: _chunk_with(*a, correct_state=False),
+    ("correct_state",
      "Your corrected values ignore the carried state: each u_t corrects what the whole decayed memory predicts, "
      "including S, so U = T (diag(beta) V - diag(beta e^b) K S^T)."),
-    (lambda *a: _chunk_with(*a, gate_inside=False),
+    ("gate_inside",
      "Your triangular factor has no Gamma: inside the chunk the corrections are made by the decayed memory, so "
      "use K K^T * Gamma * M^- in the inverse."),
-    (lambda *a: _chunk_with(*a, decay_keys=False),
+    ("decay_keys",
      "Your new state writes every key of the chunk undecayed: key j is decayed by the gates after it, "
      "exp(sum_{r=j+1..last} log_f[r])."),
-]
+])
 
 
 def check_gated_deltanet_chunk(chunk_step) -> Verdict:
