@@ -72,8 +72,9 @@ def inputs(seed=0):
 # Non-finite causality
 # ---------------------------------------------------------------------------
 
-POISONS = [("v", float("nan")), ("v", float("inf")), ("v", float("-inf")), ("k", float("nan")),
-           ("k", float("inf")), ("q", float("nan"))]
+# +inf in v and inf in k are left to test_infinities_of_both_signs_give_nan_softmax and to the
+# contract test (NaN/+inf in v, NaN in k, for every Triton form): the interpreter is slow.
+POISONS = [("v", float("nan")), ("v", float("-inf")), ("k", float("nan")), ("q", float("nan"))]
 
 
 @pytest.mark.parametrize("which, value", POISONS, ids=lambda x: str(x))
