@@ -35,7 +35,7 @@ in the last place of the angle).  Both grow like ``t``: :func:`trig_error`
 measures the largest error of the kernel's cos/sin against float64 as about
 ``1.3 t 2^-24`` on the CPU interpreter, 4.5e-6 for ``t < 64`` and 6.5e-4 at
 ``t < 8192`` (``tests/test_rope.py`` bounds it by ``4 t 2^-24``, i.e. 2e-3 at
-8192; ``pathedu.bench.rope.gpu_checks`` measures the GPU).  Every RoPE that
+8192; the GPU checks measure the GPU: ``python -m pathedu.bench.checks rope.trig``).  Every RoPE that
 computes ``t * inv_freq`` in fp32 drifts the same way; it is far below the
 storage precision of bf16 q and k (rounded to a relative 2^-8 = 3.9e-3).
 """
