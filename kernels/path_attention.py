@@ -60,7 +60,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..checks import check_scale, finite_condition, range_condition, require
+from ..checks import check_scale, finite_condition, log_gate_condition, range_condition, require
 from ._launch import Flat, dot_precision, interpreting, next_pow2, per_token, prepare_qkv
 from ._pieces import (LOG2E, _first_nonfinite, _load_rows, _no_nonfinite, _poison, _query_block, _softmax_fold,
                       _store_rows)
@@ -90,11 +90,24 @@ def _transition(qh, GM, WC, NU, cols, offs_d, stride_pt, HEAD_DIM: tl.constexpr,
 
 
 @triton.jit
-def _path_fwd(QT, QN, KT, AD, GM, WC, NU, V, O, T, qk_scale,
+def _gate_bias(C, c_ref, offs_n, T, GATED: tl.constexpr):
+    """The FoX bias hook of the scan (PaTH-FoX, chapter 6), in log2 units, for key block ``offs_n``:
+    ``c_r - c_j`` with ``c`` the fp32 cumulative log gate and ``r`` the query block's first row.
+    As in the FlashAttention template the per-row rest ``c_i - c_r`` is left out (softmax
+    ignores it), so the bias does not depend on the order in which key blocks are visited."""
+    if GATED:
+        return ((c_ref - tl.load(C + offs_n, mask=offs_n < T, other=0.0)) * LOG2E)[None, :]
+    else:
+        return 0.0
+
+
+@triton.jit
+def _path_fwd(QT, QN, KT, AD, GM, WC, NU, V, O, C, T, qk_scale,
               stride_pb, stride_pt, stride_nb, stride_ab, stride_at, stride_gb, stride_gj,
               stride_vb, stride_vt, stride_ob, stride_ot,
               HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-              R: tl.constexpr, BLOCK_N: tl.constexpr, UPDATE: tl.constexpr, PRECISION: tl.constexpr):
+              R: tl.constexpr, BLOCK_N: tl.constexpr, UPDATE: tl.constexpr, PRECISION: tl.constexpr,
+              GATED: tl.constexpr):
     BLOCK_M: tl.constexpr = R * BLOCK_N
     bh, start_m, offs_m = _query_block(BLOCK_M)  # heaviest query blocks first, as in the template
     rows = tl.arange(0, BLOCK_M)
@@ -109,6 +122,10 @@ def _path_fwd(QT, QN, KT, AD, GM, WC, NU, V, O, T, qk_scale,
     NU += bh * stride_pb
     GM += bh * stride_gb
     V += bh * stride_vb
+    C += bh * T  # (PaTH-FoX) this head's cumulative log gates, (BH, T) fp32
+    c_ref = 0.0
+    if GATED:
+        c_ref = tl.load(C + start_m)  # start_m < T for every launched block
 
     # The carried query, fp32, unit rows; the norm goes into a per-row logit scale.
     qh = _load_rows(QT + start_m * stride_pt, rows, offs_d, stride_pt, BLOCK_M, HEAD_DIM, False, CHECK_D)
@@ -132,6 +149,7 @@ def _path_fwd(QT, QN, KT, AD, GM, WC, NU, V, O, T, qk_scale,
             kt = _load_rows(KT + start_n * stride_pt, cols, offs_d, stride_pt, BLOCK_N, HEAD_DIM, False, CHECK_D)
             s_off = tl.dot(qh.to(kt.dtype), tl.trans(kt), input_precision=PRECISION) * row_scale[:, None]
             s = tl.where(sub[:, None] == cc, s, s_off)
+        s += _gate_bias(C, c_ref, offs_n, T, GATED)
         s = tl.where(offs_m[:, None] >= offs_n[None, :], s, float("-inf"))
         v = _load_rows(V + start_n * stride_vt, cols, offs_dv, stride_vt, T - start_n, HEAD_DV, True,
                        BLOCK_DV != HEAD_DV)
@@ -158,6 +176,7 @@ def _path_fwd(QT, QN, KT, AD, GM, WC, NU, V, O, T, qk_scale,
         kt = _load_rows(KT + start_n * stride_pt, cols, offs_d, stride_pt, 0, HEAD_DIM, False, CHECK_D)
         v = _load_rows(V + start_n * stride_vt, cols, offs_dv, stride_vt, 0, HEAD_DV, False, BLOCK_DV != HEAD_DV)
         s = tl.dot(qh.to(kt.dtype), tl.trans(kt), input_precision=PRECISION) * row_scale[:, None]
+        s += _gate_bias(C, c_ref, start_n + cols, T, GATED)
         acc, m_i, l_i = _softmax_fold(acc, m_i, l_i, s, v, False, False, PRECISION)
         qh = _transition(qh, GM + (start_n // BLOCK_N) * stride_gj, WC + start_n * stride_pt,
                          NU + start_n * stride_pt, cols, offs_d, stride_pt, HEAD_DIM, BLOCK_D, UPDATE, PRECISION)
@@ -171,11 +190,11 @@ _GPU_CONFIGS = [
     triton.Config({"R": r}, num_warps=w, num_stages=s)
     for r, w, s in [(1, 4, 2), (1, 4, 3), (2, 4, 2), (2, 4, 3)]
 ]
-_TUNE_KEY = ["HEAD_DIM", "HEAD_DV", "BLOCK_N", "UPDATE", "PRECISION"]
+_TUNE_KEY = ["HEAD_DIM", "HEAD_DV", "BLOCK_N", "UPDATE", "PRECISION", "GATED"]
 _path_fwd_tuned = triton.autotune(_GPU_CONFIGS, key=_TUNE_KEY)(_path_fwd)
 
 
-def path_attention(q, k, v, w, beta, *, scale=None, block=None, _config=None):
+def path_attention(q, k, v, w, beta, *, scale=None, block=None, log_f=None, _config=None):
     """Causal PaTH attention forward (preparation pass, then the right-to-left scan).
 
     Shapes: ``q, k, w: (..., T, D)``, ``v: (..., T, Dv)``, ``beta: (..., T)`` ->
@@ -185,7 +204,9 @@ def path_attention(q, k, v, w, beta, *, scale=None, block=None, _config=None):
     with ``H_s = I - beta_s w_s w_s^T`` (smallest index on the left; ``j = i``: plain
     ``k_i . q_i``); ``scale=None`` means ``D ** -0.5``.  ``block``: the UT block
     (key block) size, 16/32/64/128 (``None``: 64 for ``D <= 64``, else 32).
-    ``w`` is used as given (models pass unit vectors).  Every argument is validated
+    ``w`` is used as given (models pass unit vectors).  ``log_f`` ``(..., T)`` (finite,
+    <= 0), if given, adds the FoX bias ``sum_{s=j+1..i} log_f[s]`` to every logit, not
+    multiplied by ``scale`` (PaTH-FoX, chapter 6).  Every argument is validated
     here (values with one host synchronisation); no input may require grad while
     grad mode is on (there is no backward pass yet).
 
@@ -207,12 +228,15 @@ def path_attention(q, k, v, w, beta, *, scale=None, block=None, _config=None):
         raise ValueError(f"`_config['update']` must be 'dense' or 'ut', got {update!r}")
     if cfg.get("R", 1) not in range(1, MAX_R + 1):
         raise ValueError(f"`_config['R']` must be in 1..{MAX_R}, got {cfg['R']!r}")
-    require(finite_condition(w3, "w"), range_condition(beta3, "beta", 0.0, 2.0, BETA_WHY))
-    return x.result(_path_launch(x, w3, beta3, scale, block, update, cfg))
+    log_f3 = None if log_f is None else per_token(log_f, "log_f", x)
+    require(finite_condition(w3, "w"), range_condition(beta3, "beta", 0.0, 2.0, BETA_WHY),
+            None if log_f3 is None else log_gate_condition(log_f3))
+    return x.result(_path_launch(x, w3, beta3, scale, block, update, cfg, log_f3))
 
 
-def _path_launch(x: Flat, w3, beta3, scale: float, block: int, update: str, cfg: dict) -> torch.Tensor:
-    """Launch on validated inputs: the preparation pass, then the scan.  Returns ``(BH, T, Dv)``."""
+def _path_launch(x: Flat, w3, beta3, scale: float, block: int, update: str, cfg: dict, log_f3=None) -> torch.Tensor:
+    """Launch on validated inputs: the preparation pass, then the scan.  Returns ``(BH, T, Dv)``.
+    ``log_f3``: fp32 ``(BH, T)`` log gates (PaTH-FoX) or None; their cumulative sum is taken once, here."""
     n = x.n
     out = x.new_output(n.Dv)
     if x.empty_input:
@@ -223,8 +247,9 @@ def _path_launch(x: Flat, w3, beta3, scale: float, block: int, update: str, cfg:
                     update_dtype=update_dtype, norm_q=True, store_ut=update == "ut",
                     precision=cfg.pop("prep_precision", prep_precision(x.dtype)))
     meta = dict(HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=next_pow2(n.D), BLOCK_DV=next_pow2(n.Dv), BLOCK_N=block,
-                UPDATE=update, PRECISION=dot_precision(x.dtype))
-    args = (prep.qt, prep.qn, prep.kt, prep.ad, prep.g, prep.wc, prep.nu, x.v, out, n.T, scale * LOG2E,
+                UPDATE=update, PRECISION=dot_precision(x.dtype), GATED=log_f3 is not None)
+    c = prep.qn if log_f3 is None else torch.cumsum(log_f3, dim=-1)  # a dummy pointer without a gate
+    args = (prep.qt, prep.qn, prep.kt, prep.ad, prep.g, prep.wc, prep.nu, x.v, out, c, n.T, scale * LOG2E,
             prep.qt.stride(0), prep.qt.stride(1), prep.qn.stride(0), prep.ad.stride(0), prep.ad.stride(1),
             prep.g.stride(0), prep.g.stride(1), x.v.stride(0), x.v.stride(1), out.stride(0), out.stride(1))
     # Fixed tiles: in the interpreter, when the caller fixes them, and for fp32 inputs (exact

@@ -89,7 +89,8 @@ matrix            ``pathfox_matrix``: masked UT       ``gated_householder_matrix
 blockwise         ``pathfox_blockwise``: right-to-    ``gated_householder_chunked``,
                   left scan carrying q^ and its gate  ``gated_deltanet_chunked``: UT/WY per
                   offset, online softmax              chunk with decay + carried state
-Triton            (kernels in preparation)            (kernels in preparation)
+Triton            ``pathfox_triton``: the PaTH kernel (kernels in preparation)
+                  with the FoX bias hook
 ================  ==================================  ==========================================
 
 Also: :func:`pathfox_logits` (the ``T x T`` logit matrix) and :class:`PathForgetKVCache`.
@@ -105,7 +106,7 @@ from .masks import causal_mask, causal_matmul, masked_logits
 from .nope import _initial_state, causal_softmax, empty_output, online_softmax_step
 
 __all__ = [
-    "pathfox_naive", "pathfox_recurrent", "pathfox_matrix", "pathfox_blockwise", "pathfox_logits",
+    "pathfox_naive", "pathfox_recurrent", "pathfox_matrix", "pathfox_blockwise", "pathfox_triton", "pathfox_logits",
     "gated_householder_naive", "gated_householder_recurrent", "gated_householder_matrix",
     "gated_householder_chunked",
     "gated_deltanet_naive", "gated_deltanet_recurrent", "gated_deltanet_matrix", "gated_deltanet_chunked",
@@ -358,6 +359,21 @@ def pathfox_blockwise(q, k, v, w, beta, log_f, *, scale=None, block: int = 64):
             g_hat = g_hat + b_J[..., -1:]  # g^ <- g^ + T_J
         outs.append(acc / l[..., None])
     return torch.cat(outs, dim=-2).to(q.dtype)
+
+
+def pathfox_triton(q, k, v, w, beta, log_f, *, scale=None):
+    """PaTH-FoX in Triton: :func:`pathedu.kernels.path_attention.path_attention` with ``log_f``.
+
+    The PaTH kernel (preparation pass, then the right-to-left scan) with the FoX bias hook
+    of the FlashAttention template: each logit block gets ``c_r - c_j`` (``c`` the fp32
+    cumulative log gate taken once by the wrapper, ``r`` the query block's first row; the
+    per-row rest ``c_i - c_r`` cancels in softmax).  fp16/bf16/fp32 ``q, k, v``; ``w``,
+    ``beta``, ``log_f`` used in fp32; head dims 16..128; any T; validated once by the
+    kernel's entry point.  Shapes as :func:`pathfox_naive`.
+    """
+    from .kernels.path_attention import path_attention
+
+    return path_attention(q, k, v, w, beta, scale=scale, log_f=log_f)
 
 
 # ---------------------------------------------------------------------------

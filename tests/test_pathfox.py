@@ -596,3 +596,25 @@ def test_seed_pathfox_snippet_adds_the_gate_to_exponentiated_scores():
     right = pathfox.pathfox_matrix(q, k, v, w, beta, log_f)
     assert rel_err(right, pathfox_reference(q, k, v, w, beta, log_f, scores=S)) <= TOL_F64
     assert rel_err(wrong, right) > 0.2
+
+
+# ---------------------------------------------------------------------------
+# The Triton form: the PaTH kernel with the FoX bias hook
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("config", [None, dict(R=2, num_warps=4)], ids=["default", "block16_R2"])
+@pytest.mark.parametrize("gate_mean", [1.0, -3.0], ids=["gates~0.7", "strong_decay"])
+def test_pathfox_triton_matches_float64_across_blocks(config, gate_mean):
+    """Several key blocks (T = 70, blocks of 16 or 64) so that both the diagonal region and the
+    right-to-left scan add the bias; the gate is not multiplied by the scale."""
+    from pathedu.kernels.path_attention import path_attention
+
+    q, k, v, w, beta, log_f = rand_inputs((1, 2), 70, 16, 24, seed=41, gate_mean=gate_mean)
+    ref = pathfox.pathfox_matrix(q, k, v, w, beta, log_f, scale=0.3)
+    args = [x.float() for x in (q, k, v, w, beta)]
+    if config is None:
+        out = pathfox.pathfox_triton(*args, log_f.float(), scale=0.3)
+    else:
+        out = path_attention(*args, scale=0.3, block=16, log_f=log_f.float(), _config=config)
+    assert rel_err(out, ref) <= 2e-3
+    assert rel_err(out, path.path_matrix(q, k, v, w, beta, scale=0.3)) > 1e-2  # the gate matters

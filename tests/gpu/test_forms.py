@@ -35,10 +35,9 @@ def check_form(form, shape, dtype, *, device="cuda") -> float:
     return rel_err(out, ref)  # asserts a finite output
 
 
-# Chapter 6's kernels are in preparation (PaTH-FoX: the PaTH kernel with the FoX bias hook; gated
-# DeltaNet / Householder: the chunked Householder path with the scalar gate).  Delete a family
-# from this set when its Triton form is registered.
-KERNELS_IN_PREPARATION = {"pathfox", "gated_householder", "gated_deltanet"}
+# Chapter 6's linear kernels are in preparation (gated DeltaNet / Householder: the chunked template's
+# Householder path with the scalar gate).  Delete a family from this set when its Triton form is registered.
+KERNELS_IN_PREPARATION = {"gated_householder", "gated_deltanet"}
 
 
 def test_the_registry_has_a_triton_form_in_every_family():
