@@ -96,7 +96,7 @@ def _gate_bias(C, c_ref, offs_n, T, GATED: tl.constexpr):
     As in the FlashAttention template the per-row rest ``c_i - c_r`` is left out (softmax
     ignores it), so the bias does not depend on the order in which key blocks are visited."""
     if GATED:
-        return ((c_ref - tl.load(C + offs_n, mask=offs_n < T, other=0.0)) * LOG2E)[None, :]
+        return ((c_ref - tl.load(C + offs_n, mask=offs_n < T, other=0.0)) * 1.4426950408889634)[None, :]  # log2(e)
     else:
         return 0.0
 
