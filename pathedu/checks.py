@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

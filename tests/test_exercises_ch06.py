@@ -116,14 +116,19 @@ def gdn_variant(gate_in=True, gate_out=True, strict=True, beta_right=True, rows=
     return f
 
 
-GDN_WRONG = {name: gdn_variant(**{flag: False}) for name, flag in {
+def switched_off(variant, flags):
+    """The wrong answers of a variant builder: each named option turned off, one at a time."""
+    return {name: variant(**{flag: False}) for name, flag in flags.items()}
+
+
+GDN_WRONG = switched_off(gdn_variant, {
     "no inverse (Mamba2)": "inverse",
     "no Gamma in the inverse": "gate_in",
     "no Gamma on the output": "gate_out",
     "diagonal kept in the inverse": "strict",
     "no final diag(beta)": "beta_right",
     "columns scaled by beta": "rows",
-}.items()}
+})
 
 
 def chunk_variant(decay_out=True, decay_state=True, correct_state=True, gate_inside=True, decay_keys=True):
@@ -142,13 +147,13 @@ def chunk_variant(decay_out=True, decay_state=True, correct_state=True, gate_ins
     return f
 
 
-CHUNK_WRONG = {name: chunk_variant(**{flag: False}) for name, flag in {
+CHUNK_WRONG = switched_off(chunk_variant, {
     "inter-chunk output undecayed": "decay_out",
     "state undecayed": "decay_state",
     "corrections ignore the state": "correct_state",
     "no Gamma in the factor": "gate_inside",
     "keys undecayed in the state": "decay_keys",
-}.items()}
+})
 CHUNK_WRONG.update({
     "outputs only": lambda q, k, v, beta, log_f, S: chunk_ok(q, k, v, beta, log_f, S)[0],
     "state transposed": lambda q, k, v, beta, log_f, S: (chunk_ok(q, k, v, beta, log_f, S)[0],

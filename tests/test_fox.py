@@ -1,6 +1,5 @@
 """Chapter 3: FoX and GLA / Mamba2, every form against float64 references, the special cases
 (ALiBi, RetNet), the per-channel kernel path, robustness under strong decay, and the sympy facts."""
-import math
 
 import pytest
 import torch
