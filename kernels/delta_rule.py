@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import torch
 
-from ..checks import finite_condition, range_condition, require
+from ..checks import finite_condition, log_gate_condition, range_condition, require
 from ._launch import per_token, prepare_qkv
 from .linear_attention import _linear_launch
 from .ut_prepare import BETA_WHY, Prepared, check_block, prep_precision
@@ -53,44 +53,47 @@ from .ut_prepare import BETA_WHY, Prepared, check_block, prep_precision
 __all__ = ["chunked_householder", "chunked_delta_rule"]
 
 
-def _run(q, k, v, w, beta, *, delta: bool, chunk):
+def _run(q, k, v, w, beta, log_f=None, *, delta: bool, chunk):
     x = prepare_qkv(q, k, v)
     n = x.n
     w3 = x.k if delta else per_token(w, "w", x, extra=(n.D,))
     beta3 = per_token(beta, "beta", x)
+    log_f3 = None if log_f is None else per_token(log_f, "log_f", x)
     chunk = check_block(chunk, n.D, "chunk")
-    require(None if delta else finite_condition(w3, "w"), range_condition(beta3, "beta", 0.0, 2.0, BETA_WHY))
+    require(None if delta else finite_condition(w3, "w"), range_condition(beta3, "beta", 0.0, 2.0, BETA_WHY),
+            None if log_f3 is None else log_gate_condition(log_f3, "log_f"))
     if x.empty_input:
         return x.result(x.new_output(n.Dv))
     precision = prep_precision(x.dtype)  # also for the state's products (see _pieces._dot)
     f32 = torch.float32
     prep = Prepared(x.q, x.k, w3, beta3, n.T, chunk, q_dtype=f32, k_dtype=f32, update_dtype=f32,
                     w_is_k=delta, value_beta=delta, precision=precision)
-    return x.result(_linear_launch(x, "householder", chunk=chunk, prep=prep, precision=precision))
+    return x.result(_linear_launch(x, "householder", log_f3, chunk=chunk, prep=prep, precision=precision))
 
 
-def chunked_householder(q, k, v, w, beta, *, chunk=None):
-    """The Householder RNN ``S_t = S_{t-1} H_t + v_t k_t^T``, ``o_t = S_t q_t``, chunked.
+def chunked_householder(q, k, v, w, beta, *, log_f=None, chunk=None):
+    """The Householder RNN ``S_t = a_t S_{t-1} H_t + v_t k_t^T``, ``o_t = S_t q_t``, chunked.
 
-    ``H_t = I - beta_t w_t w_t^T`` (``w`` used as given).  Shapes:
-    ``q, k, w: (..., T, D)``, ``v: (..., T, Dv)``, ``beta: (..., T)`` ->
-    ``(..., T, Dv)``; ``D, Dv`` in 16..128; any T.  fp16/bf16/fp32 ``q, k, v``
+    ``H_t = I - beta_t w_t w_t^T`` (``w`` used as given); ``a_t = exp(log_f[t])``, or 1
+    when ``log_f`` is None (chapter 5; with a gate it is chapter 6's gated Householder
+    RNN).  Shapes: ``q, k, w: (..., T, D)``, ``v: (..., T, Dv)``, ``beta, log_f: (..., T)``
+    -> ``(..., T, Dv)``; ``D, Dv`` in 16..128; any T.  fp16/bf16/fp32 ``q, k, v``
     (the output has their dtype), ``w`` (finite) and ``beta`` (in [0, 2]) used in
     fp32; fp32 state.  Unrolled: ``o_i = sum_{j<=i} (k_j^T H_{j+1} ... H_i q_i) v_j``
     (smallest index on the left).  ``chunk`` in {16, 32, 64, 128} (``None``: 64 for
     ``D <= 64``, else 32).  Every argument is validated here (values with one host
     synchronisation); no input may require grad while grad mode is on.
     """
-    return _run(q, k, v, w, beta, delta=False, chunk=chunk)
+    return _run(q, k, v, w, beta, log_f, delta=False, chunk=chunk)
 
 
-def chunked_delta_rule(q, k, v, beta, *, chunk=None):
-    """DeltaNet ``S_t = S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T``, ``o_t = S_t q_t``, chunked.
+def chunked_delta_rule(q, k, v, beta, *, log_f=None, chunk=None):
+    """DeltaNet ``S_t = a_t S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T``, ``o_t = S_t q_t``, chunked.
 
     No scale, no normalisation of ``q``/``k`` (normalise ``k`` yourself: the
     transition is a contraction only for ``beta_t |k_t|^2`` in [0, 2]).  Shapes:
     ``q, k: (..., T, D)``, ``v: (..., T, Dv)``, ``beta: (..., T)`` in [0, 2] ->
-    ``(..., T, Dv)``; dtypes, sizes and validation as :func:`chunked_householder`
-    (``beta`` used in fp32).
+    ``(..., T, Dv)``; ``a_t`` (Gated DeltaNet), dtypes, sizes and validation as
+    :func:`chunked_householder` (``beta`` used in fp32).
     """
-    return _run(q, k, v, None, beta, delta=True, chunk=chunk)
+    return _run(q, k, v, None, beta, log_f, delta=True, chunk=chunk)

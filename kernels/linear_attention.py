@@ -10,19 +10,24 @@ channels.  It walks the sequence chunk by chunk, carrying the state
 which is :func:`pathedu.nope.linear_chunked` line by line.  Work is
 ``O(T C D)`` in matrix products; the state never leaves the chip.
 
-The gate is a hook: ``GATE`` is
+The gate is two hooks that compose.  ``DECAY`` multiplies the transition by a
+per-token scalar, and ``GATE`` picks the transition itself:
 
-* ``"none"``: plain linear attention (chapter 1);
-* ``"scalar"``: a per-token log forget gate ``log_f[t] <= 0`` (a scalar per
+* ``DECAY``: a per-token log forget gate ``log_f[t] <= 0`` (a scalar per
   head, as in RetNet's constant gamma or Mamba2's data-dependent gate), so that
-  ``S_t = a_t S_{t-1} + v_t k_t^T`` with ``a_t = exp(log_f[t])``.  Within a
-  chunk with cumulative log gate ``b`` (``b_i = sum_{s<=i} log_f[s]``, from the
-  chunk start)::
+  ``S_t = a_t S_{t-1} A_t + v_t k_t^T`` with ``a_t = exp(log_f[t])`` and ``A_t``
+  the transition below (the identity for plain linear attention: the launcher's
+  ``"scalar"`` gate).  A scalar commutes with every transition, so within a chunk
+  with cumulative log gate ``b`` (``b_i = sum_{s<=i} log_f[s]``, from the chunk
+  start) it only rescales what the transition computed::
 
-      O_c = (Q_c * e^{b}) H + (Q_c K_c^T * e^{b_i - b_j} * M) V_c
-      H  <- e^{b_last} H + (K_c * e^{b_last - b_j})^T V_c
+      O_c = diag(e^{b}) O_c^inter + (S_c * e^{b_i - b_j} * M) V_c
+      H  <- e^{b_last} P_c^T H + (K_c * e^{b_last - b_j})^T V_c
 
   Every exponent is <= 0, so nothing overflows however strong the decay.
+
+* ``"none"``: plain linear attention (chapter 1), ``O_c^inter = Q_c H``,
+  ``S_c = Q_c K_c^T * M``, ``P_c = I``.
 
 * ``"channel"``: a per-token, per-key-channel log gate ``log_f[t, d] <= 0``
   (GLA's diagonal gate), ``S_t = S_{t-1} diag(a_t) + v_t k_t^T`` with
@@ -66,7 +71,8 @@ The gate is a hook: ``GATE`` is
 
   with products whose operands are rounded to nearest (:func:`._pieces._dot`: the
   state is multiplied by ``I + G_c`` chunk after chunk, and truncated tf32 operands
-  would shrink it a little every time).
+  would shrink it a little every time).  With ``DECAY`` on top this is chapter 6's
+  gated Householder RNN and Gated DeltaNet: the UT factors stay gate-free.
 
 Non-finite inputs.  Every causal mask is a select, never a multiply by 0, and the
 products see the values with their NaN/inf replaced by 0 (inside ``A_c V_c`` a
@@ -122,7 +128,8 @@ def _linear_fwd(Q, K, V, O, LOG_F, AD, GM, T,
                 stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt, stride_ob, stride_ot,
                 stride_ab, stride_at, stride_gb, stride_gj,
                 HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                CHUNK: tl.constexpr, GATE: tl.constexpr, PRECISION: tl.constexpr, BLOCK_DC: tl.constexpr):
+                CHUNK: tl.constexpr, GATE: tl.constexpr, DECAY: tl.constexpr, PRECISION: tl.constexpr,
+                BLOCK_DC: tl.constexpr):
     bh = tl.program_id(1).to(tl.int64)
     offs_c = tl.arange(0, CHUNK)
     offs_d = tl.arange(0, BLOCK_D)
@@ -147,36 +154,49 @@ def _linear_fwd(Q, K, V, O, LOG_F, AD, GM, T,
         finite = tl.abs(v) < float("inf")
         first = tl.minimum(first, tl.min(tl.where(finite, CHUNK, offs_c[:, None]), axis=0))
         v = tl.where(finite, v, 0.0)
-        if GATE == "scalar":
-            # Padding past T gets log gate 0 (a = 1): it changes nothing, and k = v = 0 there.
-            b = tl.cumsum(tl.load(LOG_F + bh * T + offs_t, mask=offs_t < T, other=0.0), axis=0)
+        if DECAY:
+            # The scalar log gate, from the chunk start: b_i = sum_{s<=i} log_f[s] (padding past T
+            # gets 0, a = 1: it changes nothing, and k = v = 0 there).  Masked before exp, so
+            # every exponent is a sum of gates, <= 0.
+            b = tl.cumsum(tl.load(LOG_F + bh * T + offs_t, mask=offs_t < T, other=0.0), axis=0)  # [C]
             b_last = tl.sum(tl.where(offs_c == CHUNK - 1, b, 0.0), axis=0)
-            decay = tl.exp(tl.where(causal, b[:, None] - b[None, :], float("-inf")))
-            s = tl.where(causal, tl.dot(q, tl.trans(k), input_precision=PRECISION) * decay, 0.0)
-            o = tl.dot(q * tl.exp(b)[:, None], H, input_precision=PRECISION)
-            o += tl.dot(s, v, input_precision=PRECISION)
-            H = H * tl.exp(b_last) + tl.dot(tl.trans(k * tl.exp(b_last - b)[:, None]), v, input_precision=PRECISION)
-        elif GATE == "channel":
+            decay = tl.exp(tl.where(causal, b[:, None] - b[None, :], float("-inf")))  # [C, C]
+        # Each transition gives the inter-chunk output o = Q H, the intra-chunk scores s (zero
+        # above the diagonal) and the carried state h = P^T H before this chunk's writes.
+        if GATE == "channel":
             # Per-channel cumulative log gate from the chunk start, (CHUNK, BLOCK_D); padding gets 0.
             G = LOG_F + bh * T * HEAD_DIM
-            b = tl.cumsum(_load_rows(G, offs_t, offs_d, HEAD_DIM, T, HEAD_DIM, True, CHECK_D), axis=0)
-            b_last = tl.sum(tl.where(offs_c[:, None] == CHUNK - 1, b, 0.0), axis=0)
+            bc = tl.cumsum(_load_rows(G, offs_t, offs_d, HEAD_DIM, T, HEAD_DIM, True, CHECK_D), axis=0)
+            bc_last = tl.sum(tl.where(offs_c[:, None] == CHUNK - 1, bc, 0.0), axis=0)
             s = _channel_scores(Q, K, G, offs_t, offs_t < T, stride_qt, stride_kt, HEAD_DIM, BLOCK_D, BLOCK_DC, CHUNK)
-            o = tl.dot(q * tl.exp(b), H, input_precision=PRECISION)
-            o += tl.dot(s, v, input_precision=PRECISION)
-            H = H * tl.exp(b_last)[:, None] + tl.dot(tl.trans(k * tl.exp(b_last[None, :] - b)), v,
-                                                     input_precision=PRECISION)
+            o = tl.dot(q * tl.exp(bc), H, input_precision=PRECISION)  # [C, BDV]
+            h = H * tl.exp(bc_last)[:, None]
+            k = k * tl.exp(bc_last[None, :] - bc)
         elif GATE == "householder":
             # Q, K hold q~, k~; Ã (zero above the diagonal) and G_c come from the preparation pass.
-            a = _load_rows(AD + bh * stride_ab, offs_t, offs_c, stride_at, T, CHUNK, False, False)
+            s = _load_rows(AD + bh * stride_ab, offs_t, offs_c, stride_at, T, CHUNK, False, False)  # [C, C]
             g = _load_rows(GM + bh * stride_gb + (start // CHUNK) * stride_gj, offs_d, offs_d, HEAD_DIM, HEAD_DIM,
-                           HEAD_DIM, CHECK_D, CHECK_D)
-            o = _dot(q, H, PRECISION) + _dot(a, v, PRECISION)
-            H += _dot(g, H, PRECISION) + _dot(tl.trans(k), v, PRECISION)  # H <- P^T H + K~^T V
+                           HEAD_DIM, CHECK_D, CHECK_D)  # [BD, BD]
+            o = _dot(q, H, PRECISION)
+            h = H + _dot(g, H, PRECISION)  # P^T H
         else:
             s = tl.where(causal, tl.dot(q, tl.trans(k), input_precision=PRECISION), 0.0)
-            o = tl.dot(q, H, input_precision=PRECISION) + tl.dot(s, v, input_precision=PRECISION)
-            H += tl.dot(tl.trans(k), v, input_precision=PRECISION)
+            o = tl.dot(q, H, input_precision=PRECISION)
+            h = H
+        if DECAY:
+            # The gate commutes with every transition: row i of the inter-chunk term decays by
+            # e^{b_i}, score (i, j) by e^{b_i - b_j}, the carried state by e^{b_last}, and key j's
+            # write by e^{b_last - b_j}.
+            o = o * tl.exp(b)[:, None]
+            s = s * decay
+            h = h * tl.exp(b_last)
+            k = k * tl.exp(b_last - b)[:, None]
+        if GATE == "householder":
+            o += _dot(s, v, PRECISION)
+            H = h + _dot(tl.trans(k), v, PRECISION)  # H <- P^T H + K~^T V
+        else:
+            o += tl.dot(s, v, input_precision=PRECISION)
+            H = h + tl.dot(tl.trans(k), v, input_precision=PRECISION)
         # The rows at or after a NaN/inf of their channel get NaN (IEEE would give NaN or +-inf,
         # depending on signs); a later chunk sees it from its first row on.
         o = tl.where(first[None, :] <= offs_c[:, None], float("nan"), o)
@@ -263,13 +283,17 @@ def _linear_launch(x: Flat, gate: str, log_f3=None, *, chunk: int = 64, prep=Non
 
     ``gate``: ``"none"``, ``"scalar"`` / ``"channel"`` (``log_f3``: fp32 ``(BH, T)`` /
     ``(BH, T, D)``) or ``"householder"`` (``prep``: the :class:`.ut_prepare.Prepared`
-    factors of chunks of ``chunk`` tokens, read in place of ``q`` and ``k``).
+    factors of chunks of ``chunk`` tokens, read in place of ``q`` and ``k``; with
+    ``log_f3`` (fp32 ``(BH, T)``) the transition is ``a_t H_t``, chapter 6's gated
+    Householder RNN and Gated DeltaNet).
     """
     n = x.n
     out = x.new_output(n.Dv)
     if x.empty_input:
         return out
     q3, k3, ad, gm = x.q, x.k, x.q, x.q  # dummy pointers for the hooks that do not read them
+    decay = gate == "scalar" or (gate == "householder" and log_f3 is not None)
+    transition = "none" if gate == "scalar" else gate
     if gate == "channel":
         chunk = CHANNEL_CHUNK
     elif gate == "householder":
@@ -282,6 +306,6 @@ def _linear_launch(x: Flat, gate: str, log_f3=None, *, chunk: int = 64, prep=Non
                       q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), x.v.stride(0), x.v.stride(1),
                       out.stride(0), out.stride(1), ad.stride(0), ad.stride(1), gm.stride(0), gm.stride(1),
                       HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=block_d, BLOCK_DV=block_dv,
-                      CHUNK=chunk, GATE=gate, PRECISION=precision, BLOCK_DC=min(block_d, 32),
+                      CHUNK=chunk, GATE=transition, DECAY=decay, PRECISION=precision, BLOCK_DC=min(block_d, 32),
                       num_warps=4, num_stages=1 if interpreting() else 2)
     return out

@@ -108,8 +108,9 @@ from .nope import _initial_state, causal_softmax, empty_output, online_softmax_s
 __all__ = [
     "pathfox_naive", "pathfox_recurrent", "pathfox_matrix", "pathfox_blockwise", "pathfox_triton", "pathfox_logits",
     "gated_householder_naive", "gated_householder_recurrent", "gated_householder_matrix",
-    "gated_householder_chunked",
+    "gated_householder_chunked", "gated_householder_triton",
     "gated_deltanet_naive", "gated_deltanet_recurrent", "gated_deltanet_matrix", "gated_deltanet_chunked",
+    "gated_deltanet_triton",
     "PathForgetKVCache",
 ]
 
@@ -487,6 +488,23 @@ def gated_householder_chunked(q, k, v, w, beta, log_f, *, chunk: int = 64, initi
     return (out, S.to(q.dtype)) if return_state else out
 
 
+def gated_householder_triton(q, k, v, w, beta, log_f):
+    """The gated Householder RNN in Triton: :func:`pathedu.kernels.delta_rule.chunked_householder`
+    with ``log_f``.
+
+    Chapter 5's chunked kernel (the UT preparation pass, then the linear template's
+    ``"householder"`` hook) with the template's scalar ``DECAY`` hook on top: the UT
+    factors stay gate-free, and the gate rescales the inter-chunk rows by ``e^{b_i}``,
+    the in-chunk scores by ``e^{b_i - b_j}`` and the carried state by ``e^{b_last}``, as
+    in :func:`gated_householder_chunked`.  fp16/bf16/fp32 ``q, k, v``; ``w``, ``beta``,
+    ``log_f`` used in fp32; head dims 16..128; any T; validated once by the kernel's
+    entry point.  Shapes as :func:`pathfox_naive`.
+    """
+    from .kernels.delta_rule import chunked_householder
+
+    return chunked_householder(q, k, v, w, beta, log_f=log_f)
+
+
 # ---------------------------------------------------------------------------
 # Linear side: Gated DeltaNet (the gated Householder RNN with w = k, values beta * v)
 # ---------------------------------------------------------------------------
@@ -602,3 +620,18 @@ def gated_deltanet_chunked(q, k, v, beta, log_f, *, chunk: int = 64, initial_sta
         S = torch.exp(b[..., -1, None, None]) * S + U.transpose(-1, -2) @ (torch.exp(_gate_after(gc))[..., None] * kc)
     out = torch.cat(outs, dim=-2).to(q.dtype) if outs else empty_output(q, v)
     return (out, S.to(q.dtype)) if return_state else out
+
+
+def gated_deltanet_triton(q, k, v, beta, log_f):
+    """Gated DeltaNet in Triton: :func:`pathedu.kernels.delta_rule.chunked_delta_rule` with ``log_f``.
+
+    The kernel of :func:`gated_householder_triton` with ``w = k`` and values ``beta * v``
+    (its factors are gate-free; the decay enters only through the scalar hook, never
+    through the triangular solve as in :func:`gated_deltanet_chunked`: the two
+    factorisations agree, the kernel's needs no ``exp`` inside the inverse).
+    fp16/bf16/fp32 ``q, k, v``; ``beta`` (in [0, 2]) and ``log_f`` (<= 0) used in fp32;
+    head dims 16..128.  Shapes as :func:`gated_deltanet_naive`.
+    """
+    from .kernels.delta_rule import chunked_delta_rule
+
+    return chunked_delta_rule(q, k, v, beta, log_f=log_f)

@@ -162,12 +162,12 @@ FORMS: list[Form] = (
     + _family(path, "path", "path", householder_extras, _SOFTMAX, {"recurrent": ("page",), "blockwise": ("block",)})
     + _family(path, "householder", "householder", householder_extras, _LINEAR, _LINEAR_TUNING)
     + _family(path, "deltanet", "deltanet", deltanet_extras, _LINEAR, _LINEAR_TUNING)
-    # chapter 6: PaTH-FoX has its Triton form; the gated linear duals' kernels are in preparation
+    # chapter 6
     + _family(pathfox, "pathfox", "pathfox", gated_householder_extras, _SOFTMAX,
               {"recurrent": ("page",), "blockwise": ("block",)})
-    + _family(pathfox, "gated_householder", "gated_householder", gated_householder_extras, _LINEAR[:-1],
+    + _family(pathfox, "gated_householder", "gated_householder", gated_householder_extras, _LINEAR,
               _LINEAR_TUNING)
-    + _family(pathfox, "gated_deltanet", "gated_deltanet", gated_deltanet_extras, _LINEAR[:-1], _LINEAR_TUNING)
+    + _family(pathfox, "gated_deltanet", "gated_deltanet", gated_deltanet_extras, _LINEAR, _LINEAR_TUNING)
 )
 
 FAMILIES: tuple = tuple(dict.fromkeys(f.family for f in FORMS))
