@@ -515,11 +515,12 @@ def path_small(rec, dev, fla, *, plan=PATH_SMALL_PLAN, **_):
                         reference="float64 deltanet_matrix", metric="rel_rms", limit=lim, params=shape)
 
 
-def _compare_with_fla(rec, get, ours: str, fla_name: str, reference: str, *, params: dict) -> None:
+def _compare_with_fla(rec, get, ours: str, fla_name: str, reference: str, *, params: dict,
+                      limit: float = REL_RMS["bfloat16"]) -> None:
     """The three bf16 comparisons of one of our kernels and its flash-linear-attention peer: ours and
     fla's each against the float64 reference (``get("ours")``, ``get("fla")``, ``get("ref")``), and ours
-    against fla's, all by rel_rms within the bf16 limit."""
-    lim = REL_RMS["bfloat16"]
+    against fla's, all by rel_rms within ``limit`` (default: the bf16 limit)."""
+    lim = limit
     rec.compare(ours, lambda: (get("ours"), get("ref")), reference=reference,
                 metric="rel_rms", limit=lim, params=params)
     rec.compare(fla_name, lambda: (get("fla"), get("ref")), reference=reference,
@@ -655,6 +656,182 @@ def path_robust(rec, dev, fla, *, robust_T=16384, robust_H=2, D=64, **_):
 
 
 # =============================================================================
+# Chapter 6: PaTH-FoX, the gated Householder RNN and Gated DeltaNet
+# =============================================================================
+
+FLA_AGREEMENT = 5e-3  # chapter 6's bound on rel_rms against fla and float64 (the issue's 0.005)
+
+
+def _pathfox_gates(dev, lead, T, seed, *, strong=False):
+    """fp32 log gates ``(*lead, T)``: ``logsigmoid(3 + N(0, 1))`` (gates near 0.95); ``strong``: one token in
+    twenty gets a log gate uniform in [-20, 0] instead (a near-total reset)."""
+    g = generator(dev, seed + 99)
+    log_f = F.logsigmoid(3.0 + torch.randn(*lead, T, device=dev, generator=g, dtype=F64))
+    if strong:
+        hit = torch.rand(*lead, T, device=dev, generator=g, dtype=F64) < 0.05
+        log_f = torch.where(hit, -20.0 * torch.rand(*lead, T, device=dev, generator=g, dtype=F64), log_f)
+    return log_f.float()
+
+
+def _pathfox64(q, k, v, w, beta, log_f):
+    from .. import pathfox
+
+    return per_slice64(pathfox.pathfox_matrix, q, k, v, w, beta, log_f)
+
+
+def _gated_householder64(q, k, v, w, beta, log_f):
+    from .. import pathfox
+
+    return per_slice64(pathfox.gated_householder_matrix, q, k, v, w, beta, log_f)
+
+
+def _gated_deltanet64(q, k, v, beta, log_f):
+    from .. import pathfox
+
+    return per_slice64(pathfox.gated_deltanet_matrix, q, k, v, beta, log_f)
+
+
+# (dtype, [(lead, T, D, Dv)]): odd sizes in every dtype (tests/gpu covers every head dim with mild gates).
+PATHFOX_SMALL_PLAN = [
+    ("bfloat16", [((2, 3), 1, 64, 64), ((1, 3), 777, 128, 32), ((2, 1), 300, 16, 48)]),
+    ("float16", [((1, 2), 1000, 64, 64)]),
+    ("float32", [((1, 2), 129, 96, 80)]),
+]
+
+
+def pathfox_small(rec, dev, fla, *, plan=PATHFOX_SMALL_PLAN, **_):
+    """Odd sizes in every dtype against float64 (inputs rounded to the dtype first), mild and strong
+    gates: PaTH-FoX, the gated Householder RNN (``q, k / 8``) and Gated DeltaNet (l2-normalised ``q, k``,
+    ``beta / 2``)."""
+    from .. import pathfox
+
+    for dtype_name, shapes in plan:
+        dtype = getattr(torch, dtype_name)
+        lim = REL_RMS[dtype_name]
+        for i, (lead, T, D, Dv) in enumerate(shapes):
+            q, k, v, w, beta = _path_inputs(dev, lead, T, D, Dv, seed=i)
+            q, k, v = (x.to(dtype) for x in (q, k, v))
+            qs, ks = ((x.float() / 8).to(dtype) for x in (q, k))
+            qn, kn = (F.normalize(x.float(), dim=-1).to(dtype) for x in (q, k))
+            for strong in (False, True):
+                log_f = _pathfox_gates(dev, lead, T, seed=i, strong=strong)
+                params = dict(D=D, Dv=Dv, gates="strong" if strong else "mild")
+                rec.compare("pathfox_triton", lambda: (pathfox.pathfox_triton(q, k, v, w, beta, log_f),
+                                                       _pathfox64(q, k, v, w, beta, log_f)),
+                            reference="float64 pathfox_matrix", metric="rel_rms", limit=lim, params=params)
+                rec.compare("gated_householder_triton",
+                            lambda: (pathfox.gated_householder_triton(qs, ks, v, w, beta, log_f),
+                                     _gated_householder64(qs, ks, v, w, beta, log_f)),
+                            reference="float64 gated_householder_matrix", metric="rel_rms", limit=lim,
+                            params=params)
+                rec.compare("gated_deltanet_triton",
+                            lambda: (pathfox.gated_deltanet_triton(qn, kn, v, beta / 2, log_f),
+                                     _gated_deltanet64(qn, kn, v, beta / 2, log_f)),
+                            reference="float64 gated_deltanet_matrix", metric="rel_rms", limit=lim,
+                            params=params)
+
+
+def pathfox_fla_pathfox(rec, dev, fla, *, fla_T=2048, fla_lead=(1, 4), **_):
+    """bf16, D = 64, beta uniform in [0, 2), gates near 0.95: our PaTH-FoX and flash-linear-attention's
+    (``parallel_path_attn(..., g=log_f / scale)``: fla multiplies its gate by the scale) against float64
+    and against each other, within 0.005."""
+    if not _want_fla(fla, rec):
+        return
+    from .. import pathfox
+
+    q, k, v, w, beta = _path_inputs(dev, fla_lead, fla_T, 64, 64, seed=fla_T)
+    q, k, v = (x.to(BF16) for x in (q, k, v))
+    log_f = _pathfox_gates(dev, fla_lead, fla_T, seed=fla_T)
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            if name == "ref":
+                cache[name] = _pathfox64(q, k, v, w, beta, log_f)
+            elif name == "ours":
+                cache[name] = pathfox.pathfox_triton(q, k, v, w, beta, log_f)
+            else:
+                from fla.ops.path_attn import parallel_path_attn
+
+                g = log_f * q.shape[-1] ** 0.5  # g / scale
+                cache[name] = from_bthd(parallel_path_attn(*(to_bthd(x) for x in (q, k, v, w, beta, g)))[0])
+        return cache[name]
+
+    _compare_with_fla(rec, get, "pathfox_triton", "fla.parallel_path_attn(g)", "float64 pathfox_matrix",
+                      params=dict(beta="uniform [0, 2)", gates="mild"), limit=FLA_AGREEMENT)
+
+
+def pathfox_fla_gdn(rec, dev, fla, *, fla_T=2048, fla_lead=(1, 4), **_):
+    """bf16, D = 64, l2-normalised q, k, beta in [0, 1) (rounded to bf16), gates near 0.95: our Gated
+    DeltaNet and flash-linear-attention's (``chunk_gated_delta_rule``, ``scale=1``) against float64 and
+    against each other, within 0.005."""
+    if not _want_fla(fla, rec):
+        return
+    from .. import pathfox
+
+    q, k, v, _, beta = _path_inputs(dev, fla_lead, fla_T, 64, 64, seed=fla_T)
+    qn, kn = (F.normalize(x, dim=-1).to(BF16) for x in (q, k))
+    v = v.to(BF16)
+    b = (beta / 2).to(BF16).float()
+    log_f = _pathfox_gates(dev, fla_lead, fla_T, seed=fla_T)
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            if name == "ref":
+                cache[name] = _gated_deltanet64(qn, kn, v, b, log_f)
+            elif name == "ours":
+                cache[name] = pathfox.gated_deltanet_triton(qn, kn, v, b, log_f)
+            else:
+                from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+                args = (to_bthd(x) for x in (qn, kn, v, log_f, b.to(BF16)))
+                cache[name] = from_bthd(chunk_gated_delta_rule(*args, scale=1.0)[0])
+        return cache[name]
+
+    _compare_with_fla(rec, get, "gated_deltanet_triton", "fla.chunk_gated_delta_rule",
+                      "float64 gated_deltanet_matrix", params=dict(beta="uniform [0, 1)", qk="l2-normalised",
+                                                                   gates="mild"), limit=FLA_AGREEMENT)
+
+
+def pathfox_robust(rec, dev, fla, *, robust_T=16384, robust_H=2, D=64, **_):
+    """bf16 at ``T = 16384`` with ``beta`` in [1.999, 2] (reflections) and strong gates (one token in
+    twenty with a log gate down to -20): PaTH-FoX and Gated DeltaNet (l2-normalised ``q, k``) finite,
+    close to our fp32 run and to float64."""
+    from .. import pathfox
+
+    q, k, v, w, beta = _path_inputs(dev, (1, robust_H), robust_T, D, D, seed=5, beta_lo=1.999)
+    log_f = _pathfox_gates(dev, (1, robust_H), robust_T, seed=5, strong=True)
+    qr, kr, vr = (x.to(BF16) for x in (q, k, v))
+    qnr, knr = (F.normalize(x, dim=-1).to(BF16) for x in (q, k))
+    cases = {
+        "pathfox_triton": (pathfox.pathfox_triton, _pathfox64, "float64 pathfox_matrix", (qr, kr, vr, w, beta, log_f)),
+        "gated_deltanet_triton": (pathfox.gated_deltanet_triton, _gated_deltanet64, "float64 gated_deltanet_matrix",
+                                  (qnr, knr, vr, beta, log_f)),
+    }
+    params = dict(beta="[1.999, 2]", gates="strong (5% in [-20, 0])")
+    for op, (kernel, ref64, reference, args) in cases.items():
+        args32 = tuple(x.float() for x in args)  # the same rounded numbers, in fp32
+        cache = {}
+
+        def get(name, kernel=kernel, ref64=ref64, args=args, args32=args32, cache=cache):
+            if name not in cache:
+                cache[name] = {"bf16": lambda: kernel(*args), "fp32": lambda: kernel(*args32),
+                               "f64": lambda: ref64(*args32)}[name]()
+            return cache[name]
+
+        rec.compare(op, lambda get=get: (get("bf16"), get("fp32")), reference=f"{op} (fp32)",
+                    metric="rel_rms", limit=REL_RMS["bfloat16"], params=params)
+        rec.compare(op, lambda get=get: (get("bf16"), get("f64")), reference=reference,
+                    metric="rel_rms", limit=REL_RMS["bfloat16"], params=params)
+        rec.compare(op, lambda get=get: (get("fp32"), get("f64")), reference=reference,
+                    metric="rel_rms", limit=REL_RMS["float32"], params=params)
+        cache.clear()
+        if torch.device(dev).type == "cuda":
+            torch.cuda.empty_cache()
+
+
+# =============================================================================
 # Registry, sizes, runner, command line
 # =============================================================================
 
@@ -667,6 +844,8 @@ CHECKS = {
     "rope": {"robust": rope_robust, "trig": rope_trig, "prepass": rope_prepass},
     "path": {"small": path_small, "fla_path": path_fla_path, "fla_delta": path_fla_delta, "growth": path_growth,
              "robust": path_robust},
+    "pathfox": {"small": pathfox_small, "fla_pathfox": pathfox_fla_pathfox, "fla_gdn": pathfox_fla_gdn,
+                "robust": pathfox_robust},
 }
 
 # Tiny sizes for a CPU run in Triton's interpreter (a smoke test of this module, not a check of the kernels).
@@ -679,6 +858,8 @@ SMOKE = {
                        ("float32", [((1, 1), 1, 32, 16)], [(1, "dense")])],
                  fla_T=40, fla_lead=(1, 1), growth_Ts=(24,), growth_variants=("dense_x3prep",),
                  robust_T=40, robust_H=1, D=16),
+    "pathfox": dict(plan=[("bfloat16", [((1, 1), 33, 16, 24)]), ("float32", [((1, 1), 1, 32, 16)])],
+                    fla_T=40, fla_lead=(1, 1), robust_T=40, robust_H=1, D=16),
 }
 
 
