@@ -228,17 +228,33 @@ class Prepared:
         self.wc = torch.empty(BH, T_pad, D, dtype=update_dtype, device=dev) if store_ut else self.g
         self.nu = torch.empty(BH, T_pad, D, dtype=update_dtype, device=dev) if store_ut else self.g
         w3 = k3 if w_is_k else w3
-        _ut_diag_inverse[(T_pad // SUB.value, BH)](
+        self._args = (q3, k3, w3, beta3, T, D)
+        self._flags = dict(W_IS_K=w_is_k, VALUE_BETA=value_beta, NORM_Q=norm_q, STORE_UT=store_ut,
+                           PRECISION=precision)
+        self._num_warps = num_warps
+        self.invert_diagonal_blocks()
+        self.prepare()
+
+    def invert_diagonal_blocks(self) -> None:
+        """The first launch: the ``SUB x SUB`` diagonal blocks of ``(I + N)^{-1}``, into ``ad``
+        (a method of its own so that :mod:`pathedu.bench.parts` can time it apart)."""
+        _, k3, w3, beta3, T, D = self._args
+        _ut_diag_inverse[(self.T_pad // SUB.value, k3.shape[0])](
             k3, w3, beta3, self.ad, T, k3.stride(0), k3.stride(1), w3.stride(0), w3.stride(1),
-            self.ad.stride(0), self.ad.stride(1), HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=block, W_IS_K=w_is_k,
-            num_warps=1, num_stages=1)
-        _ut_prepare[(T_pad // block, BH)](
+            self.ad.stride(0), self.ad.stride(1), HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=self.block,
+            W_IS_K=self._flags["W_IS_K"], num_warps=1, num_stages=1)
+
+    def prepare(self) -> None:
+        """The second launch: merges the diagonal inverses and writes every factor (reads ``ad``
+        as :meth:`invert_diagonal_blocks` left it)."""
+        q3, k3, w3, beta3, T, D = self._args
+        _ut_prepare[(self.T_pad // self.block, q3.shape[0])](
             q3, k3, w3, beta3, self.qt, self.qn, self.kt, self.ad, self.g, self.wc, self.nu, T,
             q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), w3.stride(0), w3.stride(1),
             self.qt.stride(0), self.qt.stride(1), self.qn.stride(0), self.ad.stride(0), self.ad.stride(1),
             self.g.stride(0), self.g.stride(1),
-            HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=block, W_IS_K=w_is_k, VALUE_BETA=value_beta, NORM_Q=norm_q,
-            STORE_UT=store_ut, PRECISION=precision, num_warps=num_warps, num_stages=1)
+            HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=self.block, **self._flags, num_warps=self._num_warps,
+            num_stages=1)
 
 
 def check_block(block, D: int, name: str = "block") -> int:

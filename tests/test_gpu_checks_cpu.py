@@ -104,3 +104,21 @@ def test_float64_references_by_slices_equal_one_call():
     whole = path.path_matrix(*(x.double() for x in (q, k, v, w, beta)))
     sliced = checks.per_slice64(path.path_matrix, q, k, v, w, beta, max_elems=2 * 20 * 20)  # 2 heads a call
     assert sliced.dtype == torch.float64 and torch.allclose(sliced, whole, rtol=0, atol=1e-12)
+
+
+def test_parts_profiler_runs_every_part_on_cpu():
+    """``python -m pathedu.bench.parts`` times each launch apart; here each part runs once, in the interpreter."""
+    from pathedu.bench import parts
+    from pathedu.bench._common import seeded_qkv
+
+    q, k, v = seeded_qkv((1, 1), 40, 16, seed=0, device="cpu")
+    calls = []
+
+    def once(fn):
+        calls.append(fn())
+        return 1.0
+
+    for subject, fn in parts.SUBJECTS.items():
+        times = fn(q, k, v, once)
+        assert all(ms == 1.0 for part, ms in times.items() if "derived" not in part), subject
+    assert calls and all(c is None or torch.isfinite(c).all() for c in calls if isinstance(c, torch.Tensor))

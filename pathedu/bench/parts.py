@@ -1,0 +1,140 @@
+"""Where the time goes: each launch of the UT-based kernels timed apart, on a CUDA GPU.
+
+    python -m pathedu.bench.parts [--T 1024 8192] [--out FILE]
+
+The chunked DeltaNet kernel (chapter 5; Gated DeltaNet and the gated Householder RNN of chapter 6
+share it) is two passes: the UT preparation pass (:class:`pathedu.kernels.ut_prepare.Prepared`:
+``_ut_diag_inverse``, then ``_ut_prepare``) and the chunk loop of the linear template
+(``_linear_fwd``, its ``"householder"`` hook, with and without the scalar decay).  PaTH and PaTH-FoX
+are the same preparation pass and a scan; the scan's time is the total minus the preparation's
+(``scan = total - prepare``, derived, not timed apart).  Each part is timed on its own with
+``triton.testing.do_bench`` (median), on the inputs of :mod:`pathedu.bench.path` and
+:mod:`pathedu.bench.pathfox`, beside the whole ops of flash-linear-attention when it is installed.
+The data file (``{"meta": ..., "rows": [{"T", "subject", "part", "ms"}]}``) is what
+``kernels/NOTES_path.md`` and the chapters cite for "where the time goes".
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+
+import torch
+
+from ._common import run_meta, seeded_qkv, to_bthd
+
+
+def _delta_parts(q, k, v, bench):
+    """Parts of the chunked (gated) DeltaNet kernel on bench-sized inputs, in ms."""
+    from ..kernels._launch import per_token, prepare_qkv
+    from ..kernels.delta_rule import chunked_delta_rule
+    from ..kernels.linear_attention import _linear_launch
+    from ..kernels.ut_prepare import Prepared, check_block, prep_precision
+    from .fox import _log_f
+    from .path import delta_inputs
+
+    qn, kn, beta = delta_inputs(q, k)
+    log_f = _log_f(q)
+    x = prepare_qkv(qn, kn, v)
+    beta3, log_f3 = per_token(beta, "beta", x), per_token(log_f, "log_f", x)
+    chunk, precision, f32 = check_block(None, x.n.D), prep_precision(x.dtype), torch.float32
+
+    def prepared():
+        return Prepared(x.q, x.k, x.k, beta3, x.n.T, chunk, q_dtype=f32, k_dtype=f32, update_dtype=f32,
+                        w_is_k=True, value_beta=True, precision=precision)
+
+    prep = prepared()
+    out = {
+        "prepare (both launches)": bench(prepared),
+        "prepare: _ut_diag_inverse": bench(prep.invert_diagonal_blocks),
+        "prepare: _ut_prepare": bench(prep.prepare),
+        "chunk loop, no gate": bench(lambda: _linear_launch(x, "householder", chunk=chunk, prep=prep,
+                                                            precision=precision)),
+        "chunk loop, scalar decay": bench(lambda: _linear_launch(x, "householder", log_f3, chunk=chunk, prep=prep,
+                                                                 precision=precision)),
+        "deltanet_triton (total)": bench(lambda: chunked_delta_rule(qn, kn, v, beta)),
+        "gated_deltanet_triton (total)": bench(lambda: chunked_delta_rule(qn, kn, v, beta, log_f=log_f)),
+    }
+    if importlib.util.find_spec("fla") is not None:
+        from fla.ops.delta_rule import chunk_delta_rule
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+        a = [to_bthd(t) for t in (qn, kn, v, beta.to(q.dtype))]
+        out["fla chunk_delta_rule (total)"] = bench(lambda: chunk_delta_rule(*a, scale=1.0))
+        g = [to_bthd(t) for t in (qn, kn, v, log_f, beta.to(q.dtype))]
+        out["fla chunk_gated_delta_rule (total)"] = bench(lambda: chunk_gated_delta_rule(*g, scale=1.0))
+    return out
+
+
+def _path_parts(q, k, v, bench):
+    """PaTH-FoX's preparation pass and total (the scan is the difference), in ms."""
+    from ..kernels._launch import per_token, prepare_qkv
+    from ..kernels.path_attention import path_attention
+    from ..kernels.ut_prepare import Prepared, check_block, prep_precision
+    from .fox import _log_f
+    from .path import path_inputs
+
+    w, beta = path_inputs(q)
+    log_f = _log_f(q)
+    x = prepare_qkv(q, k, v)
+    w3, beta3 = per_token(w, "w", x, extra=(x.n.D,)), per_token(beta, "beta", x)
+    block = check_block(None, x.n.D)
+    upd = torch.float16
+
+    def prepared():  # as path_attention's default (dense update in fp16, bf16 inputs)
+        return Prepared(x.q, x.k, w3, beta3, x.n.T, block, q_dtype=upd, k_dtype=x.dtype, update_dtype=upd,
+                        norm_q=True, precision=prep_precision(x.dtype))
+
+    prep = prepared()
+    out = {
+        "prepare (both launches)": bench(prepared),
+        "prepare: _ut_diag_inverse": bench(prep.invert_diagonal_blocks),
+        "prepare: _ut_prepare": bench(prep.prepare),
+        "pathfox_triton (total)": bench(lambda: path_attention(q, k, v, w, beta, log_f=log_f)),
+    }
+    out["scan (total - prepare, derived)"] = out["pathfox_triton (total)"] - out["prepare (both launches)"]
+    return out
+
+
+SUBJECTS = {"deltanet": _delta_parts, "pathfox": _path_parts}
+
+
+def main(argv=None) -> int:
+    import triton
+
+    p = argparse.ArgumentParser(prog="python -m pathedu.bench.parts", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--T", type=int, nargs="+", default=[1024, 8192])
+    p.add_argument("--B", type=int, default=32)
+    p.add_argument("--H", type=int, default=32)
+    p.add_argument("--D", type=int, default=64)
+    p.add_argument("--subjects", nargs="+", default=list(SUBJECTS), choices=list(SUBJECTS))
+    p.add_argument("--out", required=True, help="JSON file to write")
+    a = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("python -m pathedu.bench.parts needs a CUDA GPU", file=sys.stderr)
+        return 2
+    meta = run_meta("python -m pathedu.bench.parts " + " ".join(argv if argv is not None else sys.argv[1:]))
+    meta.update(dtype="bfloat16", sizes=dict(B=a.B, H=a.H, D=a.D, T=a.T), timer="triton.testing.do_bench, median ms")
+
+    def bench(fn):
+        fn()  # compile first
+        torch.cuda.synchronize()
+        return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+    rows = []
+    for T in a.T:
+        q, k, v = seeded_qkv((a.B, a.H), T, a.D, seed=T, device="cuda", dtype=torch.bfloat16)
+        for subject in a.subjects:
+            for part, ms in SUBJECTS[subject](q, k, v, bench).items():
+                rows.append(dict(T=T, subject=subject, part=part, ms=ms))
+                print(f"T={T:6d}  {subject:9s} {part:40s} {ms:9.3f} ms", flush=True)
+    with open(a.out, "w") as f:
+        json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
