@@ -89,8 +89,9 @@ matrix            ``pathfox_matrix``: masked UT       ``gated_householder_matrix
 blockwise         ``pathfox_blockwise``: right-to-    ``gated_householder_chunked``,
                   left scan carrying q^ and its gate  ``gated_deltanet_chunked``: UT/WY per
                   offset, online softmax              chunk with decay + carried state
-Triton            ``pathfox_triton``: the PaTH kernel (kernels in preparation)
-                  with the FoX bias hook
+Triton            ``pathfox_triton``: the PaTH kernel ``gated_householder_triton``,
+                  with the FoX bias hook              ``gated_deltanet_triton``: the chunked
+                                                      DeltaNet kernel, scalar decay hook
 ================  ==================================  ==========================================
 
 Also: :func:`pathfox_logits` (the ``T x T`` logit matrix) and :class:`PathForgetKVCache`.

@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf8"))
 LAB = "notebooks/01_nope_linear_lab"
 CHAPTER = "book/ch01_nope_linear"
+CLOSING = "book/ch07_six_dualities"  # the closing chapter: the six dualities side by side, no lab
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 
@@ -173,13 +174,16 @@ def test_front_pages(html):
     text = _page(html, "book/how_to_use")
     assert f"Triton mode: {pathedu.triton_mode()}" in text  # the page was executed on this machine
     assert "git clone " + CONFIG["repository"]["url"] in re.sub(r"<[^>]+>", "", text)
-    # The chapter map links every written chapter and marks the other ones of the six.
+    # The chapter map links every written chapter of the six dualities (ch01 .. ch06) and marks the
+    # other ones of the six; it also links the closing chapter, which is not one of the six.
     intro = _page(html, "book/intro")
-    chapters = [name for name in TOC_FILES if re.fullmatch(r"book/ch\d\d_\w+", name)]
-    assert CHAPTER in chapters
+    chapters = [name for name in TOC_FILES if re.fullmatch(r"book/ch0[1-6]_\w+", name)]
+    assert CHAPTER in chapters and len(chapters) <= 6
     for name in chapters:
         assert f'href="{name.split("/")[1]}.html"' in intro, name
     assert intro.count("in preparation") == 6 - len(chapters)
+    assert CLOSING in TOC_FILES
+    assert f'href="{CLOSING.split("/")[1]}.html"' in intro, "the landing page links the closing chapter"
 
 
 def test_notation_macros_used_are_defined():
