@@ -67,6 +67,11 @@ def as_rows(x: torch.Tensor, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
     return x.view(shape)
 
 
+def wants_grad(*xs) -> bool:
+    """Whether autograd will ask for gradients of any of ``xs`` (tensors or None)."""
+    return torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in xs)
+
+
 class Flat:
     """Validated ``q, k, v`` for a kernel (made by :func:`prepare_qkv`).
 
@@ -98,10 +103,11 @@ class Flat:
         return Flat(self.n, q3, k3, self.v, self.dtype, self.like)
 
 
-def prepare_qkv(q, k, v, *, min_dim=16, max_dim=128, even=False) -> Flat:
+def prepare_qkv(q, k, v, *, min_dim=16, max_dim=128, even=False, backward=False) -> Flat:
     """Validate ``q, k: (..., T, D)``, ``v: (..., T, Dv)`` for a kernel and flatten the
     leading dims into one (:class:`Flat`).  ``v=None``: only ``q`` and ``k`` (a pre-pass).
-    ``even``: ``D`` must be even (RoPE rotates channel pairs).
+    ``even``: ``D`` must be even (RoPE rotates channel pairs).  ``backward``: the caller has a
+    backward pass, so inputs that require grad are accepted (the flattening keeps their graph).
 
     In interpreter mode bf16 inputs are upcast to fp32 (the interpreter's bf16
     arithmetic is wrong); :meth:`Flat.result` casts the output back to the input dtype.
@@ -111,7 +117,8 @@ def prepare_qkv(q, k, v, *, min_dim=16, max_dim=128, even=False) -> Flat:
         check_even(n.D, "q")
     check_kernel_inputs(n, q.dtype, min_dim=min_dim, max_dim=max_dim)
     for name, x in (("q", q), ("k", k), ("v", v)):
-        refuse_grad(x, name)
+        if not backward:
+            refuse_grad(x, name)
     if not interpreting() and q.device.type != "cuda":
         raise ValueError(f"Triton forms need CUDA tensors on a GPU machine; `q` is on {q.device}")
     dtype = torch.float32 if interpreting() and q.dtype == torch.bfloat16 else q.dtype
@@ -122,22 +129,24 @@ def prepare_qkv(q, k, v, *, min_dim=16, max_dim=128, even=False) -> Flat:
     return Flat(n, q3, k3, v3, dtype, q)
 
 
-def per_token(x, name: str, flat: Flat, *, extra: tuple = ()) -> torch.Tensor:
+def per_token(x, name: str, flat: Flat, *, extra: tuple = (), backward: bool = False) -> torch.Tensor:
     """Validate a per-token tensor ``(..., T) + extra`` and return it as contiguous fp32
-    ``(BH, T) + extra`` (gates and transitions are kept in fp32)."""
+    ``(BH, T) + extra`` (gates and transitions are kept in fp32).  ``backward``: as :func:`prepare_qkv`."""
     check_per_token(x, name, flat.n, flat.like, extra=extra)
-    refuse_grad(x, name)
+    if not backward:
+        refuse_grad(x, name)
     return as_rows(x, (flat.BH, flat.n.T) + tuple(extra), torch.float32)
 
 
-def per_head(x, name: str, flat: Flat, dtype=torch.float32) -> torch.Tensor:
+def per_head(x, name: str, flat: Flat, dtype=torch.float32, backward: bool = False) -> torch.Tensor:
     """A real number, or a real tensor broadcastable to the leading dims, as contiguous
     ``(BH,)`` in ``dtype`` on the inputs' device (values are not checked here)."""
     if isinstance(x, torch.Tensor):
         if x.dtype == torch.bool or x.is_complex():
             raise TypeError(f"`{name}` must be a real tensor, got dtype {x.dtype}")
         check_device(x, name)
-        refuse_grad(x, name)
+        if not backward:
+            refuse_grad(x, name)
         t = x.to(device=flat.device, dtype=dtype)
     elif isinstance(x, bool) or not isinstance(x, numbers.Real):
         raise TypeError(f"`{name}` must be a float or a tensor, got {type(x).__name__}")

@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 
 from ..checks import check_scale, finite_condition, log_gate_condition, range_condition, require
-from ._launch import Flat, dot_precision, interpreting, next_pow2, per_head, per_token, prepare_qkv
+from ._launch import Flat, dot_precision, interpreting, next_pow2, per_head, per_token, prepare_qkv, wants_grad
 from ._pieces import (LOG2E, _first_nonfinite, _load_rows, _no_nonfinite, _poison, _query_block, _softmax_fold,
                       _store_rows)
 
@@ -91,10 +91,11 @@ def _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, lo, h
 
 
 @triton.jit
-def _flash_fwd(Q, K, V, O, BIAS_ARG, T, qk_scale,
+def _flash_fwd(Q, K, V, O, BIAS_ARG, LSE, T, qk_scale,
                stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt, stride_ob, stride_ot,
                HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr):
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr,
+               STORE_LSE: tl.constexpr):
     bh, start_m, offs_m = _query_block(BLOCK_M)  # heaviest query blocks first
     K += bh * stride_kb
     V += bh * stride_vb
@@ -124,6 +125,129 @@ def _flash_fwd(Q, K, V, O, BIAS_ARG, T, qk_scale,
     # future one); the rows that do see one get it back here.
     o = _poison(acc / l_i[:, None], offs_m - start_m, bad)
     _store_rows(O + bh * stride_ob, o, offs_m, tl.arange(0, BLOCK_DV), stride_ot, T, HEAD_DV)
+    if STORE_LSE:
+        # For the backward pass: the log-sum-exp (log2 units) of the *true* logits, whose bias is
+        # g(i) - g(j), not the g(r) - g(j) added above; the per-row difference g(i) - g(r) goes back in.
+        lse = m_i + tl.log2(l_i)
+        if BIAS == "alibi":
+            lse -= bias_arg * (offs_m - start_m).to(tl.float32)
+        elif BIAS == "loggate":
+            lse += (tl.load(bias_arg + offs_m, mask=offs_m < T, other=0.0) - c_ref) * 1.4426950408889634
+        tl.store(LSE + bh * T + offs_m, lse, mask=offs_m < T)
+
+
+@triton.jit
+def _bwd_tile(q, k, v, do, lse, delta, bias_arg, offs_m, offs_n, T, qk_scale,
+              MASK: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr):
+    """One (query block, key block) tile of the backward pass: ``(p, dz)``, both ``[BM, BN]`` fp32.
+
+    The probabilities are recomputed from the saved log-sum-exp, ``p = 2^(s - lse)``, with
+    the whole bias ``g(i) - g(j)`` (no per-block reference here: each tile is on its own), and
+    ``dz = p * (dO v^T - delta)`` is the gradient of the natural-log logit, ``delta_i = dO_i . O_i``.
+    ``MASK``: the tile straddles the diagonal or the end of the sequence; hidden entries are
+    selected away (``p = 0``), never multiplied by 0.
+    """
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BM, BN], log2 units
+    if BIAS == "alibi":
+        s += bias_arg * (offs_n[None, :] - offs_m[:, None]).to(tl.float32)  # -slope (i - j) log2(e)
+    elif BIAS == "loggate":
+        c_m = tl.load(bias_arg + offs_m, mask=offs_m < T, other=0.0)
+        c_n = tl.load(bias_arg + offs_n, mask=offs_n < T, other=0.0)
+        s += (c_m[:, None] - c_n[None, :]) * 1.4426950408889634  # c_i - c_j
+    p = tl.exp2(s - lse[:, None])
+    if MASK:
+        p = tl.where((offs_m[:, None] >= offs_n[None, :]) & (offs_m[:, None] < T), p, 0.0)
+    dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # [BM, BN]
+    return p, p * (dp - delta[:, None])
+
+
+@triton.jit
+def _flash_bwd(Q, K, V, DO, LSE, DELTA, BIAS_ARG, DQ, DK, DV, DBR, DBC, T, qk_scale, scale,
+               stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt,
+               HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+               BLOCK: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr):
+    """The backward pass of :func:`_flash_fwd`, FlashAttention-2's way: nothing ``T x T`` is stored.
+
+    Grid ``(blocks, BH, 2)``.  Programs with ``program_id(2) == 0`` own a block of keys and
+    walk the queries at or after it, accumulating ``dK = scale dz^T Q``, ``dV = p^T dO`` and the
+    column sums of ``dz``; programs with ``program_id(2) == 1`` own a block of queries and walk
+    the keys at or before it, accumulating ``dQ = scale dz K`` and the row sums of ``dz``.  Both
+    recompute ``p`` and ``dz`` tile by tile (:func:`_bwd_tile`).  ``dQ``, ``dK``, ``dV`` have the
+    strides of ``Q``, ``K``, ``V``; ``DO`` those of ``V``.  The bias's gradient is assembled from
+    the sums on the host: a logit's bias ``g(i) - g(j)`` gets ``dz_ij`` through ``g(i)`` (row sums,
+    ``DBR``) and ``-dz_ij`` through ``g(j)`` (column sums, ``DBC``), both ``(BH, T)`` fp32.
+    """
+    bh = tl.program_id(1).to(tl.int64)
+    start = tl.program_id(0) * BLOCK
+    offs_b = start + tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    Q += bh * stride_qb
+    K += bh * stride_kb
+    V += bh * stride_vb
+    DO += bh * stride_vb
+    LSE += bh * T
+    DELTA += bh * T
+    CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    CHECK_DV: tl.constexpr = BLOCK_DV != HEAD_DV
+    bias_arg = 0.0
+    if BIAS == "alibi":
+        bias_arg = tl.load(BIAS_ARG + bh) * 1.4426950408889634
+    elif BIAS == "loggate":
+        bias_arg = BIAS_ARG + bh * T
+    if tl.program_id(2) == 0:
+        # dK, dV for keys [start, start + BLOCK): every query at or after them.
+        k = _load_rows(K, offs_b, offs_d, stride_kt, T, HEAD_DIM, True, CHECK_D)  # [BN, BD]
+        v = _load_rows(V, offs_b, offs_dv, stride_vt, T, HEAD_DV, True, CHECK_DV)  # [BN, BDV]
+        dk = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
+        dv = tl.zeros([BLOCK, BLOCK_DV], dtype=tl.float32)
+        col = tl.zeros([BLOCK], dtype=tl.float32)
+        for start_m in range(start, T, BLOCK):
+            offs_m = start_m + tl.arange(0, BLOCK)
+            q = _load_rows(Q, offs_m, offs_d, stride_qt, T, HEAD_DIM, True, CHECK_D)  # [BM, BD]
+            do = _load_rows(DO, offs_m, offs_dv, stride_vt, T, HEAD_DV, True, CHECK_DV)  # [BM, BDV]
+            lse = tl.load(LSE + offs_m, mask=offs_m < T, other=0.0)
+            delta = tl.load(DELTA + offs_m, mask=offs_m < T, other=0.0)
+            # The first query block straddles the diagonal, the last one may run past T.
+            if (start_m == start) | (start_m + BLOCK > T):
+                p, dz = _bwd_tile(q, k, v, do, lse, delta, bias_arg, offs_m, offs_b, T, qk_scale, True, BIAS,
+                                  PRECISION)
+            else:
+                p, dz = _bwd_tile(q, k, v, do, lse, delta, bias_arg, offs_m, offs_b, T, qk_scale, False, BIAS,
+                                  PRECISION)
+            dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
+            dk += tl.dot(tl.trans(dz.to(q.dtype)), q, input_precision=PRECISION)
+            col += tl.sum(dz, axis=0)
+        _store_rows(DK + bh * stride_kb, dk * scale, offs_b, offs_d, stride_kt, T, HEAD_DIM)
+        _store_rows(DV + bh * stride_vb, dv, offs_b, offs_dv, stride_vt, T, HEAD_DV)
+        if BIAS != "none":
+            tl.store(DBC + bh * T + offs_b, col, mask=offs_b < T)
+    else:
+        # dQ for queries [start, start + BLOCK): every key at or before them.
+        q = _load_rows(Q, offs_b, offs_d, stride_qt, T, HEAD_DIM, True, CHECK_D)
+        do = _load_rows(DO, offs_b, offs_dv, stride_vt, T, HEAD_DV, True, CHECK_DV)
+        lse = tl.load(LSE + offs_b, mask=offs_b < T, other=0.0)
+        delta = tl.load(DELTA + offs_b, mask=offs_b < T, other=0.0)
+        dq = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
+        row = tl.zeros([BLOCK], dtype=tl.float32)
+        # Key blocks strictly before the query block need no mask.  (Rows past T, if any, get
+        # garbage that is never stored.)
+        for start_n in range(0, start, BLOCK):
+            offs_n = start_n + tl.arange(0, BLOCK)
+            k = _load_rows(K, offs_n, offs_d, stride_kt, T, HEAD_DIM, False, CHECK_D)
+            v = _load_rows(V, offs_n, offs_dv, stride_vt, T, HEAD_DV, False, CHECK_DV)
+            p, dz = _bwd_tile(q, k, v, do, lse, delta, bias_arg, offs_b, offs_n, T, qk_scale, False, BIAS,
+                              PRECISION)
+            dq += tl.dot(dz.to(k.dtype), k, input_precision=PRECISION)
+            row += tl.sum(dz, axis=1)
+        k = _load_rows(K, offs_b, offs_d, stride_kt, T, HEAD_DIM, True, CHECK_D)
+        v = _load_rows(V, offs_b, offs_dv, stride_vt, T, HEAD_DV, True, CHECK_DV)
+        p, dz = _bwd_tile(q, k, v, do, lse, delta, bias_arg, offs_b, offs_b, T, qk_scale, True, BIAS, PRECISION)
+        dq += tl.dot(dz.to(k.dtype), k, input_precision=PRECISION)
+        row += tl.sum(dz, axis=1)
+        _store_rows(DQ + bh * stride_qb, dq * scale, offs_b, offs_d, stride_qt, T, HEAD_DIM)
+        if BIAS != "none":
+            tl.store(DBR + bh * T + offs_b, row, mask=offs_b < T)
 
 
 # Tile shapes.  The interpreter's cost grows with the number of program
@@ -156,8 +280,9 @@ def attention(q, k, v, *, scale=None, alibi_slope=None, log_f=None):
     * ``log_f`` ``(..., T)``, finite entries <= 0: ``bias_ij = sum_{s=j+1..i} log_f[s]``
       (not multiplied by ``scale``).
 
-    Every argument is validated here (values with one host synchronisation); no
-    input may require grad while grad mode is on (there is no backward pass yet).
+    Every argument is validated here (values with one host synchronisation).  When
+    autograd wants gradients (of ``q, k, v``, ``alibi_slope`` or ``log_f``), the output has
+    a ``grad_fn`` whose backward is one more kernel (:class:`_FlashAttention`).
     A NaN or inf in ``q``, ``k`` or ``v`` at position ``t`` changes outputs at
     positions ``>= t`` only.
     """
@@ -175,31 +300,32 @@ def biased_attention(q, k, v, bias: str, bias_arg, *, scale=None, name: str = ""
     (``bias_arg`` = the slope) or ``"loggate"`` (``bias_arg`` = ``log_f``), and error
     messages call ``bias_arg`` ``name`` (the chapter forms pass ``"slope"``, ``"log_f"``).
     A missing ``bias_arg`` is an error here, never a silent NoPE."""
-    x = prepare_qkv(q, k, v)
+    x = prepare_qkv(q, k, v, backward=True)
     scale = check_scale(scale, x.n.D)
     if bias == "alibi":
-        bias_arg = per_head(bias_arg, name, x)
+        bias_arg = per_head(bias_arg, name, x, backward=True)
         require(finite_condition(bias_arg, name),
                 range_condition(bias_arg, name, 0.0, float("inf"), " (ALiBi's bias -slope*(i-j) penalises distance)"))
     elif bias == "loggate":
-        bias_arg = per_token(bias_arg, name, x)
+        bias_arg = per_token(bias_arg, name, x, backward=True)
         require(log_gate_condition(bias_arg, name))
         bias_arg = torch.cumsum(bias_arg, dim=-1)  # taken once, in fp32, outside the kernel
     elif bias != "none":
         raise ValueError(f"`bias` must be 'none', 'alibi' or 'loggate', got {bias!r}")
-    return x.result(_attention_launch(x, scale, bias, bias_arg))
+    return x.result(_attention(x, scale, bias, bias_arg))
 
 
-def _attention_launch(x: Flat, scale: float, bias: str = "none", bias_arg=None) -> torch.Tensor:
+def _attention_launch(x: Flat, scale: float, bias: str = "none", bias_arg=None, lse=None) -> torch.Tensor:
     """Launch on validated inputs (:func:`._launch.prepare_qkv`): returns ``(BH, T, Dv)``.
-    ``bias_arg``: fp32 ``(BH,)`` slopes or ``(BH, T)`` cumulative log gates."""
+    ``bias_arg``: fp32 ``(BH,)`` slopes or ``(BH, T)`` cumulative log gates.  ``lse``: an fp32
+    ``(BH, T)`` tensor that receives each row's log-sum-exp (log2 units), for the backward pass."""
     n = x.n
     out = x.new_output(n.Dv)
     if x.empty_input:
         return out
     meta = dict(HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=next_pow2(n.D), BLOCK_DV=next_pow2(n.Dv),
-                BIAS=bias, PRECISION=dot_precision(x.dtype))
-    args = (x.q, x.k, x.v, out, x.q if bias_arg is None else bias_arg, n.T, scale * LOG2E,
+                BIAS=bias, PRECISION=dot_precision(x.dtype), STORE_LSE=lse is not None)
+    args = (x.q, x.k, x.v, out, x.q if bias_arg is None else bias_arg, x.q if lse is None else lse, n.T, scale * LOG2E,
             x.q.stride(0), x.q.stride(1), x.k.stride(0), x.k.stride(1), x.v.stride(0), x.v.stride(1),
             out.stride(0), out.stride(1))
     if interpreting():
@@ -211,3 +337,76 @@ def _attention_launch(x: Flat, scale: float, bias: str = "none", bias_arg=None) 
         grid = lambda META: (triton.cdiv(n.T, META["BLOCK_M"]), x.BH)  # noqa: E731
         _flash_fwd_tuned[grid](*args, **meta)
     return out
+
+
+def _attention_bwd_launch(x: Flat, do, out, lse, scale: float, bias: str, bias_arg):
+    """The backward kernel on the forward's validated inputs ``x``, its output ``out`` and
+    log-sum-exp ``lse``; ``do``: ``(BH, T, Dv)``.  Returns ``dq, dk, dv`` (compute dtype) and
+    the row and column sums of ``dz`` (fp32 ``(BH, T)``; None without a bias)."""
+    n = x.n
+    do = do.to(x.dtype).contiguous()
+    dq, dk, dv = torch.empty_like(x.q), torch.empty_like(x.k), torch.empty_like(x.v)
+    rows = cols = None
+    if bias != "none":
+        rows = torch.empty(x.BH, n.T, dtype=torch.float32, device=x.device)
+        cols = torch.empty_like(rows)
+    if x.empty_input:
+        return dq.zero_(), dk.zero_(), dv.zero_(), rows, cols
+    delta = (do.float() * out.float()).sum(-1)  # delta_i = dO_i . O_i, fp32 (BH, T)
+    precision = dot_precision(x.dtype)
+    if interpreting():
+        block, cfg = (32 if n.T <= 32 else 64), {}
+    elif precision == "ieee":
+        block, cfg = 32, dict(num_warps=4, num_stages=2)
+    else:
+        block, cfg = 64, dict(num_warps=4, num_stages=2)
+    dummy = delta
+    _flash_bwd[(triton.cdiv(n.T, block), x.BH, 2)](
+        x.q, x.k, x.v, do, lse, delta, dummy if bias_arg is None else bias_arg, dq, dk, dv,
+        dummy if rows is None else rows, dummy if cols is None else cols, n.T, scale * LOG2E, scale,
+        x.q.stride(0), x.q.stride(1), x.k.stride(0), x.k.stride(1), x.v.stride(0), x.v.stride(1),
+        HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=next_pow2(n.D), BLOCK_DV=next_pow2(n.Dv), BLOCK=block, BIAS=bias,
+        PRECISION=precision, **cfg)
+    return dq, dk, dv, rows, cols
+
+
+class _FlashAttention(torch.autograd.Function):
+    """:func:`_attention_launch` with a backward pass (:func:`_attention_bwd_launch`).
+
+    Inputs: the flattened ``q, k, v`` of a :class:`._launch.Flat` (``flat``, whose sizes and
+    dtype are reused), ``bias_arg`` (None, the ``(BH,)`` slopes or the ``(BH, T)`` cumulative
+    log gates ``c``), ``scale`` and ``bias``.  Saves ``q, k, v``, the output and the log-sum-exp
+    (``O(T)`` per head) and recomputes everything else.  The bias's gradient: for ``c``,
+    ``dc = rows - cols`` (``c_i`` enters row ``i``'s logits, ``-c_j`` column ``j``'s); for a slope,
+    ``d slope = sum_j j cols_j - sum_i i rows_i`` (the bias is ``-slope (i - j)``).
+    """
+
+    @staticmethod
+    def forward(ctx, q3, k3, v3, bias_arg, flat, scale, bias):
+        x = Flat(flat.n, q3, k3, v3, flat.dtype, flat.like)
+        lse = torch.empty(x.BH, x.n.T, dtype=torch.float32, device=x.device)
+        out = _attention_launch(x, scale, bias, bias_arg, lse=lse)
+        ctx.save_for_backward(q3, k3, v3, out, lse, bias_arg)
+        ctx.flat, ctx.scale, ctx.bias = flat, scale, bias
+        return out
+
+    @staticmethod
+    def backward(ctx, do):
+        q3, k3, v3, out, lse, bias_arg = ctx.saved_tensors
+        x = Flat(ctx.flat.n, q3, k3, v3, ctx.flat.dtype, ctx.flat.like)
+        dq, dk, dv, rows, cols = _attention_bwd_launch(x, do, out, lse, ctx.scale, ctx.bias, bias_arg)
+        d_bias = None
+        if ctx.bias == "loggate":
+            d_bias = rows - cols
+        elif ctx.bias == "alibi":
+            pos = torch.arange(x.n.T, dtype=torch.float32, device=x.device)
+            d_bias = ((cols - rows).double() @ pos.double()).float()  # float64: two large sums cancel
+        return dq, dk, dv, d_bias, None, None, None
+
+
+def _attention(x: Flat, scale: float, bias: str = "none", bias_arg=None) -> torch.Tensor:
+    """:func:`_attention_launch`, through :class:`_FlashAttention` when autograd wants gradients
+    (of ``x.q, x.k, x.v`` or ``bias_arg``): the one entry the public functions call."""
+    if wants_grad(x.q, x.k, x.v, bias_arg):
+        return _FlashAttention.apply(x.q, x.k, x.v, bias_arg, x, scale, bias)
+    return _attention_launch(x, scale, bias, bias_arg)

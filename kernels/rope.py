@@ -11,7 +11,7 @@ absolute position once, then run the templates unchanged:
 
 The composed entry points validate ``q, k, v`` once and call the internal,
 unvalidated launchers of both kernels (``_rotate_launch``, then
-``_attention_launch`` or ``_linear_launch``).
+``_attention`` or ``_linear_launch``).
 
 One program owns ``BLOCK_T`` positions of one (batch, head) row of both ``q``
 and ``k``.  It computes, in fp32 and in registers,
@@ -49,8 +49,8 @@ import triton.language as tl
 
 from ..checks import check_scale
 from ..rope import _pairs, check_base, check_offset, check_pairing
-from ._launch import Flat, interpreting, prepare_qkv
-from .flash_attention import _attention_launch
+from ._launch import Flat, interpreting, prepare_qkv, wants_grad
+from .flash_attention import _attention
 from .linear_attention import _linear_launch
 
 __all__ = ["rotate_qk", "rotary_attention", "rotary_linear_attention", "trig_table", "trig_error"]
@@ -66,7 +66,7 @@ def _rotate_tile(X, XO, col_a, col_b, c, s, mask):
 
 
 @triton.jit
-def _rope_fwd(Q, K, QO, KO, T, offset, log2_base, stride_b, stride_t,
+def _rope_fwd(Q, K, QO, KO, T, offset, log2_base, sign, stride_b, stride_t,
               HALF: tl.constexpr, BLOCK_T: tl.constexpr,
               BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr):
     pid_t = tl.program_id(0)
@@ -77,7 +77,7 @@ def _rope_fwd(Q, K, QO, KO, T, offset, log2_base, stride_b, stride_t,
     omega = tl.exp2(-(offs_n.to(tl.float32) / HALF) * log2_base)
     theta = (offset + offs_t).to(tl.float32)[:, None] * omega[None, :]
     c = tl.cos(theta)
-    s = tl.sin(theta)
+    s = tl.sin(theta) * sign  # sign -1: the inverse rotation R^-t = (R^t)^T (the backward pass)
     if INTERLEAVED:  # pair n = channels (2n, 2n + 1)
         col_a = 2 * offs_n
         col_b = col_a + 1
@@ -102,12 +102,12 @@ def rotate_qk(q, k, *, base: float = 10000.0, offset: int = 0, pairing: str = "i
     ``"interleaved"`` = channels (2n, 2n+1), ``"half"`` = channels (n, n + D/2)),
     but with fp32 angles computed in the kernel.  Leading dims are flattened.
     In interpreter mode bf16 is rotated in fp32 and rounded back to bf16.
-    No input may require grad while grad mode is on (there is no backward pass yet).
+    Differentiable: the backward pass rotates the gradients back (the same kernel, ``-theta``).
     """
     if isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and k.dtype != q.dtype:
         raise TypeError(f"`q` and `k` must share one dtype, got {q.dtype} and {k.dtype}")
-    x = prepare_qkv(q, k, None, min_dim=2, max_dim=256, even=True)  # v=None: a pre-pass of q and k only
-    qo, ko = _rotate_launch(x, check_base(base), check_offset(offset), check_pairing(pairing))
+    x = prepare_qkv(q, k, None, min_dim=2, max_dim=256, even=True, backward=True)  # v=None: q and k only
+    qo, ko = _rotated(x, check_base(base), check_offset(offset), check_pairing(pairing))
     return x.result(qo), x.result(ko)
 
 
@@ -116,11 +116,12 @@ def rotary_attention(q, k, v, *, base: float = 10000.0, scale=None, pairing: str
     template (:func:`pathedu.kernels.flash_attention.attention`), validated once.
 
     Shapes: ``q, k: (..., T, D)``, ``v: (..., T, Dv)`` -> ``(..., T, Dv)``; ``D`` even,
-    ``D, Dv`` in 16..128; fp16/bf16/fp32; ``scale=None`` means ``D ** -0.5``.
+    ``D, Dv`` in 16..128; fp16/bf16/fp32; ``scale=None`` means ``D ** -0.5``.  Differentiable:
+    the backward pass is the template's, then the rotation's transpose (the same kernel, ``-theta``).
     """
-    x, base, pairing = _check_rotary(q, k, v, base, pairing)
+    x, base, pairing = _check_rotary(q, k, v, base, pairing, backward=True)
     scale = check_scale(scale, x.n.D)
-    return x.result(_attention_launch(x.with_qk(*_rotate_launch(x, base, 0, pairing)), scale))
+    return x.result(_attention(x.with_qk(*_rotated(x, base, 0, pairing)), scale))
 
 
 def rotary_linear_attention(q, k, v, *, base: float = 10000.0, pairing: str = "interleaved"):
@@ -135,23 +136,50 @@ def rotary_linear_attention(q, k, v, *, base: float = 10000.0, pairing: str = "i
     return x.result(_linear_launch(x.with_qk(*_rotate_launch(x, base, 0, pairing)), "none"))
 
 
-def _check_rotary(q, k, v, base, pairing):
-    return prepare_qkv(q, k, v, even=True), check_base(base), check_pairing(pairing)
+def _check_rotary(q, k, v, base, pairing, backward=False):
+    return prepare_qkv(q, k, v, even=True, backward=backward), check_base(base), check_pairing(pairing)
 
 
-def _rotate_launch(x: Flat, base: float, offset: int, pairing: str):
-    """Rotate validated ``x.q, x.k`` (``(BH, T, D)``): returns new ``(BH, T, D)`` tensors, compute dtype."""
-    qo, ko = torch.empty_like(x.q), torch.empty_like(x.k)
+def _rotate_launch(x: Flat, base: float, offset: int, pairing: str, *, inverse: bool = False, qk=None):
+    """Rotate validated ``x.q, x.k`` (``(BH, T, D)``): returns new ``(BH, T, D)`` tensors, compute dtype.
+    ``inverse``: rotate by ``-(offset + t) Omega`` instead (the transpose); ``qk``: rotate this
+    pair of ``(BH, T, D)`` tensors instead of ``x.q, x.k`` (the backward pass's gradients)."""
+    q3, k3 = (x.q, x.k) if qk is None else (t.to(x.dtype).contiguous() for t in qk)
+    qo, ko = torch.empty_like(q3), torch.empty_like(k3)
     if not x.empty_input:
         half = x.n.D // 2
         block_h = triton.next_power_of_2(half)
         # Interpreter: few large programs (its cost is per program).  GPU: ~2048 fp32 values per tile.
         block_t = 128 if interpreting() else max(16, min(128, 2048 // block_h))
         grid = (triton.cdiv(x.n.T, block_t), x.BH)
-        _rope_fwd[grid](x.q, x.k, qo, ko, x.n.T, offset, math.log2(base), x.q.stride(0), x.q.stride(1),
+        _rope_fwd[grid](q3, k3, qo, ko, x.n.T, offset, math.log2(base), -1.0 if inverse else 1.0,
+                        q3.stride(0), q3.stride(1),
                         HALF=half, BLOCK_T=block_t, BLOCK_H=block_h, INTERLEAVED=pairing == "interleaved",
                         num_warps=4)
     return qo, ko
+
+
+class _Rotate(torch.autograd.Function):
+    """:func:`_rotate_launch` with a backward pass: a rotation's transpose is its inverse, so the
+    gradients are rotated back by the same kernel with ``-theta``."""
+
+    @staticmethod
+    def forward(ctx, q3, k3, flat, base, offset, pairing):
+        ctx.args = (flat, base, offset, pairing)
+        return _rotate_launch(flat.with_qk(q3, k3), base, offset, pairing)
+
+    @staticmethod
+    def backward(ctx, dq, dk):
+        flat, base, offset, pairing = ctx.args
+        dq, dk = (torch.zeros_like(flat.q) if g is None else g for g in (dq, dk))
+        return (*_rotate_launch(flat, base, offset, pairing, inverse=True, qk=(dq, dk)), None, None, None, None)
+
+
+def _rotated(x: Flat, base: float, offset: int, pairing: str):
+    """``x.q, x.k`` rotated, through :class:`_Rotate` when autograd wants their gradients."""
+    if wants_grad(x.q, x.k):
+        return _Rotate.apply(x.q, x.k, x, base, offset, pairing)
+    return _rotate_launch(x, base, offset, pairing)
 
 
 def trig_table(T: int, D: int, *, base: float = 10000.0, offset: int = 0, device=None):

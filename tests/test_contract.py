@@ -29,7 +29,7 @@ import re
 
 import pytest
 import torch
-from forms import FORMS, KINDS, Form, call, matrix_form
+from forms import FORMS, KINDS, TRITON_WITH_BACKWARD, Form, call, matrix_form
 from helpers import TOL_F64, TOL_TRITON, rand_qkv, rel_err
 
 import pathedu
@@ -38,6 +38,8 @@ D, DV = 16, 24  # Dv != D everywhere
 TUNING_NAMES = ("page", "block_m", "block_n", "chunk", "block")
 TORCH_FORMS = [f for f in FORMS if f.kind != "triton"]
 TRITON_FORMS = [f for f in FORMS if f.kind == "triton"]
+TRITON_BACKWARD = [f for f in TRITON_FORMS if f.name in TRITON_WITH_BACKWARD]
+TRITON_NO_BACKWARD = [f for f in TRITON_FORMS if f.name not in TRITON_WITH_BACKWARD]
 
 
 def native_dtype(form: Form) -> torch.dtype:
@@ -261,7 +263,31 @@ def test_gradients_equal_the_matrix_forms(form):
         assert rel_err(got, want) <= 1e-10, f"gradient of `{label}`"
 
 
-@pytest.mark.parametrize("form, case", params(lambda f: [(n, n) for n in ["q", "k", "v"] + names(f)], TRITON_FORMS))
+def test_the_backward_registry_names_triton_forms():
+    assert TRITON_WITH_BACKWARD <= {f.name for f in TRITON_FORMS}
+
+
+# T = 1 (one key: every gradient of q and k is 0), T = 37 (no multiple of any block) and 70 (several blocks).
+@pytest.mark.parametrize("T", [1, 37, 70])
+@pytest.mark.parametrize("form", TRITON_BACKWARD, ids=lambda f: f.name)
+def test_triton_gradients_match_float64_autograd_through_the_matrix_form(form, T):
+    """fp32 kernels (forward and backward) against float64 autograd: every argument's gradient, the gates'
+    included, within 5e-3 of the largest reference entry (1e-2 when that is tiny, as at T = 1)."""
+    (q, k, v, ex), (q64, k64, v64, ex64) = make_inputs(form, (2,), T, seed=7)
+    g = torch.randn(2, T, DV, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    got_leaves, want_leaves = _leaves(q, k, v, ex), _leaves(q64, k64, v64, ex64)
+    got = torch.autograd.grad((call(form, *got_leaves) * g.float()).sum(),
+                              list(got_leaves[:3]) + list(got_leaves[3].values()))
+    want = torch.autograd.grad((call(matrix_form(form), *want_leaves) * g).sum(),
+                               list(want_leaves[:3]) + list(want_leaves[3].values()))
+    for label, a, b in zip(["q", "k", "v"] + list(ex), got, want):
+        assert a.dtype == torch.float32 and a.shape == b.shape, label
+        err = (a.double() - b).abs().max().item()
+        assert err <= 5e-3 * max(b.abs().max().item(), 1e-2), f"gradient of `{label}`: {err:.2e}"
+
+
+@pytest.mark.parametrize("form, case", params(lambda f: [(n, n) for n in ["q", "k", "v"] + names(f)],
+                                              TRITON_NO_BACKWARD))
 def test_triton_refuses_inputs_that_require_grad(form, case):
     """Every argument, one at a time: a kernel's output has no graph, so a gradient would be silently lost."""
     (q, k, v, ex), _ = make_inputs(form, (), 5, seed=5)

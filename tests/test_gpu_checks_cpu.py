@@ -18,7 +18,7 @@ def test_every_chapter_has_checks_and_smoke_sizes():
     assert set(checks.CHECKS) == set(bench.CHAPTERS) == set(checks.SMOKE)
     assert "checks" not in bench.CHAPTERS
     assert checks.targets(["path.fla_path", "nope"]) == [("path", "fla_path"), ("nope", "bench_sizes"),
-                                                         ("nope", "robust"), ("nope", "fp32")]
+                                                         ("nope", "robust"), ("nope", "fp32"), ("nope", "backward")]
     with pytest.raises(ValueError, match="unknown section"):
         checks.targets(["path.nothing"])
 
@@ -122,3 +122,26 @@ def test_parts_profiler_runs_every_part_on_cpu():
         times = fn(q, k, v, once)
         assert all(ms == 1.0 for part, ms in times.items() if "derived" not in part), subject
     assert calls and all(c is None or torch.isfinite(c).all() for c in calls if isinstance(c, torch.Tensor))
+
+
+def test_forward_backward_timing_step_finds_the_leaves_and_drops_their_grads():
+    """``python -m pathedu.bench CHAPTER --backward`` times ``fn().backward(do)`` with every leaf's grad dropped
+    first (no accumulation timed), on the leaves the op's graph reaches (a peer's own re-laid-out inputs)."""
+    from pathedu.bench.__main__ import _leaves, _with_backward
+
+    q = torch.randn(2, 3, requires_grad=True)
+    q_peer = _common.to_bthd(q[None])  # a new leaf, as a peer's layout change makes it
+    assert q_peer.is_leaf and q_peer.requires_grad
+    w = torch.randn(2, requires_grad=True)  # q_peer is (1, 3, 2)
+
+    def fn():
+        return (q_peer * w).sum(-1)
+
+    step = _with_backward(fn, fn())
+    assert {id(t) for t in _leaves(fn())} == {id(q_peer), id(w)}
+    step()
+    first = w.grad.clone()
+    step()
+    assert torch.equal(w.grad, first) and q.grad is None  # dropped, not accumulated; q is not in the graph
+    with pytest.raises(RuntimeError, match="no grad_fn"):
+        _with_backward(fn, fn().detach())

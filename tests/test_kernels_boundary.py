@@ -270,7 +270,12 @@ def _with(name, q, k, v, ex, slope, change):
     return x["q"], x["k"], x["v"], {n: x[n] for n in ex}, x["alibi_slope"] if name != "gamma" else x["gamma"]
 
 
-@pytest.mark.parametrize("index", range(11))
+# The entry points of _all_calls that have a backward pass (the softmax template and the rotation);
+# the others refuse inputs that require grad.
+WITH_BACKWARD = {0, 2, 3, 4, 6}
+
+
+@pytest.mark.parametrize("index", sorted(set(range(11)) - WITH_BACKWARD))
 def test_inputs_that_require_grad_are_refused(index):
     q, k, v, ex = inputs()
     slope = torch.tensor([0.5, 0.9])
@@ -279,6 +284,26 @@ def test_inputs_that_require_grad_are_refused(index):
     _, call = _all_calls(*args)[index]
     with pytest.raises(RuntimeError, match=rf"`{name}` requires grad.*no backward.*no_grad"):
         call()
+    with torch.no_grad():
+        out = call()
+    out = out if isinstance(out, torch.Tensor) else out[0]
+    assert not out.requires_grad and out.grad_fn is None
+
+
+@pytest.mark.parametrize("index", sorted(WITH_BACKWARD))
+def test_inputs_that_require_grad_get_a_backward_pass(index):
+    """The output carries a graph back to the argument; under no_grad it carries none."""
+    q, k, v, ex = inputs()
+    slope = torch.tensor([0.5, 0.9])
+    name, _ = _all_calls(q, k, v, ex, slope)[index]
+    args = _with(name, q, k, v, ex, slope, lambda t: t.clone().requires_grad_())
+    leaf = dict(q=args[0], k=args[1], v=args[2], alibi_slope=args[4], **args[3])[name]
+    _, call = _all_calls(*args)[index]
+    out = call()
+    out = out if isinstance(out, torch.Tensor) else out[0]
+    assert out.grad_fn is not None
+    (grad,) = torch.autograd.grad(out.sum(), leaf)
+    assert grad.shape == leaf.shape and torch.isfinite(grad).all()
     with torch.no_grad():
         out = call()
     out = out if isinstance(out, torch.Tensor) else out[0]
@@ -299,8 +324,7 @@ def test_meta_tensors_are_refused(index):
 def test_chapter_triton_forms_refuse_grad_once():
     q, k, v, ex = inputs()
     v = v.requires_grad_()
-    for f, args in [(nope.nope_triton, ()), (alibi.alibi_triton, (0.1,)), (fox.fox_triton, (ex["log_f"],)),
-                    (rope.complex_triton, ()), (path.path_triton, (ex["w"], ex["beta"]))]:
+    for f, args in [(rope.complex_triton, ()), (path.path_triton, (ex["w"], ex["beta"]))]:
         with pytest.raises(RuntimeError, match="`v` requires grad"):
             f(q, k, v, *args)
 

@@ -52,11 +52,14 @@ class Op:
     max_T: int | None = None  # skip sizes this op cannot handle
 
 
-def load(chapter: str) -> dict:
-    """The committed benchmark data of a chapter (``pathedu/data/bench_<chapter>.json``)."""
-    path = DATA_DIR / f"bench_{chapter}.json"
+def load(chapter: str, *, backward: bool = False) -> dict:
+    """The committed benchmark data of a chapter: ``pathedu/data/bench_<chapter>.json`` (forward), or
+    ``bench_<chapter>_fwdbwd.json`` with ``backward=True`` (forward + backward)."""
+    path = DATA_DIR / f"bench_{chapter}{'_fwdbwd' if backward else ''}.json"
     if not path.exists():
-        raise FileNotFoundError(f"no benchmark data for chapter {chapter!r} at {path}; run `python -m pathedu.bench {chapter}` on a GPU")
+        flag = " --backward" if backward else ""
+        raise FileNotFoundError(f"no benchmark data for chapter {chapter!r} at {path}; "
+                                f"run `python -m pathedu.bench {chapter}{flag}` on a GPU")
     return json.loads(path.read_text())
 
 

@@ -14,6 +14,39 @@ def _write(path, meta, rows) -> None:
         json.dump(dict(meta=meta, rows=rows), f, indent=1, default=str)
 
 
+def _leaves(out):
+    """The tensors whose ``.grad`` a backward from ``out`` fills (its graph's AccumulateGrad nodes)."""
+    found, seen, todo = [], set(), [out.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if hasattr(node, "variable"):
+            found.append(node.variable)
+        todo.extend(f for f, _ in node.next_functions)
+    return found
+
+
+def _with_backward(fn, out):
+    """``fn`` followed by a backward pass with a fixed output gradient; every leaf's ``.grad`` is
+    dropped first, so that no accumulation (an extra add per leaf) is timed."""
+    import torch
+
+    if out.grad_fn is None:
+        raise RuntimeError("the op's output has no grad_fn: it has no backward pass")
+    g = torch.Generator(device=out.device).manual_seed(0)
+    do = torch.randn(out.shape, dtype=out.dtype, device=out.device, generator=g)
+    leaves = _leaves(out)
+
+    def step():
+        for t in leaves:
+            t.grad = None
+        fn().backward(do)
+
+    return step
+
+
 def main(argv=None) -> int:
     import torch
     import triton
@@ -33,6 +66,9 @@ def main(argv=None) -> int:
     p.add_argument("--rep", type=int, default=200, help="do_bench repetition time, ms")
     p.add_argument("--no-checks", action="store_true",
                    help="accepted for old command lines; the GPU checks are `python -m pathedu.bench.checks CHAPTER`")
+    p.add_argument("--backward", action="store_true",
+                   help="time forward + backward (q, k, v and the gates require grad; the output's gradient is "
+                        "a fixed random tensor); default file bench_CHAPTER_fwdbwd.json")
     p.add_argument("--out", help=f"JSON file to write (default {DATA_DIR}/bench_CHAPTER.json)")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -42,12 +78,14 @@ def main(argv=None) -> int:
     ops = [o for o in chapter_ops(a.chapter) if not a.ops or o.name in a.ops or o.peer or o.reference is None]
     ops = [o for o in ops if o.name not in a.skip]
     meta = run_meta("python -m pathedu.bench " + " ".join(argv if argv is not None else sys.argv[1:]))
-    meta.update(dtype=a.dtype, sizes=dict(B=a.B, H=a.H, D=a.D, T=a.T), causal=True, pass_="forward",
-                timer="triton.testing.do_bench, median ms")
-    out = a.out or str(DATA_DIR / f"bench_{a.chapter}.json")
+    meta.update(dtype=a.dtype, sizes=dict(B=a.B, H=a.H, D=a.D, T=a.T), causal=True,
+                pass_="forward+backward" if a.backward else "forward", timer="triton.testing.do_bench, median ms")
+    out = a.out or str(DATA_DIR / f"bench_{a.chapter}{'_fwdbwd' if a.backward else ''}.json")
     rows = []
     for T in tqdm(a.T, desc="sequence lengths"):
         q, k, v = seeded_qkv((a.B, a.H), T, a.D, seed=T, device="cuda", dtype=dtype)
+        if a.backward:
+            q, k, v = (x.requires_grad_() for x in (q, k, v))
         outs, times = {}, {}
         for op in ops:
             if op.max_T is not None and T > op.max_T:
@@ -55,6 +93,10 @@ def main(argv=None) -> int:
             try:
                 fn = op.setup(q, k, v)
                 outs[op.name] = fn()  # also compiles / autotunes before timing
+                if a.backward:
+                    fn = _with_backward(fn, outs[op.name])
+                    outs[op.name] = outs[op.name].detach()
+                    fn()
                 torch.cuda.synchronize()
                 times[op.name] = triton.testing.do_bench(fn, warmup=50, rep=a.rep, return_mode="median")
             except Exception as exc:  # a peer missing or failing is recorded, not fatal

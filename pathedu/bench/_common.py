@@ -46,8 +46,11 @@ def sdpa(q, k, v):
 
 
 def to_bthd(x: torch.Tensor) -> torch.Tensor:
-    """``[B, H, T, ...]`` (ours) -> ``[B, T, H, ...]`` (flash-linear-attention's), contiguous."""
-    return x.transpose(1, 2).contiguous()
+    """``[B, H, T, ...]`` (ours) -> ``[B, T, H, ...]`` (flash-linear-attention's), contiguous.  A tensor that
+    requires grad gives a new leaf that requires grad: a forward+backward benchmark then times the peer's
+    op alone, not the layout change's backward."""
+    y = x.transpose(1, 2).contiguous()
+    return y.detach().requires_grad_() if x.requires_grad else y
 
 
 def from_bthd(x: torch.Tensor) -> torch.Tensor:

@@ -832,16 +832,140 @@ def pathfox_robust(rec, dev, fla, *, robust_T=16384, robust_H=2, D=64, **_):
 
 
 # =============================================================================
+# Backward passes (issue 9): the softmax template's gradients, chapters 1-4
+# =============================================================================
+
+GRAD_LIMIT = 1e-2  # rel_rms of a bf16 gradient against fp32 and against float64 (the issue's 0.01)
+
+
+def _grads(fn, args, names, do):
+    """``{name: gradient}`` of ``(fn(*args) * do).sum()`` for the arguments named (``args``: a dict in call order,
+    fresh leaves made here)."""
+    leaves = {n: (x.detach().clone().requires_grad_() if n in names else x) for n, x in args.items()}
+    out = fn(*leaves.values())
+    grads = torch.autograd.grad(out, [leaves[n] for n in names], do.to(out.dtype))
+    return dict(zip(names, grads))
+
+
+def _backward_inputs(dev, chapter, lead, T, D, seed, *, strong=False):
+    """``{name: tensor}`` in call order for a softmax-side form: q, k, v (fp32 from float64 draws) and the
+    chapter's extra argument (fp32): ALiBi slopes, FoX log gates (``strong``: 5% of tokens down to -20)."""
+    g = generator(dev, seed)
+    q, k, v = (torch.randn(*lead, T, D, device=dev, generator=g, dtype=F64).float() for _ in range(3))
+    args = dict(q=q, k=k, v=v)
+    if chapter == "alibi":
+        args["slope"] = torch.linspace(0.0, 0.5, lead[-1], device=dev).expand(lead).contiguous()
+    elif chapter == "fox":
+        args["log_f"] = _pathfox_gates(dev, lead, T, seed, strong=strong)
+    return args
+
+
+def _backward_section(rec, dev, chapter, *, T=1024, long_T=8192, lead=(1, 2), D=64):
+    """A chapter's ``*_triton`` gradients: fp32 against float64 autograd through ``*_matrix`` (the same inputs)
+    at ``T``; bf16 against fp32 (the same rounded inputs) and against float64 at ``T`` and ``long_T``
+    (FoX: with strong gates, 5% of tokens down to -20, at ``long_T``)."""
+    import importlib
+
+    mod = importlib.import_module(f"pathedu.{chapter}")
+    kernel, matrix = getattr(mod, f"{chapter}_triton"), getattr(mod, f"{chapter}_matrix")
+    for T_case, strong in ((T, False), (long_T, chapter == "fox")):
+        args = _backward_inputs(dev, chapter, lead, T_case, D, seed=T_case, strong=strong)
+        names = list(args)
+        do = torch.randn(*lead, T_case, D, device=dev, generator=generator(dev, 1), dtype=F64).float()
+        bf = {n: (x.to(BF16) if n in "qkv" else x) for n, x in args.items()}
+        as32 = {n: x.float() for n, x in bf.items()}  # the bf16-rounded numbers, in fp32
+        params = dict(gates="strong (5% in [-20, 0])" if strong else "mild") if chapter == "fox" else {}
+        cache = {}
+
+        def get(which):
+            if which not in cache:
+                if which == "bf16":
+                    cache[which] = _grads(kernel, bf, names, do)
+                elif which == "fp32":
+                    cache[which] = _grads(kernel, as32, names, do)
+                else:
+                    cache[which] = _grads(lambda *a: per_slice64(matrix, *a), as32, names, do)
+            return cache[which]
+
+        for n in names:
+            p = dict(params, grad=n)
+            rec.compare(f"{chapter}_triton backward", lambda n=n: (get("bf16")[n], get("fp32")[n]),
+                        reference=f"{chapter}_triton backward (fp32)", metric="rel_rms", limit=GRAD_LIMIT,
+                        dtype=BF16, T=T_case, params=p)
+            if T_case <= 4096:  # float64 T x T autograd: kept to moderate T
+                rec.compare(f"{chapter}_triton backward", lambda n=n: (get("bf16")[n], get("f64")[n]),
+                            reference=f"float64 autograd {chapter}_matrix", metric="rel_rms", limit=GRAD_LIMIT,
+                            dtype=BF16, T=T_case, params=p)
+                rec.compare(f"{chapter}_triton backward", lambda n=n: (get("fp32")[n], get("f64")[n]),
+                            reference=f"float64 autograd {chapter}_matrix", metric="rel_rms",
+                            limit=REL_RMS["float32"], dtype=FP32, T=T_case, params=p)
+        cache.clear()
+        if torch.device(dev).type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def nope_backward(rec, dev, fla, *, grad_T=1024, grad_long_T=8192, **_):
+    _backward_section(rec, dev, "nope", T=grad_T, long_T=grad_long_T)
+
+
+def alibi_backward(rec, dev, fla, *, grad_T=1024, grad_long_T=8192, **_):
+    _backward_section(rec, dev, "alibi", T=grad_T, long_T=grad_long_T)
+
+
+def fox_backward(rec, dev, fla, *, grad_T=1024, grad_long_T=16384, **_):
+    _backward_section(rec, dev, "fox", T=grad_T, long_T=grad_long_T)
+
+
+def rope_backward(rec, dev, fla, *, grad_T=1024, grad_long_T=8192, **_):
+    _backward_section(rec, dev, "rope", T=grad_T, long_T=grad_long_T)
+
+
+def fox_fla_backward(rec, dev, fla, *, fla_T=2048, fla_lead=(1, 4), **_):
+    """bf16 FoX gradients (q, k, v, log_f), ours and flash-linear-attention's (``parallel_forgetting_attn``),
+    against float64 autograd through ``fox_matrix`` and against each other."""
+    if not _want_fla(fla, rec):
+        return
+    from .. import fox
+
+    args = _backward_inputs(dev, "fox", fla_lead, fla_T, 64, seed=fla_T)
+    names = list(args)
+    do = torch.randn(*fla_lead, fla_T, 64, device=dev, generator=generator(dev, 2), dtype=F64).float()
+    bf = {n: (x.to(BF16) if n in "qkv" else x) for n, x in args.items()}
+    cache = {}
+
+    def fla_fox(q, k, v, log_f):
+        from fla.ops.forgetting_attn import parallel_forgetting_attn
+
+        return from_bthd(parallel_forgetting_attn(to_bthd(q), to_bthd(k), to_bthd(v), to_bthd(log_f)))
+
+    def get(which):
+        if which not in cache:
+            fn = {"ours": fox.fox_triton, "fla": fla_fox,
+                  "ref": lambda *a: per_slice64(fox.fox_matrix, *a)}[which]
+            cache[which] = _grads(fn, bf if which != "ref" else {n: x.float() for n, x in bf.items()}, names, do)
+        return cache[which]
+
+    for n in names:
+        for a, b, ref_name in (("ours", "ref", "float64 autograd fox_matrix"),
+                               ("fla", "ref", "float64 autograd fox_matrix"),
+                               ("ours", "fla", "fla.parallel_forgetting_attn backward")):
+            op = "fox_triton backward" if a == "ours" else "fla.parallel_forgetting_attn backward"
+            rec.compare(op, lambda n=n, a=a, b=b: (get(a)[n], get(b)[n]), reference=ref_name, metric="rel_rms",
+                        limit=GRAD_LIMIT, dtype=BF16, T=fla_T, params=dict(grad=n))
+
+
+# =============================================================================
 # Registry, sizes, runner, command line
 # =============================================================================
 
 # chapter -> {section: function}; a later chapter adds its entry here.
 CHECKS = {
-    "nope": {"bench_sizes": nope_bench_sizes, "robust": nope_robust, "fp32": nope_fp32},
+    "nope": {"bench_sizes": nope_bench_sizes, "robust": nope_robust, "fp32": nope_fp32, "backward": nope_backward},
     "alibi": {"robust": alibi_robust, "fla_fox": alibi_fla_fox, "fla_retention": alibi_fla_retention,
-              "fp32": alibi_fp32},
-    "fox": {"robust": fox_robust, "channel": fox_channel, "fp32": fox_fp32},
-    "rope": {"robust": rope_robust, "trig": rope_trig, "prepass": rope_prepass},
+              "fp32": alibi_fp32, "backward": alibi_backward},
+    "fox": {"robust": fox_robust, "channel": fox_channel, "fp32": fox_fp32, "backward": fox_backward,
+            "fla_backward": fox_fla_backward},
+    "rope": {"robust": rope_robust, "trig": rope_trig, "prepass": rope_prepass, "backward": rope_backward},
     "path": {"small": path_small, "fla_path": path_fla_path, "fla_delta": path_fla_delta, "growth": path_growth,
              "robust": path_robust},
     "pathfox": {"small": pathfox_small, "fla_pathfox": pathfox_fla_pathfox, "fla_gdn": pathfox_fla_gdn,
@@ -850,10 +974,10 @@ CHECKS = {
 
 # Tiny sizes for a CPU run in Triton's interpreter (a smoke test of this module, not a check of the kernels).
 SMOKE = {
-    "nope": dict(Ts=(40,), B=1, H=2, D=16, T=40, fp32_T=24),
-    "alibi": dict(T=40, B=1, D=16, fla_T=24, fp32_T=24),
-    "fox": dict(T=40, H=2, D=16, fp32_T=24),
-    "rope": dict(T=40, D=16, trig_T=8192, T_prepass=16, prepass_lead=(1, 2)),
+    "nope": dict(Ts=(40,), B=1, H=2, D=16, T=40, fp32_T=24, grad_T=24, grad_long_T=40),
+    "alibi": dict(T=40, B=1, D=16, fla_T=24, fp32_T=24, grad_T=24, grad_long_T=40),
+    "fox": dict(T=40, H=2, D=16, fp32_T=24, grad_T=24, grad_long_T=40, fla_T=24, fla_lead=(1, 1)),
+    "rope": dict(T=40, D=16, trig_T=8192, T_prepass=16, prepass_lead=(1, 2), grad_T=24, grad_long_T=40),
     "path": dict(plan=[("bfloat16", [((1, 1), 33, 16, 24)], [(1, "dense"), (2, "ut")]),
                        ("float32", [((1, 1), 1, 32, 16)], [(1, "dense")])],
                  fla_T=40, fla_lead=(1, 1), growth_Ts=(24,), growth_variants=("dense_x3prep",),

@@ -42,7 +42,8 @@ def _log_f(q, per_channel: bool = False, seed: int = GATE_SEED):
     """Deterministic fp32 log gates for ``q: (B, H, T, D)``: ``(B, H, T)`` or ``(B, H, T, D)``."""
     g = generator(q.device, seed)
     shape = tuple(q.shape) if per_channel else tuple(q.shape[:-1])
-    return F.logsigmoid(3.0 + torch.randn(shape, device=q.device, dtype=torch.float32, generator=g))
+    log_f = F.logsigmoid(3.0 + torch.randn(shape, device=q.device, dtype=torch.float32, generator=g))
+    return log_f.requires_grad_(q.requires_grad)  # learned gates when the benchmark times a backward pass
 
 
 # --- softmax side -----------------------------------------------------------

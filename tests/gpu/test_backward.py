@@ -1,0 +1,38 @@
+"""Every Triton form with a backward pass (tests/forms.py, ``TRITON_WITH_BACKWARD``) on a real GPU: the
+gradients of every argument (q, k, v and the gates) against float64 autograd through the family's matrix
+form, on the same rounded inputs, in bf16, fp16 and fp32, at the shapes of test_forms.py.
+
+Measure: max |grad - ref| / max |ref| over each gradient, within the forward tolerances of test_forms.py
+(2e-3 fp32, 1e-2 fp16, 2e-2 bf16); where the reference is exactly zero (T = 1: one key, so q and k get
+no gradient) the kernel's gradient must be tiny (<= 1e-3 absolute).  The long-T, strong-gate and
+fla comparisons are GPU checks (pathedu/bench/checks.py, sections ``backward`` and ``fla_backward``).
+"""
+import pytest
+import torch
+from forms import FORMS, TRITON_WITH_BACKWARD, call, matrix_form
+from test_forms import DTYPES, SHAPES, TOL, inputs
+
+BACKWARD = [f for f in FORMS if f.name in TRITON_WITH_BACKWARD]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"T{s[1]}-D{s[2]}-Dv{s[3]}")
+@pytest.mark.parametrize("form", BACKWARD, ids=lambda f: f.name)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+def test_triton_gradients_match_float64(dtype, form, shape):
+    (q, k, v, ex), (q64, k64, v64, ex64) = inputs(form, shape, dtype)
+    g = torch.randn(q.shape[:-1] + (v.shape[-1],), dtype=torch.float64, device=q.device,
+                    generator=torch.Generator(device=q.device).manual_seed(1))
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, *ex.values())]
+    leaves64 = [x.clone().requires_grad_() for x in (q64, k64, v64, *ex64.values())]
+    names = ["q", "k", "v", *ex]
+    out = call(form, *leaves[:3], dict(zip(ex, leaves[3:])))
+    got = torch.autograd.grad(out, leaves, g.to(dtype))
+    ref = call(matrix_form(form), *leaves64[:3], dict(zip(ex64, leaves64[3:])))
+    want = torch.autograd.grad(ref, leaves64, g)
+    for name, a, b, leaf in zip(names, got, want, leaves):
+        assert a.dtype == leaf.dtype and a.shape == leaf.shape and torch.isfinite(a).all(), name
+        err, top = (a.double() - b).abs().max().item(), b.abs().max().item()
+        if top == 0:
+            assert err <= 1e-3, f"{form.name} {dtype} {shape} d{name}: {err:.1e} where the gradient is 0"
+        else:
+            assert err / top <= TOL[dtype], f"{form.name} {dtype} {shape} d{name}: {err / top:.2e} > {TOL[dtype]:.0e}"
