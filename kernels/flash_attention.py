@@ -162,6 +162,30 @@ def _bwd_tile(q, k, v, do, lse, delta, bias_arg, offs_m, offs_n, T, qk_scale,
 
 
 @triton.jit
+def _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_n, lo, hi, T, qk_scale, stride_qt, stride_vt,
+                HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                BLOCK: tl.constexpr, MASK: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr):
+    """Fold the query blocks ``[lo, hi)`` into one key block's ``dK`` (unscaled), ``dV`` and column sums of ``dz``."""
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    for start_m in range(lo, hi, BLOCK):
+        offs_m = start_m + tl.arange(0, BLOCK)
+        q = _load_rows(Q, offs_m, offs_d, stride_qt, T, HEAD_DIM, MASK, BLOCK_D != HEAD_DIM)  # [BM, BD]
+        do = _load_rows(DO, offs_m, offs_dv, stride_vt, T, HEAD_DV, MASK, BLOCK_DV != HEAD_DV)  # [BM, BDV]
+        if MASK:
+            lse = tl.load(LSE + offs_m, mask=offs_m < T, other=0.0)
+            delta = tl.load(DELTA + offs_m, mask=offs_m < T, other=0.0)
+        else:
+            lse = tl.load(LSE + offs_m)
+            delta = tl.load(DELTA + offs_m)
+        p, dz = _bwd_tile(q, k, v, do, lse, delta, bias_arg, offs_m, offs_n, T, qk_scale, MASK, BIAS, PRECISION)
+        dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
+        dk += tl.dot(tl.trans(dz.to(q.dtype)), q, input_precision=PRECISION)
+        col += tl.sum(dz, axis=0)
+    return dk, dv, col
+
+
+@triton.jit
 def _flash_bwd(Q, K, V, DO, LSE, DELTA, BIAS_ARG, DQ, DK, DV, DBR, DBC, T, qk_scale, scale,
                stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt,
                HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
@@ -202,22 +226,18 @@ def _flash_bwd(Q, K, V, DO, LSE, DELTA, BIAS_ARG, DQ, DK, DV, DBR, DBC, T, qk_sc
         dk = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
         dv = tl.zeros([BLOCK, BLOCK_DV], dtype=tl.float32)
         col = tl.zeros([BLOCK], dtype=tl.float32)
-        for start_m in range(start, T, BLOCK):
-            offs_m = start_m + tl.arange(0, BLOCK)
-            q = _load_rows(Q, offs_m, offs_d, stride_qt, T, HEAD_DIM, True, CHECK_D)  # [BM, BD]
-            do = _load_rows(DO, offs_m, offs_dv, stride_vt, T, HEAD_DV, True, CHECK_DV)  # [BM, BDV]
-            lse = tl.load(LSE + offs_m, mask=offs_m < T, other=0.0)
-            delta = tl.load(DELTA + offs_m, mask=offs_m < T, other=0.0)
-            # The first query block straddles the diagonal, the last one may run past T.
-            if (start_m == start) | (start_m + BLOCK > T):
-                p, dz = _bwd_tile(q, k, v, do, lse, delta, bias_arg, offs_m, offs_b, T, qk_scale, True, BIAS,
-                                  PRECISION)
-            else:
-                p, dz = _bwd_tile(q, k, v, do, lse, delta, bias_arg, offs_m, offs_b, T, qk_scale, False, BIAS,
-                                  PRECISION)
-            dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
-            dk += tl.dot(tl.trans(dz.to(q.dtype)), q, input_precision=PRECISION)
-            col += tl.sum(dz, axis=0)
+        # Three loops, so that the compiler sees no branch inside one: the query block on the diagonal
+        # (masked), the whole blocks after it (unmasked), and a last partial block (masked: rows past T).
+        whole_end = (T // BLOCK) * BLOCK
+        dk, dv, col = _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_b, start, start + BLOCK, T,
+                                  qk_scale, stride_qt, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, BLOCK, True,
+                                  BIAS, PRECISION)
+        dk, dv, col = _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_b, start + BLOCK, whole_end, T,
+                                  qk_scale, stride_qt, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, BLOCK, False,
+                                  BIAS, PRECISION)
+        dk, dv, col = _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_b,
+                                  tl.maximum(whole_end, start + BLOCK), T, T, qk_scale, stride_qt, stride_vt,
+                                  HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, BLOCK, True, BIAS, PRECISION)
         _store_rows(DK + bh * stride_kb, dk * scale, offs_b, offs_d, stride_kt, T, HEAD_DIM)
         _store_rows(DV + bh * stride_vb, dv, offs_b, offs_dv, stride_vt, T, HEAD_DV)
         if BIAS != "none":

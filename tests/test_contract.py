@@ -267,8 +267,9 @@ def test_the_backward_registry_names_triton_forms():
     assert TRITON_WITH_BACKWARD <= {f.name for f in TRITON_FORMS}
 
 
-# T = 1 (one key: every gradient of q and k is 0), T = 37 (no multiple of any block) and 70 (several blocks).
-@pytest.mark.parametrize("T", [1, 37, 70])
+# T = 1 (one key: every gradient of q and k is 0), 37 (no multiple of any block) and 150 (whole blocks after
+# the diagonal and a partial last one, with the interpreter's blocks of 64).
+@pytest.mark.parametrize("T", [1, 37, 150])
 @pytest.mark.parametrize("form", TRITON_BACKWARD, ids=lambda f: f.name)
 def test_triton_gradients_match_float64_autograd_through_the_matrix_form(form, T):
     """fp32 kernels (forward and backward) against float64 autograd: every argument's gradient, the gates'

@@ -936,7 +936,8 @@ def fox_fla_backward(rec, dev, fla, *, fla_T=2048, fla_lead=(1, 4), **_):
     def fla_fox(q, k, v, log_f):
         from fla.ops.forgetting_attn import parallel_forgetting_attn
 
-        return from_bthd(parallel_forgetting_attn(to_bthd(q), to_bthd(k), to_bthd(v), to_bthd(log_f)))
+        lay = [x.transpose(1, 2).contiguous() for x in (q, k, v, log_f)]  # not to_bthd: keep the graph to q, k, ...
+        return from_bthd(parallel_forgetting_attn(*lay))
 
     def get(which):
         if which not in cache:
