@@ -164,12 +164,13 @@ def _bwd_tile(q, k, v, do, lse, delta, bias_arg, offs_m, offs_n, T, qk_scale,
 @triton.jit
 def _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_n, lo, hi, T, qk_scale, stride_qt, stride_vt,
                 HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                BLOCK: tl.constexpr, MASK: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr):
-    """Fold the query blocks ``[lo, hi)`` into one key block's ``dK`` (unscaled), ``dV`` and column sums of ``dz``."""
+                INNER: tl.constexpr, MASK: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr):
+    """Fold the query tiles ``[lo, hi)`` (``INNER`` rows each) into one key block's ``dK`` (unscaled),
+    ``dV`` and column sums of ``dz``."""
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    for start_m in range(lo, hi, BLOCK):
-        offs_m = start_m + tl.arange(0, BLOCK)
+    for start_m in range(lo, hi, INNER):
+        offs_m = start_m + tl.arange(0, INNER)
         q = _load_rows(Q, offs_m, offs_d, stride_qt, T, HEAD_DIM, MASK, BLOCK_D != HEAD_DIM)  # [BM, BD]
         do = _load_rows(DO, offs_m, offs_dv, stride_vt, T, HEAD_DV, MASK, BLOCK_DV != HEAD_DV)  # [BM, BDV]
         if MASK:
@@ -179,31 +180,53 @@ def _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_n, lo, hi, 
             lse = tl.load(LSE + offs_m)
             delta = tl.load(DELTA + offs_m)
         p, dz = _bwd_tile(q, k, v, do, lse, delta, bias_arg, offs_m, offs_n, T, qk_scale, MASK, BIAS, PRECISION)
-        dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
-        dk += tl.dot(tl.trans(dz.to(q.dtype)), q, input_precision=PRECISION)
+        dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)  # [BN, BDV]
+        dk += tl.dot(tl.trans(dz.to(q.dtype)), q, input_precision=PRECISION)  # [BN, BD]
         col += tl.sum(dz, axis=0)
     return dk, dv, col
+
+
+@triton.jit
+def _dq_steps(dq, row, q, do, lse, delta, K, V, bias_arg, offs_m, lo, hi, T, qk_scale, stride_kt, stride_vt,
+              HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+              INNER: tl.constexpr, MASK: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr):
+    """Fold the key tiles ``[lo, hi)`` (``INNER`` keys each) into one query block's ``dQ`` (unscaled) and
+    row sums of ``dz``.  Unmasked tiles leave rows past ``T`` with garbage that is never stored."""
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    for start_n in range(lo, hi, INNER):
+        offs_n = start_n + tl.arange(0, INNER)
+        k = _load_rows(K, offs_n, offs_d, stride_kt, T, HEAD_DIM, MASK, BLOCK_D != HEAD_DIM)  # [BN, BD]
+        v = _load_rows(V, offs_n, offs_dv, stride_vt, T, HEAD_DV, MASK, BLOCK_DV != HEAD_DV)  # [BN, BDV]
+        p, dz = _bwd_tile(q, k, v, do, lse, delta, bias_arg, offs_m, offs_n, T, qk_scale, MASK, BIAS, PRECISION)
+        dq += tl.dot(dz.to(k.dtype), k, input_precision=PRECISION)  # [BM, BD]
+        row += tl.sum(dz, axis=1)
+    return dq, row
 
 
 @triton.jit
 def _flash_bwd(Q, K, V, DO, LSE, DELTA, BIAS_ARG, DQ, DK, DV, DBR, DBC, T, qk_scale, scale,
                stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt,
                HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-               BLOCK: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr):
+               OUTER: tl.constexpr, INNER: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr):
     """The backward pass of :func:`_flash_fwd`, FlashAttention-2's way: nothing ``T x T`` is stored.
 
-    Grid ``(blocks, BH, 2)``.  Programs with ``program_id(2) == 0`` own a block of keys and
-    walk the queries at or after it, accumulating ``dK = scale dz^T Q``, ``dV = p^T dO`` and the
-    column sums of ``dz``; programs with ``program_id(2) == 1`` own a block of queries and walk
-    the keys at or before it, accumulating ``dQ = scale dz K`` and the row sums of ``dz``.  Both
-    recompute ``p`` and ``dz`` tile by tile (:func:`_bwd_tile`).  ``dQ``, ``dK``, ``dV`` have the
-    strides of ``Q``, ``K``, ``V``; ``DO`` those of ``V``.  The bias's gradient is assembled from
-    the sums on the host: a logit's bias ``g(i) - g(j)`` gets ``dz_ij`` through ``g(i)`` (row sums,
-    ``DBR``) and ``-dz_ij`` through ``g(j)`` (column sums, ``DBC``), both ``(BH, T)`` fp32.
+    Grid ``(blocks of OUTER rows, BH, 2)``.  Programs with ``program_id(2) == 0`` own a block of
+    ``OUTER`` keys and walk the queries at or after it, ``INNER`` at a time, accumulating
+    ``dK = scale dz^T Q``, ``dV = p^T dO`` and the column sums of ``dz``; programs with
+    ``program_id(2) == 1`` own a block of ``OUTER`` queries and walk the keys at or before it,
+    accumulating ``dQ = scale dz K`` and the row sums of ``dz``.  Both recompute ``p`` and ``dz``
+    tile by tile (:func:`_bwd_tile`): a large block kept on chip, small tiles streamed past it.
+    Each walk is split into loops with and without masks (a runtime branch inside one loop
+    gave wrong ``dK``/``dV`` for 16-bit inputs with triton 3.6 on an H100, where fp32 and the
+    interpreter were right).  ``dQ``, ``dK``, ``dV`` have the strides of ``Q``, ``K``, ``V``;
+    ``DO`` those of ``V``.  The bias's gradient is assembled from the sums on the host: a logit's
+    bias ``g(i) - g(j)`` gets ``dz_ij`` through ``g(i)`` (row sums, ``DBR``) and ``-dz_ij`` through
+    ``g(j)`` (column sums, ``DBC``), both ``(BH, T)`` fp32.
     """
     bh = tl.program_id(1).to(tl.int64)
-    start = tl.program_id(0) * BLOCK
-    offs_b = start + tl.arange(0, BLOCK)
+    start = tl.program_id(0) * OUTER
+    offs_b = start + tl.arange(0, OUTER)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     Q += bh * stride_qb
@@ -219,55 +242,67 @@ def _flash_bwd(Q, K, V, DO, LSE, DELTA, BIAS_ARG, DQ, DK, DV, DBR, DBC, T, qk_sc
         bias_arg = tl.load(BIAS_ARG + bh) * 1.4426950408889634
     elif BIAS == "loggate":
         bias_arg = BIAS_ARG + bh * T
+    diag_end = tl.minimum(start + OUTER, T)
     if tl.program_id(2) == 0:
-        # dK, dV for keys [start, start + BLOCK): every query at or after them.
+        # dK, dV for keys [start, start + OUTER): the query tiles on the diagonal (masked), the whole
+        # tiles after them (unmasked), and a last partial tile (masked: rows past T).
         k = _load_rows(K, offs_b, offs_d, stride_kt, T, HEAD_DIM, True, CHECK_D)  # [BN, BD]
         v = _load_rows(V, offs_b, offs_dv, stride_vt, T, HEAD_DV, True, CHECK_DV)  # [BN, BDV]
-        dk = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
-        dv = tl.zeros([BLOCK, BLOCK_DV], dtype=tl.float32)
-        col = tl.zeros([BLOCK], dtype=tl.float32)
-        # Three loops, so that the compiler sees no branch inside one: the query block on the diagonal
-        # (masked), the whole blocks after it (unmasked), and a last partial block (masked: rows past T).
-        whole_end = (T // BLOCK) * BLOCK
-        dk, dv, col = _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_b, start, start + BLOCK, T,
-                                  qk_scale, stride_qt, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, BLOCK, True,
+        dk = tl.zeros([OUTER, BLOCK_D], dtype=tl.float32)
+        dv = tl.zeros([OUTER, BLOCK_DV], dtype=tl.float32)
+        col = tl.zeros([OUTER], dtype=tl.float32)
+        whole_end = (T // INNER) * INNER
+        dk, dv, col = _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_b, start, diag_end, T,
+                                  qk_scale, stride_qt, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER, True,
                                   BIAS, PRECISION)
-        dk, dv, col = _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_b, start + BLOCK, whole_end, T,
-                                  qk_scale, stride_qt, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, BLOCK, False,
-                                  BIAS, PRECISION)
+        dk, dv, col = _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_b, start + OUTER, whole_end,
+                                  T, qk_scale, stride_qt, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER,
+                                  False, BIAS, PRECISION)
         dk, dv, col = _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_b,
-                                  tl.maximum(whole_end, start + BLOCK), T, T, qk_scale, stride_qt, stride_vt,
-                                  HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, BLOCK, True, BIAS, PRECISION)
+                                  tl.maximum(whole_end, start + OUTER), T, T, qk_scale, stride_qt, stride_vt,
+                                  HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER, True, BIAS, PRECISION)
         _store_rows(DK + bh * stride_kb, dk * scale, offs_b, offs_d, stride_kt, T, HEAD_DIM)
         _store_rows(DV + bh * stride_vb, dv, offs_b, offs_dv, stride_vt, T, HEAD_DV)
         if BIAS != "none":
             tl.store(DBC + bh * T + offs_b, col, mask=offs_b < T)
     else:
-        # dQ for queries [start, start + BLOCK): every key at or before them.
-        q = _load_rows(Q, offs_b, offs_d, stride_qt, T, HEAD_DIM, True, CHECK_D)
-        do = _load_rows(DO, offs_b, offs_dv, stride_vt, T, HEAD_DV, True, CHECK_DV)
+        # dQ for queries [start, start + OUTER): the key tiles before them (unmasked), then on the diagonal.
+        q = _load_rows(Q, offs_b, offs_d, stride_qt, T, HEAD_DIM, True, CHECK_D)  # [BM, BD]
+        do = _load_rows(DO, offs_b, offs_dv, stride_vt, T, HEAD_DV, True, CHECK_DV)  # [BM, BDV]
         lse = tl.load(LSE + offs_b, mask=offs_b < T, other=0.0)
         delta = tl.load(DELTA + offs_b, mask=offs_b < T, other=0.0)
-        dq = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
-        row = tl.zeros([BLOCK], dtype=tl.float32)
-        # Key blocks strictly before the query block need no mask.  (Rows past T, if any, get
-        # garbage that is never stored.)
-        for start_n in range(0, start, BLOCK):
-            offs_n = start_n + tl.arange(0, BLOCK)
-            k = _load_rows(K, offs_n, offs_d, stride_kt, T, HEAD_DIM, False, CHECK_D)
-            v = _load_rows(V, offs_n, offs_dv, stride_vt, T, HEAD_DV, False, CHECK_DV)
-            p, dz = _bwd_tile(q, k, v, do, lse, delta, bias_arg, offs_b, offs_n, T, qk_scale, False, BIAS,
-                              PRECISION)
-            dq += tl.dot(dz.to(k.dtype), k, input_precision=PRECISION)
-            row += tl.sum(dz, axis=1)
-        k = _load_rows(K, offs_b, offs_d, stride_kt, T, HEAD_DIM, True, CHECK_D)
-        v = _load_rows(V, offs_b, offs_dv, stride_vt, T, HEAD_DV, True, CHECK_DV)
-        p, dz = _bwd_tile(q, k, v, do, lse, delta, bias_arg, offs_b, offs_b, T, qk_scale, True, BIAS, PRECISION)
-        dq += tl.dot(dz.to(k.dtype), k, input_precision=PRECISION)
-        row += tl.sum(dz, axis=1)
+        dq = tl.zeros([OUTER, BLOCK_D], dtype=tl.float32)
+        row = tl.zeros([OUTER], dtype=tl.float32)
+        dq, row = _dq_steps(dq, row, q, do, lse, delta, K, V, bias_arg, offs_b, 0, start, T, qk_scale, stride_kt,
+                            stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER, False, BIAS, PRECISION)
+        dq, row = _dq_steps(dq, row, q, do, lse, delta, K, V, bias_arg, offs_b, start, diag_end, T, qk_scale,
+                            stride_kt, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER, True, BIAS, PRECISION)
         _store_rows(DQ + bh * stride_qb, dq * scale, offs_b, offs_d, stride_qt, T, HEAD_DIM)
         if BIAS != "none":
             tl.store(DBR + bh * T + offs_b, row, mask=offs_b < T)
+
+
+@triton.jit
+def _bwd_delta(O, DO, DELTA, T, stride_ob, stride_ot, HEAD_DV: tl.constexpr, BLOCK_DV: tl.constexpr,
+               BLOCK_T: tl.constexpr):
+    """``delta_i = dO_i . O_i`` for ``BLOCK_T`` rows of one head, fp32 (the backward's pre-pass)."""
+    bh = tl.program_id(1).to(tl.int64)
+    offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    o = _load_rows(O + bh * stride_ob, offs_t, offs_dv, stride_ot, T, HEAD_DV, True, BLOCK_DV != HEAD_DV)
+    do = _load_rows(DO + bh * stride_ob, offs_t, offs_dv, stride_ot, T, HEAD_DV, True, BLOCK_DV != HEAD_DV)
+    tl.store(DELTA + bh * T + offs_t, tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1), mask=offs_t < T)
+
+
+# Backward tiles: a block of OUTER keys (queries) stays on chip while tiles of INNER queries (keys) stream
+# past it.  OUTER % INNER == 0, so that the diagonal region is whole inner tiles.
+_BWD_CONFIGS = [
+    triton.Config({"OUTER": o, "INNER": i}, num_warps=w, num_stages=st)
+    for o, i, w, st in [(64, 64, 4, 2), (128, 32, 4, 2), (128, 32, 8, 3), (128, 64, 8, 2), (64, 32, 4, 3),
+                        (128, 128, 8, 2)]
+]
+_FP32_BWD_CONFIG = dict(OUTER=32, INNER=32, num_warps=4, num_stages=2)
+_flash_bwd_tuned = triton.autotune(_BWD_CONFIGS, key=["T", "HEAD_DIM", "HEAD_DV", "BIAS", "PRECISION"])(_flash_bwd)
 
 
 # Tile shapes.  The interpreter's cost grows with the number of program
@@ -359,10 +394,11 @@ def _attention_launch(x: Flat, scale: float, bias: str = "none", bias_arg=None, 
     return out
 
 
-def _attention_bwd_launch(x: Flat, do, out, lse, scale: float, bias: str, bias_arg):
+def _attention_bwd_launch(x: Flat, do, out, lse, scale: float, bias: str, bias_arg, _config=None):
     """The backward kernel on the forward's validated inputs ``x``, its output ``out`` and
     log-sum-exp ``lse``; ``do``: ``(BH, T, Dv)``.  Returns ``dq, dk, dv`` (compute dtype) and
-    the row and column sums of ``dz`` (fp32 ``(BH, T)``; None without a bias)."""
+    the row and column sums of ``dz`` (fp32 ``(BH, T)``; None without a bias).  ``_config``:
+    fixed tiles (``OUTER``, ``INNER``, ...) instead of the defaults (tests)."""
     n = x.n
     do = do.to(x.dtype).contiguous()
     dq, dk, dv = torch.empty_like(x.q), torch.empty_like(x.k), torch.empty_like(x.v)
@@ -372,21 +408,27 @@ def _attention_bwd_launch(x: Flat, do, out, lse, scale: float, bias: str, bias_a
         cols = torch.empty_like(rows)
     if x.empty_input:
         return dq.zero_(), dk.zero_(), dv.zero_(), rows, cols
-    delta = (do.float() * out.float()).sum(-1)  # delta_i = dO_i . O_i, fp32 (BH, T)
+    delta = torch.empty(x.BH, n.T, dtype=torch.float32, device=x.device)
+    block_t = 64 if interpreting() else 128
+    _bwd_delta[(triton.cdiv(n.T, block_t), x.BH)](out, do, delta, n.T, out.stride(0), out.stride(1), HEAD_DV=n.Dv,
+                                                 BLOCK_DV=next_pow2(n.Dv), BLOCK_T=block_t)
     precision = dot_precision(x.dtype)
-    if interpreting():
-        block, cfg = (32 if n.T <= 32 else 64), {}
-    elif precision == "ieee":
-        block, cfg = 32, dict(num_warps=4, num_stages=2)
-    else:
-        block, cfg = 64, dict(num_warps=4, num_stages=2)
     dummy = delta
-    _flash_bwd[(triton.cdiv(n.T, block), x.BH, 2)](
-        x.q, x.k, x.v, do, lse, delta, dummy if bias_arg is None else bias_arg, dq, dk, dv,
-        dummy if rows is None else rows, dummy if cols is None else cols, n.T, scale * LOG2E, scale,
-        x.q.stride(0), x.q.stride(1), x.k.stride(0), x.k.stride(1), x.v.stride(0), x.v.stride(1),
-        HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=next_pow2(n.D), BLOCK_DV=next_pow2(n.Dv), BLOCK=block, BIAS=bias,
-        PRECISION=precision, **cfg)
+    args = (x.q, x.k, x.v, do, lse, delta, dummy if bias_arg is None else bias_arg, dq, dk, dv,
+            dummy if rows is None else rows, dummy if cols is None else cols, n.T, scale * LOG2E, scale,
+            x.q.stride(0), x.q.stride(1), x.k.stride(0), x.k.stride(1), x.v.stride(0), x.v.stride(1))
+    meta = dict(HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=next_pow2(n.D), BLOCK_DV=next_pow2(n.Dv), BIAS=bias,
+                PRECISION=precision)
+    if _config is not None:
+        _flash_bwd[(triton.cdiv(n.T, _config["OUTER"]), x.BH, 2)](*args, **_config, **meta)
+    elif interpreting():  # few large programs: the interpreter's cost is per program
+        block = 32 if n.T <= 32 else 64
+        _flash_bwd[(triton.cdiv(n.T, block), x.BH, 2)](*args, OUTER=block, INNER=block, **meta)
+    elif precision == "ieee":
+        _flash_bwd[(triton.cdiv(n.T, _FP32_BWD_CONFIG["OUTER"]), x.BH, 2)](*args, **_FP32_BWD_CONFIG, **meta)
+    else:
+        grid = lambda META: (triton.cdiv(n.T, META["OUTER"]), x.BH, 2)  # noqa: E731
+        _flash_bwd_tuned[grid](*args, **meta)
     return dq, dk, dv, rows, cols
 
 

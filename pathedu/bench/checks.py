@@ -871,7 +871,9 @@ def _backward_section(rec, dev, chapter, *, T=1024, long_T=8192, lead=(1, 2), D=
     for T_case, strong in ((T, False), (long_T, chapter == "fox")):
         args = _backward_inputs(dev, chapter, lead, T_case, D, seed=T_case, strong=strong)
         names = list(args)
-        do = torch.randn(*lead, T_case, D, device=dev, generator=generator(dev, 1), dtype=F64).float()
+        # The output's gradient, rounded to bf16 for every run: the bf16 run gets it in bf16, and the others
+        # must see the same numbers (the slope's gradient, a sum with much cancellation, would show the rounding).
+        do = torch.randn(*lead, T_case, D, device=dev, generator=generator(dev, 1), dtype=F64).to(BF16).float()
         bf = {n: (x.to(BF16) if n in "qkv" else x) for n, x in args.items()}
         as32 = {n: x.float() for n, x in bf.items()}  # the bf16-rounded numbers, in fp32
         params = dict(gates="strong (5% in [-20, 0])" if strong else "mild") if chapter == "fox" else {}
@@ -929,7 +931,7 @@ def fox_fla_backward(rec, dev, fla, *, fla_T=2048, fla_lead=(1, 4), **_):
 
     args = _backward_inputs(dev, "fox", fla_lead, fla_T, 64, seed=fla_T)
     names = list(args)
-    do = torch.randn(*fla_lead, fla_T, 64, device=dev, generator=generator(dev, 2), dtype=F64).float()
+    do = torch.randn(*fla_lead, fla_T, 64, device=dev, generator=generator(dev, 2), dtype=F64).to(BF16).float()
     bf = {n: (x.to(BF16) if n in "qkv" else x) for n, x in args.items()}
     cache = {}
 
