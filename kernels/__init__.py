@@ -5,7 +5,9 @@ Two templates that every chapter extends through hooks instead of copying:
 * :mod:`.flash_attention`: causal FlashAttention forward (online softmax,
   fp32 accumulation) with an additive-bias hook: ALiBi slopes (chapter 2) and
   cumulative log forget gates (chapter 3).  RoPE (chapter 4) reuses it
-  unchanged after the rotation pre-pass of :mod:`.rope`.
+  unchanged after the rotation pre-pass of :mod:`.rope`.  Its backward pass
+  (FlashAttention-2's: log-sum-exp saved, probabilities recomputed) is one
+  more kernel with the same hook, wired as a ``torch.autograd.Function``.
 * :mod:`.linear_attention`: chunked linear attention with a carried state and a
   gate hook: none (chapter 1), a per-token scalar gate (RetNet, Mamba2), a
   per-channel gate (GLA) (chapters 2 and 3), or a Householder transition
@@ -30,8 +32,9 @@ Where the shared pieces live:
   the Householder / DeltaNet hook.
 * :mod:`._launch`: the validation boundary.  Each public entry point validates
   every argument once (shapes, dtypes, devices; values with one host
-  synchronisation), refuses meta tensors and, while grad mode is on, inputs that
-  require grad (no backward pass yet); internal ``_*_launch`` functions check nothing.
+  synchronisation) and refuses meta tensors; the kernels without a backward pass
+  (the linear template, PaTH) also refuse, while grad mode is on, inputs that
+  require grad.  Internal ``_*_launch`` functions check nothing.
 
 Causality holds for non-finite inputs too: a NaN or inf in ``q``, ``k`` or ``v``
 at position ``t`` changes outputs at positions ``>= t`` only.

@@ -28,9 +28,11 @@ def plot_benchmark(chapter_or_data, ax=None, *, ops=None, ratio: bool = False):
     if not ratio:
         ax.set_yscale("log")
     ax.set_xlabel("sequence length T")
-    ax.set_ylabel("time / SDPA time" if ratio else "forward time (ms, median)")
+    which = meta.get("pass_", "forward")  # "forward" or "forward+backward"
+    ax.set_ylabel(f"{which} time / SDPA's" if ratio else f"{which} time (ms, median)")
     s = meta["sizes"]
-    ax.set_title(f"{meta['device']}, {meta['dtype']}, B={s['B']} H={s['H']} D={s['D']}\ncommit {meta['commit'][:10]}",
+    ax.set_title(f"{meta['device']}, {meta['dtype']}, B={s['B']} H={s['H']} D={s['D']}, {which}\n"
+                 f"commit {meta['commit'][:10]}",
                  fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
