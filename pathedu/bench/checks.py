@@ -515,6 +515,19 @@ def path_small(rec, dev, fla, *, plan=PATH_SMALL_PLAN, **_):
                         reference="float64 deltanet_matrix", metric="rel_rms", limit=lim, params=shape)
 
 
+def _lazy(**makers):
+    """``get(name)``: ``makers[name]()`` computed on first use and kept (a failing one fails only the records
+    that use it, inside :meth:`Recorder.compare`)."""
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            cache[name] = makers[name]()
+        return cache[name]
+
+    return get
+
+
 def _compare_with_fla(rec, get, ours: str, fla_name: str, reference: str, *, params: dict,
                       limit: float = REL_RMS["bfloat16"]) -> None:
     """The three bf16 comparisons of one of our kernels and its flash-linear-attention peer: ours and
@@ -538,22 +551,23 @@ def path_fla_path(rec, dev, fla, *, fla_T=2048, fla_lead=(1, 4), **_):
 
     q, k, v, w, beta = _path_inputs(dev, fla_lead, fla_T, 64, 64, seed=fla_T)
     q, k, v = (x.to(BF16) for x in (q, k, v))
-    cache = {}
 
-    def get(name):
-        if name not in cache:
-            if name == "ref":
-                cache[name] = _path64(q, k, v, w, beta)
-            elif name == "ours":
-                cache[name] = path.path_triton(q, k, v, w, beta)
-            else:
-                from fla.ops.path_attn import parallel_path_attn
+    def fla_path():
+        from fla.ops.path_attn import parallel_path_attn
 
-                cache[name] = from_bthd(parallel_path_attn(*(to_bthd(x) for x in (q, k, v, w)), to_bthd(beta))[0])
-        return cache[name]
+        return from_bthd(parallel_path_attn(*(to_bthd(x) for x in (q, k, v, w, beta)))[0])
 
+    get = _lazy(ref=lambda: _path64(q, k, v, w, beta), ours=lambda: path.path_triton(q, k, v, w, beta), fla=fla_path)
     _compare_with_fla(rec, get, "path_triton", "fla.parallel_path_attn", "float64 path_matrix",
                       params=dict(beta="uniform [0, 2)"))
+
+
+def _delta_fla_inputs(dev, lead, T):
+    """DeltaNet's inputs for the fla comparisons: l2-normalised bf16 ``q, k``, bf16 ``v``, ``beta`` in [0, 1)
+    rounded to bf16 (then fp32), so that ours and fla's see the same numbers."""
+    q, k, v, _, beta = _path_inputs(dev, lead, T, 64, 64, seed=T)
+    qn, kn = (F.normalize(x, dim=-1).to(BF16) for x in (q, k))
+    return qn, kn, v.to(BF16), (beta / 2).to(BF16).float()
 
 
 def path_fla_delta(rec, dev, fla, *, fla_T=2048, fla_lead=(1, 4), **_):
@@ -564,25 +578,14 @@ def path_fla_delta(rec, dev, fla, *, fla_T=2048, fla_lead=(1, 4), **_):
         return
     from .. import path
 
-    q, k, v, _, beta = _path_inputs(dev, fla_lead, fla_T, 64, 64, seed=fla_T)
-    qn, kn = (F.normalize(x, dim=-1).to(BF16) for x in (q, k))
-    v = v.to(BF16)
-    b = (beta / 2).to(BF16).float()
-    cache = {}
+    qn, kn, v, b = _delta_fla_inputs(dev, fla_lead, fla_T)
 
-    def get(name):
-        if name not in cache:
-            if name == "ref":
-                cache[name] = _deltanet64(qn, kn, v, b)
-            elif name == "ours":
-                cache[name] = path.deltanet_triton(qn, kn, v, b)
-            else:
-                from fla.ops.delta_rule import chunk_delta_rule
+    def fla_delta():
+        from fla.ops.delta_rule import chunk_delta_rule
 
-                out = chunk_delta_rule(*(to_bthd(x) for x in (qn, kn, v)), to_bthd(b.to(BF16)), scale=1.0)[0]
-                cache[name] = from_bthd(out)
-        return cache[name]
+        return from_bthd(chunk_delta_rule(*(to_bthd(x) for x in (qn, kn, v, b.to(BF16))), scale=1.0)[0])
 
+    get = _lazy(ref=lambda: _deltanet64(qn, kn, v, b), ours=lambda: path.deltanet_triton(qn, kn, v, b), fla=fla_delta)
     _compare_with_fla(rec, get, "deltanet_triton", "fla.chunk_delta_rule", "float64 deltanet_matrix",
                       params=dict(beta="uniform [0, 1)", qk="l2-normalised"))
 
@@ -742,21 +745,15 @@ def pathfox_fla_pathfox(rec, dev, fla, *, fla_T=2048, fla_lead=(1, 4), **_):
     q, k, v, w, beta = _path_inputs(dev, fla_lead, fla_T, 64, 64, seed=fla_T)
     q, k, v = (x.to(BF16) for x in (q, k, v))
     log_f = _pathfox_gates(dev, fla_lead, fla_T, seed=fla_T)
-    cache = {}
 
-    def get(name):
-        if name not in cache:
-            if name == "ref":
-                cache[name] = _pathfox64(q, k, v, w, beta, log_f)
-            elif name == "ours":
-                cache[name] = pathfox.pathfox_triton(q, k, v, w, beta, log_f)
-            else:
-                from fla.ops.path_attn import parallel_path_attn
+    def fla_pathfox():
+        from fla.ops.path_attn import parallel_path_attn
 
-                g = log_f * q.shape[-1] ** 0.5  # g / scale
-                cache[name] = from_bthd(parallel_path_attn(*(to_bthd(x) for x in (q, k, v, w, beta, g)))[0])
-        return cache[name]
+        g = log_f * q.shape[-1] ** 0.5  # g / scale
+        return from_bthd(parallel_path_attn(*(to_bthd(x) for x in (q, k, v, w, beta, g)))[0])
 
+    get = _lazy(ref=lambda: _pathfox64(q, k, v, w, beta, log_f),
+                ours=lambda: pathfox.pathfox_triton(q, k, v, w, beta, log_f), fla=fla_pathfox)
     _compare_with_fla(rec, get, "pathfox_triton", "fla.parallel_path_attn(g)", "float64 pathfox_matrix",
                       params=dict(beta="uniform [0, 2)", gates="mild"), limit=FLA_AGREEMENT)
 
@@ -769,26 +766,16 @@ def pathfox_fla_gdn(rec, dev, fla, *, fla_T=2048, fla_lead=(1, 4), **_):
         return
     from .. import pathfox
 
-    q, k, v, _, beta = _path_inputs(dev, fla_lead, fla_T, 64, 64, seed=fla_T)
-    qn, kn = (F.normalize(x, dim=-1).to(BF16) for x in (q, k))
-    v = v.to(BF16)
-    b = (beta / 2).to(BF16).float()
+    qn, kn, v, b = _delta_fla_inputs(dev, fla_lead, fla_T)
     log_f = _pathfox_gates(dev, fla_lead, fla_T, seed=fla_T)
-    cache = {}
 
-    def get(name):
-        if name not in cache:
-            if name == "ref":
-                cache[name] = _gated_deltanet64(qn, kn, v, b, log_f)
-            elif name == "ours":
-                cache[name] = pathfox.gated_deltanet_triton(qn, kn, v, b, log_f)
-            else:
-                from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    def fla_gdn():
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
-                args = (to_bthd(x) for x in (qn, kn, v, log_f, b.to(BF16)))
-                cache[name] = from_bthd(chunk_gated_delta_rule(*args, scale=1.0)[0])
-        return cache[name]
+        return from_bthd(chunk_gated_delta_rule(*(to_bthd(x) for x in (qn, kn, v, log_f, b.to(BF16))), scale=1.0)[0])
 
+    get = _lazy(ref=lambda: _gated_deltanet64(qn, kn, v, b, log_f),
+                ours=lambda: pathfox.gated_deltanet_triton(qn, kn, v, b, log_f), fla=fla_gdn)
     _compare_with_fla(rec, get, "gated_deltanet_triton", "fla.chunk_gated_delta_rule",
                       "float64 gated_deltanet_matrix", params=dict(beta="uniform [0, 1)", qk="l2-normalised",
                                                                    gates="mild"), limit=FLA_AGREEMENT)
