@@ -62,7 +62,7 @@ from .masks import causal_mask, causal_matmul, masked_logits
 from .nope import KVCache, _initial_state, blockwise_softmax, causal_softmax, empty_output
 
 __all__ = [
-    "forget_gate_logits_to_log_f", "log_gate_matrix", "ForgetKVCache",
+    "forget_gate_logits_to_log_f", "log_gate_matrix", "running_product", "ForgetKVCache",
     "fox_naive", "fox_recurrent", "fox_matrix", "fox_blockwise", "fox_triton",
     "gla_naive", "gla_recurrent", "gla_matrix", "gla_chunked", "gla_triton",
 ]
@@ -94,6 +94,27 @@ def _check_log_values(log_f) -> None:
 def _work_dtype(q, log_f) -> torch.dtype:
     """float32 or wider: gate sums in 16-bit floats would lose the digits that matter."""
     return torch.promote_types(torch.promote_types(q.dtype, log_f.dtype), torch.float32)
+
+
+def running_product(f: float, n: int, dtype=torch.float32) -> torch.Tensor:
+    """``(n,)``: the products ``p_t = f^t`` (``t = 1 .. n``) as a recurrence keeps them: one multiply per
+    step, ``p_t = p_{t-1} * f`` rounded to ``dtype`` each time (on the CPU).
+
+    Not ``torch.cumprod``: on a CPU that accumulates in double and rounds each prefix, so its float32 result
+    reaches 0.  Step by step it does not: below the normal range a product ``m 2^-149`` times ``f`` rounds
+    back to itself once ``m (1 - f) < 1/2``, and the product sticks at a subnormal (chapter 3).
+    """
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise ValueError(f"`n` must be a non-negative int, got {n!r}")
+    if not 0 < f <= 1:
+        raise ValueError(f"`f` must be a gate in (0, 1], got {f!r}")
+    x = torch.ones((), dtype=dtype)
+    g = torch.tensor(f, dtype=dtype)
+    out = torch.empty(n, dtype=dtype)
+    for t in range(n):
+        x = x * g
+        out[t] = x
+    return out
 
 
 def log_gate_matrix(log_f):

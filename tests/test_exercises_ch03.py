@@ -1,4 +1,5 @@
 """Chapter 3 exercise checks: each accepts a right answer and rejects wrong ones without raising."""
+import pytest
 import torch
 
 from pathedu import fox
@@ -81,10 +82,23 @@ def test_gla_recurrent_check():
         assert not ch03.check_gla_recurrent(fn)
 
 
-def test_underflow_length_check():
-    prod = torch.cumprod(torch.full((2000,), 0.9, dtype=torch.float32), 0)
-    want = int(torch.nonzero(prod == 0)[0, 0]) + 1
-    assert ch03.check_underflow_length(want)
-    assert ch03.check_underflow_length(torch.tensor(want))
-    for wrong in (want - 10, want + 10, 150, "987", 987.5, None, True):
-        assert not ch03.check_underflow_length(wrong)
+def test_stuck_product_check():
+    p = fox.running_product(0.9, 2000)
+    assert p.dtype == torch.float32 and (p > 0).all()            # step by step, it never reaches 0
+    n = int(torch.nonzero(p[1:] == p[:-1])[0, 0]) + 1
+    value = p[n - 1].item()
+    assert value == 4 * 2.0 ** -149                              # stuck at a subnormal
+    assert ch03.check_stuck_product(n, value)
+    assert ch03.check_stuck_product(torch.tensor(n), torch.tensor(value))
+    cumprod = torch.cumprod(torch.full((2000,), 0.9, dtype=torch.float32), 0)
+    n_zero = int(torch.nonzero(cumprod == 0)[0, 0]) + 1             # cumprod: double accumulation, reaches 0
+    for wrong_n, wrong_value in ((n - 10, value), (n + 10, value), (n_zero, 0.0), (n, 2.0 ** -149), ("964", value),
+                                 (964.5, value), (None, value), (True, value), (n, None)):
+        assert not ch03.check_stuck_product(wrong_n, wrong_value)
+
+
+def test_running_product_validates():
+    with pytest.raises(ValueError, match="`n`"):
+        fox.running_product(0.9, -1)
+    with pytest.raises(ValueError, match="`f`"):
+        fox.running_product(1.5, 3)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from .. import fox
 from ._grader import Verdict, call_student as _call, check_function, verdict
 
-__all__ = ["check_log_gate_matrix", "check_fox_matrix", "check_gla_recurrent", "check_underflow_length"]
+__all__ = ["check_log_gate_matrix", "check_fox_matrix", "check_gla_recurrent", "check_stuck_product"]
 
 
 def _log_f(shape, seed):
@@ -89,20 +89,30 @@ def check_gla_recurrent(fn) -> Verdict:
                                "outer(v_t, k_t); o_t = S @ q_t.")
 
 
-def check_underflow_length(n) -> Verdict:
-    """``n``: how many gates ``f = 0.9`` a float32 running product ``f * f * ...`` multiplies
-    before it is exactly 0 (the smallest such count; within 2 of the measured one is accepted)."""
-    name = "float32 underflow of a product of gates 0.9"
-    prod = torch.cumprod(torch.full((2000,), 0.9, dtype=torch.float32), 0)
-    want = int(torch.nonzero(prod == 0)[0, 0].item()) + 1
+def check_stuck_product(n, value) -> Verdict:
+    """``n``, ``value``: a float32 product of gates ``f = 0.9``, multiplied one gate at a time, stops changing
+    after ``n`` gates (``p_{n+1} == p_n`` for the smallest such ``n``; within 2 is accepted) at the value
+    ``p_n`` (a positive number, within 1e-6 relative)."""
+    name = "a float32 running product of gates 0.9"
+    p = fox.running_product(0.9, 2000)
+    want_n = int(torch.nonzero(p[1:] == p[:-1])[0, 0].item()) + 1
+    want_value = p[want_n - 1].item()
     if isinstance(n, torch.Tensor) and n.numel() == 1:
         n = n.item()
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
     if isinstance(n, bool) or not isinstance(n, numbers.Real) or n != int(n):
-        return verdict(name, False, f"expected a whole number of gates, got {n!r}.")
-    n = int(n)
-    if abs(n - want) <= 2:
-        return verdict(name, True, f"{want} gates of 0.9 multiply to exactly 0 in float32, while their log-space sum "
-                                   f"is a harmless {want * torch.log(torch.tensor(0.9)).item():.1f}.")
-    hint = ("Multiply in float32, torch.cumprod(torch.full((2000,), 0.9), 0), and find the first 0; or solve "
-            "0.9^n < 2^-149 / 2 (half the smallest float32 subnormal).")
-    return verdict(name, False, f"{n} is {'too small' if n < want else 'too large'}. {hint}")
+        return verdict(name, False, f"expected a whole number of gates for `n`, got {n!r}.")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return verdict(name, False, f"expected a number for `value`, got {value!r}.")
+    if value == 0:
+        return verdict(name, False, "the product never reaches 0 when it is multiplied one gate at a time. "
+                                    "torch.cumprod is not one gate at a time.")
+    if abs(int(n) - want_n) > 2:
+        return verdict(name, False, f"{int(n)} is {'too small' if n < want_n else 'too large'}. Keep a float32 "
+                                    "scalar and multiply it by 0.9 in a loop; stop when it no longer changes.")
+    if abs(value - want_value) > 1e-6 * want_value:
+        return verdict(name, False, f"the count is right but {value!r} is not the value the product sticks at.")
+    return verdict(name, True, f"after {want_n} gates the product sticks at {want_value:.3g} = "
+                               f"{want_value / 2 ** -149:.0f} x 2^-149, a subnormal: 0.9 times it rounds back to "
+                               f"it. From then on P_i / P_j = 1 instead of 0.9^(i-j): silently wrong, no NaN.")
