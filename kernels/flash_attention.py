@@ -297,7 +297,7 @@ def _bwd_delta(O, DO, DELTA, T, stride_ob, stride_ot, HEAD_DV: tl.constexpr, BLO
 # Backward tiles: a block of OUTER keys (queries) stays on chip while tiles of INNER queries (keys) stream
 # past it.  OUTER % INNER == 0, so that the diagonal region is whole inner tiles.  Two pipeline stages
 # only: with three stages and 32-row inner tiles, dK came out wrong on an H100 with triton 3.6 (relative
-# RMS 3e-2 to 8e-2 against fp32, every other gradient right; kernels/NOTES_path.md, section 7).
+# RMS 3e-2 to 8e-2 against fp32, every other gradient right; kernels/NOTES_flash.md).
 _BWD_CONFIGS = [
     triton.Config({"OUTER": o, "INNER": i}, num_warps=w, num_stages=2)
     for o, i, w in [(64, 64, 4), (128, 32, 4), (128, 32, 8), (128, 64, 8), (64, 32, 4), (128, 128, 8)]
