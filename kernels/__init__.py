@@ -18,7 +18,8 @@ UT factors, then the FlashAttention loop scanning key blocks right to left with
 the query carried through each block's Householder product) and
 :mod:`.delta_rule` (chunked DeltaNet / Householder RNN: the same preparation
 pass, then the linear template's ``"householder"`` hook); see
-``kernels/NOTES_path.md`` for their design and timings.
+``kernels/NOTES_path.md`` for their design and timings (``kernels/NOTES_flash.md``: the
+FlashAttention template's backward pass).
 
 Where the shared pieces live:
 
