@@ -13,8 +13,10 @@ helpers; the chapters' ``*_triton`` forms call an entry point and validate nothi
 * :func:`per_token`: a per-token tensor ``(..., T)`` or ``(..., T, D)`` (shape, dtype,
   device), flattened to fp32 ``(BH, T[, D])``;
 * :func:`per_head`: a float or a tensor broadcastable to the leading dims, as ``(BH,)``;
-* every tensor: not on the meta device and, while grad mode is on, not requiring grad
-  (:func:`refuse_grad`: the Triton forms have no backward pass yet).
+* every tensor: not on the meta device and, for the kernels without a backward pass
+  (``backward=False``), not requiring grad while grad mode is on (:func:`refuse_grad`);
+  the kernels with one take such tensors, and :func:`wants_grad` tells them to go
+  through their ``torch.autograd.Function``.
 
 Value conditions (gates <= 0, ``beta`` in [0, 2], ...) are built as 0-dim device
 tensors (:mod:`pathedu.checks`: ``log_gate_condition``, ``range_condition``,
@@ -51,9 +53,9 @@ def interpreting() -> bool:
 
 
 def refuse_grad(x, name: str) -> None:
-    """The Triton forms have no backward pass yet: refuse inputs that would expect one."""
+    """For a kernel without a backward pass: refuse inputs that would expect one."""
     if isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled():
-        raise RuntimeError(f"`{name}` requires grad, but the Triton forms have no backward pass yet: call them "
+        raise RuntimeError(f"`{name}` requires grad, but this kernel has no backward pass yet: call it "
                            f"under torch.no_grad(), or use a PyTorch form (e.g. `*_matrix`) to train")
 
 
@@ -116,8 +118,8 @@ def prepare_qkv(q, k, v, *, min_dim=16, max_dim=128, even=False, backward=False)
     if even:
         check_even(n.D, "q")
     check_kernel_inputs(n, q.dtype, min_dim=min_dim, max_dim=max_dim)
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not backward:
+    if not backward:
+        for name, x in (("q", q), ("k", k), ("v", v)):
             refuse_grad(x, name)
     if not interpreting() and q.device.type != "cuda":
         raise ValueError(f"Triton forms need CUDA tensors on a GPU machine; `q` is on {q.device}")

@@ -64,11 +64,19 @@ def _run(q, k, v, w, beta, log_f=None, *, delta: bool, chunk):
             None if log_f3 is None else log_gate_condition(log_f3, "log_f"))
     if x.empty_input:
         return x.result(x.new_output(n.Dv))
-    precision = prep_precision(x.dtype)  # also for the state's products (see _pieces._dot)
-    f32 = torch.float32
-    prep = Prepared(x.q, x.k, w3, beta3, n.T, chunk, q_dtype=f32, k_dtype=f32, update_dtype=f32,
-                    w_is_k=delta, value_beta=delta, precision=precision)
+    prep, precision = _prepare(x, w3, beta3, chunk, delta=delta)
     return x.result(_linear_launch(x, "householder", log_f3, chunk=chunk, prep=prep, precision=precision))
+
+
+def _prepare(x, w3, beta3, chunk: int, *, delta: bool):
+    """The preparation pass of the chunked kernel on validated inputs: ``(Prepared, precision)``, the
+    precision also being the one of the state's products (see :func:`._pieces._dot`).  Factors in fp32;
+    ``delta``: DeltaNet's ``w = k`` and values ``beta v``."""
+    precision = prep_precision(x.dtype)
+    f32 = torch.float32
+    prep = Prepared(x.q, x.k, w3, beta3, x.n.T, chunk, q_dtype=f32, k_dtype=f32, update_dtype=f32,
+                    w_is_k=delta, value_beta=delta, precision=precision)
+    return prep, precision
 
 
 def chunked_householder(q, k, v, w, beta, *, log_f=None, chunk=None):

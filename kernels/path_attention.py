@@ -234,6 +234,17 @@ def path_attention(q, k, v, w, beta, *, scale=None, block=None, log_f=None, _con
     return x.result(_path_launch(x, w3, beta3, scale, block, update, cfg, log_f3))
 
 
+def _prepare(x: Flat, w3, beta3, block: int, *, update: str = "dense", update_dtype=None, precision=None) -> Prepared:
+    """PaTH's preparation pass on validated inputs.  Logits in the input dtype; the carried query's
+    updates in ``update_dtype`` (default fp16, fp32 for fp32 inputs); ``precision``: the pass's
+    products (default :func:`.ut_prepare.prep_precision`)."""
+    if update_dtype is None:
+        update_dtype = torch.float32 if x.dtype == torch.float32 else torch.float16
+    return Prepared(x.q, x.k, w3, beta3, x.n.T, block, q_dtype=update_dtype, k_dtype=x.dtype,
+                    update_dtype=update_dtype, norm_q=True, store_ut=update == "ut",
+                    precision=prep_precision(x.dtype) if precision is None else precision)
+
+
 def _path_launch(x: Flat, w3, beta3, scale: float, block: int, update: str, cfg: dict, log_f3=None) -> torch.Tensor:
     """Launch on validated inputs: the preparation pass, then the scan.  Returns ``(BH, T, Dv)``.
     ``log_f3``: fp32 ``(BH, T)`` log gates (PaTH-FoX) or None; their cumulative sum is taken once, here."""
@@ -241,11 +252,8 @@ def _path_launch(x: Flat, w3, beta3, scale: float, block: int, update: str, cfg:
     out = x.new_output(n.Dv)
     if x.empty_input:
         return out
-    # Logits in the input dtype; the carried query's updates in fp16 (fp32 for fp32 inputs).
-    update_dtype = cfg.pop("update_dtype", torch.float32 if x.dtype == torch.float32 else torch.float16)
-    prep = Prepared(x.q, x.k, w3, beta3, n.T, block, q_dtype=update_dtype, k_dtype=x.dtype,
-                    update_dtype=update_dtype, norm_q=True, store_ut=update == "ut",
-                    precision=cfg.pop("prep_precision", prep_precision(x.dtype)))
+    prep = _prepare(x, w3, beta3, block, update=update, update_dtype=cfg.pop("update_dtype", None),
+                    precision=cfg.pop("prep_precision", None))
     meta = dict(HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=next_pow2(n.D), BLOCK_DV=next_pow2(n.Dv), BLOCK_N=block,
                 UPDATE=update, PRECISION=dot_precision(x.dtype), GATED=log_f3 is not None)
     c = prep.qn if log_f3 is None else torch.cumsum(log_f3, dim=-1)  # a dummy pointer without a gate

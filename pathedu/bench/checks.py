@@ -81,6 +81,23 @@ class Recorder:
         return rec
 
 
+class _Lazy:
+    """``get(name)``: ``makers[name]()`` computed on first use and kept (a failing one fails only the records
+    that use it, inside :meth:`Recorder.compare`); ``get.clear()`` drops what was kept (large float64
+    references, before the next case)."""
+
+    def __init__(self, **makers):
+        self.makers, self.kept = makers, {}
+
+    def __call__(self, name):
+        if name not in self.kept:
+            self.kept[name] = self.makers[name]()
+        return self.kept[name]
+
+    def clear(self) -> None:
+        self.kept.clear()
+
+
 def format_record(r: dict) -> str:
     case = " ".join(f"{k}={v}" for k, v in r.get("params", {}).items())
     value = "-" if r["value"] is None else f"{r['value']:.2e}"
@@ -209,28 +226,18 @@ def alibi_robust(rec, dev, fla, *, T=4096, B=2, D=64, **_):
 
     q, k, v, slopes, log_gammas = _alibi_inputs(dev, T, B, D)
     params = dict(slopes="8 ... 0 (8 heads)")
-    cache = {}
-
-    def ref():
-        if "ref" not in cache:
-            cache["ref"] = _alibi_ref64(q, k, v, slopes)
-        return cache["ref"]
-
-    def ours():
-        if "ours" not in cache:
-            cache["ours"] = alibi.alibi_triton(q, k, v, slopes)
-        return cache["ours"]
+    get = _Lazy(ref=lambda: _alibi_ref64(q, k, v, slopes), ours=lambda: alibi.alibi_triton(q, k, v, slopes))
 
     def via_loggate():
         return attention(q, k, v, log_f=(-slopes)[None, :, None].expand(B, len(ALIBI_SLOPES), T).contiguous())
 
-    rec.compare("alibi_triton", lambda: (ours(), ref()), reference="float64 alibi_blockwise",
+    rec.compare("alibi_triton", lambda: (get("ours"), get("ref")), reference="float64 alibi_blockwise",
                 metric="rel_rms_head", limit=REL_RMS["bfloat16"], params=params)
-    rec.compare("attention(log_f=-slope)", lambda: (via_loggate(), ref()),
+    rec.compare("attention(log_f=-slope)", lambda: (via_loggate(), get("ref")),
                 reference="float64 alibi_blockwise", metric="rel_rms_head", limit=REL_RMS["bfloat16"], params=params)
-    rec.compare("attention(log_f=-slope)", lambda: (via_loggate(), ours()), reference="alibi_triton",
+    rec.compare("attention(log_f=-slope)", lambda: (via_loggate(), get("ours")), reference="alibi_triton",
                 metric="rel_rms_head", limit=5e-3, params=params)
-    cache.clear()
+    get.clear()  # frees the float64 reference before the next case
     rec.compare("retnet_triton",
                 lambda: (alibi.retnet_triton(q, k, v, torch.exp(log_gammas)), _retnet_ref64(q, k, v, log_gammas)),
                 reference="float64 retnet_chunked", metric="rel_rms_head", limit=REL_RMS["bfloat16"],
@@ -404,12 +411,10 @@ def rope_trig(rec, dev, fla, *, trig_T=8192, **_):
     from ..kernels.rope import trig_error
 
     for Dk in (64, 128):
-        cache = {}
+        get = _Lazy(err=lambda Dk=Dk: trig_error(trig_T, Dk, device=dev))
 
         def err():
-            if "err" not in cache:
-                cache["err"] = trig_error(trig_T, Dk, device=dev)
-            return cache["err"]
+            return get("err")
 
         rec.compare("rotate_qk angles (fp32)", lambda: (err(), torch.zeros_like(err())),
                     reference="float64 cos/sin", metric="max_abs", limit=TRIG_TOL_8192, T=trig_T, dtype=FP32,
@@ -492,19 +497,13 @@ def path_small(rec, dev, fla, *, plan=PATH_SMALL_PLAN, **_):
             q, k, v, w, beta = _path_inputs(dev, lead, T, D, Dv, seed=i)
             q, k, v = (x.to(dtype) for x in (q, k, v))
             shape = dict(D=D, Dv=Dv)
-            cache = {}
-
-            def ref():
-                if "ref" not in cache:
-                    cache["ref"] = _path64(q, k, v, w, beta)
-                return cache["ref"]
-
+            get = _Lazy(ref=lambda: _path64(q, k, v, w, beta))
             for R, upd in variants:
                 cfg = dict(R=R, update=upd, num_warps=4 * R)
-                rec.compare("path_attention", lambda: (path_attention(q, k, v, w, beta, _config=cfg), ref()),
+                rec.compare("path_attention", lambda: (path_attention(q, k, v, w, beta, _config=cfg), get("ref")),
                             reference="float64 path_matrix", metric="rel_rms", limit=lim,
                             params=dict(shape, R=R, update=upd))
-            cache.clear()
+            get.clear()  # frees the float64 reference
             qs, ks = ((x.float() / 8).to(dtype) for x in (q, k))
             rec.compare("householder_triton", lambda: (path.householder_triton(qs, ks, v, w, beta),
                                                                 _householder64(qs, ks, v, w, beta)),
@@ -515,17 +514,16 @@ def path_small(rec, dev, fla, *, plan=PATH_SMALL_PLAN, **_):
                         reference="float64 deltanet_matrix", metric="rel_rms", limit=lim, params=shape)
 
 
-def _lazy(**makers):
-    """``get(name)``: ``makers[name]()`` computed on first use and kept (a failing one fails only the records
-    that use it, inside :meth:`Recorder.compare`)."""
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            cache[name] = makers[name]()
-        return cache[name]
-
-    return get
+def _compare_precisions(rec, get, op: str, reference: str, *, params: dict) -> None:
+    """The three robustness comparisons of one kernel on the same (bf16-rounded) inputs: its bf16 run
+    against its fp32 run and against float64 (bf16 limit), its fp32 run against float64 (fp32 limit);
+    ``get("bf16")``, ``get("fp32")``, ``get("f64")``."""
+    rec.compare(op, lambda: (get("bf16"), get("fp32")), reference=f"{op} (fp32)",
+                metric="rel_rms", limit=REL_RMS["bfloat16"], params=params)
+    rec.compare(op, lambda: (get("bf16"), get("f64")), reference=reference,
+                metric="rel_rms", limit=REL_RMS["bfloat16"], params=params)
+    rec.compare(op, lambda: (get("fp32"), get("f64")), reference=reference,
+                metric="rel_rms", limit=REL_RMS["float32"], params=params)
 
 
 def _compare_with_fla(rec, get, ours: str, fla_name: str, reference: str, *, params: dict,
@@ -557,7 +555,7 @@ def path_fla_path(rec, dev, fla, *, fla_T=2048, fla_lead=(1, 4), **_):
 
         return from_bthd(parallel_path_attn(*(to_bthd(x) for x in (q, k, v, w, beta)))[0])
 
-    get = _lazy(ref=lambda: _path64(q, k, v, w, beta), ours=lambda: path.path_triton(q, k, v, w, beta), fla=fla_path)
+    get = _Lazy(ref=lambda: _path64(q, k, v, w, beta), ours=lambda: path.path_triton(q, k, v, w, beta), fla=fla_path)
     _compare_with_fla(rec, get, "path_triton", "fla.parallel_path_attn", "float64 path_matrix",
                       params=dict(beta="uniform [0, 2)"))
 
@@ -585,7 +583,7 @@ def path_fla_delta(rec, dev, fla, *, fla_T=2048, fla_lead=(1, 4), **_):
 
         return from_bthd(chunk_delta_rule(*(to_bthd(x) for x in (qn, kn, v, b.to(BF16))), scale=1.0)[0])
 
-    get = _lazy(ref=lambda: _deltanet64(qn, kn, v, b), ours=lambda: path.deltanet_triton(qn, kn, v, b), fla=fla_delta)
+    get = _Lazy(ref=lambda: _deltanet64(qn, kn, v, b), ours=lambda: path.deltanet_triton(qn, kn, v, b), fla=fla_delta)
     _compare_with_fla(rec, get, "deltanet_triton", "fla.chunk_delta_rule", "float64 deltanet_matrix",
                       params=dict(beta="uniform [0, 1)", qk="l2-normalised"))
 
@@ -610,22 +608,23 @@ def path_growth(rec, dev, fla, *, growth_Ts=(512, 2048, 8192), growth_variants=t
         for T in growth_Ts:
             q, k, v, w, beta = _path_inputs(dev, (1, 2), T, 64, 64, seed=T + 7, beta_lo=lo)
             q, k, v = (x.to(BF16) for x in (q, k, v))
-            ref = _path64(q, k, v, w, beta)
+            get = _Lazy(ref=lambda: _path64(q, k, v, w, beta))
             for name in growth_variants:
                 cfg, lim = PATH_GROWTH_VARIANTS[name]
                 rec.compare("path_attention",
-                            lambda: (path_attention(q, k, v, w, beta, _config=dict(R=2, num_warps=8, **cfg)), ref),
+                            lambda: (path_attention(q, k, v, w, beta, _config=dict(R=2, num_warps=8, **cfg)),
+                                     get("ref")),
                             reference="float64 path_matrix", metric="rel_rms", limit=lim,
                             params=dict(beta=betas, variant=name))
             if with_fla:
                 def fla_out():
                     from fla.ops.path_attn import parallel_path_attn
 
-                    return from_bthd(parallel_path_attn(*(to_bthd(x) for x in (q, k, v, w)), to_bthd(beta))[0]), ref
+                    return from_bthd(parallel_path_attn(*(to_bthd(x) for x in (q, k, v, w, beta)))[0]), get("ref")
 
                 rec.compare("fla.parallel_path_attn", fla_out, reference="float64 path_matrix",
                             metric="rel_rms", limit=None, params=dict(beta=betas))
-            del ref
+            get.clear()
             if torch.device(dev).type == "cuda":
                 torch.cuda.empty_cache()
 
@@ -637,25 +636,9 @@ def path_robust(rec, dev, fla, *, robust_T=16384, robust_H=2, D=64, **_):
     q, k, v, w, beta = _path_inputs(dev, (1, robust_H), robust_T, D, D, seed=5, beta_lo=1.999)
     qr, kr, vr = (x.to(BF16) for x in (q, k, v))
     q32, k32, v32 = (x.float() for x in (qr, kr, vr))  # the same rounded numbers, in fp32
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            if name == "bf16":
-                cache[name] = path.path_triton(qr, kr, vr, w, beta)
-            elif name == "fp32":
-                cache[name] = path.path_triton(q32, k32, v32, w, beta)
-            else:
-                cache[name] = _path64(q32, k32, v32, w, beta)
-        return cache[name]
-
-    params = dict(beta="[1.999, 2]")
-    rec.compare("path_triton", lambda: (get("bf16"), get("fp32")), reference="path_triton (fp32)",
-                metric="rel_rms", limit=REL_RMS["bfloat16"], params=params)
-    rec.compare("path_triton", lambda: (get("bf16"), get("f64")), reference="float64 path_matrix",
-                metric="rel_rms", limit=REL_RMS["bfloat16"], params=params)
-    rec.compare("path_triton", lambda: (get("fp32"), get("f64")), reference="float64 path_matrix",
-                metric="rel_rms", limit=REL_RMS["float32"], params=params)
+    get = _Lazy(bf16=lambda: path.path_triton(qr, kr, vr, w, beta), fp32=lambda: path.path_triton(q32, k32, v32, w, beta),
+                f64=lambda: _path64(q32, k32, v32, w, beta))
+    _compare_precisions(rec, get, "path_triton", "float64 path_matrix", params=dict(beta="[1.999, 2]"))
 
 
 # =============================================================================
@@ -752,7 +735,7 @@ def pathfox_fla_pathfox(rec, dev, fla, *, fla_T=2048, fla_lead=(1, 4), **_):
         g = log_f * q.shape[-1] ** 0.5  # g / scale
         return from_bthd(parallel_path_attn(*(to_bthd(x) for x in (q, k, v, w, beta, g)))[0])
 
-    get = _lazy(ref=lambda: _pathfox64(q, k, v, w, beta, log_f),
+    get = _Lazy(ref=lambda: _pathfox64(q, k, v, w, beta, log_f),
                 ours=lambda: pathfox.pathfox_triton(q, k, v, w, beta, log_f), fla=fla_pathfox)
     _compare_with_fla(rec, get, "pathfox_triton", "fla.parallel_path_attn(g)", "float64 pathfox_matrix",
                       params=dict(beta="uniform [0, 2)", gates="mild"), limit=FLA_AGREEMENT)
@@ -774,7 +757,7 @@ def pathfox_fla_gdn(rec, dev, fla, *, fla_T=2048, fla_lead=(1, 4), **_):
 
         return from_bthd(chunk_gated_delta_rule(*(to_bthd(x) for x in (qn, kn, v, log_f, b.to(BF16))), scale=1.0)[0])
 
-    get = _lazy(ref=lambda: _gated_deltanet64(qn, kn, v, b, log_f),
+    get = _Lazy(ref=lambda: _gated_deltanet64(qn, kn, v, b, log_f),
                 ours=lambda: pathfox.gated_deltanet_triton(qn, kn, v, b, log_f), fla=fla_gdn)
     _compare_with_fla(rec, get, "gated_deltanet_triton", "fla.chunk_gated_delta_rule",
                       "float64 gated_deltanet_matrix", params=dict(beta="uniform [0, 1)", qk="l2-normalised",
@@ -799,21 +782,9 @@ def pathfox_robust(rec, dev, fla, *, robust_T=16384, robust_H=2, D=64, **_):
     params = dict(beta="[1.999, 2]", gates="strong (5% in [-20, 0])")
     for op, (kernel, ref64, reference, args) in cases.items():
         args32 = tuple(x.float() for x in args)  # the same rounded numbers, in fp32
-        cache = {}
-
-        def get(name, kernel=kernel, ref64=ref64, args=args, args32=args32, cache=cache):
-            if name not in cache:
-                cache[name] = {"bf16": lambda: kernel(*args), "fp32": lambda: kernel(*args32),
-                               "f64": lambda: ref64(*args32)}[name]()
-            return cache[name]
-
-        rec.compare(op, lambda get=get: (get("bf16"), get("fp32")), reference=f"{op} (fp32)",
-                    metric="rel_rms", limit=REL_RMS["bfloat16"], params=params)
-        rec.compare(op, lambda get=get: (get("bf16"), get("f64")), reference=reference,
-                    metric="rel_rms", limit=REL_RMS["bfloat16"], params=params)
-        rec.compare(op, lambda get=get: (get("fp32"), get("f64")), reference=reference,
-                    metric="rel_rms", limit=REL_RMS["float32"], params=params)
-        cache.clear()
+        get = _Lazy(bf16=lambda: kernel(*args), fp32=lambda: kernel(*args32), f64=lambda: ref64(*args32))
+        _compare_precisions(rec, get, op, reference, params=params)
+        get.clear()  # frees this case's outputs
         if torch.device(dev).type == "cuda":
             torch.cuda.empty_cache()
 
@@ -868,17 +839,8 @@ def _backward_section(rec, dev, chapter, *, T=1024, long_T=8192, lead=(1, 2), D=
         bf = {n: (x.to(BF16) if n in "qkv" else x) for n, x in args.items()}
         as32 = {n: x.float() for n, x in bf.items()}  # the bf16-rounded numbers, in fp32
         params = dict(gates="strong (5% in [-20, 0])" if strong else "mild") if chapter == "fox" else {}
-        cache = {}
-
-        def get(which):
-            if which not in cache:
-                if which == "bf16":
-                    cache[which] = _grads(kernel, bf, names, do)
-                elif which == "fp32":
-                    cache[which] = _grads(kernel, as32, names, do)
-                else:
-                    cache[which] = _grads(lambda *a: per_slice64(matrix, *a), as32, names, do)
-            return cache[which]
+        get = _Lazy(bf16=lambda: _grads(kernel, bf, names, do), fp32=lambda: _grads(kernel, as32, names, do),
+                    f64=lambda: _grads(lambda *a: per_slice64(matrix, *a), as32, names, do))
 
         for n in names:
             p = dict(params, grad=n)
@@ -893,7 +855,7 @@ def _backward_section(rec, dev, chapter, *, T=1024, long_T=8192, lead=(1, 2), D=
                 rec.compare(f"{chapter}_triton backward", lambda n=n: (get("fp32")[n], get("f64")[n]),
                             reference=f"float64 autograd {chapter}_matrix", metric="rel_rms",
                             limit=REL_RMS["float32"], dtype=FP32, T=T_case, params=p)
-        cache.clear()
+        get.clear()  # frees this length's gradients
         if torch.device(dev).type == "cuda":
             torch.cuda.empty_cache()
 
@@ -925,7 +887,6 @@ def fox_fla_backward(rec, dev, fla, *, fla_T=2048, fla_lead=(1, 4), **_):
     names = list(args)
     do = torch.randn(*fla_lead, fla_T, 64, device=dev, generator=generator(dev, 2), dtype=F64).to(BF16).float()
     bf = {n: (x.to(BF16) if n in "qkv" else x) for n, x in args.items()}
-    cache = {}
 
     def fla_fox(q, k, v, log_f):
         from fla.ops.forgetting_attn import parallel_forgetting_attn
@@ -933,12 +894,9 @@ def fox_fla_backward(rec, dev, fla, *, fla_T=2048, fla_lead=(1, 4), **_):
         lay = [x.transpose(1, 2).contiguous() for x in (q, k, v, log_f)]  # not to_bthd: keep the graph to q, k, ...
         return from_bthd(parallel_forgetting_attn(*lay))
 
-    def get(which):
-        if which not in cache:
-            fn = {"ours": fox.fox_triton, "fla": fla_fox,
-                  "ref": lambda *a: per_slice64(fox.fox_matrix, *a)}[which]
-            cache[which] = _grads(fn, bf if which != "ref" else {n: x.float() for n, x in bf.items()}, names, do)
-        return cache[which]
+    get = _Lazy(ours=lambda: _grads(fox.fox_triton, bf, names, do), fla=lambda: _grads(fla_fox, bf, names, do),
+                ref=lambda: _grads(lambda *a: per_slice64(fox.fox_matrix, *a), {n: x.float() for n, x in bf.items()},
+                                   names, do))
 
     for n in names:
         for a, b, ref_name in (("ours", "ref", "float64 autograd fox_matrix"),

@@ -28,9 +28,9 @@ from ._common import run_meta, seeded_qkv, to_bthd
 def _delta_parts(q, k, v, bench):
     """Parts of the chunked (gated) DeltaNet kernel on bench-sized inputs, in ms."""
     from ..kernels._launch import per_token, prepare_qkv
-    from ..kernels.delta_rule import chunked_delta_rule
+    from ..kernels.delta_rule import _prepare, chunked_delta_rule
     from ..kernels.linear_attention import _linear_launch
-    from ..kernels.ut_prepare import Prepared, check_block, prep_precision
+    from ..kernels.ut_prepare import check_block
     from .fox import _log_f
     from .path import delta_inputs
 
@@ -38,13 +38,12 @@ def _delta_parts(q, k, v, bench):
     log_f = _log_f(q)
     x = prepare_qkv(qn, kn, v)
     beta3, log_f3 = per_token(beta, "beta", x), per_token(log_f, "log_f", x)
-    chunk, precision, f32 = check_block(None, x.n.D), prep_precision(x.dtype), torch.float32
+    chunk = check_block(None, x.n.D)
 
-    def prepared():
-        return Prepared(x.q, x.k, x.k, beta3, x.n.T, chunk, q_dtype=f32, k_dtype=f32, update_dtype=f32,
-                        w_is_k=True, value_beta=True, precision=precision)
+    def prepared():  # as chunked_delta_rule makes it
+        return _prepare(x, x.k, beta3, chunk, delta=True)[0]
 
-    prep = prepared()
+    prep, precision = _prepare(x, x.k, beta3, chunk, delta=True)
     out = {
         "prepare (both launches)": bench(prepared),
         "prepare: _ut_diag_inverse": bench(prep.invert_diagonal_blocks),
@@ -70,8 +69,8 @@ def _delta_parts(q, k, v, bench):
 def _path_parts(q, k, v, bench):
     """PaTH-FoX's preparation pass and total (the scan is the difference), in ms."""
     from ..kernels._launch import per_token, prepare_qkv
-    from ..kernels.path_attention import path_attention
-    from ..kernels.ut_prepare import Prepared, check_block, prep_precision
+    from ..kernels.path_attention import _prepare, path_attention
+    from ..kernels.ut_prepare import check_block
     from .fox import _log_f
     from .path import path_inputs
 
@@ -80,11 +79,9 @@ def _path_parts(q, k, v, bench):
     x = prepare_qkv(q, k, v)
     w3, beta3 = per_token(w, "w", x, extra=(x.n.D,)), per_token(beta, "beta", x)
     block = check_block(None, x.n.D)
-    upd = torch.float16
 
-    def prepared():  # as path_attention's default (dense update in fp16, bf16 inputs)
-        return Prepared(x.q, x.k, w3, beta3, x.n.T, block, q_dtype=upd, k_dtype=x.dtype, update_dtype=upd,
-                        norm_q=True, precision=prep_precision(x.dtype))
+    def prepared():  # as path_attention makes it by default (dense update)
+        return _prepare(x, w3, beta3, block)
 
     prep = prepared()
     out = {
