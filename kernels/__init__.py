@@ -34,7 +34,7 @@ Where the shared pieces live:
 * :mod:`._launch`: the validation boundary.  Each public entry point validates
   every argument once (shapes, dtypes, devices; values with one host
   synchronisation) and refuses meta tensors; the kernels without a backward pass
-  (the linear template, PaTH) also refuse, while grad mode is on, inputs that
+  (the linear template and its DeltaNet hook) also refuse, while grad mode is on, inputs that
   require grad.  Internal ``_*_launch`` functions check nothing.
 
 Causality holds for non-finite inputs too: a NaN or inf in ``q``, ``k`` or ``v``

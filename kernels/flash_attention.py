@@ -139,15 +139,23 @@ def _flash_fwd(Q, K, V, O, BIAS_ARG, LSE, T, qk_scale,
 @triton.jit
 def _bwd_tile(q, k, v, do, lse, delta, bias_arg, offs_m, offs_n, T, qk_scale,
               MASK: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr):
-    """One (query block, key block) tile of the backward pass: ``(p, dz)``, both ``[BM, BN]`` fp32.
+    """One (query block, key block) tile of the backward pass: ``(p, dz)``, both ``[BM, BN]`` fp32,
+    from the logits ``q k^T`` (:func:`_bwd_probs` does the rest)."""
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BM, BN], log2 units
+    return _bwd_probs(s, v, do, lse, delta, bias_arg, offs_m, offs_n, T, MASK, BIAS, PRECISION)
 
-    The probabilities are recomputed from the saved log-sum-exp, ``p = 2^(s - lse)``, with
-    the whole bias ``g(i) - g(j)`` (no per-block reference here: each tile is on its own), and
+
+@triton.jit
+def _bwd_probs(s, v, do, lse, delta, bias_arg, offs_m, offs_n, T,
+               MASK: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr):
+    """``(p, dz)`` of a tile whose logits without the bias are ``s`` (``[BM, BN]``, log2 units).
+
+    The probabilities are recomputed from the saved log-sum-exp, ``p = 2^(s + b - lse)``, with
+    the whole bias ``b = g(i) - g(j)`` (no per-block reference here: each tile is on its own), and
     ``dz = p * (dO v^T - delta)`` is the gradient of the natural-log logit, ``delta_i = dO_i . O_i``.
     ``MASK``: the tile straddles the diagonal or the end of the sequence; hidden entries are
-    selected away (``p = 0``), never multiplied by 0.
+    selected away (``p = 0``), never multiplied by 0.  PaTH's backward passes its own ``s``.
     """
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BM, BN], log2 units
     if BIAS == "alibi":
         s += bias_arg * (offs_n[None, :] - offs_m[:, None]).to(tl.float32)  # -slope (i - j) log2(e)
     elif BIAS == "loggate":
@@ -294,6 +302,17 @@ def _bwd_delta(O, DO, DELTA, T, stride_ob, stride_ot, HEAD_DV: tl.constexpr, BLO
     tl.store(DELTA + bh * T + offs_t, tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1), mask=offs_t < T)
 
 
+def bwd_delta(out, do) -> torch.Tensor:
+    """``delta_i = dO_i . O_i`` (fp32 ``(BH, T)``) of ``(BH, T, Dv)`` outputs and their gradients, one
+    launch (the backward's pre-pass; PaTH's backward uses it too)."""
+    BH, T, Dv = out.shape
+    delta = torch.empty(BH, T, dtype=torch.float32, device=out.device)
+    block_t = 64 if interpreting() else 128
+    _bwd_delta[(triton.cdiv(T, block_t), BH)](out, do, delta, T, out.stride(0), out.stride(1), HEAD_DV=Dv,
+                                              BLOCK_DV=next_pow2(Dv), BLOCK_T=block_t)
+    return delta
+
+
 # Backward tiles: a block of OUTER keys (queries) stays on chip while tiles of INNER queries (keys) stream
 # past it.  OUTER % INNER == 0, so that the diagonal region is whole inner tiles.  Two pipeline stages
 # only: with three stages and 32-row inner tiles, dK came out wrong on an H100 with triton 3.6 (relative
@@ -409,10 +428,7 @@ def _attention_bwd_launch(x: Flat, do, out, lse, scale: float, bias: str, bias_a
         cols = torch.empty_like(rows)
     if x.empty_input:
         return dq.zero_(), dk.zero_(), dv.zero_(), rows, cols
-    delta = torch.empty(x.BH, n.T, dtype=torch.float32, device=x.device)
-    block_t = 64 if interpreting() else 128
-    _bwd_delta[(triton.cdiv(n.T, block_t), x.BH)](out, do, delta, n.T, out.stride(0), out.stride(1), HEAD_DV=n.Dv,
-                                                 BLOCK_DV=next_pow2(n.Dv), BLOCK_T=block_t)
+    delta = bwd_delta(out, do)
     precision = dot_precision(x.dtype)
     dummy = delta
     args = (x.q, x.k, x.v, do, lse, delta, dummy if bias_arg is None else bias_arg, dq, dk, dv,

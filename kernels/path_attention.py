@@ -61,7 +61,9 @@ import triton
 import triton.language as tl
 
 from ..checks import check_scale, finite_condition, log_gate_condition, range_condition, require
-from ._launch import Flat, dot_precision, interpreting, next_pow2, per_token, prepare_qkv
+from .. import path as _path
+from ._launch import Flat, dot_precision, interpreting, next_pow2, per_token, prepare_qkv, wants_grad
+from .flash_attention import _bwd_probs, _dkdv_steps, _dq_steps, bwd_delta
 from ._pieces import (LOG2E, _first_nonfinite, _load_rows, _no_nonfinite, _poison, _query_block, _softmax_fold,
                       _store_rows)
 from .ut_prepare import BETA_WHY, MAX_R, Prepared, check_block, prep_precision
@@ -102,12 +104,12 @@ def _gate_bias(C, c_ref, offs_n, T, GATED: tl.constexpr):
 
 
 @triton.jit
-def _path_fwd(QT, QN, KT, AD, GM, WC, NU, V, O, C, T, qk_scale,
+def _path_fwd(QT, QN, KT, AD, GM, WC, NU, V, O, C, LSE, T, qk_scale,
               stride_pb, stride_pt, stride_nb, stride_ab, stride_at, stride_gb, stride_gj,
               stride_vb, stride_vt, stride_ob, stride_ot,
               HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
               R: tl.constexpr, BLOCK_N: tl.constexpr, UPDATE: tl.constexpr, PRECISION: tl.constexpr,
-              GATED: tl.constexpr):
+              GATED: tl.constexpr, STORE_LSE: tl.constexpr):
     BLOCK_M: tl.constexpr = R * BLOCK_N
     bh, start_m, offs_m = _query_block(BLOCK_M)  # heaviest query blocks first, as in the template
     rows = tl.arange(0, BLOCK_M)
@@ -182,6 +184,13 @@ def _path_fwd(QT, QN, KT, AD, GM, WC, NU, V, O, C, T, qk_scale,
                          NU + start_n * stride_pt, cols, offs_d, stride_pt, HEAD_DIM, BLOCK_D, UPDATE, PRECISION)
 
     _store_rows(O + bh * stride_ob, acc / l_i[:, None], offs_m, offs_dv, stride_ot, T, HEAD_DV)
+    if STORE_LSE:
+        # For the backward pass, as in the template: the log-sum-exp (log2 units) of the true logits,
+        # whose bias is c_i - c_j (the scan added c_r - c_j).
+        lse = m_i + tl.log2(l_i)
+        if GATED:
+            lse += (tl.load(C + offs_m, mask=offs_m < T, other=0.0) - c_ref) * 1.4426950408889634
+        tl.store(LSE + bh * T + offs_m, lse, mask=offs_m < T)
 
 
 # Tile shapes of the main pass: a query block is R UT blocks (BLOCK_M = R * BLOCK_N,
@@ -190,12 +199,106 @@ _GPU_CONFIGS = [
     triton.Config({"R": r}, num_warps=w, num_stages=s)
     for r, w, s in [(1, 4, 2), (1, 4, 3), (2, 4, 2), (2, 4, 3)]
 ]
-_TUNE_KEY = ["HEAD_DIM", "HEAD_DV", "BLOCK_N", "UPDATE", "PRECISION", "GATED"]
+_TUNE_KEY = ["HEAD_DIM", "HEAD_DV", "BLOCK_N", "UPDATE", "PRECISION", "GATED", "STORE_LSE"]
 _path_fwd_tuned = triton.autotune(_GPU_CONFIGS, key=_TUNE_KEY)(_path_fwd)
 
 
+@triton.jit
+def _path_bwd(X, AD, V, DO, LSE, DELTA, C, DX, DAD, DV, DBR, DBC, T, LEVELS, qk_scale, scale,
+              stride_xl, stride_xb, stride_ab, stride_vb, stride_vt,
+              HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+              BT: tl.constexpr, INNER: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr):
+    """PaTH's backward pass over every pair of blocks: FlashAttention's backward on the dyadic schedule.
+
+    Grid ``(blocks of BT, BH, 2)``, one UT block per program.  Query block ``I`` and key block
+    ``J < I`` meet at one level ``l`` (the highest bit where ``I`` and ``J`` differ), where
+    ``X[l]`` holds ``I``'s queries carried left to the boundary between the halves and ``J``'s keys
+    carried right to it (:func:`pathedu.path._meeting_points`): their logits are the plain product
+    ``scale * X[l][I] X[l][J]^T``.  So each level is a set of rectangles of FlashAttention's
+    backward with no transition inside, walked by the template's own steps
+    (:func:`.flash_attention._dkdv_steps`, :func:`.flash_attention._dq_steps`).  Role 0 (keys of
+    block ``J``): for each level where ``J`` is in a left half, the right half's query tiles:
+    ``dX[l][J] = scale dz^T X[l][I]``, ``dV`` and the column sums of ``dz``.  Role 1 (queries of
+    block ``I``): for each level where ``I`` is in a right half, the left half's key tiles:
+    ``dX[l][I] = scale dz X[l][J]`` and the row sums.  The diagonal tile takes its logits from the
+    in-block scores ``AD`` (``Ã``, ``(BH, T_pad, BT)``): role 0 adds its ``dV`` and column sums,
+    role 1 writes ``dÃ = scale dz`` (``DAD``) and its row sums.  Every row of ``dX`` and ``dÃ`` is
+    written by exactly one program.  ``X``, ``DX``: ``(L, BH, T_pad, D)``; ``V``, ``DO``, ``DV``:
+    ``(BH, T, Dv)``; ``C``: the cumulative log gate (``BIAS == "loggate"``, PaTH-FoX).
+    """
+    bh = tl.program_id(1).to(tl.int64)
+    start = tl.program_id(0) * BT
+    offs_b = start + tl.arange(0, BT)
+    cols = tl.arange(0, BT)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    CHECK_DV: tl.constexpr = BLOCK_DV != HEAD_DV
+    X += bh * stride_xb
+    DX += bh * stride_xb
+    V += bh * stride_vb
+    DO += bh * stride_vb
+    LSE += bh * T
+    DELTA += bh * T
+    bias_arg = 0.0
+    if BIAS == "loggate":
+        bias_arg = C + bh * T
+    # The diagonal tile, from the in-block scores (rows: this block's queries, columns: its keys).
+    ad = _load_rows(AD + bh * stride_ab + start * BT, cols, cols, BT, T - start, BT, True, False)  # [BT, BT]
+    do_b = _load_rows(DO, offs_b, offs_dv, stride_vt, T, HEAD_DV, True, CHECK_DV)  # [BT, BDV]
+    v_b = _load_rows(V, offs_b, offs_dv, stride_vt, T, HEAD_DV, True, CHECK_DV)  # [BT, BDV]
+    lse_b = tl.load(LSE + offs_b, mask=offs_b < T, other=0.0)
+    delta_b = tl.load(DELTA + offs_b, mask=offs_b < T, other=0.0)
+    p, dz = _bwd_probs(ad * qk_scale, v_b, do_b, lse_b, delta_b, bias_arg, offs_b, offs_b, T, True, BIAS, PRECISION)
+    if tl.program_id(2) == 0:
+        dv = tl.dot(tl.trans(p.to(do_b.dtype)), do_b, input_precision=PRECISION)  # [BT, BDV]
+        col = tl.sum(dz, axis=0)
+        for lvl in range(0, LEVELS):
+            h = BT * (1 << lvl)  # tokens in a half at this level
+            left = (start // h) % 2 == 0
+            lo = (start // (2 * h)) * (2 * h) + h  # the boundary: the right half's first query
+            hi = tl.maximum(tl.where(left, tl.minimum(lo + h, T), lo), lo)  # empty unless J is in a left half
+            whole = lo + ((hi - lo) // INNER) * INNER
+            XL = X + lvl * stride_xl
+            k = _load_rows(XL, offs_b, offs_d, HEAD_DIM, T, HEAD_DIM, True, CHECK_D)  # [BT, BD], keys at the boundary
+            dk = tl.zeros([BT, BLOCK_D], dtype=tl.float32)
+            dk, dv, col = _dkdv_steps(dk, dv, col, k, v_b, XL, DO, LSE, DELTA, bias_arg, offs_b, lo, whole, T,
+                                      qk_scale, HEAD_DIM, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER,
+                                      False, BIAS, PRECISION)
+            dk, dv, col = _dkdv_steps(dk, dv, col, k, v_b, XL, DO, LSE, DELTA, bias_arg, offs_b, whole, hi, T,
+                                      qk_scale, HEAD_DIM, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER,
+                                      True, BIAS, PRECISION)
+            _store_rows(DX + lvl * stride_xl, dk * scale, offs_b, offs_d, HEAD_DIM, tl.where(left, T, 0), HEAD_DIM)
+        _store_rows(DV + bh * stride_vb, dv, offs_b, offs_dv, stride_vt, T, HEAD_DV)
+        if BIAS != "none":
+            tl.store(DBC + bh * T + offs_b, col, mask=offs_b < T)
+    else:
+        _store_rows(DAD + bh * stride_ab + start * BT, dz * scale, cols, cols, BT, T - start, BT)
+        row = tl.sum(dz, axis=1)
+        for lvl in range(0, LEVELS):
+            h = BT * (1 << lvl)
+            right = (start // h) % 2 == 1
+            hi = (start // h) * h  # the boundary: keys [hi - h, hi) when I is in a right half
+            lo = tl.where(right, hi - h, hi)
+            XL = X + lvl * stride_xl
+            q = _load_rows(XL, offs_b, offs_d, HEAD_DIM, T, HEAD_DIM, True, CHECK_D)  # [BT, BD], queries at the boundary
+            dq = tl.zeros([BT, BLOCK_D], dtype=tl.float32)
+            dq, row = _dq_steps(dq, row, q, do_b, lse_b, delta_b, XL, V, bias_arg, offs_b, lo, hi, T, qk_scale,
+                                HEAD_DIM, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER, False, BIAS,
+                                PRECISION)
+            _store_rows(DX + lvl * stride_xl, dq * scale, offs_b, offs_d, HEAD_DIM, tl.where(right, T, 0), HEAD_DIM)
+        if BIAS != "none":
+            tl.store(DBR + bh * T + offs_b, row, mask=offs_b < T)
+
+
+# Backward tiles: the program's block is one UT block (levels are defined on UT blocks); INNER-row
+# tiles stream past it, two stages only (as the template's backward, kernels/NOTES_flash.md).
+_BWD_CONFIGS = [triton.Config({"INNER": i}, num_warps=w, num_stages=2) for i, w in [(32, 4), (64, 4), (64, 8)]]
+_path_bwd_tuned = triton.autotune(_BWD_CONFIGS, key=["T", "HEAD_DIM", "HEAD_DV", "BT", "BIAS", "PRECISION"])(_path_bwd)
+
+
 def path_attention(q, k, v, w, beta, *, scale=None, block=None, log_f=None, _config=None):
-    """Causal PaTH attention forward (preparation pass, then the right-to-left scan).
+    """Causal PaTH attention (preparation pass, then the right-to-left scan), with a backward pass.
 
     Shapes: ``q, k, w: (..., T, D)``, ``v: (..., T, Dv)``, ``beta: (..., T)`` ->
     ``(..., T, Dv)``; ``D, Dv`` in 16..128; any T.  ``q, k, v`` fp16/bf16/fp32
@@ -207,31 +310,36 @@ def path_attention(q, k, v, w, beta, *, scale=None, block=None, log_f=None, _con
     ``w`` is used as given (models pass unit vectors).  ``log_f`` ``(..., T)`` (finite,
     <= 0), if given, adds the FoX bias ``sum_{s=j+1..i} log_f[s]`` to every logit, not
     multiplied by ``scale`` (PaTH-FoX, chapter 6).  Every argument is validated
-    here (values with one host synchronisation); no input may require grad while
-    grad mode is on (there is no backward pass yet).
+    here (values with one host synchronisation).  When autograd wants gradients (of
+    ``q, k, v, w, beta`` or ``log_f``), the output has a ``grad_fn`` (:class:`_PathAttention`).
 
     ``_config`` (for tests and tuning): ``dict(R=..., num_warps=..., num_stages=...)``
     fixes the main pass's tiles (query blocks of ``R * block`` rows, R in 1..MAX_R)
     instead of autotuning; ``update="dense"|"ut"`` picks the form of ``q^ <- P_J q^``
     (default: dense while ``D <= 2 block``); ``update_dtype`` the dtype of its operands;
-    ``prep_precision`` the preparation pass's product precision (see :func:`._pieces._dot`).
+    ``prep_precision`` the preparation pass's product precision (see :func:`._pieces._dot`);
+    ``backward=dict(INNER=..., num_warps=...)`` fixes the backward kernel's tiles.
     """
     cfg = dict(_config or {})
-    x = prepare_qkv(q, k, v)
+    x = prepare_qkv(q, k, v, backward=True)
     n = x.n
     scale = check_scale(scale, n.D)
-    w3 = per_token(w, "w", x, extra=(n.D,))
-    beta3 = per_token(beta, "beta", x)
+    w3 = per_token(w, "w", x, extra=(n.D,), backward=True)
+    beta3 = per_token(beta, "beta", x, backward=True)
     block = check_block(block, n.D)
     update = cfg.pop("update", "dense" if n.D <= 2 * block else "ut")
     if update not in ("dense", "ut"):
         raise ValueError(f"`_config['update']` must be 'dense' or 'ut', got {update!r}")
     if cfg.get("R", 1) not in range(1, MAX_R + 1):
         raise ValueError(f"`_config['R']` must be in 1..{MAX_R}, got {cfg['R']!r}")
-    log_f3 = None if log_f is None else per_token(log_f, "log_f", x)
+    log_f3 = None if log_f is None else per_token(log_f, "log_f", x, backward=True)
     require(finite_condition(w3, "w"), range_condition(beta3, "beta", 0.0, 2.0, BETA_WHY),
             None if log_f3 is None else log_gate_condition(log_f3))
-    return x.result(_path_launch(x, w3, beta3, scale, block, update, cfg, log_f3))
+    c = None if log_f3 is None else torch.cumsum(log_f3, dim=-1)  # taken once, in fp32, outside the kernels
+    if wants_grad(x.q, x.k, x.v, w3, beta3, c):
+        return x.result(_PathAttention.apply(x.q, x.k, x.v, w3, beta3, c, x, scale, block, update, cfg))
+    cfg.pop("backward", None)
+    return x.result(_path_launch(x, w3, beta3, scale, block, update, cfg, c))
 
 
 def _prepare(x: Flat, w3, beta3, block: int, *, update: str = "dense", update_dtype=None, precision=None) -> Prepared:
@@ -245,9 +353,11 @@ def _prepare(x: Flat, w3, beta3, block: int, *, update: str = "dense", update_dt
                     precision=prep_precision(x.dtype) if precision is None else precision)
 
 
-def _path_launch(x: Flat, w3, beta3, scale: float, block: int, update: str, cfg: dict, log_f3=None) -> torch.Tensor:
+def _path_launch(x: Flat, w3, beta3, scale: float, block: int, update: str, cfg: dict, c=None,
+                 lse=None) -> torch.Tensor:
     """Launch on validated inputs: the preparation pass, then the scan.  Returns ``(BH, T, Dv)``.
-    ``log_f3``: fp32 ``(BH, T)`` log gates (PaTH-FoX) or None; their cumulative sum is taken once, here."""
+    ``c``: the fp32 ``(BH, T)`` cumulative log gate (PaTH-FoX) or None.  ``lse``: an fp32 ``(BH, T)``
+    tensor that receives each row's log-sum-exp (log2 units), for the backward pass."""
     n = x.n
     out = x.new_output(n.Dv)
     if x.empty_input:
@@ -255,9 +365,10 @@ def _path_launch(x: Flat, w3, beta3, scale: float, block: int, update: str, cfg:
     prep = _prepare(x, w3, beta3, block, update=update, update_dtype=cfg.pop("update_dtype", None),
                     precision=cfg.pop("prep_precision", None))
     meta = dict(HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=next_pow2(n.D), BLOCK_DV=next_pow2(n.Dv), BLOCK_N=block,
-                UPDATE=update, PRECISION=dot_precision(x.dtype), GATED=log_f3 is not None)
-    c = prep.qn if log_f3 is None else torch.cumsum(log_f3, dim=-1)  # a dummy pointer without a gate
-    args = (prep.qt, prep.qn, prep.kt, prep.ad, prep.g, prep.wc, prep.nu, x.v, out, c, n.T, scale * LOG2E,
+                UPDATE=update, PRECISION=dot_precision(x.dtype), GATED=c is not None, STORE_LSE=lse is not None)
+    dummy = prep.qn  # a pointer for the arguments a launch does not read
+    args = (prep.qt, prep.qn, prep.kt, prep.ad, prep.g, prep.wc, prep.nu, x.v, out, dummy if c is None else c,
+            dummy if lse is None else lse, n.T, scale * LOG2E,
             prep.qt.stride(0), prep.qt.stride(1), prep.qn.stride(0), prep.ad.stride(0), prep.ad.stride(1),
             prep.g.stride(0), prep.g.stride(1), x.v.stride(0), x.v.stride(1), out.stride(0), out.stride(1))
     # Fixed tiles: in the interpreter, when the caller fixes them, and for fp32 inputs (exact
@@ -269,3 +380,108 @@ def _path_launch(x: Flat, w3, beta3, scale: float, block: int, update: str, cfg:
         grid = lambda META: (triton.cdiv(n.T, META["R"] * block), x.BH)  # noqa: E731
         _path_fwd_tuned[grid](*args, **meta)
     return out
+
+
+def _bwd_recompute(x: Flat, w3, beta3, block: int):
+    """Step 1 of :func:`_path_bwd_launch`: ``(leaves, intra, X)``, recorded by autograd in fp32.  ``leaves``:
+    fresh ``q, k, w, beta``; ``intra``: ``Ã`` ``(BH, nb, BT, BT)``; ``X``: the meeting-point rows
+    ``(L, BH, nb, BT, D)``."""
+    with torch.enable_grad():
+        leaves = [t.detach().to(torch.float32).requires_grad_() for t in (x.q, x.k, w3, beta3)]
+        intra, q_tilde, k_tilde, phi = _path._blocked(*leaves, block)
+        return leaves, intra, _path._meeting_points(q_tilde, k_tilde, phi)
+
+
+def _bwd_kernel(x: Flat, c, out, lse, do, scale: float, block: int, intra, X, _config=None):
+    """Step 2 of :func:`_path_bwd_launch` (the pre-pass ``delta`` and one launch of :func:`_path_bwd`):
+    ``dX`` (fp32, like ``X``), ``dÃ`` (fp32, like ``intra``), ``dv`` and the row and column sums of ``dz``
+    (None without a gate)."""
+    n = x.n
+    delta = bwd_delta(out, do)
+    levels, nb = X.shape[0], intra.shape[1]
+    xk = X.detach().to(x.dtype).flatten(-3, -2).contiguous()  # (L, BH, nb * BT, D)
+    ad = intra.detach().flatten(-3, -2).contiguous()  # (BH, nb * BT, BT) fp32
+    dX = torch.zeros(xk.shape, dtype=torch.float32, device=x.device)  # rows past T stay 0
+    dad = torch.zeros_like(ad)
+    dv = torch.empty_like(x.v)
+    rows = cols = None
+    if c is not None:
+        rows = torch.empty(x.BH, n.T, dtype=torch.float32, device=x.device)
+        cols = torch.empty_like(rows)
+    precision = dot_precision(x.dtype)
+    dummy = delta
+    args = (xk, ad, x.v, do, lse, delta, dummy if c is None else c, dX, dad, dv,
+            dummy if rows is None else rows, dummy if cols is None else cols, n.T, levels, scale * LOG2E, scale,
+            xk.stride(0) if levels else 0, xk.stride(1) if levels else 0, ad.stride(0), x.v.stride(0), x.v.stride(1))
+    meta = dict(HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=next_pow2(n.D), BLOCK_DV=next_pow2(n.Dv), BT=block,
+                BIAS="none" if c is None else "loggate", PRECISION=precision)
+    grid = (nb, x.BH, 2)
+    if _config is not None:
+        _path_bwd[grid](*args, **{"num_stages": 2, **_config}, **meta)
+    elif interpreting():
+        _path_bwd[grid](*args, INNER=block, **meta)
+    elif precision == "ieee":
+        _path_bwd[grid](*args, INNER=min(32, block), num_warps=4, num_stages=2, **meta)
+    else:
+        _path_bwd_tuned[grid](*args, **meta)
+    return dX.view_as(X), dad.view_as(intra), dv, rows, cols
+
+
+def _bwd_autograd(leaves, intra, X, dX, dad):
+    """Step 3 of :func:`_path_bwd_launch`: ``dq, dk, dw, dbeta`` (fp32), autograd from ``dX``, ``dÃ`` back
+    through step 1."""
+    outputs, grads = [intra], [dad]
+    if X.shape[0]:
+        outputs.append(X)
+        grads.append(dX)
+    return torch.autograd.grad(outputs, leaves, grads)
+
+
+def _path_bwd_launch(x: Flat, w3, beta3, c, out, lse, do, scale: float, block: int, _config=None):
+    """PaTH's backward pass on the forward's validated inputs, output and log-sum-exp; ``do``: ``(BH, T, Dv)``.
+
+    Three steps.  (1) :func:`_bwd_recompute`, in PyTorch with autograd recording, the O(T D^2) part:
+    every block's pieces (:func:`pathedu.path._blocked`: ``Ã``, ``q~``, ``k~``, ``Phi``) and the carries
+    to the meeting points (:func:`pathedu.path._meeting_points`), in fp32.  (2) :func:`_bwd_kernel`, the
+    O(T^2 D) part in one launch of :func:`_path_bwd`: gradients of the meeting-point rows ``X`` and of
+    ``Ã``, ``dV``, and the row and column sums of ``dz`` for the gate.  (3) :func:`_bwd_autograd` carries
+    ``dX`` and ``dÃ`` back through step (1) to ``q, k, w, beta``: the reverse of the carries' prefix
+    products is the reversed scan.  Returns ``dq, dk, dv`` (compute dtype), ``dw, dbeta`` (fp32) and
+    ``dc`` (None without a gate).
+    """
+    do = do.to(x.dtype).contiguous()
+    leaves, intra, X = _bwd_recompute(x, w3, beta3, block)
+    dX, dad, dv, rows, cols = _bwd_kernel(x, c, out, lse, do, scale, block, intra, X, _config)
+    dq, dk, dw, dbeta = _bwd_autograd(leaves, intra, X, dX, dad)
+    return dq.to(x.dtype), dk.to(x.dtype), dv, dw, dbeta, None if c is None else rows - cols
+
+
+class _PathAttention(torch.autograd.Function):
+    """:func:`_path_launch` with a backward pass (:func:`_path_bwd_launch`).
+
+    Inputs: the flattened ``q, k, v`` of a :class:`._launch.Flat` (``flat``), fp32 ``w3, beta3`` and the
+    cumulative log gate ``c`` (or None), then ``scale, block, update`` and the tuning dict.  Saves the
+    inputs, the output and the log-sum-exp (``O(T)`` per head) and recomputes everything else.
+    ``dc = rows - cols``: ``c_i`` enters row ``i``'s logits, ``-c_j`` column ``j``'s.
+    """
+
+    @staticmethod
+    def forward(ctx, q3, k3, v3, w3, beta3, c, flat, scale, block, update, cfg):
+        cfg = dict(cfg)
+        ctx.bwd_config = cfg.pop("backward", None)
+        x = Flat(flat.n, q3, k3, v3, flat.dtype, flat.like)
+        lse = torch.empty(x.BH, x.n.T, dtype=torch.float32, device=x.device)
+        out = _path_launch(x, w3, beta3, scale, block, update, cfg, c, lse=lse)
+        ctx.save_for_backward(q3, k3, v3, w3, beta3, c, out, lse)
+        ctx.flat, ctx.scale, ctx.block = flat, scale, block
+        return out
+
+    @staticmethod
+    def backward(ctx, do):
+        q3, k3, v3, w3, beta3, c, out, lse = ctx.saved_tensors
+        x = Flat(ctx.flat.n, q3, k3, v3, ctx.flat.dtype, ctx.flat.like)
+        if x.empty_input:
+            return (torch.zeros_like(q3), torch.zeros_like(k3), torch.zeros_like(v3), torch.zeros_like(w3),
+                    torch.zeros_like(beta3), None if c is None else torch.zeros_like(c)) + (None,) * 5
+        grads = _path_bwd_launch(x, w3, beta3, c, out, lse, do, ctx.scale, ctx.block, ctx.bwd_config)
+        return grads + (None,) * 5

@@ -72,10 +72,10 @@ from .masks import causal_mask, causal_matmul, masked_logits
 from .nope import KVCache, _initial_state, causal_softmax, empty_output, online_softmax_step
 
 __all__ = [
-    "path_naive", "path_recurrent", "path_matrix", "path_blockwise", "path_triton",
+    "path_naive", "path_recurrent", "path_matrix", "path_blockwise", "path_dyadic", "path_triton",
     "householder_naive", "householder_recurrent", "householder_matrix", "householder_chunked", "householder_triton",
     "deltanet_naive", "deltanet_recurrent", "deltanet_matrix", "deltanet_chunked", "deltanet_triton",
-    "path_logits", "ut_transform", "householder_product", "interval_product", "PathKVCache",
+    "path_logits", "dyadic_level", "ut_transform", "householder_product", "interval_product", "PathKVCache",
 ]
 
 ORDERS = ("increasing", "decreasing")
@@ -413,6 +413,113 @@ def path_blockwise(q, k, v, w, beta, *, scale=None, block: int = 64):
             q_hat = _apply_block(q_hat, w[..., s_J:e_J, :], A_J)  # q^ <- P_J q^
         out[..., s_I:e_I, :] = acc / l[..., None]
     return out.to(q_in.dtype)
+
+
+def _blocked(q, k, w, beta, block: int):
+    r"""Every block's pieces at once: the sequence padded to ``n * block`` tokens (``q = k = w = 0`` and
+    ``beta = 0`` past T, i.e. ``H = I``) and cut into ``n`` blocks.
+
+    Returns ``intra`` ``(..., n, B, B)`` (the in-block scores of :func:`_block_factors`), ``q_tilde`` and
+    ``k_tilde`` ``(..., n, B, D)``, and ``phi`` ``(..., n, D, D)``: each block's whole transition in row
+    form, ``Phi_J = P_J^T = I - W_J^T A_J W_J``, so that a carried query moves as ``q^ <- q^ Phi_J``.
+    """
+    T, D = q.shape[-2], q.shape[-1]
+    n = -(-T // block)
+    pad = n * block - T
+
+    def blocks(x, rows):
+        x = torch.nn.functional.pad(x, (0, 0, 0, pad) if rows else (0, pad))
+        return x.unflatten(-2 if rows else -1, (n, block))
+
+    wc = blocks(w, True)
+    A, intra, q_tilde, k_tilde = _block_factors(blocks(q, True), blocks(k, True), wc, blocks(beta, False))
+    phi = torch.eye(D, dtype=q.dtype, device=q.device) - wc.transpose(-1, -2) @ A @ wc
+    return intra, q_tilde, k_tilde, phi
+
+
+def dyadic_level(I: int, J: int) -> int:
+    """The level at which query block ``I`` meets key block ``J < I``: the highest bit where ``I`` and ``J``
+    differ.  At level ``l`` the blocks are grouped in nodes of ``2^(l+1)``; ``J`` lies in the left half of
+    its node, ``I`` in the right half, and they meet at the boundary ``mid`` between the halves."""
+    return (I ^ J).bit_length() - 1
+
+
+def _meeting_points(q_tilde, k_tilde, phi):
+    r"""Every query and key carried to the boundary where it meets its partners, level by level.
+
+    At level ``l`` (halves of ``h = 2^l`` blocks), block ``I`` in a right half whose boundary is
+    ``mid`` holds its queries carried left to ``mid``: ``q~_I Phi_{I-1} ... Phi_mid``; block ``J`` in a
+    left half holds its keys carried right to ``mid``: ``k~_J Phi_{J+1}^T ... Phi_{mid-1}^T``.  Then for
+    every ``J < I`` meeting at level ``l`` (:func:`dyadic_level`) the scores are one product,
+    ``X_l[I] X_l[J]^T = q~_I Phi_{I-1} ... Phi_{J+1} k~_J^T``.  The carries are prefix products of
+    the ``Phi`` inside each half (``h - 1`` sequential D x D products per level, all nodes at once).
+
+    Shapes: ``q_tilde, k_tilde: (..., n, B, D)``, ``phi: (..., n, D, D)`` -> ``(L, ..., n, B, D)`` with
+    ``L = ceil(log2 n)`` levels.
+    """
+    n, D = phi.shape[-3], phi.shape[-1]
+    eye = torch.eye(D, dtype=phi.dtype, device=phi.device)
+    levels = []
+    for lvl in range(max(0, (n - 1).bit_length())):
+        h = 1 << lvl
+        nodes = -(-n // (2 * h))
+        extra = nodes * 2 * h - n
+
+        def halves(x, fill=None):  # (..., n, a, b) -> (..., nodes, 2, h, a, b), padded past n
+            if extra:
+                tail = (fill if fill is not None else torch.zeros_like(x[..., :1, :, :])).expand(
+                    x.shape[:-3] + (extra,) + x.shape[-2:])
+                x = torch.cat([x, tail], dim=-3)
+            return x.unflatten(-3, (nodes, 2, h))
+
+        p = halves(phi, eye)
+        right, left = p[..., 1, :, :, :], p[..., 0, :, :, :]
+        carry_q = [eye.expand_as(right[..., 0, :, :])]  # block mid + t: Phi_{mid+t-1} ... Phi_mid
+        for t in range(1, h):
+            carry_q.append(right[..., t - 1, :, :] @ carry_q[-1])
+        carry_k = [eye.expand_as(left[..., 0, :, :])]  # block mid - h + t: Phi_{..+t+1}^T ... Phi_{mid-1}^T
+        for t in range(h - 2, -1, -1):
+            carry_k.append(left[..., t + 1, :, :].transpose(-1, -2) @ carry_k[-1])
+        x = torch.stack([halves(k_tilde)[..., 0, :, :, :] @ torch.stack(carry_k[::-1], dim=-3),
+                         halves(q_tilde)[..., 1, :, :, :] @ torch.stack(carry_q, dim=-3)], dim=-4)
+        levels.append(x.flatten(-5, -3)[..., :n, :, :])
+    if not levels:
+        return q_tilde.new_zeros((0,) + tuple(q_tilde.shape))
+    return torch.stack(levels)
+
+
+def path_dyadic(q, k, v, w, beta, *, scale=None, block: int = 64):
+    r"""PaTH attention on the backward pass's schedule: every pair of blocks meets once, in the middle.
+
+    The blockwise scan (:func:`path_blockwise`) carries each query block right to left across every
+    key block before it.  Its reverse (the backward pass) would need the carried query at every block
+    in the opposite order.  Here instead, query block ``I`` and key block ``J < I`` meet at the
+    boundary between the two halves of the smallest dyadic node holding both (:func:`dyadic_level`):
+    queries are carried left to that boundary, keys right to it (:func:`_meeting_points`), and their
+    scores are one product.  Diagonal blocks use the in-block scores.  The logits are the same as
+    :func:`path_matrix`'s; this form assembles the whole ``T x T`` matrix (a reference for small T),
+    and autograd through it is the schedule that ``path_triton``'s backward pass runs tile by tile.
+    Shapes as :func:`path_naive`.
+    """
+    n = check_qkv(q, k, v)
+    scale = check_scale(scale, n.D)
+    dt = _solve_dtype(q.dtype)
+    w, beta = _check_w_beta(w, beta, n, q, dtype=dt)
+    block = check_positive_int(block, "block")
+    if n.T == 0:
+        return empty_output(q, v)
+    intra, q_tilde, k_tilde, phi = _blocked(q.to(dt), k.to(dt), w, beta, block)
+    X = _meeting_points(q_tilde, k_tilde, phi)
+    nb = phi.shape[-3]
+    rows = []
+    for I in range(nb):
+        row = [X[dyadic_level(I, J)][..., I, :, :] @ X[dyadic_level(I, J)][..., J, :, :].transpose(-1, -2)
+               for J in range(I)]
+        row.append(intra[..., I, :, :])
+        row += [torch.zeros_like(intra[..., I, :, :])] * (nb - I - 1)  # hidden by the causal mask
+        rows.append(torch.cat(row, dim=-1))
+    logits = torch.cat(rows, dim=-2)[..., :n.T, :n.T]
+    return causal_softmax(scale * logits, v.to(dt)).to(q.dtype)
 
 
 def path_triton(q, k, v, w, beta, *, scale=None):

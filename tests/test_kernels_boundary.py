@@ -270,9 +270,9 @@ def _with(name, q, k, v, ex, slope, change):
     return x["q"], x["k"], x["v"], {n: x[n] for n in ex}, x["alibi_slope"] if name != "gamma" else x["gamma"]
 
 
-# The entry points of _all_calls that have a backward pass (the softmax template and the rotation);
-# the others refuse inputs that require grad.
-WITH_BACKWARD = {0, 2, 3, 4, 6}
+# The entry points of _all_calls that have a backward pass (the softmax template, the rotation and PaTH);
+# the others (the linear side) refuse inputs that require grad.
+WITH_BACKWARD = {0, 2, 3, 4, 6, 8}
 
 
 @pytest.mark.parametrize("index", sorted(set(range(11)) - WITH_BACKWARD))
@@ -324,7 +324,7 @@ def test_meta_tensors_are_refused(index):
 def test_chapter_triton_forms_refuse_grad_once():
     q, k, v, ex = inputs()
     v = v.requires_grad_()
-    for f, args in [(rope.complex_triton, ()), (path.path_triton, (ex["w"], ex["beta"]))]:
+    for f, args in [(rope.complex_triton, ()), (path.householder_triton, (ex["w"], ex["beta"]))]:
         with pytest.raises(RuntimeError, match="`v` requires grad"):
             f(q, k, v, *args)
 

@@ -811,26 +811,42 @@ def _grads(fn, args, names, do):
 
 def _backward_inputs(dev, chapter, lead, T, D, seed, *, strong=False):
     """``{name: tensor}`` in call order for a softmax-side form: q, k, v (fp32 from float64 draws) and the
-    chapter's extra argument (fp32): ALiBi slopes, FoX log gates (``strong``: 5% of tokens down to -20)."""
-    g = generator(dev, seed)
-    q, k, v = (torch.randn(*lead, T, D, device=dev, generator=g, dtype=F64).float() for _ in range(3))
-    args = dict(q=q, k=k, v=v)
+    chapter's extra arguments (fp32): ALiBi slopes; FoX log gates (``strong``: 5% of tokens down to -20);
+    PaTH's unit ``w`` and ``beta`` (uniform in [0, 2); ``strong``: in [1.999, 2], reflections); PaTH-FoX both."""
+    if chapter in ("path", "pathfox"):
+        q, k, v, w, beta = _path_inputs(dev, lead, T, D, D, seed, beta_lo=1.999 if strong else 0.0)
+        args = dict(q=q, k=k, v=v, w=w, beta=beta)
+    else:
+        g = generator(dev, seed)
+        q, k, v = (torch.randn(*lead, T, D, device=dev, generator=g, dtype=F64).float() for _ in range(3))
+        args = dict(q=q, k=k, v=v)
     if chapter == "alibi":
         args["slope"] = torch.linspace(0.0, 0.5, lead[-1], device=dev).expand(lead).contiguous()
-    elif chapter == "fox":
+    elif chapter in ("fox", "pathfox"):
         args["log_f"] = _pathfox_gates(dev, lead, T, seed, strong=strong)
     return args
+
+
+def _strong_label(chapter: str, strong: bool) -> dict:
+    """The ``params`` that name a backward case's inputs (see :func:`_backward_inputs`)."""
+    out = {}
+    if chapter in ("fox", "pathfox"):
+        out["gates"] = "strong (5% in [-20, 0])" if strong else "mild"
+    if chapter in ("path", "pathfox"):
+        out["beta"] = "[1.999, 2]" if strong else "uniform [0, 2)"
+    return out
 
 
 def _backward_section(rec, dev, chapter, *, T=1024, long_T=8192, lead=(1, 2), D=64):
     """A chapter's ``*_triton`` gradients: fp32 against float64 autograd through ``*_matrix`` (the same inputs)
     at ``T``; bf16 against fp32 (the same rounded inputs) and against float64 at ``T`` and ``long_T``
-    (FoX: with strong gates, 5% of tokens down to -20, at ``long_T``)."""
+    (FoX: with strong gates, 5% of tokens down to -20, at ``long_T``; PaTH: with ``beta`` in [1.999, 2];
+    PaTH-FoX: both)."""
     import importlib
 
     mod = importlib.import_module(f"pathedu.{chapter}")
     kernel, matrix = getattr(mod, f"{chapter}_triton"), getattr(mod, f"{chapter}_matrix")
-    for T_case, strong in ((T, False), (long_T, chapter == "fox")):
+    for T_case, strong in ((T, False), (long_T, chapter in ("fox", "path", "pathfox"))):
         args = _backward_inputs(dev, chapter, lead, T_case, D, seed=T_case, strong=strong)
         names = list(args)
         # The output's gradient, rounded to bf16 for every run: the bf16 run gets it in bf16, and the others
@@ -838,7 +854,7 @@ def _backward_section(rec, dev, chapter, *, T=1024, long_T=8192, lead=(1, 2), D=
         do = torch.randn(*lead, T_case, D, device=dev, generator=generator(dev, 1), dtype=F64).to(BF16).float()
         bf = {n: (x.to(BF16) if n in "qkv" else x) for n, x in args.items()}
         as32 = {n: x.float() for n, x in bf.items()}  # the bf16-rounded numbers, in fp32
-        params = dict(gates="strong (5% in [-20, 0])" if strong else "mild") if chapter == "fox" else {}
+        params = _strong_label(chapter, strong)
         get = _Lazy(bf16=lambda: _grads(kernel, bf, names, do), fp32=lambda: _grads(kernel, as32, names, do),
                     f64=lambda: _grads(lambda *a: per_slice64(matrix, *a), as32, names, do))
 
@@ -876,35 +892,76 @@ def rope_backward(rec, dev, fla, *, grad_T=1024, grad_long_T=8192, **_):
     _backward_section(rec, dev, "rope", T=grad_T, long_T=grad_long_T)
 
 
-def fox_fla_backward(rec, dev, fla, *, fla_T=2048, fla_lead=(1, 4), **_):
-    """bf16 FoX gradients (q, k, v, log_f), ours and flash-linear-attention's (``parallel_forgetting_attn``),
-    against float64 autograd through ``fox_matrix`` and against each other."""
+def path_backward(rec, dev, fla, *, grad_T=1024, grad_long_T=16384, **_):
+    _backward_section(rec, dev, "path", T=grad_T, long_T=grad_long_T)
+
+
+def pathfox_backward(rec, dev, fla, *, grad_T=1024, grad_long_T=16384, **_):
+    _backward_section(rec, dev, "pathfox", T=grad_T, long_T=grad_long_T)
+
+
+def _fla_backward(rec, dev, fla, chapter: str, fla_op: str, fla_fn, *, fla_T: int, fla_lead: tuple):
+    """bf16 gradients of ``{chapter}_triton`` and of its flash-linear-attention peer ``fla_fn`` (same arguments),
+    each against float64 autograd through ``{chapter}_matrix`` and against each other, by rel_rms within 0.01."""
+    import importlib
+
     if not _want_fla(fla, rec):
         return
-    from .. import fox
-
-    args = _backward_inputs(dev, "fox", fla_lead, fla_T, 64, seed=fla_T)
+    mod = importlib.import_module(f"pathedu.{chapter}")
+    kernel, matrix = getattr(mod, f"{chapter}_triton"), getattr(mod, f"{chapter}_matrix")
+    args = _backward_inputs(dev, chapter, fla_lead, fla_T, 64, seed=fla_T)
     names = list(args)
     do = torch.randn(*fla_lead, fla_T, 64, device=dev, generator=generator(dev, 2), dtype=F64).to(BF16).float()
     bf = {n: (x.to(BF16) if n in "qkv" else x) for n, x in args.items()}
+    get = _Lazy(ours=lambda: _grads(kernel, bf, names, do), fla=lambda: _grads(fla_fn, bf, names, do),
+                ref=lambda: _grads(lambda *a: per_slice64(matrix, *a), {n: x.float() for n, x in bf.items()},
+                                   names, do))
+    reference = f"float64 autograd {chapter}_matrix"
+    for n in names:
+        for a, b, ref_name in (("ours", "ref", reference), ("fla", "ref", reference),
+                               ("ours", "fla", f"{fla_op} backward")):
+            op = f"{chapter}_triton backward" if a == "ours" else f"{fla_op} backward"
+            rec.compare(op, lambda n=n, a=a, b=b: (get(a)[n], get(b)[n]), reference=ref_name, metric="rel_rms",
+                        limit=GRAD_LIMIT, dtype=BF16, T=fla_T, params=dict(_strong_label(chapter, False), grad=n))
 
+
+def _bthd(*xs):
+    """(B, H, T, ...) -> (B, T, H, ...) copies that keep the graph (not ``to_bthd``, which makes new leaves)."""
+    return [x.transpose(1, 2).contiguous() for x in xs]
+
+
+def path_fla_backward(rec, dev, fla, *, fla_T=2048, fla_lead=(1, 4), **_):
+    """bf16 PaTH gradients (q, k, v, w, beta), ours and fla's ``parallel_path_attn``, against float64 autograd
+    through ``path_matrix`` and against each other."""
+    def fla_path(q, k, v, w, beta):
+        from fla.ops.path_attn import parallel_path_attn
+
+        return from_bthd(parallel_path_attn(*_bthd(q, k, v, w, beta))[0])
+
+    _fla_backward(rec, dev, fla, "path", "fla.parallel_path_attn", fla_path, fla_T=fla_T, fla_lead=fla_lead)
+
+
+def pathfox_fla_backward(rec, dev, fla, *, fla_T=2048, fla_lead=(1, 4), **_):
+    """bf16 PaTH-FoX gradients (q, k, v, w, beta, log_f), ours and fla's ``parallel_path_attn(g=log_f / scale)``
+    (fla multiplies its gate by the scale), against float64 autograd through ``pathfox_matrix`` and each other."""
+    def fla_pathfox(q, k, v, w, beta, log_f):
+        from fla.ops.path_attn import parallel_path_attn
+
+        return from_bthd(parallel_path_attn(*_bthd(q, k, v, w, beta, log_f * q.shape[-1] ** 0.5))[0])
+
+    _fla_backward(rec, dev, fla, "pathfox", "fla.parallel_path_attn(g)", fla_pathfox, fla_T=fla_T,
+                  fla_lead=fla_lead)
+
+
+def fox_fla_backward(rec, dev, fla, *, fla_T=2048, fla_lead=(1, 4), **_):
+    """bf16 FoX gradients (q, k, v, log_f), ours and flash-linear-attention's (``parallel_forgetting_attn``),
+    against float64 autograd through ``fox_matrix`` and against each other."""
     def fla_fox(q, k, v, log_f):
         from fla.ops.forgetting_attn import parallel_forgetting_attn
 
-        lay = [x.transpose(1, 2).contiguous() for x in (q, k, v, log_f)]  # not to_bthd: keep the graph to q, k, ...
-        return from_bthd(parallel_forgetting_attn(*lay))
+        return from_bthd(parallel_forgetting_attn(*_bthd(q, k, v, log_f)))
 
-    get = _Lazy(ours=lambda: _grads(fox.fox_triton, bf, names, do), fla=lambda: _grads(fla_fox, bf, names, do),
-                ref=lambda: _grads(lambda *a: per_slice64(fox.fox_matrix, *a), {n: x.float() for n, x in bf.items()},
-                                   names, do))
-
-    for n in names:
-        for a, b, ref_name in (("ours", "ref", "float64 autograd fox_matrix"),
-                               ("fla", "ref", "float64 autograd fox_matrix"),
-                               ("ours", "fla", "fla.parallel_forgetting_attn backward")):
-            op = "fox_triton backward" if a == "ours" else "fla.parallel_forgetting_attn backward"
-            rec.compare(op, lambda n=n, a=a, b=b: (get(a)[n], get(b)[n]), reference=ref_name, metric="rel_rms",
-                        limit=GRAD_LIMIT, dtype=BF16, T=fla_T, params=dict(grad=n))
+    _fla_backward(rec, dev, fla, "fox", "fla.parallel_forgetting_attn", fla_fox, fla_T=fla_T, fla_lead=fla_lead)
 
 
 # =============================================================================
@@ -920,9 +977,9 @@ CHECKS = {
             "fla_backward": fox_fla_backward},
     "rope": {"robust": rope_robust, "trig": rope_trig, "prepass": rope_prepass, "backward": rope_backward},
     "path": {"small": path_small, "fla_path": path_fla_path, "fla_delta": path_fla_delta, "growth": path_growth,
-             "robust": path_robust},
+             "robust": path_robust, "backward": path_backward, "fla_backward": path_fla_backward},
     "pathfox": {"small": pathfox_small, "fla_pathfox": pathfox_fla_pathfox, "fla_gdn": pathfox_fla_gdn,
-                "robust": pathfox_robust},
+                "robust": pathfox_robust, "backward": pathfox_backward, "fla_backward": pathfox_fla_backward},
 }
 
 # Tiny sizes for a CPU run in Triton's interpreter (a smoke test of this module, not a check of the kernels).
@@ -934,9 +991,9 @@ SMOKE = {
     "path": dict(plan=[("bfloat16", [((1, 1), 33, 16, 24)], [(1, "dense"), (2, "ut")]),
                        ("float32", [((1, 1), 1, 32, 16)], [(1, "dense")])],
                  fla_T=40, fla_lead=(1, 1), growth_Ts=(24,), growth_variants=("dense_x3prep",),
-                 robust_T=40, robust_H=1, D=16),
+                 robust_T=40, robust_H=1, D=16, grad_T=24, grad_long_T=40),
     "pathfox": dict(plan=[("bfloat16", [((1, 1), 33, 16, 24)]), ("float32", [((1, 1), 1, 32, 16)])],
-                    fla_T=40, fla_lead=(1, 1), robust_T=40, robust_H=1, D=16),
+                    fla_T=40, fla_lead=(1, 1), robust_T=40, robust_H=1, D=16, grad_T=24, grad_long_T=40),
 }
 
 

@@ -24,11 +24,12 @@ from ._common import from_bthd, generator, sdpa, to_bthd
 
 
 def path_inputs(q):
-    """Unit ``w`` (fp32, like ``q``'s shape) and ``beta`` in [0, 2) (fp32, ``q.shape[:-1]``), seeded by T."""
+    """Unit ``w`` (fp32, like ``q``'s shape) and ``beta`` in [0, 2) (fp32, ``q.shape[:-1]``), seeded by T; they
+    require grad when ``q`` does (a forward+backward benchmark)."""
     g = generator(q.device, q.shape[-2] + 1)
     w = F.normalize(torch.randn(q.shape, device=q.device, generator=g, dtype=torch.float32), dim=-1)
     beta = 2 * torch.rand(q.shape[:-1], device=q.device, generator=g, dtype=torch.float32)
-    return w, beta
+    return w.requires_grad_(q.requires_grad), beta.requires_grad_(q.requires_grad)  # learned, when timing a backward
 
 
 def delta_inputs(q, k):
