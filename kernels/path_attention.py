@@ -64,6 +64,7 @@ from ..checks import check_scale, finite_condition, log_gate_condition, range_co
 from .. import path as _path
 from ._launch import Flat, dot_precision, interpreting, next_pow2, per_token, prepare_qkv, wants_grad
 from .flash_attention import _bwd_probs, _dkdv_steps, _dq_steps, bwd_delta
+from .path_carry import meeting_points
 from ._pieces import (LOG2E, _first_nonfinite, _load_rows, _no_nonfinite, _poison, _query_block, _softmax_fold,
                       _store_rows)
 from .ut_prepare import BETA_WHY, MAX_R, Prepared, check_block, prep_precision
@@ -385,23 +386,23 @@ def _path_launch(x: Flat, w3, beta3, scale: float, block: int, update: str, cfg:
 def _bwd_recompute(x: Flat, w3, beta3, block: int):
     """Step 1 of :func:`_path_bwd_launch`: ``(leaves, intra, X)``, recorded by autograd in fp32.  ``leaves``:
     fresh ``q, k, w, beta``; ``intra``: ``Ã`` ``(BH, nb, BT, BT)``; ``X``: the meeting-point rows
-    ``(L, BH, nb, BT, D)``."""
+    ``(L, BH, nb, BT, D)`` in the compute dtype (:func:`.path_carry.meeting_points`)."""
     with torch.enable_grad():
         leaves = [t.detach().to(torch.float32).requires_grad_() for t in (x.q, x.k, w3, beta3)]
         intra, q_tilde, k_tilde, phi = _path._blocked(*leaves, block)
-        return leaves, intra, _path._meeting_points(q_tilde, k_tilde, phi)
+        return leaves, intra, meeting_points(q_tilde, k_tilde, phi, x.dtype)
 
 
 def _bwd_kernel(x: Flat, c, out, lse, do, scale: float, block: int, intra, X, _config=None):
     """Step 2 of :func:`_path_bwd_launch` (the pre-pass ``delta`` and one launch of :func:`_path_bwd`):
-    ``dX`` (fp32, like ``X``), ``dÃ`` (fp32, like ``intra``), ``dv`` and the row and column sums of ``dz``
+    ``dX`` (like ``X``: the compute dtype, accumulated in fp32), ``dÃ`` (fp32, like ``intra``), ``dv`` and the row and column sums of ``dz``
     (None without a gate)."""
     n = x.n
     delta = bwd_delta(out, do)
     levels, nb = X.shape[0], intra.shape[1]
-    xk = X.detach().to(x.dtype).flatten(-3, -2).contiguous()  # (L, BH, nb * BT, D)
+    xk = X.detach().flatten(-3, -2)  # (L, BH, nb * BT, D), in the compute dtype
     ad = intra.detach().flatten(-3, -2).contiguous()  # (BH, nb * BT, BT) fp32
-    dX = torch.zeros(xk.shape, dtype=torch.float32, device=x.device)  # rows past T stay 0
+    dX = torch.zeros_like(xk)  # rows past T stay 0
     dad = torch.zeros_like(ad)
     dv = torch.empty_like(x.v)
     rows = cols = None
@@ -440,9 +441,9 @@ def _bwd_autograd(leaves, intra, X, dX, dad):
 def _path_bwd_launch(x: Flat, w3, beta3, c, out, lse, do, scale: float, block: int, _config=None):
     """PaTH's backward pass on the forward's validated inputs, output and log-sum-exp; ``do``: ``(BH, T, Dv)``.
 
-    Three steps.  (1) :func:`_bwd_recompute`, in PyTorch with autograd recording, the O(T D^2) part:
-    every block's pieces (:func:`pathedu.path._blocked`: ``Ã``, ``q~``, ``k~``, ``Phi``) and the carries
-    to the meeting points (:func:`pathedu.path._meeting_points`), in fp32.  (2) :func:`_bwd_kernel`, the
+    Three steps.  (1) :func:`_bwd_recompute`, with autograd recording, the O(T D^2) part: every block's
+    pieces in PyTorch (:func:`pathedu.path._blocked`: ``Ã``, ``q~``, ``k~``, ``Phi``, fp32) and the carries
+    to the meeting points in Triton (:class:`.path_carry.MeetingPoints`).  (2) :func:`_bwd_kernel`, the
     O(T^2 D) part in one launch of :func:`_path_bwd`: gradients of the meeting-point rows ``X`` and of
     ``Ã``, ``dV``, and the row and column sums of ``dz`` for the gate.  (3) :func:`_bwd_autograd` carries
     ``dX`` and ``dÃ`` back through step (1) to ``q, k, w, beta``: the reverse of the carries' prefix
