@@ -61,13 +61,12 @@ import triton
 import triton.language as tl
 
 from ..checks import check_scale, finite_condition, log_gate_condition, range_condition, require
-from .. import path as _path
 from ._launch import Flat, dot_precision, interpreting, next_pow2, per_token, prepare_qkv, wants_grad
 from .flash_attention import _bwd_probs, _dkdv_steps, _dq_steps, bwd_delta
-from .path_carry import meeting_points
+from .path_carry import carry_backward, carry_forward
 from ._pieces import (LOG2E, _first_nonfinite, _load_rows, _no_nonfinite, _poison, _query_block, _softmax_fold,
                       _store_rows)
-from .ut_prepare import BETA_WHY, MAX_R, Prepared, check_block, prep_precision
+from .ut_prepare import BETA_WHY, MAX_R, Prepared, check_block, prep_precision, ut_prepare_backward
 
 __all__ = ["path_attention", "Prepared", "MAX_R"]
 
@@ -254,13 +253,14 @@ def _path_bwd(X, AD, V, DO, LSE, DELTA, C, DX, DAD, DV, DBR, DBC, T, LEVELS, qk_
     if tl.program_id(2) == 0:
         dv = tl.dot(tl.trans(p.to(do_b.dtype)), do_b, input_precision=PRECISION)  # [BT, BDV]
         col = tl.sum(dz, axis=0)
+        XL = X  # level lvl's rows of X and dX
+        DXL = DX
         for lvl in range(0, LEVELS):
             h = BT * (1 << lvl)  # tokens in a half at this level
             left = (start // h) % 2 == 0
             lo = (start // (2 * h)) * (2 * h) + h  # the boundary: the right half's first query
             hi = tl.maximum(tl.where(left, tl.minimum(lo + h, T), lo), lo)  # empty unless J is in a left half
             whole = lo + ((hi - lo) // INNER) * INNER
-            XL = X + lvl * stride_xl
             k = _load_rows(XL, offs_b, offs_d, HEAD_DIM, T, HEAD_DIM, True, CHECK_D)  # [BT, BD], keys at the boundary
             dk = tl.zeros([BT, BLOCK_D], dtype=tl.float32)
             dk, dv, col = _dkdv_steps(dk, dv, col, k, v_b, XL, DO, LSE, DELTA, bias_arg, offs_b, lo, whole, T,
@@ -269,25 +269,30 @@ def _path_bwd(X, AD, V, DO, LSE, DELTA, C, DX, DAD, DV, DBR, DBC, T, LEVELS, qk_
             dk, dv, col = _dkdv_steps(dk, dv, col, k, v_b, XL, DO, LSE, DELTA, bias_arg, offs_b, whole, hi, T,
                                       qk_scale, HEAD_DIM, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER,
                                       True, BIAS, PRECISION)
-            _store_rows(DX + lvl * stride_xl, dk * scale, offs_b, offs_d, HEAD_DIM, tl.where(left, T, 0), HEAD_DIM)
+            _store_rows(DXL, dk * scale, offs_b, offs_d, HEAD_DIM, tl.where(left, T, 0), HEAD_DIM)
+            XL += stride_xl  # the next level (pointer steps: L * BH * T * D can pass 2^31)
+            DXL += stride_xl
         _store_rows(DV + bh * stride_vb, dv, offs_b, offs_dv, stride_vt, T, HEAD_DV)
         if BIAS != "none":
             tl.store(DBC + bh * T + offs_b, col, mask=offs_b < T)
     else:
         _store_rows(DAD + bh * stride_ab + start * BT, dz * scale, cols, cols, BT, T - start, BT)
         row = tl.sum(dz, axis=1)
+        XL = X
+        DXL = DX
         for lvl in range(0, LEVELS):
             h = BT * (1 << lvl)
             right = (start // h) % 2 == 1
             hi = (start // h) * h  # the boundary: keys [hi - h, hi) when I is in a right half
             lo = tl.where(right, hi - h, hi)
-            XL = X + lvl * stride_xl
             q = _load_rows(XL, offs_b, offs_d, HEAD_DIM, T, HEAD_DIM, True, CHECK_D)  # [BT, BD], queries at the boundary
             dq = tl.zeros([BT, BLOCK_D], dtype=tl.float32)
             dq, row = _dq_steps(dq, row, q, do_b, lse_b, delta_b, XL, V, bias_arg, offs_b, lo, hi, T, qk_scale,
                                 HEAD_DIM, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER, False, BIAS,
                                 PRECISION)
-            _store_rows(DX + lvl * stride_xl, dq * scale, offs_b, offs_d, HEAD_DIM, tl.where(right, T, 0), HEAD_DIM)
+            _store_rows(DXL, dq * scale, offs_b, offs_d, HEAD_DIM, tl.where(right, T, 0), HEAD_DIM)
+            XL += stride_xl
+            DXL += stride_xl
         if BIAS != "none":
             tl.store(DBR + bh * T + offs_b, row, mask=offs_b < T)
 
@@ -383,27 +388,21 @@ def _path_launch(x: Flat, w3, beta3, scale: float, block: int, update: str, cfg:
     return out
 
 
-def _bwd_recompute(x: Flat, w3, beta3, block: int):
-    """Step 1 of :func:`_path_bwd_launch`: ``(leaves, intra, X)``, recorded by autograd in fp32.  ``leaves``:
-    fresh ``q, k, w, beta``; ``intra``: ``Ã`` ``(BH, nb, BT, BT)``; ``X``: the meeting-point rows
-    ``(L, BH, nb, BT, D)`` in the compute dtype (:func:`.path_carry.meeting_points`)."""
-    with torch.enable_grad():
-        leaves = [t.detach().to(torch.float32).requires_grad_() for t in (x.q, x.k, w3, beta3)]
-        intra, q_tilde, k_tilde, phi = _path._blocked(*leaves, block)
-        return leaves, intra, meeting_points(q_tilde, k_tilde, phi, x.dtype)
+def _bwd_prepare(x: Flat, w3, beta3, block: int) -> Prepared:
+    """The backward's preparation pass: the forward's, with unscaled fp32 ``q~, k~``, fp32 ``G``, and the
+    blocks' inverses kept (:func:`.ut_prepare.ut_prepare_backward` reads them)."""
+    return Prepared(x.q, x.k, w3, beta3, x.n.T, block, q_dtype=torch.float32, k_dtype=torch.float32,
+                    update_dtype=torch.float32, keep_inverse=True, precision=prep_precision(x.dtype))
 
 
-def _bwd_kernel(x: Flat, c, out, lse, do, scale: float, block: int, intra, X, _config=None):
-    """Step 2 of :func:`_path_bwd_launch` (the pre-pass ``delta`` and one launch of :func:`_path_bwd`):
-    ``dX`` (like ``X``: the compute dtype, accumulated in fp32), ``dÃ`` (fp32, like ``intra``), ``dv`` and the row and column sums of ``dz``
-    (None without a gate)."""
+def _bwd_kernel(x: Flat, c, out, lse, do, scale: float, block: int, prep: Prepared, X, _config=None):
+    """The pre-pass ``delta`` and one launch of :func:`_path_bwd`: ``dX`` (like ``X``, accumulated in fp32),
+    ``dÃ`` (fp32, like ``prep.ad``), ``dv`` and the row and column sums of ``dz`` (None without a gate)."""
     n = x.n
     delta = bwd_delta(out, do)
-    levels, nb = X.shape[0], intra.shape[1]
-    xk = X.detach().flatten(-3, -2)  # (L, BH, nb * BT, D), in the compute dtype
-    ad = intra.detach().flatten(-3, -2).contiguous()  # (BH, nb * BT, BT) fp32
-    dX = torch.zeros_like(xk)  # rows past T stay 0
-    dad = torch.zeros_like(ad)
+    levels = X.shape[0]
+    dX = torch.zeros_like(X)  # rows past T stay 0
+    dad = torch.zeros_like(prep.ad)
     dv = torch.empty_like(x.v)
     rows = cols = None
     if c is not None:
@@ -411,12 +410,13 @@ def _bwd_kernel(x: Flat, c, out, lse, do, scale: float, block: int, intra, X, _c
         cols = torch.empty_like(rows)
     precision = dot_precision(x.dtype)
     dummy = delta
-    args = (xk, ad, x.v, do, lse, delta, dummy if c is None else c, dX, dad, dv,
+    args = (X, prep.ad, x.v, do, lse, delta, dummy if c is None else c, dX, dad, dv,
             dummy if rows is None else rows, dummy if cols is None else cols, n.T, levels, scale * LOG2E, scale,
-            xk.stride(0) if levels else 0, xk.stride(1) if levels else 0, ad.stride(0), x.v.stride(0), x.v.stride(1))
+            X.stride(0) if levels else 0, X.stride(1) if levels else 0, prep.ad.stride(0), x.v.stride(0),
+            x.v.stride(1))
     meta = dict(HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=next_pow2(n.D), BLOCK_DV=next_pow2(n.Dv), BT=block,
                 BIAS="none" if c is None else "loggate", PRECISION=precision)
-    grid = (nb, x.BH, 2)
+    grid = (triton.cdiv(n.T, block), x.BH, 2)
     if _config is not None:
         _path_bwd[grid](*args, **{"num_stages": 2, **_config}, **meta)
     elif interpreting():
@@ -425,35 +425,31 @@ def _bwd_kernel(x: Flat, c, out, lse, do, scale: float, block: int, intra, X, _c
         _path_bwd[grid](*args, INNER=min(32, block), num_warps=4, num_stages=2, **meta)
     else:
         _path_bwd_tuned[grid](*args, **meta)
-    return dX.view_as(X), dad.view_as(intra), dv, rows, cols
-
-
-def _bwd_autograd(leaves, intra, X, dX, dad):
-    """Step 3 of :func:`_path_bwd_launch`: ``dq, dk, dw, dbeta`` (fp32), autograd from ``dX``, ``dÃ`` back
-    through step 1."""
-    outputs, grads = [intra], [dad]
-    if X.shape[0]:
-        outputs.append(X)
-        grads.append(dX)
-    return torch.autograd.grad(outputs, leaves, grads)
+    return dX, dad, dv, rows, cols
 
 
 def _path_bwd_launch(x: Flat, w3, beta3, c, out, lse, do, scale: float, block: int, _config=None):
     """PaTH's backward pass on the forward's validated inputs, output and log-sum-exp; ``do``: ``(BH, T, Dv)``.
 
-    Three steps.  (1) :func:`_bwd_recompute`, with autograd recording, the O(T D^2) part: every block's
-    pieces in PyTorch (:func:`pathedu.path._blocked`: ``Ã``, ``q~``, ``k~``, ``Phi``, fp32) and the carries
-    to the meeting points in Triton (:class:`.path_carry.MeetingPoints`).  (2) :func:`_bwd_kernel`, the
-    O(T^2 D) part in one launch of :func:`_path_bwd`: gradients of the meeting-point rows ``X`` and of
-    ``Ã``, ``dV``, and the row and column sums of ``dz`` for the gate.  (3) :func:`_bwd_autograd` carries
-    ``dX`` and ``dÃ`` back through step (1) to ``q, k, w, beta``: the reverse of the carries' prefix
-    products is the reversed scan.  Returns ``dq, dk, dv`` (compute dtype), ``dw, dbeta`` (fp32) and
-    ``dc`` (None without a gate).
+    Five launches (or groups of launches), nothing stored from the forward but ``out`` and ``lse``:
+
+    1. the preparation pass again (:func:`_bwd_prepare`): ``q~, k~, Ã, G`` in fp32 and each block's inverse;
+    2. the carries to the meeting points (:func:`.path_carry.carry_forward`, one launch per level);
+    3. FlashAttention's backward on every pair of blocks (:func:`_path_bwd`): ``dX``, ``dÃ``, ``dV`` and the
+       gate's row and column sums;
+    4. the reversed carries (:func:`.path_carry.carry_backward`): ``dq~, dk~, dG``;
+    5. the preparation pass's backward (:func:`.ut_prepare.ut_prepare_backward`): ``dq, dk, dw, dbeta``.
+
+    Returns ``dq, dk, dv`` (compute dtype), ``dw, dbeta`` (fp32) and ``dc`` (None without a gate).
     """
     do = do.to(x.dtype).contiguous()
-    leaves, intra, X = _bwd_recompute(x, w3, beta3, block)
-    dX, dad, dv, rows, cols = _bwd_kernel(x, c, out, lse, do, scale, block, intra, X, _config)
-    dq, dk, dw, dbeta = _bwd_autograd(leaves, intra, X, dX, dad)
+    prep = _bwd_prepare(x, w3, beta3, block)
+    X = carry_forward(prep.qt, prep.kt, prep.g, block, x.dtype)
+    dX, dad, dv, rows, cols = _bwd_kernel(x, c, out, lse, do, scale, block, prep, X, _config)
+    del X
+    dqt, dkt, dg = carry_backward(prep.qt, prep.kt, prep.g, block, dX, x.dtype)
+    del dX
+    dq, dk, dw, dbeta = ut_prepare_backward(x.q, x.k, w3, beta3, prep, dqt, dkt, dad, dg)
     return dq.to(x.dtype), dk.to(x.dtype), dv, dw, dbeta, None if c is None else rows - cols
 
 

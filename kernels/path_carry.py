@@ -26,8 +26,8 @@ So each sweep runs *against* the direction in which its carry was built: :func:`
 the half's ``C`` (or ``E``) going one way, keeps them in a scratch tensor, and walks back the other way
 with ``S`` (or ``U``).  Every block belongs to one half per level, so one launch per level writes each
 gradient row once (it adds to what earlier levels left).  Products are :func:`._pieces._dot` at the
-preparation pass's precision (:func:`.ut_prepare.prep_precision`).  :class:`MeetingPoints` is the
-``torch.autograd.Function``; :func:`pathedu.path._meeting_points` is the same map in PyTorch.
+preparation pass's precision (:func:`.ut_prepare.prep_precision`).  :func:`carry_forward` and
+:func:`carry_backward` launch them; :func:`pathedu.path._meeting_points` is the same map in PyTorch.
 """
 from __future__ import annotations
 
@@ -41,11 +41,11 @@ from .ut_prepare import prep_precision
 
 
 @triton.jit
-def _carry_fwd(QT, KT, PHI, X, NB, h, stride_tb, stride_pb,
+def _carry_fwd(QT, KT, GM, X, NB, h, stride_tb, stride_pb,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr):
     """One half of one node at one level (grid ``(nodes, 2, BH)``; halves of ``h`` blocks): its rows of ``X``.
-    ``QT, KT``: ``(BH, NB * BT, D)`` fp32; ``X``: the same shape, any float dtype; ``PHI``: ``(BH, NB, D, D)``
-    fp32."""
+    ``QT, KT``: ``(BH, NB * BT, D)`` fp32; ``X``: the same shape, any float dtype; ``GM``: ``(BH, NB, D, D)``
+    fp32, ``G_b = Phi_b - I`` (the preparation pass's ``G``: a carry moves as ``C + G C``)."""
     node = tl.program_id(0)
     bh = tl.program_id(2).to(tl.int64)
     mid = node * 2 * h + h  # the boundary, in blocks
@@ -55,31 +55,31 @@ def _carry_fwd(QT, KT, PHI, X, NB, h, stride_tb, stride_pb,
     QT += bh * stride_tb
     KT += bh * stride_tb
     X += bh * stride_tb
-    PHI += bh * stride_pb
+    GM += bh * stride_pb
     carry = (offs_d[:, None] == offs_d[None, :]).to(tl.float32)  # [BD, BD]
     if tl.program_id(1) == 1:  # right half: queries carried left, C <- Phi_b C
         for t in range(0, tl.minimum(h, NB - mid)):
             b = mid + t
             q = _load_rows(QT + b * BT * HEAD_DIM, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
             _store_rows(X + b * BT * HEAD_DIM, _dot(q, carry, PRECISION), rows, offs_d, HEAD_DIM, BT, HEAD_DIM)
-            phi = _load_rows(PHI + b * HEAD_DIM * HEAD_DIM, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D,
+            g = _load_rows(GM + b * HEAD_DIM * HEAD_DIM, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D,
                              CHECK_D)
-            carry = _dot(phi, carry, PRECISION)
+            carry += _dot(g, carry, PRECISION)
     else:  # left half: keys carried right, E <- Phi_b^T E, from the boundary leftwards
         for t in range(tl.maximum(mid - NB, 0), h):  # blocks past NB (a last, partial node) are skipped
             b = mid - 1 - t
             k = _load_rows(KT + b * BT * HEAD_DIM, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
             _store_rows(X + b * BT * HEAD_DIM, _dot(k, carry, PRECISION), rows, offs_d, HEAD_DIM, BT, HEAD_DIM)
-            phi = _load_rows(PHI + b * HEAD_DIM * HEAD_DIM, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D,
+            g = _load_rows(GM + b * HEAD_DIM * HEAD_DIM, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D,
                              CHECK_D)
-            carry = _dot(tl.trans(phi), carry, PRECISION)
+            carry += _dot(tl.trans(g), carry, PRECISION)
 
 
 @triton.jit
-def _carry_bwd(QT, KT, PHI, DX, DQT, DKT, DPHI, SCRATCH, NB, h, stride_tb, stride_pb,
+def _carry_bwd(QT, KT, GM, DX, DQT, DKT, DGM, SCRATCH, NB, h, stride_tb, stride_pb,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr):
     """The reverse of :func:`_carry_fwd` for one half: adds this level's ``dq~`` (right halves), ``dk~`` (left
-    halves) and ``dPhi`` (both) to ``DQT``, ``DKT``, ``DPHI`` (fp32, shaped like ``QT``, ``KT``, ``PHI``).
+    halves) and ``dPhi`` (both) to ``DQT``, ``DKT``, ``DGM`` (fp32, shaped like ``QT``, ``KT``, ``GM``).
     ``DX``: the level's ``dX`` (fp32); ``SCRATCH``: ``(BH, NB, D, D)`` fp32 for the half's carries."""
     node = tl.program_id(0)
     bh = tl.program_id(2).to(tl.int64)
@@ -94,8 +94,8 @@ def _carry_bwd(QT, KT, PHI, DX, DQT, DKT, DPHI, SCRATCH, NB, h, stride_tb, strid
     DX += bh * stride_tb
     DQT += bh * stride_tb
     DKT += bh * stride_tb
-    PHI += bh * stride_pb
-    DPHI += bh * stride_pb
+    GM += bh * stride_pb
+    DGM += bh * stride_pb
     SCRATCH += bh * stride_pb
     carry = (offs_d[:, None] == offs_d[None, :]).to(tl.float32)
     if tl.program_id(1) == 1:  # right half
@@ -103,89 +103,78 @@ def _carry_bwd(QT, KT, PHI, DX, DQT, DKT, DPHI, SCRATCH, NB, h, stride_tb, strid
         for t in range(0, n_right):  # rebuild C_b, left to right
             b = mid + t
             _store_rows(SCRATCH + b * DD, carry, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM)
-            phi = _load_rows(PHI + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
-            carry = _dot(phi, carry, PRECISION)
+            g = _load_rows(GM + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
+            carry += _dot(g, carry, PRECISION)
         s = tl.zeros([BLOCK_D, BLOCK_D], dtype=tl.float32)  # S_b: later blocks' M_I carried back to b
         for tt in range(0, n_right):  # right to left
             b = mid + n_right - 1 - tt
             c = _load_rows(SCRATCH + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
             dx = _load_rows(DX + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D).to(tl.float32)
             q = _load_rows(QT + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
-            phi = _load_rows(PHI + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
+            g = _load_rows(GM + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
             dq = _load_rows(DQT + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
             _store_rows(DQT + b * RD, dq + _dot(dx, tl.trans(c), PRECISION), rows, offs_d, HEAD_DIM, BT, HEAD_DIM)
-            dphi = _load_rows(DPHI + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
-            _store_rows(DPHI + b * DD, dphi + _dot(s, tl.trans(c), PRECISION), offs_d, offs_d, HEAD_DIM, HEAD_DIM,
+            dg = _load_rows(DGM + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
+            _store_rows(DGM + b * DD, dg + _dot(s, tl.trans(c), PRECISION), offs_d, offs_d, HEAD_DIM, HEAD_DIM,
                         HEAD_DIM)
-            s = _dot(tl.trans(q), dx, PRECISION) + _dot(tl.trans(phi), s, PRECISION)
+            s += _dot(tl.trans(q), dx, PRECISION) + _dot(tl.trans(g), s, PRECISION)
     else:  # left half
         t0 = tl.maximum(mid - NB, 0)
         for t in range(t0, h):  # rebuild E_b, right to left
             b = mid - 1 - t
             _store_rows(SCRATCH + b * DD, carry, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM)
-            phi = _load_rows(PHI + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
-            carry = _dot(tl.trans(phi), carry, PRECISION)
+            g = _load_rows(GM + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
+            carry += _dot(tl.trans(g), carry, PRECISION)
         u = tl.zeros([BLOCK_D, BLOCK_D], dtype=tl.float32)  # U_b: earlier blocks' N_J carried forward to b
         for t in range(0, h - t0):  # left to right
             b = mid - h + t
             e = _load_rows(SCRATCH + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
             dx = _load_rows(DX + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D).to(tl.float32)
             k = _load_rows(KT + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
-            phi = _load_rows(PHI + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
+            g = _load_rows(GM + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
             dk = _load_rows(DKT + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
             _store_rows(DKT + b * RD, dk + _dot(dx, tl.trans(e), PRECISION), rows, offs_d, HEAD_DIM, BT, HEAD_DIM)
-            dphi = _load_rows(DPHI + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
-            _store_rows(DPHI + b * DD, dphi + _dot(e, tl.trans(u), PRECISION), offs_d, offs_d, HEAD_DIM, HEAD_DIM,
+            dg = _load_rows(DGM + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
+            _store_rows(DGM + b * DD, dg + _dot(e, tl.trans(u), PRECISION), offs_d, offs_d, HEAD_DIM, HEAD_DIM,
                         HEAD_DIM)
-            u = _dot(phi, u, PRECISION) + _dot(tl.trans(k), dx, PRECISION)
+            u += _dot(g, u, PRECISION) + _dot(tl.trans(k), dx, PRECISION)
 
 
-def _levels(nb: int) -> int:
+def levels(nb: int) -> int:
+    """How many dyadic levels ``nb`` blocks need: ``ceil(log2 nb)``."""
     return max(0, (nb - 1).bit_length())
 
 
-class MeetingPoints(torch.autograd.Function):
-    """:func:`pathedu.path._meeting_points` in Triton, with its backward pass (the reversed carries).
+def carry_forward(qt, kt, g, block: int, dtype) -> torch.Tensor:
+    """The meeting-point rows ``X: (L, BH, T_pad, D)`` in ``dtype`` (:func:`_carry_fwd`, one launch per level).
 
-    ``q_tilde, k_tilde: (BH, nb, BT, D)`` fp32, ``phi: (BH, nb, D, D)`` fp32, ``dtype``: the output's dtype
-    -> ``X: (L, BH, nb, BT, D)`` (``L = ceil(log2 nb)``).  Launches :func:`_carry_fwd` once per level;
-    the backward launches :func:`_carry_bwd` once per level and accumulates in fp32.
+    ``qt, kt: (BH, T_pad, D)`` fp32 (``q~``, ``k~`` in blocks of ``block`` rows), ``g: (BH, T_pad / block, D, D)``
+    fp32 (each block's ``G = Phi - I``), as :class:`.ut_prepare.Prepared` makes them.
     """
-
-    @staticmethod
-    def forward(ctx, q_tilde, k_tilde, phi, dtype):
-        BH, nb, BT, D = q_tilde.shape
-        levels = _levels(nb)
-        qt, kt, ph = (t.contiguous() for t in (q_tilde, k_tilde, phi))
-        X = torch.empty((levels, BH, nb, BT, D), dtype=dtype, device=qt.device)  # stored in dtype, products in fp32
-        precision = prep_precision(dtype)
-        for lvl in range(levels):
-            h = 1 << lvl
-            _carry_fwd[(-(-nb // (2 * h)), 2, BH)](qt, kt, ph, X[lvl], nb, h, nb * BT * D, nb * D * D,
-                                                   HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=BT, PRECISION=precision,
-                                                   num_warps=4)
-        ctx.save_for_backward(qt, kt, ph)
-        ctx.precision = precision
-        return X
-
-    @staticmethod
-    def backward(ctx, dX):
-        qt, kt, ph = ctx.saved_tensors
-        BH, nb, BT, D = qt.shape
-        dX = dX.to(torch.float32).contiguous()
-        dqt, dkt, dph = torch.zeros_like(qt), torch.zeros_like(kt), torch.zeros_like(ph)
-        scratch = torch.empty_like(ph)
-        for lvl in range(dX.shape[0]):
-            h = 1 << lvl
-            _carry_bwd[(-(-nb // (2 * h)), 2, BH)](qt, kt, ph, dX[lvl], dqt, dkt, dph, scratch, nb, h,
-                                                   nb * BT * D, nb * D * D, HEAD_DIM=D, BLOCK_D=next_pow2(D),
-                                                   BT=BT, PRECISION=ctx.precision, num_warps=4)
-        return dqt, dkt, dph, None
+    BH, T_pad, D = qt.shape
+    nb = T_pad // block
+    X = torch.empty((levels(nb), BH, T_pad, D), dtype=dtype, device=qt.device)
+    for lvl in range(X.shape[0]):
+        h = 1 << lvl
+        _carry_fwd[(-(-nb // (2 * h)), 2, BH)](qt, kt, g, X[lvl], nb, h, qt.stride(0), g.stride(0), HEAD_DIM=D,
+                                               BLOCK_D=next_pow2(D), BT=block, PRECISION=prep_precision(dtype),
+                                               num_warps=8)
+    return X
 
 
-def meeting_points(q_tilde, k_tilde, phi, dtype) -> torch.Tensor:
-    """:class:`MeetingPoints` (Triton; on a CPU, its interpreter)."""
-    return MeetingPoints.apply(q_tilde, k_tilde, phi, dtype)
+def carry_backward(qt, kt, g, block: int, dX, dtype):
+    """``dq~, dk~, dG`` (fp32, shaped like ``qt, kt, g``) from ``dX`` (:func:`carry_forward`'s output's gradient):
+    :func:`_carry_bwd` once per level, each adding to what the levels before left."""
+    BH, T_pad, D = qt.shape
+    nb = T_pad // block
+    dqt, dkt, dg = torch.zeros_like(qt), torch.zeros_like(kt), torch.zeros_like(g)
+    scratch = torch.empty_like(g)
+    for lvl in range(dX.shape[0]):
+        h = 1 << lvl
+        _carry_bwd[(-(-nb // (2 * h)), 2, BH)](qt, kt, g, dX[lvl], dqt, dkt, dg, scratch, nb, h, qt.stride(0),
+                                               g.stride(0), HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=block,
+                                               PRECISION=prep_precision(dtype), num_warps=8)
+    return dqt, dkt, dg
 
 
-__all__ = ["MeetingPoints", "meeting_points"]
+__all__ = ["carry_forward", "carry_backward", "levels"]

@@ -41,7 +41,7 @@ import triton.language as tl
 
 from ..checks import check_positive_int
 from ._launch import dot_precision, interpreting, next_pow2
-from ._pieces import _dot, _finite_or_zero, _load_rows, _rn  # noqa: F401  (_rn: re-exported for readers of this pass)
+from ._pieces import _dot, _finite_or_zero, _load_rows, _rn, _store_rows
 
 MAX_R = 2  # a query block holds at most this many UT blocks; prepared tensors are padded to MAX_R * block rows
 SUB = tl.constexpr(16)  # the triangular inverse is solved row by row on SUB x SUB diagonal blocks, then merged
@@ -115,11 +115,12 @@ def _merge(x, n, rows, SIZE: tl.constexpr, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _ut_prepare(Q, K, W, BETA, QT, QN, KT, AD, GM, WC, NU, T,
+def _ut_prepare(Q, K, W, BETA, QT, QN, KT, AD, GM, WC, NU, INV, T,
                 stride_qb, stride_qt, stride_kb, stride_kt, stride_wb, stride_wt,
                 stride_pb, stride_pt, stride_nb, stride_ab, stride_at, stride_gb, stride_gj,
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, W_IS_K: tl.constexpr,
-                VALUE_BETA: tl.constexpr, NORM_Q: tl.constexpr, STORE_UT: tl.constexpr, PRECISION: tl.constexpr):
+                VALUE_BETA: tl.constexpr, NORM_Q: tl.constexpr, STORE_UT: tl.constexpr, STORE_INV: tl.constexpr,
+                PRECISION: tl.constexpr):
     """Per-block UT factors and boundary-adjusted q/k for block ``J`` (``BT`` tokens ``[s, e]``).
 
     On entry ``AD`` holds, on its ``SUB x SUB`` diagonal blocks, the inverses made
@@ -140,7 +141,8 @@ def _ut_prepare(Q, K, W, BETA, QT, QN, KT, AD, GM, WC, NU, T,
 
     ``W_IS_K``: DeltaNet's transitions, ``w = k``.  ``VALUE_BETA``: DeltaNet's
     values ``beta_j v_j``, folded into column ``j`` of Ã and row ``j`` of k~.
-    ``NORM_Q``: store ``q~ / |q~|`` and the norms ``|q~|`` in ``QN`` (PaTH).
+    ``NORM_Q``: store ``q~ / |q~|`` and the norms ``|q~|`` in ``QN`` (PaTH).  ``STORE_INV``: also the
+    merged inverse ``(I + N)^{-1}`` in ``INV`` (laid out as ``AD``), for the backward pass.
     """
     blk = tl.program_id(0)
     start = blk * BT
@@ -172,6 +174,8 @@ def _ut_prepare(Q, K, W, BETA, QT, QN, KT, AD, GM, WC, NU, T,
     if BT >= 128:
         x = _merge(x, n, rows, 128, PRECISION)
     a = x * beta[None, :]  # A = (I + N)^{-1} D_beta
+    if STORE_INV:
+        tl.store(INV + bh * stride_ab + (start + rows[:, None]) * stride_at + rows[None, :], x)
 
     lower = rows[:, None] >= rows[None, :]  # s <= i (diagonal kept)
     qw = tl.where(lower, _dot(q, tl.trans(w), PRECISION), 0.0)  # q_i . w_s, s <= i
@@ -204,18 +208,128 @@ def _ut_prepare(Q, K, W, BETA, QT, QN, KT, AD, GM, WC, NU, T,
     tl.store(p_ad, intra)
 
 
+@triton.jit
+def _ut_prepare_bwd(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DQ, DK, DW, DBETA, T,
+                    stride_qb, stride_qt, stride_kb, stride_kt, stride_wb, stride_wt,
+                    stride_pb, stride_pt, stride_ab, stride_at, stride_gb, stride_gj, stride_ob, stride_ot,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr):
+    """The backward of :func:`_ut_prepare` (PaTH's outputs: ``q~``, ``k~``, ``Ã``, ``G``) for one block.
+
+    Given the gradients ``dq~, dk~`` (``DQT, DKT``, laid out as ``QT``), ``dÃ`` (``DAD``, as ``AD``) and
+    ``dG`` (``DG``, as ``GM``), all fp32, and the block's ``(I + N)^{-1}`` (``INV``, kept by the
+    forward), writes ``dq, dk, dw`` (``(BH, T, D)`` fp32, strides ``stride_ob, stride_ot``) and
+    ``dbeta`` (``(BH, T)``).  With ``QW = lower(Q W^T)``, ``WK = strictLower(W K^T)``,
+    ``A = X D_beta``, ``X = (I + N)^{-1}``, ``N = strictLower(D_beta W W^T)``, the forward is ::
+
+        q~ = Q - QW (A W)      k~ = K - (A WK)^T W      Ã = lower(Q K^T) - (QW A) WK      G = -W^T (A W)
+
+    and each line below is the reverse of one product; the inverse's is ``dN = -X^T dX X^T``.  Every
+    product is :func:`._pieces._dot` at the forward's precision.
+    """
+    blk = tl.program_id(0)
+    start = blk * BT
+    bh = tl.program_id(1).to(tl.int64)
+    rows = tl.arange(0, BT)
+    offs_d = tl.arange(0, BLOCK_D)
+    CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    left = T - start
+    lower = rows[:, None] >= rows[None, :]
+    strict = rows[:, None] > rows[None, :]
+    q = _load_rows(Q + bh * stride_qb + start * stride_qt, rows, offs_d, stride_qt, left, HEAD_DIM, True,
+                   CHECK_D).to(tl.float32)
+    k = _load_rows(K + bh * stride_kb + start * stride_kt, rows, offs_d, stride_kt, left, HEAD_DIM, True,
+                   CHECK_D).to(tl.float32)
+    w = _load_rows(W + bh * stride_wb + start * stride_wt, rows, offs_d, stride_wt, left, HEAD_DIM, True,
+                   CHECK_D).to(tl.float32)
+    w = _rn(w, PRECISION)  # as the forward saw it
+    beta = tl.load(BETA + bh * T + start + rows, mask=rows < left, other=0.0)
+    p_sq = bh * stride_ab + (start + rows[:, None]) * stride_at + rows[None, :]  # a [BT, BT] tile of AD's layout
+    p_rd = bh * stride_pb + (start + rows[:, None]) * stride_pt + offs_d[None, :]  # a [BT, BD] tile of QT's
+    xi = tl.load(INV + p_sq)  # [BT, BT], (I + N)^{-1}
+    a = xi * beta[None, :]
+    aw = _dot(a, w, PRECISION)  # [BT, BD]
+    # G = -W^T (A W)
+    dg = _load_rows(DG + bh * stride_gb + blk * stride_gj, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D,
+                    CHECK_D)  # [BD, BD]
+    daw = -_dot(w, dg, PRECISION)  # [BT, BD]
+    dw = -_dot(aw, tl.trans(dg), PRECISION)  # [BT, BD]
+    # q~ = Q - QW (A W)
+    dqt = tl.load(DQT + p_rd, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+    qw = tl.where(lower, _dot(q, tl.trans(w), PRECISION), 0.0)  # [BT, BT]
+    dq = dqt
+    dqw = -_dot(dqt, tl.trans(aw), PRECISION)  # [BT, BT]
+    daw -= _dot(tl.trans(qw), dqt, PRECISION)
+    # Ã = lower(Q K^T) - (QW A) WK
+    dad = tl.where(lower, tl.load(DAD + p_sq), 0.0)  # [BT, BT]
+    wk = tl.where(strict, _dot(w, tl.trans(k), PRECISION), 0.0)  # [BT, BT]
+    dq += _dot(dad, k, PRECISION)
+    dk = _dot(tl.trans(dad), q, PRECISION)
+    dy = -_dot(dad, tl.trans(wk), PRECISION)  # d(QW A)
+    dwk = -_dot(tl.trans(_dot(qw, a, PRECISION)), dad, PRECISION)
+    dqw += _dot(dy, tl.trans(a), PRECISION)
+    da = _dot(tl.trans(qw), dy, PRECISION)  # [BT, BT]
+    # k~ = K - (A WK)^T W
+    dkt = tl.load(DKT + p_rd, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+    dk += dkt
+    dz = -_dot(w, tl.trans(dkt), PRECISION)  # d(A WK)
+    dw -= _dot(_dot(a, wk, PRECISION), dkt, PRECISION)
+    da += _dot(dz, tl.trans(wk), PRECISION)
+    dwk += _dot(tl.trans(a), dz, PRECISION)
+    # A W
+    da += _dot(daw, tl.trans(w), PRECISION)
+    dw += _dot(tl.trans(a), daw, PRECISION)
+    # QW = lower(Q W^T), WK = strictLower(W K^T)
+    dqw = tl.where(lower, dqw, 0.0)
+    dwk = tl.where(strict, dwk, 0.0)
+    dq += _dot(dqw, w, PRECISION)
+    dw += _dot(tl.trans(dqw), q, PRECISION) + _dot(dwk, k, PRECISION)
+    dk += _dot(tl.trans(dwk), w, PRECISION)
+    # A = X D_beta, X = (I + N)^{-1}, N = strictLower(D_beta W W^T)
+    dbeta = tl.sum(xi * da, axis=0)
+    dn = -_dot(_dot(tl.trans(xi), da * beta[None, :], PRECISION), tl.trans(xi), PRECISION)
+    dn = tl.where(strict, dn, 0.0)
+    dbeta += tl.sum(dn * _dot(w, tl.trans(w), PRECISION), axis=1)
+    dgram = dn * beta[:, None]
+    dw += _dot(dgram + tl.trans(dgram), w, PRECISION)
+    p_out = bh * stride_ob + start * stride_ot
+    _store_rows(DQ + p_out, dq, rows, offs_d, stride_ot, left, HEAD_DIM)
+    _store_rows(DK + p_out, dk, rows, offs_d, stride_ot, left, HEAD_DIM)
+    _store_rows(DW + p_out, dw, rows, offs_d, stride_ot, left, HEAD_DIM)
+    tl.store(DBETA + bh * T + start + rows, dbeta, mask=rows < left)
+
+
+def ut_prepare_backward(q3, k3, w3, beta3, prep: "Prepared", dqt, dkt, dad, dg):
+    """``dq, dk, dw, dbeta`` (fp32; ``(BH, T, D)`` and ``(BH, T)``) of PaTH's preparation pass, from the
+    gradients of its outputs (fp32, in :class:`Prepared`'s layouts) and ``prep`` (made with
+    ``keep_inverse=True`` and ``norm_q=False``).  One launch of :func:`_ut_prepare_bwd`."""
+    T, D = prep._args[4:]
+    BH = q3.shape[0]
+    dq, dk, dw = (torch.empty(BH, T, D, dtype=torch.float32, device=q3.device) for _ in range(3))
+    dbeta = torch.empty(BH, T, dtype=torch.float32, device=q3.device)
+    _ut_prepare_bwd[(triton.cdiv(T, prep.block), BH)](
+        q3, k3, w3, beta3, prep.inv, dqt, dkt, dad, dg, dq, dk, dw, dbeta, T,
+        q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), w3.stride(0), w3.stride(1),
+        prep.qt.stride(0), prep.qt.stride(1), prep.ad.stride(0), prep.ad.stride(1), prep.g.stride(0),
+        prep.g.stride(1), dq.stride(0), dq.stride(1),
+        HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=prep.block, PRECISION=prep._flags["PRECISION"], num_warps=8,
+        num_stages=1)
+    return dq, dk, dw, dbeta
+
+
 class Prepared:
     """The preparation pass's outputs for ``BH`` heads (two launches: :func:`_ut_diag_inverse`,
     then :func:`_ut_prepare`).
 
     ``qt, kt: (BH, T_pad, D)``; ``ad: (BH, T_pad, block)`` (fp32); ``g: (BH, T_pad / block, D, D)``;
     ``qn: (BH, T_pad)`` (fp32, only with ``norm_q``); ``wc, nu: (BH, T_pad, D)`` (only with
-    ``store_ut``).  ``T_pad`` is ``T`` rounded up to a multiple of ``MAX_R * block``, so
+    ``store_ut``); ``inv: (BH, T_pad, block)`` (fp32, ``(I + N)^{-1}`` of each block, only with
+    ``keep_inverse``: the backward pass's).  ``T_pad`` is ``T`` rounded up to a multiple of ``MAX_R * block``, so
     the main pass loads whole blocks without masks.
     """
 
     def __init__(self, q3, k3, w3, beta3, T, block, *, q_dtype, k_dtype, update_dtype,
-                 norm_q=False, w_is_k=False, value_beta=False, store_ut=False, precision="ieee", num_warps=4):
+                 norm_q=False, w_is_k=False, value_beta=False, store_ut=False, keep_inverse=False,
+                 precision="ieee", num_warps=4):
         BH, _, D = q3.shape
         T_pad = triton.cdiv(max(T, 1), MAX_R * block) * MAX_R * block
         dev = q3.device
@@ -227,10 +341,11 @@ class Prepared:
         self.qn = torch.empty(BH, T_pad, dtype=torch.float32, device=dev) if norm_q else self.ad
         self.wc = torch.empty(BH, T_pad, D, dtype=update_dtype, device=dev) if store_ut else self.g
         self.nu = torch.empty(BH, T_pad, D, dtype=update_dtype, device=dev) if store_ut else self.g
+        self.inv = torch.empty_like(self.ad) if keep_inverse else self.ad
         w3 = k3 if w_is_k else w3
         self._args = (q3, k3, w3, beta3, T, D)
         self._flags = dict(W_IS_K=w_is_k, VALUE_BETA=value_beta, NORM_Q=norm_q, STORE_UT=store_ut,
-                           PRECISION=precision)
+                           STORE_INV=keep_inverse, PRECISION=precision)
         self._num_warps = num_warps
         self.invert_diagonal_blocks()
         self.prepare()
@@ -249,7 +364,7 @@ class Prepared:
         as :meth:`invert_diagonal_blocks` left it)."""
         q3, k3, w3, beta3, T, D = self._args
         _ut_prepare[(self.T_pad // self.block, q3.shape[0])](
-            q3, k3, w3, beta3, self.qt, self.qn, self.kt, self.ad, self.g, self.wc, self.nu, T,
+            q3, k3, w3, beta3, self.qt, self.qn, self.kt, self.ad, self.g, self.wc, self.nu, self.inv, T,
             q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), w3.stride(0), w3.stride(1),
             self.qt.stride(0), self.qt.stride(1), self.qn.stride(0), self.ad.stride(0), self.ad.stride(1),
             self.g.stride(0), self.g.stride(1),

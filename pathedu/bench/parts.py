@@ -8,7 +8,7 @@ share it) is two passes: the UT preparation pass (:class:`pathedu.kernels.ut_pre
 (``_linear_fwd``, its ``"householder"`` hook, with and without the scalar decay).  PaTH and PaTH-FoX
 are the same preparation pass and a scan; the scan's time is the total minus the preparation's
 (``scan = total - prepare``, derived, not timed apart).  PaTH's forward + backward is timed step by step
-(subject ``path_backward``: the forward that keeps the log-sum-exp and the backward's three steps).  Each part is timed on its own with
+(subject ``path_backward``: the forward that keeps the log-sum-exp and the backward's five steps).  Each part is timed on its own with
 ``triton.testing.do_bench`` (median), on the inputs of :mod:`pathedu.bench.path` and
 :mod:`pathedu.bench.pathfox`, beside the whole ops of flash-linear-attention when it is installed.
 The data file (``{"meta": ..., "rows": [{"T", "subject", "part", "ms"}]}``) is what
@@ -97,15 +97,15 @@ def _path_parts(q, k, v, bench):
 
 def _path_backward_parts(q, k, v, bench):
     """PaTH's forward + backward (``path_triton``; q, k, v, w, beta require grad), step by step, in ms: the
-    forward that keeps the log-sum-exp, then the backward's three steps
+    forward that keeps the log-sum-exp, then the backward's five steps
     (:func:`pathedu.kernels.path_attention._path_bwd_launch`), beside fla's forward + backward."""
     from ..kernels._launch import per_token, prepare_qkv
-    from ..kernels.path_attention import (_bwd_autograd, _bwd_kernel, _bwd_recompute, _path_launch,
-                                          path_attention)
-    from ..kernels.ut_prepare import check_block
+    from ..kernels.path_attention import _bwd_kernel, _bwd_prepare, _path_launch, path_attention
+    from ..kernels.path_carry import carry_backward, carry_forward
+    from ..kernels.ut_prepare import check_block, ut_prepare_backward
     from .path import path_inputs
 
-    w, beta = path_inputs(q)
+    w, beta = (t.detach() for t in path_inputs(q))
     x = prepare_qkv(q, k, v)
     w3, beta3 = per_token(w, "w", x, extra=(x.n.D,)), per_token(beta, "beta", x)
     block = check_block(None, x.n.D)
@@ -113,34 +113,34 @@ def _path_backward_parts(q, k, v, bench):
     lse = torch.empty(x.BH, x.n.T, dtype=torch.float32, device=q.device)
     out = _path_launch(x, w3, beta3, scale, block, "dense", {}, lse=lse)
     do = torch.randn_like(out)
-    leaves, intra, X = _bwd_recompute(x, w3, beta3, block)
-    dX, dad, *_ = _bwd_kernel(x, None, out, lse, do, scale, block, intra, X)
-
-    def autograd_step():
-        l2, i2, X2 = _bwd_recompute(x, w3, beta3, block)
-        return _bwd_autograd(l2, i2, X2, dX, dad)
-
-    leaves_all = [t.detach().clone().requires_grad_() for t in (q, k, v, w, beta)]
-    g = torch.randn_like(q[..., :1].expand(q.shape[:-1] + (v.shape[-1],)))
+    prep = _bwd_prepare(x, w3, beta3, block)
+    X = carry_forward(prep.qt, prep.kt, prep.g, block, x.dtype)
+    dX, dad, *_ = _bwd_kernel(x, None, out, lse, do, scale, block, prep, X)
+    dqt, dkt, dg = carry_backward(prep.qt, prep.kt, prep.g, block, dX, x.dtype)
+    times = {
+        "forward with log-sum-exp": bench(lambda: _path_launch(x, w3, beta3, scale, block, "dense", {}, lse=lse)),
+        "backward 1: preparation pass (keeps the inverses)": bench(lambda: _bwd_prepare(x, w3, beta3, block)),
+        "backward 2: carries to the meeting points": bench(lambda: carry_forward(prep.qt, prep.kt, prep.g, block,
+                                                                                x.dtype)),
+        "backward 3: _path_bwd (with delta)": bench(lambda: _bwd_kernel(x, None, out, lse, do, scale, block, prep,
+                                                                         X)),
+        "backward 4: reversed carries": bench(lambda: carry_backward(prep.qt, prep.kt, prep.g, block, dX, x.dtype)),
+        "backward 5: preparation pass backward": bench(lambda: ut_prepare_backward(x.q, x.k, w3, beta3, prep, dqt,
+                                                                                   dkt, dad, dg)),
+    }
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, w, beta)]
+    g = torch.randn(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device=q.device)
 
     def fwd_bwd():
-        for t in leaves_all:
+        for t in leaves:
             t.grad = None
-        path_attention(*leaves_all).backward(g)
+        path_attention(*leaves).backward(g)
 
-    out_ms = {
-        "forward with log-sum-exp": bench(lambda: _path_launch(x, w3, beta3, scale, block, "dense", {}, lse=lse)),
-        "backward 1: recompute (PyTorch)": bench(lambda: _bwd_recompute(x, w3, beta3, block)),
-        "backward 2: _path_bwd kernel (with delta)": bench(lambda: _bwd_kernel(x, None, out, lse, do, scale, block,
-                                                                              intra, X)),
-    }
-    out_ms["backward 3: autograd through step 1 (derived)"] = (bench(autograd_step)
-                                                               - out_ms["backward 1: recompute (PyTorch)"])
-    out_ms["path_triton forward+backward (total)"] = bench(fwd_bwd)
+    times["path_triton forward+backward (total)"] = bench(fwd_bwd)
     if importlib.util.find_spec("fla") is not None:
         from fla.ops.path_attn import parallel_path_attn
 
-        fl = [to_bthd(t) for t in leaves_all]
+        fl = [to_bthd(t) for t in leaves]
         gl = to_bthd(g)
 
         def fla_step():
@@ -148,8 +148,8 @@ def _path_backward_parts(q, k, v, bench):
                 t.grad = None
             parallel_path_attn(*fl)[0].backward(gl)
 
-        out_ms["fla parallel_path_attn forward+backward (total)"] = bench(fla_step)
-    return out_ms
+        times["fla parallel_path_attn forward+backward (total)"] = bench(fla_step)
+    return times
 
 
 SUBJECTS = {"deltanet": _delta_parts, "pathfox": _path_parts, "path_backward": _path_backward_parts}
