@@ -113,21 +113,27 @@ def _path_backward_parts(q, k, v, bench):
     lse = torch.empty(x.BH, x.n.T, dtype=torch.float32, device=q.device)
     out = _path_launch(x, w3, beta3, scale, block, "dense", {}, lse=lse)
     do = torch.randn_like(out)
+    # Each step on the previous one's outputs; what a step no longer needs is freed (T = 8192 at B = H = 32
+    # keeps about 30 GB of fp32 intermediates alive at the peak).
+    times = {"forward with log-sum-exp": bench(lambda: _path_launch(x, w3, beta3, scale, block, "dense", {},
+                                                                    lse=lse))}
+    times["backward 1: preparation pass (keeps the inverses)"] = bench(lambda: _bwd_prepare(x, w3, beta3, block))
     prep = _bwd_prepare(x, w3, beta3, block)
+    times["backward 2: carries to the meeting points"] = bench(lambda: carry_forward(prep.qt, prep.kt, prep.g, block,
+                                                                                    x.dtype))
     X = carry_forward(prep.qt, prep.kt, prep.g, block, x.dtype)
+    times["backward 3: _path_bwd (with delta)"] = bench(lambda: _bwd_kernel(x, None, out, lse, do, scale, block,
+                                                                             prep, X))
     dX, dad, *_ = _bwd_kernel(x, None, out, lse, do, scale, block, prep, X)
+    del X
+    times["backward 4: reversed carries"] = bench(lambda: carry_backward(prep.qt, prep.kt, prep.g, block, dX,
+                                                                          x.dtype))
     dqt, dkt, dg = carry_backward(prep.qt, prep.kt, prep.g, block, dX, x.dtype)
-    times = {
-        "forward with log-sum-exp": bench(lambda: _path_launch(x, w3, beta3, scale, block, "dense", {}, lse=lse)),
-        "backward 1: preparation pass (keeps the inverses)": bench(lambda: _bwd_prepare(x, w3, beta3, block)),
-        "backward 2: carries to the meeting points": bench(lambda: carry_forward(prep.qt, prep.kt, prep.g, block,
-                                                                                x.dtype)),
-        "backward 3: _path_bwd (with delta)": bench(lambda: _bwd_kernel(x, None, out, lse, do, scale, block, prep,
-                                                                         X)),
-        "backward 4: reversed carries": bench(lambda: carry_backward(prep.qt, prep.kt, prep.g, block, dX, x.dtype)),
-        "backward 5: preparation pass backward": bench(lambda: ut_prepare_backward(x.q, x.k, w3, beta3, prep, dqt,
-                                                                                   dkt, dad, dg)),
-    }
+    del dX
+    times["backward 5: preparation pass backward"] = bench(lambda: ut_prepare_backward(x.q, x.k, w3, beta3, prep,
+                                                                                       dqt, dkt, dad, dg))
+    del prep, dqt, dkt, dg, dad, out, do
+    torch.cuda.empty_cache()
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, w, beta)]
     g = torch.randn(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device=q.device)
 
