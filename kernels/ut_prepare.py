@@ -209,23 +209,11 @@ def _ut_prepare(Q, K, W, BETA, QT, QN, KT, AD, GM, WC, NU, INV, T,
 
 
 @triton.jit
-def _ut_prepare_bwd(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DQ, DK, DW, DBETA, T,
-                    stride_qb, stride_qt, stride_kb, stride_kt, stride_wb, stride_wt,
-                    stride_pb, stride_pt, stride_ab, stride_at, stride_gb, stride_gj, stride_ob, stride_ot,
-                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr):
-    """The backward of :func:`_ut_prepare` (PaTH's outputs: ``q~``, ``k~``, ``Ã``, ``G``) for one block.
-
-    Given the gradients ``dq~, dk~`` (``DQT, DKT``, laid out as ``QT``), ``dÃ`` (``DAD``, as ``AD``) and
-    ``dG`` (``DG``, as ``GM``), all fp32, and the block's ``(I + N)^{-1}`` (``INV``, kept by the
-    forward), writes ``dq, dk, dw`` (``(BH, T, D)`` fp32, strides ``stride_ob, stride_ot``) and
-    ``dbeta`` (``(BH, T)``).  With ``QW = lower(Q W^T)``, ``WK = strictLower(W K^T)``,
-    ``A = X D_beta``, ``X = (I + N)^{-1}``, ``N = strictLower(D_beta W W^T)``, the forward is ::
-
-        q~ = Q - QW (A W)      k~ = K - (A WK)^T W      Ã = lower(Q K^T) - (QW A) WK      G = -W^T (A W)
-
-    and each line below is the reverse of one product; the inverse's is ``dN = -X^T dX X^T``.  Every
-    product is :func:`._pieces._dot` at the forward's precision.
-    """
+def _ut_block(Q, K, W, BETA, INV, T, stride_qb, stride_qt, stride_kb, stride_kt, stride_wb, stride_wt,
+              stride_ab, stride_at, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr,
+              PRECISION: tl.constexpr):
+    """What both halves of the backward load for one block: ``q, k, w`` (fp32, ``w`` rounded as the forward
+    saw it), ``beta``, ``X = (I + N)^{-1}`` and the masks ``lower`` (diagonal kept) and ``strict``."""
     blk = tl.program_id(0)
     start = blk * BT
     bh = tl.program_id(1).to(tl.int64)
@@ -233,86 +221,140 @@ def _ut_prepare_bwd(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DQ, DK, DW, DBETA, T,
     offs_d = tl.arange(0, BLOCK_D)
     CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
     left = T - start
-    lower = rows[:, None] >= rows[None, :]
-    strict = rows[:, None] > rows[None, :]
     q = _load_rows(Q + bh * stride_qb + start * stride_qt, rows, offs_d, stride_qt, left, HEAD_DIM, True,
                    CHECK_D).to(tl.float32)
     k = _load_rows(K + bh * stride_kb + start * stride_kt, rows, offs_d, stride_kt, left, HEAD_DIM, True,
                    CHECK_D).to(tl.float32)
     w = _load_rows(W + bh * stride_wb + start * stride_wt, rows, offs_d, stride_wt, left, HEAD_DIM, True,
                    CHECK_D).to(tl.float32)
-    w = _rn(w, PRECISION)  # as the forward saw it
+    w = _rn(w, PRECISION)
     beta = tl.load(BETA + bh * T + start + rows, mask=rows < left, other=0.0)
-    p_sq = bh * stride_ab + (start + rows[:, None]) * stride_at + rows[None, :]  # a [BT, BT] tile of AD's layout
-    p_rd = bh * stride_pb + (start + rows[:, None]) * stride_pt + offs_d[None, :]  # a [BT, BD] tile of QT's
-    xi = tl.load(INV + p_sq)  # [BT, BT], (I + N)^{-1}
+    xi = tl.load(INV + bh * stride_ab + (start + rows[:, None]) * stride_at + rows[None, :])  # [BT, BT]
+    return q, k, w, beta, xi, rows[:, None] >= rows[None, :], rows[:, None] > rows[None, :]
+
+
+@triton.jit
+def _ut_bwd_scores(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, T,
+                   stride_qb, stride_qt, stride_kb, stride_kt, stride_wb, stride_wt,
+                   stride_pb, stride_pt, stride_ab, stride_at, stride_gb, stride_gj,
+                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr):
+    """First half of the backward of :func:`_ut_prepare` (PaTH's outputs ``q~``, ``k~``, ``Ã``, ``G``), one block.
+
+    With ``QW = lower(Q W^T)``, ``WK = strictLower(W K^T)``, ``A = X D_beta``, ``X = (I + N)^{-1}``,
+    ``N = strictLower(D_beta W W^T)``, the forward is ::
+
+        q~ = Q - QW (A W)      k~ = K - (A WK)^T W      Ã = lower(Q K^T) - (QW A) WK      G = -W^T (A W)
+
+    From ``dq~, dk~`` (``DQT, DKT``, laid out as ``QT``), ``dÃ`` (``DAD``, as ``AD``) and ``dG`` (``DG``, as
+    ``GM``), all fp32, this half writes the gradients of the small factors: ``dA``, ``dQW`` (masked),
+    ``dWK`` (masked) (``[BT, BT]`` each, as ``AD``) and ``d(A W)`` (as ``QT``).  Each line reverses one
+    product; the split keeps fewer ``BT x BT`` tiles alive than one kernel would.
+    """
+    q, k, w, beta, xi, lower, strict = _ut_block(Q, K, W, BETA, INV, T, stride_qb, stride_qt, stride_kb,
+                                                 stride_kt, stride_wb, stride_wt, stride_ab, stride_at, HEAD_DIM,
+                                                 BLOCK_D, BT, PRECISION)
+    blk = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    rows = tl.arange(0, BT)
+    offs_d = tl.arange(0, BLOCK_D)
+    CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    p_sq = bh * stride_ab + (blk * BT + rows[:, None]) * stride_at + rows[None, :]  # a [BT, BT] tile, AD's layout
+    p_rd = bh * stride_pb + (blk * BT + rows[:, None]) * stride_pt + offs_d[None, :]  # a [BT, BD] tile, QT's
     a = xi * beta[None, :]
-    aw = _dot(a, w, PRECISION)  # [BT, BD]
-    # G = -W^T (A W)
-    dg = _load_rows(DG + bh * stride_gb + blk * stride_gj, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D,
-                    CHECK_D)  # [BD, BD]
-    daw = -_dot(w, dg, PRECISION)  # [BT, BD]
-    dw = -_dot(aw, tl.trans(dg), PRECISION)  # [BT, BD]
-    # q~ = Q - QW (A W)
+    qw = tl.where(lower, _dot(q, tl.trans(w), PRECISION), 0.0)
+    wk = tl.where(strict, _dot(w, tl.trans(k), PRECISION), 0.0)
+    # q~ = Q - QW (A W),  G = -W^T (A W)
     dqt = tl.load(DQT + p_rd, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
-    qw = tl.where(lower, _dot(q, tl.trans(w), PRECISION), 0.0)  # [BT, BT]
-    dq = dqt
-    dqw = -_dot(dqt, tl.trans(aw), PRECISION)  # [BT, BT]
-    daw -= _dot(tl.trans(qw), dqt, PRECISION)
+    dg = _load_rows(DG + bh * stride_gb + blk * stride_gj, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D,
+                    CHECK_D)
+    daw = -_dot(w, dg, PRECISION) - _dot(tl.trans(qw), dqt, PRECISION)  # [BT, BD]
+    dqw = -_dot(dqt, tl.trans(_dot(a, w, PRECISION)), PRECISION)  # [BT, BT]
+    tl.store(DAW + p_rd, daw, mask=offs_d[None, :] < HEAD_DIM)
+    da = _dot(daw, tl.trans(w), PRECISION)  # A W
     # Ã = lower(Q K^T) - (QW A) WK
-    dad = tl.where(lower, tl.load(DAD + p_sq), 0.0)  # [BT, BT]
-    wk = tl.where(strict, _dot(w, tl.trans(k), PRECISION), 0.0)  # [BT, BT]
-    dq += _dot(dad, k, PRECISION)
-    dk = _dot(tl.trans(dad), q, PRECISION)
+    dad = tl.where(lower, tl.load(DAD + p_sq), 0.0)
     dy = -_dot(dad, tl.trans(wk), PRECISION)  # d(QW A)
-    dwk = -_dot(tl.trans(_dot(qw, a, PRECISION)), dad, PRECISION)
     dqw += _dot(dy, tl.trans(a), PRECISION)
-    da = _dot(tl.trans(qw), dy, PRECISION)  # [BT, BT]
+    da += _dot(tl.trans(qw), dy, PRECISION)
+    dwk = -_dot(tl.trans(_dot(qw, a, PRECISION)), dad, PRECISION)
+    tl.store(DQW + p_sq, tl.where(lower, dqw, 0.0))
     # k~ = K - (A WK)^T W
     dkt = tl.load(DKT + p_rd, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
-    dk += dkt
     dz = -_dot(w, tl.trans(dkt), PRECISION)  # d(A WK)
-    dw -= _dot(_dot(a, wk, PRECISION), dkt, PRECISION)
     da += _dot(dz, tl.trans(wk), PRECISION)
     dwk += _dot(tl.trans(a), dz, PRECISION)
-    # A W
-    da += _dot(daw, tl.trans(w), PRECISION)
-    dw += _dot(tl.trans(a), daw, PRECISION)
-    # QW = lower(Q W^T), WK = strictLower(W K^T)
-    dqw = tl.where(lower, dqw, 0.0)
-    dwk = tl.where(strict, dwk, 0.0)
-    dq += _dot(dqw, w, PRECISION)
-    dw += _dot(tl.trans(dqw), q, PRECISION) + _dot(dwk, k, PRECISION)
-    dk += _dot(tl.trans(dwk), w, PRECISION)
+    tl.store(DWK + p_sq, tl.where(strict, dwk, 0.0))
+    tl.store(DA + p_sq, da)
+
+
+@triton.jit
+def _ut_bwd_inputs(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, DQ, DK, DW, DBETA, T,
+                   stride_qb, stride_qt, stride_kb, stride_kt, stride_wb, stride_wt,
+                   stride_pb, stride_pt, stride_ab, stride_at, stride_gb, stride_gj, stride_ob, stride_ot,
+                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr):
+    """Second half (after :func:`_ut_bwd_scores`, whose outputs it reads): ``dq, dk, dw`` (``(BH, T, D)`` fp32)
+    and ``dbeta`` (``(BH, T)``), through the masks, the products with ``Q, K, W`` and the inverse
+    (``dN = -X^T dX X^T``)."""
+    q, k, w, beta, xi, lower, strict = _ut_block(Q, K, W, BETA, INV, T, stride_qb, stride_qt, stride_kb,
+                                                 stride_kt, stride_wb, stride_wt, stride_ab, stride_at, HEAD_DIM,
+                                                 BLOCK_D, BT, PRECISION)
+    blk = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    rows = tl.arange(0, BT)
+    offs_d = tl.arange(0, BLOCK_D)
+    CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    p_sq = bh * stride_ab + (blk * BT + rows[:, None]) * stride_at + rows[None, :]
+    p_rd = bh * stride_pb + (blk * BT + rows[:, None]) * stride_pt + offs_d[None, :]
+    p_out = bh * stride_ob + blk * BT * stride_ot
+    left = T - blk * BT
+    a = xi * beta[None, :]
+    dad = tl.where(lower, tl.load(DAD + p_sq), 0.0)
+    dqw = tl.load(DQW + p_sq)
+    dwk = tl.load(DWK + p_sq)
+    # dq, dk: the direct terms and the masks' products
+    dq = tl.load(DQT + p_rd, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+    dq += _dot(dad, k, PRECISION) + _dot(dqw, w, PRECISION)
+    _store_rows(DQ + p_out, dq, rows, offs_d, stride_ot, left, HEAD_DIM)
+    dkt = tl.load(DKT + p_rd, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+    dk = dkt + _dot(tl.trans(dad), q, PRECISION) + _dot(tl.trans(dwk), w, PRECISION)
+    _store_rows(DK + p_out, dk, rows, offs_d, stride_ot, left, HEAD_DIM)
+    # dw: G, k~, A W, the masks
+    dg = _load_rows(DG + bh * stride_gb + blk * stride_gj, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D,
+                    CHECK_D)
+    wk = tl.where(strict, _dot(w, tl.trans(k), PRECISION), 0.0)
+    dw = -_dot(_dot(a, w, PRECISION), tl.trans(dg), PRECISION) - _dot(_dot(a, wk, PRECISION), dkt, PRECISION)
+    daw = tl.load(DAW + p_rd, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+    dw += _dot(tl.trans(a), daw, PRECISION) + _dot(tl.trans(dqw), q, PRECISION) + _dot(dwk, k, PRECISION)
     # A = X D_beta, X = (I + N)^{-1}, N = strictLower(D_beta W W^T)
+    da = tl.load(DA + p_sq)
     dbeta = tl.sum(xi * da, axis=0)
-    dn = -_dot(_dot(tl.trans(xi), da * beta[None, :], PRECISION), tl.trans(xi), PRECISION)
-    dn = tl.where(strict, dn, 0.0)
+    dn = tl.where(strict, -_dot(_dot(tl.trans(xi), da * beta[None, :], PRECISION), tl.trans(xi), PRECISION), 0.0)
     dbeta += tl.sum(dn * _dot(w, tl.trans(w), PRECISION), axis=1)
     dgram = dn * beta[:, None]
     dw += _dot(dgram + tl.trans(dgram), w, PRECISION)
-    p_out = bh * stride_ob + start * stride_ot
-    _store_rows(DQ + p_out, dq, rows, offs_d, stride_ot, left, HEAD_DIM)
-    _store_rows(DK + p_out, dk, rows, offs_d, stride_ot, left, HEAD_DIM)
     _store_rows(DW + p_out, dw, rows, offs_d, stride_ot, left, HEAD_DIM)
-    tl.store(DBETA + bh * T + start + rows, dbeta, mask=rows < left)
+    tl.store(DBETA + bh * T + blk * BT + rows, dbeta, mask=rows < left)
 
 
 def ut_prepare_backward(q3, k3, w3, beta3, prep: "Prepared", dqt, dkt, dad, dg):
     """``dq, dk, dw, dbeta`` (fp32; ``(BH, T, D)`` and ``(BH, T)``) of PaTH's preparation pass, from the
     gradients of its outputs (fp32, in :class:`Prepared`'s layouts) and ``prep`` (made with
-    ``keep_inverse=True`` and ``norm_q=False``).  One launch of :func:`_ut_prepare_bwd`."""
+    ``keep_inverse=True`` and ``norm_q=False``).  Two launches: :func:`_ut_bwd_scores`, :func:`_ut_bwd_inputs`."""
     T, D = prep._args[4:]
     BH = q3.shape[0]
     dq, dk, dw = (torch.empty(BH, T, D, dtype=torch.float32, device=q3.device) for _ in range(3))
     dbeta = torch.empty(BH, T, dtype=torch.float32, device=q3.device)
-    _ut_prepare_bwd[(triton.cdiv(T, prep.block), BH)](
-        q3, k3, w3, beta3, prep.inv, dqt, dkt, dad, dg, dq, dk, dw, dbeta, T,
-        q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), w3.stride(0), w3.stride(1),
-        prep.qt.stride(0), prep.qt.stride(1), prep.ad.stride(0), prep.ad.stride(1), prep.g.stride(0),
-        prep.g.stride(1), dq.stride(0), dq.stride(1),
-        HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=prep.block, PRECISION=prep._flags["PRECISION"], num_warps=8,
-        num_stages=1)
+    da, dqw, dwk = (torch.empty_like(prep.ad) for _ in range(3))
+    daw = torch.empty_like(dqt)
+    common = (T, q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), w3.stride(0), w3.stride(1),
+              prep.qt.stride(0), prep.qt.stride(1), prep.ad.stride(0), prep.ad.stride(1), prep.g.stride(0),
+              prep.g.stride(1))
+    meta = dict(HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=prep.block, PRECISION=prep._flags["PRECISION"], num_warps=8,
+                num_stages=1)
+    grid = (triton.cdiv(T, prep.block), BH)
+    _ut_bwd_scores[grid](q3, k3, w3, beta3, prep.inv, dqt, dkt, dad, dg, da, dqw, dwk, daw, *common, **meta)
+    _ut_bwd_inputs[grid](q3, k3, w3, beta3, prep.inv, dqt, dkt, dad, dg, da, dqw, dwk, daw, dq, dk, dw, dbeta,
+                         *common, dq.stride(0), dq.stride(1), **meta)
     return dq, dk, dw, dbeta
 
 
