@@ -158,7 +158,7 @@ def carry_forward(qt, kt, g, block: int, dtype) -> torch.Tensor:
         h = 1 << lvl
         _carry_fwd[(-(-nb // (2 * h)), 2, BH)](qt, kt, g, X[lvl], nb, h, qt.stride(0), g.stride(0), HEAD_DIM=D,
                                                BLOCK_D=next_pow2(D), BT=block, PRECISION=prep_precision(dtype),
-                                               num_warps=8)
+                                               num_warps=8, num_stages=1)
     return X
 
 
@@ -173,7 +173,7 @@ def carry_backward(qt, kt, g, block: int, dX, dtype):
         h = 1 << lvl
         _carry_bwd[(-(-nb // (2 * h)), 2, BH)](qt, kt, g, dX[lvl], dqt, dkt, dg, scratch, nb, h, qt.stride(0),
                                                g.stride(0), HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=block,
-                                               PRECISION=prep_precision(dtype), num_warps=8)
+                                               PRECISION=prep_precision(dtype), num_warps=8, num_stages=1)
     return dqt, dkt, dg
 
 
