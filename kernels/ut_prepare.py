@@ -349,8 +349,10 @@ def ut_prepare_backward(q3, k3, w3, beta3, prep: "Prepared", dqt, dkt, dad, dg):
     common = (T, q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), w3.stride(0), w3.stride(1),
               prep.qt.stride(0), prep.qt.stride(1), prep.ad.stride(0), prep.ad.stride(1), prep.g.stride(0),
               prep.g.stride(1))
-    meta = dict(HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=prep.block, PRECISION=prep._flags["PRECISION"], num_warps=8,
-                num_stages=1)
+    # 8 warps for D >= 64; with D = 16 and 8 warps (BT = 64) triton 3.6 made an H100 kernel that read past its
+    # shared memory (compute-sanitizer: "Invalid __shared__ read of size 256 bytes"; the interpreter was right).
+    meta = dict(HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=prep.block, PRECISION=prep._flags["PRECISION"],
+                num_warps=8 if D >= 64 else 4, num_stages=1)
     grid = (triton.cdiv(T, prep.block), BH)
     _ut_bwd_scores[grid](q3, k3, w3, beta3, prep.inv, dqt, dkt, dad, dg, da, dqw, dwk, daw, *common, **meta)
     _ut_bwd_inputs[grid](q3, k3, w3, beta3, prep.inv, dqt, dkt, dad, dg, da, dqw, dwk, daw, dq, dk, dw, dbeta,
