@@ -10,6 +10,7 @@ import pytest
 import torch
 from helpers import TOL_TRITON, case_id, rand_qkv, rel_err
 
+from pathedu import path
 from pathedu.kernels.delta_rule import chunked_delta_rule, chunked_householder
 from pathedu.kernels.path_attention import MAX_R, Prepared, path_attention
 
@@ -297,3 +298,63 @@ def test_path_rejects_bad_config():
         path_attention(q, k, v, w, b, _config=dict(R=3))
     with pytest.raises(ValueError, match="update"):
         path_attention(q, k, v, w, b, _config=dict(update="qr"))
+
+
+# ---------------------------------------------------------------------------
+# The backward pass's schedule: every pair of blocks meets once, at a dyadic boundary
+# ---------------------------------------------------------------------------
+
+def _path_case(T, D=8, seed=0, lead=(2,)):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, w = (torch.randn(*lead, T, D, generator=g, dtype=torch.float64) for _ in range(4))
+    beta = 2 * torch.rand(*lead, T, generator=g, dtype=torch.float64)
+    return q, k, v, torch.nn.functional.normalize(w, dim=-1), beta
+
+
+@pytest.mark.parametrize("T, block", [(1, 4), (4, 4), (5, 4), (37, 4), (64, 8), (150, 16)])
+def test_dyadic_schedule_gives_the_matrix_forms_output_and_gradients(T, block):
+    """``path_dyadic`` (pairs of blocks meet at the boundary of their smallest dyadic node) against ``path_matrix``,
+    float64: the output and every argument's gradient, block counts that are and are not powers of two."""
+    args = _path_case(T, seed=T)
+    leaves_a = [x.clone().requires_grad_() for x in args]
+    leaves_b = [x.clone().requires_grad_() for x in args]
+    out_a, out_b = path.path_dyadic(*leaves_a, block=block), path.path_matrix(*leaves_b)
+    assert rel_err(out_a, out_b) < 1e-12
+    g = torch.randn_like(out_b)
+    got = torch.autograd.grad(out_a, leaves_a, g, allow_unused=True)  # T = 1: w and beta unused
+    want = torch.autograd.grad(out_b, leaves_b, g, allow_unused=True)
+    for name, a, b, x in zip("q k v w beta".split(), got, want, args):
+        a, b = (torch.zeros_like(x) if t is None else t for t in (a, b))
+        assert (a - b).abs().max() <= 1e-10 * max(1.0, b.abs().max().item()), name
+
+
+def test_dyadic_level_is_the_highest_differing_bit():
+    for I in range(1, 40):
+        for J in range(I):
+            lvl = path.dyadic_level(I, J)
+            assert I >> (lvl + 1) == J >> (lvl + 1) and (I >> lvl) & 1 == 1 and (J >> lvl) & 1 == 0
+
+
+@pytest.mark.parametrize("nb, D, BT", [(2, 16, 16), (3, 16, 16), (5, 32, 16), (8, 16, 32), (7, 24, 16)])
+def test_triton_carries_and_their_reverse_match_autograd(nb, D, BT):
+    """``carry_forward`` (queries and keys to their meeting points) against ``path._meeting_points``, and
+    ``carry_backward`` against autograd through it: fp32 kernels (interpreter) vs float64."""
+    from pathedu.kernels.path_carry import carry_backward, carry_forward
+
+    g = torch.Generator().manual_seed(nb * 100 + D)
+    qt, kt = (torch.randn(2, nb, BT, D, generator=g, dtype=torch.float64) for _ in range(2))
+    w = torch.nn.functional.normalize(torch.randn(2, nb, 4, D, generator=g, dtype=torch.float64), dim=-1)
+    G = -1.5 * w.transpose(-1, -2) @ w / 4  # a contraction's G = Phi - I
+    eye = torch.eye(D, dtype=torch.float64)
+    leaves = [x.clone().requires_grad_() for x in (qt, kt, G)]
+    X = path._meeting_points(leaves[0], leaves[1], eye + leaves[2])
+    dX = torch.randn(X.shape, generator=g, dtype=torch.float64)
+    want = torch.autograd.grad(X, leaves, dX, allow_unused=True)
+    flat = [x.float().flatten(1, 2).contiguous() for x in (qt, kt)]
+    got_X = carry_forward(flat[0], flat[1], G.float().contiguous(), BT, torch.float32)
+    assert rel_err(got_X.double(), X.flatten(-3, -2)) < 1e-5
+    got = carry_backward(flat[0], flat[1], G.float().contiguous(), BT, dX.float().flatten(-3, -2).contiguous(),
+                         torch.float32)
+    for name, a, b, like in zip(("dq~", "dk~", "dG"), got, want, leaves):
+        b = torch.zeros_like(like) if b is None else b
+        assert rel_err(a.double().reshape(b.shape), b) < 1e-5, name
