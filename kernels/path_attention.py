@@ -300,7 +300,16 @@ def _path_bwd(X, AD, V, DO, LSE, DELTA, C, DX, DAD, DV, DBR, DBC, T, LEVELS, qk_
 # Backward tiles: the program's block is one UT block (levels are defined on UT blocks); INNER-row
 # tiles stream past it, two stages only (as the template's backward, kernels/NOTES_flash.md).
 _BWD_CONFIGS = [triton.Config({"INNER": i}, num_warps=w, num_stages=2) for i, w in [(32, 4), (64, 4), (64, 8)]]
-_path_bwd_tuned = triton.autotune(_BWD_CONFIGS, key=["T", "HEAD_DIM", "HEAD_DV", "BT", "BIAS", "PRECISION"])(_path_bwd)
+
+
+def _inner_within_block(configs, nargs, **kwargs):
+    """Tiles of at most one UT block: a level's half can be one block long, and an unmasked tile longer than the
+    half would read the keys (queries) of the program's own side (wrong gradients for D > 64, where BT = 32)."""
+    return [c for c in configs if c.kwargs["INNER"] <= kwargs.get("BT", nargs.get("BT"))]
+
+
+_path_bwd_tuned = triton.autotune(_BWD_CONFIGS, key=["T", "HEAD_DIM", "HEAD_DV", "BT", "BIAS", "PRECISION"],
+                                  prune_configs_by={"early_config_prune": _inner_within_block})(_path_bwd)
 
 
 def path_attention(q, k, v, w, beta, *, scale=None, block=None, log_f=None, _config=None):
@@ -419,6 +428,8 @@ def _bwd_kernel(x: Flat, c, out, lse, do, scale: float, block: int, prep: Prepar
                 BIAS="none" if c is None else "loggate", PRECISION=precision)
     grid = (triton.cdiv(n.T, block), x.BH, 2)
     if _config is not None:
+        if _config.get("INNER", block) > block:
+            raise ValueError(f"`_config['backward']['INNER']` must be at most the block ({block}), got {_config['INNER']}")
         _path_bwd[grid](*args, **{"num_stages": 2, **_config}, **meta)
     elif interpreting():
         _path_bwd[grid](*args, INNER=block, **meta)
