@@ -299,13 +299,15 @@ def _path_bwd(X, AD, V, DO, LSE, DELTA, C, DX, DAD, DV, DBR, DBC, T, LEVELS, qk_
 
 # Backward tiles: the program's block is one UT block (levels are defined on UT blocks); INNER-row
 # tiles stream past it, two stages only (as the template's backward, kernels/NOTES_flash.md).
-_BWD_CONFIGS = [triton.Config({"INNER": i}, num_warps=w, num_stages=2) for i, w in [(32, 4), (64, 4), (64, 8)]]
+_BWD_CONFIGS = [triton.Config({"INNER": i}, num_warps=w, num_stages=2)
+                for i, w in [(16, 4), (32, 4), (64, 4), (64, 8)]]  # 16: for block = 16
 
 
 def _inner_within_block(configs, nargs, **kwargs):
     """Tiles of at most one UT block: a level's half can be one block long, and an unmasked tile longer than the
     half would read the keys (queries) of the program's own side (wrong gradients for D > 64, where BT = 32)."""
-    return [c for c in configs if c.kwargs["INNER"] <= kwargs.get("BT", nargs.get("BT"))]
+    bt = kwargs.get("BT", nargs.get("BT"))
+    return [c for c in configs if c.kwargs["INNER"] <= bt and (c.kwargs["INNER"] > 16 or bt == 16)]
 
 
 _path_bwd_tuned = triton.autotune(_BWD_CONFIGS, key=["T", "HEAD_DIM", "HEAD_DV", "BT", "BIAS", "PRECISION"],

@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import next_pow2
+from ._launch import interpreting, next_pow2
 from ._pieces import _dot, _load_rows, _store_rows
 from .ut_prepare import prep_precision
 
@@ -140,6 +140,18 @@ def _carry_bwd(QT, KT, GM, DX, DQT, DKT, DGM, SCRATCH, NB, h, stride_tb, stride_
             u += _dot(g, u, PRECISION) + _dot(tl.trans(k), dx, PRECISION)
 
 
+_CARRY_CONFIGS = [triton.Config({}, num_warps=w, num_stages=1) for w in (4, 8)]  # one stage: see carry_forward
+_carry_fwd_tuned = triton.autotune(_CARRY_CONFIGS, key=["HEAD_DIM", "BT", "PRECISION", "h"])(_carry_fwd)
+# The backward adds to its outputs: autotuning's trial runs must not leave their sums behind.
+_carry_bwd_tuned = triton.autotune(_CARRY_CONFIGS, key=["HEAD_DIM", "BT", "PRECISION", "h"],
+                                   restore_value=["DQT", "DKT", "DGM"])(_carry_bwd)
+
+
+def _kernel(tuned, plain):
+    """The autotuned kernel on a GPU; in the interpreter the plain one with 4 warps (each trial costs seconds)."""
+    return (plain, dict(num_warps=4, num_stages=1)) if interpreting() else (tuned, {})
+
+
 def levels(nb: int) -> int:
     """How many dyadic levels ``nb`` blocks need: ``ceil(log2 nb)``."""
     return max(0, (nb - 1).bit_length())
@@ -154,11 +166,11 @@ def carry_forward(qt, kt, g, block: int, dtype) -> torch.Tensor:
     BH, T_pad, D = qt.shape
     nb = T_pad // block
     X = torch.empty((levels(nb), BH, T_pad, D), dtype=dtype, device=qt.device)
+    kernel, fixed = _kernel(_carry_fwd_tuned, _carry_fwd)
     for lvl in range(X.shape[0]):
         h = 1 << lvl
-        _carry_fwd[(-(-nb // (2 * h)), 2, BH)](qt, kt, g, X[lvl], nb, h, qt.stride(0), g.stride(0), HEAD_DIM=D,
-                                               BLOCK_D=next_pow2(D), BT=block, PRECISION=prep_precision(dtype),
-                                               num_warps=8, num_stages=1)
+        kernel[(-(-nb // (2 * h)), 2, BH)](qt, kt, g, X[lvl], nb, h, qt.stride(0), g.stride(0), HEAD_DIM=D,
+                                           BLOCK_D=next_pow2(D), BT=block, PRECISION=prep_precision(dtype), **fixed)
     return X
 
 
@@ -169,11 +181,12 @@ def carry_backward(qt, kt, g, block: int, dX, dtype):
     nb = T_pad // block
     dqt, dkt, dg = torch.zeros_like(qt), torch.zeros_like(kt), torch.zeros_like(g)
     scratch = torch.empty_like(g)
+    kernel, fixed = _kernel(_carry_bwd_tuned, _carry_bwd)
     for lvl in range(dX.shape[0]):
         h = 1 << lvl
-        _carry_bwd[(-(-nb // (2 * h)), 2, BH)](qt, kt, g, dX[lvl], dqt, dkt, dg, scratch, nb, h, qt.stride(0),
-                                               g.stride(0), HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=block,
-                                               PRECISION=prep_precision(dtype), num_warps=8, num_stages=1)
+        kernel[(-(-nb // (2 * h)), 2, BH)](qt, kt, g, dX[lvl], dqt, dkt, dg, scratch, nb, h, qt.stride(0),
+                                           g.stride(0), HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=block,
+                                           PRECISION=prep_precision(dtype), **fixed)
     return dqt, dkt, dg
 
 

@@ -336,10 +336,23 @@ def _ut_bwd_inputs(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, DQ,
     tl.store(DBETA + bh * T + blk * BT + rows, dbeta, mask=rows < left)
 
 
+def _warps_that_compile(configs, nargs, **kwargs):
+    """8 warps only for D >= 64: with D = 16 and 8 warps (BT = 64) triton 3.6 made an H100 kernel that read past
+    its shared memory (compute-sanitizer: "Invalid __shared__ read of size 256 bytes"; the interpreter was right)."""
+    return [c for c in configs if c.num_warps <= 4 or kwargs["HEAD_DIM"] >= 64]
+
+
+_UT_BWD_CONFIGS = [triton.Config({}, num_warps=w, num_stages=1) for w in (4, 8)]
+_UT_BWD_TUNING = dict(key=["HEAD_DIM", "BT", "PRECISION"], prune_configs_by={"early_config_prune": _warps_that_compile})
+_ut_bwd_scores_tuned = triton.autotune(_UT_BWD_CONFIGS, **_UT_BWD_TUNING)(_ut_bwd_scores)
+_ut_bwd_inputs_tuned = triton.autotune(_UT_BWD_CONFIGS, **_UT_BWD_TUNING)(_ut_bwd_inputs)
+
+
 def ut_prepare_backward(q3, k3, w3, beta3, prep: "Prepared", dqt, dkt, dad, dg):
     """``dq, dk, dw, dbeta`` (fp32; ``(BH, T, D)`` and ``(BH, T)``) of PaTH's preparation pass, from the
     gradients of its outputs (fp32, in :class:`Prepared`'s layouts) and ``prep`` (made with
-    ``keep_inverse=True`` and ``norm_q=False``).  Two launches: :func:`_ut_bwd_scores`, :func:`_ut_bwd_inputs`."""
+    ``keep_inverse=True`` and ``norm_q=False``).  Two launches: :func:`_ut_bwd_scores`, :func:`_ut_bwd_inputs`
+    (4 or 8 warps, autotuned on a GPU)."""
     T, D = prep._args[4:]
     BH = q3.shape[0]
     dq, dk, dw = (torch.empty(BH, T, D, dtype=torch.float32, device=q3.device) for _ in range(3))
@@ -349,14 +362,15 @@ def ut_prepare_backward(q3, k3, w3, beta3, prep: "Prepared", dqt, dkt, dad, dg):
     common = (T, q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), w3.stride(0), w3.stride(1),
               prep.qt.stride(0), prep.qt.stride(1), prep.ad.stride(0), prep.ad.stride(1), prep.g.stride(0),
               prep.g.stride(1))
-    # 8 warps for D >= 64; with D = 16 and 8 warps (BT = 64) triton 3.6 made an H100 kernel that read past its
-    # shared memory (compute-sanitizer: "Invalid __shared__ read of size 256 bytes"; the interpreter was right).
-    meta = dict(HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=prep.block, PRECISION=prep._flags["PRECISION"],
-                num_warps=8 if D >= 64 else 4, num_stages=1)
+    meta = dict(HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=prep.block, PRECISION=prep._flags["PRECISION"])
+    scores, inputs = _ut_bwd_scores_tuned, _ut_bwd_inputs_tuned
+    if interpreting():
+        scores, inputs = _ut_bwd_scores, _ut_bwd_inputs
+        meta.update(num_warps=4, num_stages=1)
     grid = (triton.cdiv(T, prep.block), BH)
-    _ut_bwd_scores[grid](q3, k3, w3, beta3, prep.inv, dqt, dkt, dad, dg, da, dqw, dwk, daw, *common, **meta)
-    _ut_bwd_inputs[grid](q3, k3, w3, beta3, prep.inv, dqt, dkt, dad, dg, da, dqw, dwk, daw, dq, dk, dw, dbeta,
-                         *common, dq.stride(0), dq.stride(1), **meta)
+    scores[grid](q3, k3, w3, beta3, prep.inv, dqt, dkt, dad, dg, da, dqw, dwk, daw, *common, **meta)
+    inputs[grid](q3, k3, w3, beta3, prep.inv, dqt, dkt, dad, dg, da, dqw, dwk, daw, dq, dk, dw, dbeta,
+                 *common, dq.stride(0), dq.stride(1), **meta)
     return dq, dk, dw, dbeta
 
 

@@ -358,3 +358,16 @@ def test_triton_carries_and_their_reverse_match_autograd(nb, D, BT):
     for name, a, b, like in zip(("dq~", "dk~", "dG"), got, want, leaves):
         b = torch.zeros_like(like) if b is None else b
         assert rel_err(a.double().reshape(b.shape), b) < 1e-5, name
+
+
+def test_backward_tiles_fit_the_schedule():
+    """The backward kernel's inner tiles never exceed a UT block (a level's half can be one block), and the UT
+    backward never gets 8 warps below D = 64 (a miscompilation on the H100): the autotuners' pruning."""
+    from pathedu.kernels.path_attention import _BWD_CONFIGS, _inner_within_block
+    from pathedu.kernels.ut_prepare import _UT_BWD_CONFIGS, _warps_that_compile
+
+    for bt in (16, 32, 64, 128):
+        kept = _inner_within_block(_BWD_CONFIGS, {}, BT=bt)
+        assert kept and all(c.kwargs["INNER"] <= bt for c in kept), bt
+    assert [c.num_warps for c in _warps_that_compile(_UT_BWD_CONFIGS, {}, HEAD_DIM=16)] == [4]
+    assert sorted(c.num_warps for c in _warps_that_compile(_UT_BWD_CONFIGS, {}, HEAD_DIM=64)) == [4, 8]
