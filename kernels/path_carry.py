@@ -152,6 +152,13 @@ def _kernel(tuned, plain):
     return (plain, dict(num_warps=4, num_stages=1)) if interpreting() else (tuned, {})
 
 
+def _precision(dtype, D: int) -> str:
+    """The preparation pass's product precision, but exact fp32 instead of "x3" for D > 64: three tf32 products
+    of 128 x 128 tiles need more shared memory than an H100 has (294912 of 232448 bytes, fp32 inputs)."""
+    p = prep_precision(dtype)
+    return "ieee" if p == "x3" and D > 64 else p
+
+
 def levels(nb: int) -> int:
     """How many dyadic levels ``nb`` blocks need: ``ceil(log2 nb)``."""
     return max(0, (nb - 1).bit_length())
@@ -170,7 +177,7 @@ def carry_forward(qt, kt, g, block: int, dtype) -> torch.Tensor:
     for lvl in range(X.shape[0]):
         h = 1 << lvl
         kernel[(-(-nb // (2 * h)), 2, BH)](qt, kt, g, X[lvl], nb, h, qt.stride(0), g.stride(0), HEAD_DIM=D,
-                                           BLOCK_D=next_pow2(D), BT=block, PRECISION=prep_precision(dtype), **fixed)
+                                           BLOCK_D=next_pow2(D), BT=block, PRECISION=_precision(dtype, D), **fixed)
     return X
 
 
@@ -186,7 +193,7 @@ def carry_backward(qt, kt, g, block: int, dX, dtype):
         h = 1 << lvl
         kernel[(-(-nb // (2 * h)), 2, BH)](qt, kt, g, dX[lvl], dqt, dkt, dg, scratch, nb, h, qt.stride(0),
                                            g.stride(0), HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=block,
-                                           PRECISION=prep_precision(dtype), **fixed)
+                                           PRECISION=_precision(dtype, D), **fixed)
     return dqt, dkt, dg
 
 
