@@ -59,8 +59,9 @@ blockwise         ``path_blockwise``: right-to-left  ``householder_chunked``,
 Triton            ``path_triton``                    ``householder_triton``, ``deltanet_triton``
 ================  =================================  =====================================
 
-Also: :func:`path_logits` (the ``T x T`` logit matrix), :func:`ut_transform`,
-:func:`householder_product`, :func:`interval_product` and :class:`PathKVCache`.
+Also: :func:`path_dyadic` (PaTH on the backward pass's schedule: every pair of blocks meets once, at the
+boundary of the smallest dyadic node holding both; :func:`dyadic_level`), :func:`path_logits` (the ``T x T``
+logit matrix), :func:`ut_transform`, :func:`householder_product`, :func:`interval_product` and :class:`PathKVCache`.
 """
 from __future__ import annotations
 
