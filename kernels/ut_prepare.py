@@ -213,7 +213,8 @@ def _ut_block(Q, K, W, BETA, INV, T, stride_qb, stride_qt, stride_kb, stride_kt,
               stride_ab, stride_at, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr,
               PRECISION: tl.constexpr):
     """What both halves of the backward load for one block: ``q, k, w`` (fp32, ``w`` rounded as the forward
-    saw it), ``beta``, ``X = (I + N)^{-1}`` and the masks ``lower`` (diagonal kept) and ``strict``."""
+    saw it), ``beta``, ``X = (I + N)^{-1}``, the masks ``lower`` (diagonal kept) and ``strict``, and the offsets
+    of the block's ``[BT, BT]`` tile in ``AD``'s layout."""
     blk = tl.program_id(0)
     start = blk * BT
     bh = tl.program_id(1).to(tl.int64)
@@ -229,8 +230,9 @@ def _ut_block(Q, K, W, BETA, INV, T, stride_qb, stride_qt, stride_kb, stride_kt,
                    CHECK_D).to(tl.float32)
     w = _rn(w, PRECISION)
     beta = tl.load(BETA + bh * T + start + rows, mask=rows < left, other=0.0)
-    xi = tl.load(INV + bh * stride_ab + (start + rows[:, None]) * stride_at + rows[None, :])  # [BT, BT]
-    return q, k, w, beta, xi, rows[:, None] >= rows[None, :], rows[:, None] > rows[None, :]
+    p_sq = bh * stride_ab + (start + rows[:, None]) * stride_at + rows[None, :]  # a [BT, BT] tile, AD's layout
+    xi = tl.load(INV + p_sq)  # [BT, BT]
+    return q, k, w, beta, xi, rows[:, None] >= rows[None, :], rows[:, None] > rows[None, :], p_sq
 
 
 @triton.jit
@@ -250,7 +252,7 @@ def _ut_bwd_scores(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, T,
     ``dWK`` (masked) (``[BT, BT]`` each, as ``AD``) and ``d(A W)`` (as ``QT``).  Each line reverses one
     product; the split keeps fewer ``BT x BT`` tiles alive than one kernel would.
     """
-    q, k, w, beta, xi, lower, strict = _ut_block(Q, K, W, BETA, INV, T, stride_qb, stride_qt, stride_kb,
+    q, k, w, beta, xi, lower, strict, p_sq = _ut_block(Q, K, W, BETA, INV, T, stride_qb, stride_qt, stride_kb,
                                                  stride_kt, stride_wb, stride_wt, stride_ab, stride_at, HEAD_DIM,
                                                  BLOCK_D, BT, PRECISION)
     blk = tl.program_id(0)
@@ -258,8 +260,7 @@ def _ut_bwd_scores(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, T,
     rows = tl.arange(0, BT)
     offs_d = tl.arange(0, BLOCK_D)
     CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
-    p_sq = bh * stride_ab + (blk * BT + rows[:, None]) * stride_at + rows[None, :]  # a [BT, BT] tile, AD's layout
-    p_rd = bh * stride_pb + (blk * BT + rows[:, None]) * stride_pt + offs_d[None, :]  # a [BT, BD] tile, QT's
+    p_rd = bh * stride_pb + (blk * BT + rows[:, None]) * stride_pt + offs_d[None, :]  # a [BT, BD] tile, QT's layout
     a = xi * beta[None, :]
     qw = tl.where(lower, _dot(q, tl.trans(w), PRECISION), 0.0)
     wk = tl.where(strict, _dot(w, tl.trans(k), PRECISION), 0.0)
@@ -295,7 +296,7 @@ def _ut_bwd_inputs(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, DQ,
     """Second half (after :func:`_ut_bwd_scores`, whose outputs it reads): ``dq, dk, dw`` (``(BH, T, D)`` fp32)
     and ``dbeta`` (``(BH, T)``), through the masks, the products with ``Q, K, W`` and the inverse
     (``dN = -X^T dX X^T``)."""
-    q, k, w, beta, xi, lower, strict = _ut_block(Q, K, W, BETA, INV, T, stride_qb, stride_qt, stride_kb,
+    q, k, w, beta, xi, lower, strict, p_sq = _ut_block(Q, K, W, BETA, INV, T, stride_qb, stride_qt, stride_kb,
                                                  stride_kt, stride_wb, stride_wt, stride_ab, stride_at, HEAD_DIM,
                                                  BLOCK_D, BT, PRECISION)
     blk = tl.program_id(0)
@@ -303,8 +304,7 @@ def _ut_bwd_inputs(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, DQ,
     rows = tl.arange(0, BT)
     offs_d = tl.arange(0, BLOCK_D)
     CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
-    p_sq = bh * stride_ab + (blk * BT + rows[:, None]) * stride_at + rows[None, :]
-    p_rd = bh * stride_pb + (blk * BT + rows[:, None]) * stride_pt + offs_d[None, :]
+    p_rd = bh * stride_pb + (blk * BT + rows[:, None]) * stride_pt + offs_d[None, :]  # a [BT, BD] tile, QT's layout
     p_out = bh * stride_ob + blk * BT * stride_ot
     left = T - blk * BT
     a = xi * beta[None, :]

@@ -120,6 +120,16 @@ def _check_w_beta(w, beta, n: QKV | None = None, like: torch.Tensor | None = Non
     return w.to(dtype), beta.to(dtype)
 
 
+def _check_blockwise(q, k, v, w, beta, scale, block):
+    """The blockwise forms' arguments: ``(n, scale, dtype, w, beta, block)``, ``w`` and ``beta`` in the dtype
+    the forms compute in (:func:`_solve_dtype`)."""
+    n = check_qkv(q, k, v)
+    scale = check_scale(scale, n.D)
+    dt = _solve_dtype(q.dtype)
+    w, beta = _check_w_beta(w, beta, n, q, dtype=dt)
+    return n, scale, dt, w, beta, check_positive_int(block, "block")
+
+
 def _solve_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype of the forms built on a triangular solve: float16/bfloat16 are computed in float32."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
@@ -386,11 +396,7 @@ def path_blockwise(q, k, v, w, beta, *, scale=None, block: int = 64):
     block ``J``, ``q^ <- P_J q^``), folding each block into an online softmax.
     O(T^2 D + T D^2) work; never a ``T x T`` matrix.  Shapes as :func:`path_naive`.
     """
-    n = check_qkv(q, k, v)
-    scale = check_scale(scale, n.D)
-    dt = _solve_dtype(q.dtype)
-    w, beta = _check_w_beta(w, beta, n, q, dtype=dt)
-    block = check_positive_int(block, "block")
+    n, scale, dt, w, beta, block = _check_blockwise(q, k, v, w, beta, scale, block)
     if n.T == 0:
         return empty_output(q, v)
     q_in, (q, k, v) = q, (x.to(dt) for x in (q, k, v))
@@ -502,11 +508,7 @@ def path_dyadic(q, k, v, w, beta, *, scale=None, block: int = 64):
     and autograd through it is the schedule that ``path_triton``'s backward pass runs tile by tile.
     Shapes as :func:`path_naive`.
     """
-    n = check_qkv(q, k, v)
-    scale = check_scale(scale, n.D)
-    dt = _solve_dtype(q.dtype)
-    w, beta = _check_w_beta(w, beta, n, q, dtype=dt)
-    block = check_positive_int(block, "block")
+    n, scale, dt, w, beta, block = _check_blockwise(q, k, v, w, beta, scale, block)
     if n.T == 0:
         return empty_output(q, v)
     intra, q_tilde, k_tilde, phi = _blocked(q.to(dt), k.to(dt), w, beta, block)
