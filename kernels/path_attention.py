@@ -261,7 +261,7 @@ def _path_bwd(X, AD, V, DO, LSE, DELTA, C, DX, DAD, DV, DBR, DBC, T, LEVELS, qk_
             lo = (start // (2 * h)) * (2 * h) + h  # the boundary: the right half's first query
             hi = tl.maximum(tl.where(left, tl.minimum(lo + h, T), lo), lo)  # empty unless J is in a left half
             whole = lo + ((hi - lo) // INNER) * INNER
-            k = _load_rows(XL, offs_b, offs_d, HEAD_DIM, T, HEAD_DIM, True, CHECK_D)  # [BT, BD], keys at the boundary
+            k = _load_rows(XL, offs_b, offs_d, HEAD_DIM, T, HEAD_DIM, True, CHECK_D)  # [BT, BD], at the boundary
             dk = tl.zeros([BT, BLOCK_D], dtype=tl.float32)
             dk, dv, col = _dkdv_steps(dk, dv, col, k, v_b, XL, DO, LSE, DELTA, bias_arg, offs_b, lo, whole, T,
                                       qk_scale, HEAD_DIM, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER,
@@ -285,7 +285,7 @@ def _path_bwd(X, AD, V, DO, LSE, DELTA, C, DX, DAD, DV, DBR, DBC, T, LEVELS, qk_
             right = (start // h) % 2 == 1
             hi = (start // h) * h  # the boundary: keys [hi - h, hi) when I is in a right half
             lo = tl.where(right, hi - h, hi)
-            q = _load_rows(XL, offs_b, offs_d, HEAD_DIM, T, HEAD_DIM, True, CHECK_D)  # [BT, BD], queries at the boundary
+            q = _load_rows(XL, offs_b, offs_d, HEAD_DIM, T, HEAD_DIM, True, CHECK_D)  # [BT, BD], at the boundary
             dq = tl.zeros([BT, BLOCK_D], dtype=tl.float32)
             dq, row = _dq_steps(dq, row, q, do_b, lse_b, delta_b, XL, V, bias_arg, offs_b, lo, hi, T, qk_scale,
                                 HEAD_DIM, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER, False, BIAS,
@@ -431,7 +431,8 @@ def _bwd_kernel(x: Flat, c, out, lse, do, scale: float, block: int, prep: Prepar
     grid = (triton.cdiv(n.T, block), x.BH, 2)
     if _config is not None:
         if _config.get("INNER", block) > block:
-            raise ValueError(f"`_config['backward']['INNER']` must be at most the block ({block}), got {_config['INNER']}")
+            raise ValueError(f"`_config['backward']['INNER']` must be at most the block ({block}), "
+                             f"got {_config['INNER']}")
         _path_bwd[grid](*args, **{"num_stages": 2, **_config}, **meta)
     elif interpreting():
         _path_bwd[grid](*args, INNER=block, **meta)

@@ -253,8 +253,8 @@ def _ut_bwd_scores(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, T,
     product; the split keeps fewer ``BT x BT`` tiles alive than one kernel would.
     """
     q, k, w, beta, xi, lower, strict, p_sq = _ut_block(Q, K, W, BETA, INV, T, stride_qb, stride_qt, stride_kb,
-                                                 stride_kt, stride_wb, stride_wt, stride_ab, stride_at, HEAD_DIM,
-                                                 BLOCK_D, BT, PRECISION)
+                                                       stride_kt, stride_wb, stride_wt, stride_ab, stride_at,
+                                                       HEAD_DIM, BLOCK_D, BT, PRECISION)
     blk = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     rows = tl.arange(0, BT)
@@ -297,8 +297,8 @@ def _ut_bwd_inputs(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, DQ,
     and ``dbeta`` (``(BH, T)``), through the masks, the products with ``Q, K, W`` and the inverse
     (``dN = -X^T dX X^T``)."""
     q, k, w, beta, xi, lower, strict, p_sq = _ut_block(Q, K, W, BETA, INV, T, stride_qb, stride_qt, stride_kb,
-                                                 stride_kt, stride_wb, stride_wt, stride_ab, stride_at, HEAD_DIM,
-                                                 BLOCK_D, BT, PRECISION)
+                                                       stride_kt, stride_wb, stride_wt, stride_ab, stride_at,
+                                                       HEAD_DIM, BLOCK_D, BT, PRECISION)
     blk = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     rows = tl.arange(0, BT)

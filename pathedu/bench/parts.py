@@ -8,8 +8,8 @@ share it) is two passes: the UT preparation pass (:class:`pathedu.kernels.ut_pre
 (``_linear_fwd``, its ``"householder"`` hook, with and without the scalar decay).  PaTH and PaTH-FoX
 are the same preparation pass and a scan; the scan's time is the total minus the preparation's
 (``scan = total - prepare``, derived, not timed apart).  PaTH's forward + backward is timed step by step
-(subject ``path_backward``: the forward that keeps the log-sum-exp and the backward's five steps).  Each part is timed on its own with
-``triton.testing.do_bench`` (median), on the inputs of :mod:`pathedu.bench.path` and
+(subject ``path_backward``: the forward that keeps the log-sum-exp and the backward's five steps).  Each part
+is timed on its own with ``triton.testing.do_bench`` (median), on the inputs of :mod:`pathedu.bench.path` and
 :mod:`pathedu.bench.pathfox`, beside the whole ops of flash-linear-attention when it is installed.
 The data file (``{"meta": ..., "rows": [{"T", "subject", "part", "ms"}]}``) is what
 ``kernels/NOTES_path.md`` and the chapters cite for "where the time goes".
