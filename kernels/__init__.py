@@ -19,7 +19,10 @@ the query carried through each block's Householder product) and
 :mod:`.delta_rule` (chunked DeltaNet / Householder RNN: the same preparation
 pass, then the linear template's ``"householder"`` hook); see
 ``kernels/NOTES_path.md`` for their design and timings (``kernels/NOTES_flash.md``: the
-FlashAttention template's backward pass).
+FlashAttention template's backward pass).  PaTH's backward meets every pair of blocks at a
+boundary of a dyadic tree: :mod:`.path_carry` carries queries and keys there (and back, for
+the gradients), the FlashAttention template's backward steps do the rest, and
+:mod:`.ut_prepare` has the preparation pass's backward beside its forward.
 
 Where the shared pieces live:
 
