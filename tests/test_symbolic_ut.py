@@ -108,3 +108,11 @@ def test_each_derivation_is_fast():
         start = time.perf_counter()
         assert f(*args)
         assert time.perf_counter() - start < 10, f.__name__
+
+
+def test_the_ut_form_by_induction():
+    """The induction step holds for a generic lower-triangular A (free symbols), fails with the other sign, and
+    appends exactly the closed form's last row (forward substitution)."""
+    assert ut.ut_induction_step(1, 2) and ut.ut_induction_step(2, 3)
+    assert not ut.ut_induction_step(2, 3, sign=+1)
+    assert ut.ut_recurrence_is_forward_substitution(1, 2) and ut.ut_recurrence_is_forward_substitution(3, 2)

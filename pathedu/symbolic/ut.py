@@ -11,7 +11,8 @@ Conventions (as in :mod:`pathedu.path`): 0-based positions; ``H_s = I - beta_s w
 ``strictLower`` keeps entries below the diagonal, ``lower`` the diagonal too.
 
 * UT transform: ``H_{L-1} ... H_1 H_0 = I - W^T A W``, ``A = (I + strictLower(D_beta W W^T))^{-1} D_beta``;
-  transposed, ``H_0 H_1 ... H_{L-1} = I - W^T A^T W``.
+  transposed, ``H_0 H_1 ... H_{L-1} = I - W^T A^T W``; its proof by induction (:func:`ut_induction_step`,
+  :func:`ut_recurrence_is_forward_substitution`).
 * Masked sub-interval: ``H_i ... H_{j+1} = I - sum_{s,t in (j,i]} w_s A_st w_t^T`` with the *global* ``A``.
 * DeltaNet: the pseudo-values ``u_t`` with ``S_t = sum_{j<=t} u_j k_j^T`` are ``U = (I + B)^{-1} (beta * V)``,
   ``B = diag(beta)(K K^T * M^-)``, which is ``A V`` with ``A`` the UT factor of ``w = k``.
@@ -23,7 +24,8 @@ import sympy as sp
 
 __all__ = [
     "vectors", "betas", "householder", "product", "lower", "strict_lower",
-    "ut_factor", "ut_form", "ut_residual", "ut_identity", "gram_ut_factor",
+    "ut_factor", "ut_form", "ut_residual", "ut_identity", "ut_induction_step", "ut_recurrence_is_forward_substitution",
+    "gram_ut_factor",
     "interval_from_factor", "masked_interval_identity",
     "deltanet_pseudo_values", "deltanet_identity", "blockwise_identity",
 ]
@@ -128,6 +130,40 @@ def ut_identity(L: int = 3, D: int = 2, *, variant: str = "correct") -> bool:
     ``"paper"`` (see :func:`ut_residual`).
     """
     return _is_zero(ut_residual(L, D, variant=variant))
+
+
+def ut_induction_step(L: int = 2, D: int = 3, *, sign: int = -1) -> bool:
+    """The induction step of the UT form, for a *generic* lower-triangular ``A`` (its entries are free symbols).
+
+    If ``P = I - W^T A W`` (``W``: L rows), then one more transition gives the same form with one more row::
+
+        H_L P = I - W'^T A' W',   W' = [W; w_L],   A' = [[A, 0], [-beta_L g^T A, beta_L]],   g = W w_L
+
+    The identity holds whatever ``A`` is, so it is the step of a proof by induction (the base case ``L = 0``
+    is ``P = I``, and ``L = 1`` is ``A = [beta_0]``).  ``sign=+1`` appends ``+beta_L g^T A`` instead: a
+    control that must fail.
+    """
+    W, b = vectors(L + 1, D), betas(L + 1)
+    Wl, w_new = W[:L, :], W[L, :]
+    A = sp.Matrix(L, L, lambda s, t: sp.Symbol(f"a_{{{s},{t}}}", real=True) if t <= s else 0)
+    g = Wl * w_new.T  # (L x 1): w_s . w_L
+    A_next = sp.zeros(L + 1, L + 1)
+    A_next[:L, :L] = A
+    A_next[L, :L] = sign * b[L] * g.T * A
+    A_next[L, L] = b[L]
+    lhs = householder(w_new, b[L]) * ut_form(Wl, A)
+    return _is_zero(lhs - ut_form(W, A_next))
+
+
+def ut_recurrence_is_forward_substitution(L: int = 3, D: int = 2) -> bool:
+    """The row the induction step appends, ``[-beta_L g^T A, beta_L]``, is the last row of the closed form
+    ``(I + strictLower(D_beta W W^T))^{-1} D_beta`` for ``L + 1`` tokens when ``A`` is the closed form for
+    ``L``: the recurrence *is* forward substitution, one row per token."""
+    W, b = vectors(L + 1, D), betas(L + 1)
+    A = ut_factor(W[:L, :], b)
+    g = W[:L, :] * W[L, :].T
+    row = (-b[L] * g.T * A).row_join(sp.Matrix([[b[L]]]))
+    return _is_zero(row - ut_factor(W, b).row(L))
 
 
 def gram_ut_factor(L: int = 3) -> sp.Matrix:
