@@ -1,6 +1,7 @@
 """Chapter 5 exercise checks: right answers pass, typical wrong answers fail, nothing raises."""
 import torch
 
+from pathedu import path
 from pathedu.exercises import ch05
 
 
@@ -43,6 +44,26 @@ def path_ok(q, k, v, w, beta):
             logits.append(k[j] @ interval_ok(w, beta, j, i) @ q[i] / D ** 0.5)
         out[i] = torch.softmax(torch.stack(logits), 0) @ v[: i + 1]
     return out
+
+
+def hh_chunk_pieces(q, k, w, beta):
+    # The UT form of the chunk (rows w_0 .. w_{C-1}): H_{C-1} ... H_0 = I - W^T A W, and a
+    # contiguous run of rows/columns of A factors the product of that run of transitions.
+    _, A = path.ut_transform(w, beta)
+    qw = (q @ w.transpose(-1, -2)).tril()  # q_i . w_s for s <= i
+    wk = (w @ k.transpose(-1, -2)).tril(-1)  # w_t . k_j for t > j
+    q_tilde = q - qw @ A @ w  # H_0 ... H_i q_i
+    k_tilde = k - (A @ wk).transpose(-1, -2) @ w  # H_{C-1} ... H_{j+1} k_j
+    scores = (q @ k.transpose(-1, -2) - qw @ A @ wk).tril()  # k_j^T H_{j+1} ... H_i q_i, j <= i
+    eye = torch.eye(q.shape[-1], dtype=q.dtype)
+    P = eye - w.transpose(-1, -2) @ A.transpose(-1, -2) @ w  # H_0 ... H_{C-1}
+    return q_tilde, scores, k_tilde, P
+
+
+def hh_chunk_ok(q, k, v, w, beta, S):
+    q_tilde, scores, k_tilde, P = hh_chunk_pieces(q, k, w, beta)
+    o = q_tilde @ S.transpose(-1, -2) + scores @ v
+    return o, S @ P + v.transpose(-1, -2) @ k_tilde
 
 
 # --- wrong answers -------------------------------------------------------------
@@ -111,11 +132,36 @@ PATH_WRONG = {
         for i in range(q.shape[0])]),
 }
 
+
+
+def hh_chunk_variant(carry=True, tilde_k=True, tilde_q=True, read_new=False, reversed_P=False):
+    def f(q, k, v, w, beta, S):
+        q_tilde, scores, k_tilde, P = hh_chunk_pieces(q, k, w, beta)
+        S_new = (S @ (P.transpose(-1, -2) if reversed_P else P) if carry else S) \
+            + v.transpose(-1, -2) @ (k_tilde if tilde_k else k)
+        o = (q_tilde if tilde_q else q) @ (S_new if read_new else S).transpose(-1, -2) + scores @ v
+        return o, S_new
+    return f
+
+
+HH_CHUNK_WRONG = {
+    "state not carried through the chunk": hh_chunk_variant(carry=False),
+    "raw keys in the state update": hh_chunk_variant(tilde_k=False),
+    "updated state for the chunk's outputs": hh_chunk_variant(read_new=True),
+    "raw queries in the inter-chunk term": hh_chunk_variant(tilde_q=False),
+    "reversed carry product": hh_chunk_variant(reversed_P=True),
+    "no prefix at all": lambda q, k, v, w, beta, S: path.householder_recurrent(q, k, v, w, beta, return_state=True),
+    "transposed state (D x Dv)": lambda q, k, v, w, beta, S: (hh_chunk_ok(q, k, v, w, beta, S)[0],
+                                                              hh_chunk_ok(q, k, v, w, beta, S)[1].transpose(-1, -2)),
+    "output only": lambda q, k, v, w, beta, S: hh_chunk_ok(q, k, v, w, beta, S)[0],
+}
+
 CASES = [
     (ch05.check_delta_step, delta_step_ok, DELTA_WRONG),
     (ch05.check_interval_product, interval_ok, INTERVAL_WRONG),
     (ch05.check_ut_factor, ut_ok, UT_WRONG),
     (ch05.check_path_attention, path_ok, PATH_WRONG),
+    (ch05.check_householder_chunk_step, hh_chunk_ok, HH_CHUNK_WRONG),
 ]
 
 
@@ -127,3 +173,40 @@ def test_hints_name_the_mistake(capsys):
     assert "D_beta" in ch05.check_ut_factor(UT_WRONG["no D_beta"]).message
     assert "reverse order" in ch05.check_path_attention(PATH_WRONG["reversed order"]).message
     assert "scale" in ch05.check_path_attention(PATH_WRONG["no scale"]).message
+    assert "S H_s ... H_e" in ch05.check_householder_chunk_step(
+        HH_CHUNK_WRONG["state not carried through the chunk"]).message
+    assert "raw keys" in ch05.check_householder_chunk_step(HH_CHUNK_WRONG["raw keys in the state update"]).message
+    assert "*after* the chunk" in ch05.check_householder_chunk_step(
+        HH_CHUNK_WRONG["updated state for the chunk's outputs"]).message
+    assert "raw queries" in ch05.check_householder_chunk_step(
+        HH_CHUNK_WRONG["raw queries in the inter-chunk term"]).message
+    assert "`S_new` should have shape" in ch05.check_householder_chunk_step(
+        HH_CHUNK_WRONG["transposed state (D x Dv)"]).message
+
+
+def test_householder_chunk_step_library_forms_pass(capsys):
+    # the library's chunked form with one chunk, and a plain loop over the tokens: any right answer passes
+    assert ch05.check_householder_chunk_step(
+        lambda q, k, v, w, b, S: path.householder_chunked(q, k, v, w, b, chunk=q.shape[-2], initial_state=S,
+                                                          return_state=True))
+
+    def token_loop(q, k, v, w, beta, S):
+        outs = []
+        for t in range(q.shape[-2]):
+            w_t = w[..., t, :]
+            S = S - beta[..., t, None, None] * (S @ w_t[..., :, None]) * w_t[..., None, :]
+            S = S + v[..., t, :, None] * k[..., t, None, :]
+            outs.append((S @ q[..., t, :, None])[..., 0])
+        return torch.stack(outs, -2), S
+
+    assert ch05.check_householder_chunk_step(token_loop)
+
+
+def test_householder_chunk_step_stub_gets_not_yet(capsys):
+    def stub(q_c, k_c, v_c, w_c, beta_c, S):
+        raise NotImplementedError("exercise 5")
+
+    verdict = ch05.check_householder_chunk_step(stub)
+    assert not verdict
+    out = capsys.readouterr().out
+    assert out.startswith("Not yet") and "NotImplementedError" in out

@@ -16,15 +16,20 @@ Exercises:
 3. :func:`check_ut_factor`: the UT factor ``A`` of three transitions, with
    ``H_2 H_1 H_0 = I - W^T A W``.
 4. :func:`check_path_attention`: PaTH attention from its definition.
+5. :func:`check_householder_chunk_step`: one chunk of the Householder RNN with
+   the state of the prefix (the chunkwise-parallel form),
+   ``o_i = S q~_i + sum_{j<=i} (k_j^T H_{j+1} ... H_i q_i) v_j`` and
+   ``S <- S P + sum_j v_j k~_j^T``.
 """
 from __future__ import annotations
 
 import torch
 
 from .. import path
-from ._grader import Verdict, check_function
+from ._grader import Verdict, check_function, check_parts
 
-__all__ = ["check_delta_step", "check_interval_product", "check_ut_factor", "check_path_attention"]
+__all__ = ["check_delta_step", "check_interval_product", "check_ut_factor", "check_path_attention",
+           "check_householder_chunk_step"]
 
 
 def _randn(g, *shape):
@@ -241,3 +246,100 @@ def check_path_attention(path_attention) -> Verdict:
                           wrong_variants=_PATH_WRONG,
                           hint="Hint: for each i, walk j = i, i-1, ..., 0 keeping P = H_{j+1} ... H_i (start "
                                "with I; after key j, P <- H_j P); logit = scale * k_j^T P q_i; then softmax over j <= i.")
+
+
+# ---------------------------------------------------------------------------
+# Exercise 5: one chunk of the Householder RNN with the prefix state
+# ---------------------------------------------------------------------------
+
+def _hh_chunk_inputs(seed):
+    """A chunk (q_c, k_c, v_c, w_c, beta_c) and the state S after a random prefix; D != Dv so a
+    transposed state shows.  Trial 0 (the one the wrong variants are matched on) has C > 1."""
+    g = torch.Generator().manual_seed(900 + seed)
+    lead, P, C, D, Dv = [((2,), 7, 5, 6, 4), ((3, 2), 4, 6, 4, 5), ((), 9, 1, 5, 3)][seed % 3]
+
+    def tokens(n):
+        q, k, v = _randn(g, *lead, n, D), _randn(g, *lead, n, D), _randn(g, *lead, n, Dv)
+        w = _unit(_randn(g, *lead, n, D))
+        beta = 2 * torch.rand(*lead, n, generator=g, dtype=torch.float64)
+        return q, k, v, w, beta
+
+    _, S = path.householder_recurrent(*tokens(P), return_state=True)
+    return (*tokens(C), S)
+
+
+def _hh_chunk_reference(q, k, v, w, beta, S):
+    return path.householder_recurrent(q, k, v, w, beta, initial_state=S, return_state=True)
+
+
+def _hh_chunk_factors(q, k, w, beta):
+    """The chunk's pieces from explicit products (0-based inside the chunk, last token C-1):
+    ``q~_i = H_0 ... H_i q_i``, ``scores_ij = k_j^T H_{j+1} ... H_i q_i`` (j <= i, else 0),
+    ``k~_j^T = k_j^T H_{j+1} ... H_{C-1}`` and ``P = H_0 ... H_{C-1}``."""
+    C, D = q.shape[-2:]
+    Hs = [_householder(w[..., s, :], beta[..., s]) for s in range(C)]
+    eye = torch.eye(D, dtype=q.dtype).expand(q.shape[:-2] + (D, D))
+    q_tilde, k_tilde = torch.empty_like(q), torch.empty_like(k)
+    scores = torch.zeros(q.shape[:-2] + (C, C), dtype=q.dtype)
+    F = eye
+    for i in range(C):
+        F = F @ Hs[i]  # H_0 ... H_i
+        q_tilde[..., i, :] = (F @ q[..., i, :, None])[..., 0]
+        R = eye  # H_{j+1} ... H_i, from j = i down
+        for j in range(i, -1, -1):
+            scores[..., i, j] = torch.einsum("...d,...de,...e->...", k[..., j, :], R, q[..., i, :])
+            R = Hs[j] @ R
+    G = eye  # H_{j+1} ... H_{C-1}, from j = C-1 down
+    for j in range(C - 1, -1, -1):
+        k_tilde[..., j, :] = (k[..., j, None, :] @ G)[..., 0, :]
+        G = Hs[j] @ G
+    return q_tilde, scores, k_tilde, F
+
+
+def _hh_chunk_with(q, k, v, w, beta, S, *, carry=True, tilde_k=True, tilde_q=True, read_new=False):
+    """The chunk step, right by default; each flag switches on one known mistake."""
+    q_tilde, scores, k_tilde, P = _hh_chunk_factors(q, k, w, beta)
+    S_new = (S @ P if carry else S) + v.transpose(-1, -2) @ (k_tilde if tilde_k else k)
+    S_read = S_new if read_new else S
+    o = (q_tilde if tilde_q else q) @ S_read.transpose(-1, -2) + scores @ v
+    return o, S_new
+
+
+_HH_CHUNK_WRONG = [
+    (lambda q, k, v, w, beta, S: _hh_chunk_with(q, k, v, w, beta, S, carry=False),
+     "Your S_new adds the chunk's writes to S as it is: the old state also goes through every transition of "
+     "the chunk, S -> S H_s ... H_e, before the writes are added."),
+    (lambda q, k, v, w, beta, S: _hh_chunk_with(q, k, v, w, beta, S, tilde_k=False),
+     "Your S_new writes the raw keys k_j: a key written at position j is still transformed by the later "
+     "transitions of the chunk, so write v_j (k_j^T H_{j+1} ... H_e)."),
+    (lambda q, k, v, w, beta, S: _hh_chunk_with(q, k, v, w, beta, S, read_new=True),
+     "Your inter-chunk term uses the state *after* the chunk, so the chunk's own tokens are counted twice "
+     "(and the future leaks in); use S from before the chunk."),
+    (lambda q, k, v, w, beta, S: _hh_chunk_with(q, k, v, w, beta, S, tilde_q=False),
+     "Your inter-chunk term reads S with the raw queries: the old state reaches query i only through the "
+     "transitions H_s ... H_i of the chunk up to i, so read it with H_s ... H_i q_i."),
+]
+
+
+def check_householder_chunk_step(chunk_step) -> Verdict:
+    """Exercise 5: ``chunk_step(q_c, k_c, v_c, w_c, beta_c, S) -> (o_c, S_new)``, one chunk of the Householder RNN.
+
+    ``q_c, k_c, w_c: (..., C, D)`` (``w`` unit norm), ``v_c: (..., C, Dv)``,
+    ``beta_c: (..., C)`` in [0, 2): one chunk of C tokens ``[s, e]``;
+    ``S: (..., Dv, D)``: the state after every earlier token (the layout of
+    :func:`pathedu.path.householder_recurrent`'s state).  With
+    ``H_t = I - beta_t w_t w_t^T``, must return the chunk's outputs
+    ``o_c: (..., C, Dv)``, ``o_i = S q~_i + sum_{j<=i} (k_j^T H_{j+1} ... H_i q_i) v_j``
+    with ``q~_i = H_s ... H_i q_i``, and the state after the chunk ``(..., Dv, D)``,
+    ``S_new = S H_s ... H_e + sum_j v_j k~_j^T`` with ``k~_j^T = k_j^T H_{j+1} ... H_e``:
+    equal to running the recurrence ``S_t = S_{t-1} H_t + v_t k_t^T``,
+    ``o_t = S_t q_t`` token by token from ``S``.
+    """
+    return check_parts("Householder RNN chunk with prefix state", chunk_step, _hh_chunk_reference,
+                       _hh_chunk_inputs, ("o_c", "S_new"),
+                       hint="Hint: two terms each. The outputs: what the old state S returns for each query after "
+                            "the chunk's transitions up to that token have acted on it, plus the in-chunk outputs "
+                            "(the Householder RNN of the chunk alone, from a zero state). The state: S carried "
+                            "through all C transitions, plus each v_j k_j^T with k_j carried through the "
+                            "transitions after j.",
+                       wrong_variants=_HH_CHUNK_WRONG)
