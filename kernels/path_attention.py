@@ -1,4 +1,4 @@
-r"""PaTH attention forward: the FlashAttention template with a right-to-left scan.
+r"""PaTH attention: the FlashAttention template with a right-to-left scan, and its backward pass.
 
 PaTH's logit between key ``j`` and query ``i`` carries the product of the
 Householder-like transitions between them (0-based, smallest index on the left)::
@@ -47,6 +47,14 @@ tf32 products on fp32 tiles with operands rounded to nearest (:func:`._pieces._r
 tensor cores truncate, and a truncated ``G_J`` shrinks ``q^`` a little at every
 block, an error that grows linearly with T).  fp32 inputs run about fp32
 throughout.  kernels/NOTES_path.md has the measurements behind each choice.
+
+**Backward pass** (:func:`_path_bwd_launch`, :class:`_PathAttention`).  Reversing the scan would need every
+carried query in the opposite order.  Instead query block ``I`` and key block ``J < I`` meet once, at the
+boundary between the halves of the smallest dyadic node holding both (:func:`pathedu.path.path_dyadic`):
+queries are carried left to it and keys right to it (:mod:`.path_carry`), and :func:`_path_bwd` runs the
+FlashAttention template's backward steps on those rectangles; the carries' reverse and the preparation
+pass's backward (:func:`.ut_prepare.ut_prepare_backward`) bring the gradients back to ``q, k, w, beta``.
+Only the output and the log-sum-exp are kept from the forward.  kernels/NOTES_path.md, section 7.
 
 **Non-finite inputs.**  The diagonal region folds through
 :func:`._pieces._masked_dot`, and every mask of the preparation pass is a select:
