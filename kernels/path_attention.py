@@ -420,7 +420,8 @@ def _bwd_kernel(x: Flat, c, out, lse, do, scale: float, block: int, prep: Prepar
     n = x.n
     delta = bwd_delta(out, do)
     levels = X.shape[0]
-    # fp32: a bf16 dX cost w's and beta's gradients 1.7e-2 (rel. RMS against fp32) at T = 16384 with reflections.
+    # fp32, as every gradient the carries' backward reads.  (It was suspected of the 1.7e-2 error of w's and
+    # beta's bf16 gradients at T = 16384 with reflections; measured, a bf16 dX gave the same: NOTES_path.md, 7.)
     dX = torch.zeros(X.shape, dtype=torch.float32, device=X.device)  # rows past T stay 0
     dad = torch.zeros_like(prep.ad)
     dv = torch.empty_like(x.v)

@@ -23,6 +23,8 @@ Exercises:
 """
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from .. import path
@@ -306,16 +308,16 @@ def _hh_chunk_with(q, k, v, w, beta, S, *, carry=True, tilde_k=True, tilde_q=Tru
 
 
 _HH_CHUNK_WRONG = [
-    (lambda q, k, v, w, beta, S: _hh_chunk_with(q, k, v, w, beta, S, carry=False),
+    (partial(_hh_chunk_with, carry=False),
      "Your S_new adds the chunk's writes to S as it is: the old state also goes through every transition of "
      "the chunk, S -> S H_s ... H_e, before the writes are added."),
-    (lambda q, k, v, w, beta, S: _hh_chunk_with(q, k, v, w, beta, S, tilde_k=False),
+    (partial(_hh_chunk_with, tilde_k=False),
      "Your S_new writes the raw keys k_j: a key written at position j is still transformed by the later "
      "transitions of the chunk, so write v_j (k_j^T H_{j+1} ... H_e)."),
-    (lambda q, k, v, w, beta, S: _hh_chunk_with(q, k, v, w, beta, S, read_new=True),
+    (partial(_hh_chunk_with, read_new=True),
      "Your inter-chunk term uses the state *after* the chunk, so the chunk's own tokens are counted twice "
      "(and the future leaks in); use S from before the chunk."),
-    (lambda q, k, v, w, beta, S: _hh_chunk_with(q, k, v, w, beta, S, tilde_q=False),
+    (partial(_hh_chunk_with, tilde_q=False),
      "Your inter-chunk term reads S with the raw queries: the old state reaches query i only through the "
      "transitions H_s ... H_i of the chunk up to i, so read it with H_s ... H_i q_i."),
 ]
