@@ -1,6 +1,7 @@
-"""Course tools for lecturers: student copies of the labs.
+"""Course tools for lecturers: student copies of the labs, and grading the copies students hand back.
 
     python -m pathedu.course student [OUTDIR]      (default OUTDIR: ./student_labs)
+    python -m pathedu.course grade SUBMISSIONS [--out grades.csv] [--timeout 120]
 
 A lab's exercise is four cells: the task (Markdown), a stub that raises ``NotImplementedError`` and calls the
 chapter's check (which prints ``Not yet [...]`` without raising), a solution cell tagged ``solution`` (and
@@ -14,14 +15,26 @@ the student's answer.  A student copy (:func:`student_copy`):
   ``Not yet`` for each instead of stopping at the first.
 
 The copies go outside ``notebooks/`` by default, where the test command does not collect them.
+
+Grading (:func:`grade`) executes every ``*.ipynb`` under SUBMISSIONS (recursively; the folder right below
+SUBMISSIONS is the student id, or the file name for a notebook directly in it) with nbclient, in grading mode
+(``PATHEDU_GRADING=1``: a check rejects an answer that calls pathedu's own forms), each check recording its
+verdict as a JSON line in the file named by ``PATHEDU_GRADING_RESULTS``.  It writes a CSV with the columns
+``student, notebook, exercise, verdict, message`` (one row per exercise of each notebook, the last verdict its
+checks gave; ``not run`` when no check of it ran; ``error`` for a notebook that could not be run) and prints one
+summary line per student.
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import csv
+import importlib
 import json
+import os
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 SOLUTION_TAG = "solution"
@@ -97,6 +110,165 @@ def student(outdir: Path = DEFAULT_OUT, notebooks=None) -> list[Path]:
     return written
 
 
+# ---------------------------------------------------------------------------
+# Grading the copies students hand back
+# ---------------------------------------------------------------------------
+
+COLUMNS = ("student", "notebook", "exercise", "verdict", "message")
+DEFAULT_REPORT = Path("grades.csv")
+_CHECK_CALL = re.compile(r"\b(ch\d\d)\.(check_\w+)\(")
+
+
+def submissions(folder: Path) -> list[tuple[str, str, Path]]:
+    """``(student, notebook, path)`` for every ``*.ipynb`` under ``folder`` (recursively, checkpoints skipped):
+    the student is the first folder below ``folder``, or the file's name without ``.ipynb`` for a notebook
+    directly in it; the notebook is the path below the student's folder (or the file name)."""
+    folder = Path(folder)
+    found = []
+    for path in sorted(folder.rglob("*.ipynb")):
+        rel = path.relative_to(folder)
+        if any(part.startswith(".") for part in rel.parts):  # .ipynb_checkpoints, hidden folders
+            continue
+        if len(rel.parts) == 1:
+            found.append((path.stem, path.name, path))
+        else:
+            found.append((rel.parts[0], Path(*rel.parts[1:]).as_posix(), path))
+    return found
+
+
+def expected_exercises(nb: dict) -> list[tuple[str, str]]:
+    """``(chapter, exercise)`` of every check a notebook calls, in order of first call (``exercise`` is the
+    check's label, e.g. ``"1"`` or ``"3a"``)."""
+    seen = []
+    for cell in nb.get("cells", []):
+        if cell.get("cell_type") != "code":
+            continue
+        for chapter, name in _CHECK_CALL.findall(_source(cell)):
+            key = (chapter, _label(chapter, name))
+            if key not in seen:
+                seen.append(key)
+    return seen
+
+
+def _label(chapter: str, check_name: str) -> str:
+    try:
+        return getattr(importlib.import_module(f"pathedu.exercises.{chapter}"), check_name).label
+    except (ImportError, AttributeError):
+        return check_name
+
+
+def _cell_error(nb: dict, chapter: str, label: str) -> str:
+    """The error shown by the first cell that calls ``chapter``'s check ``label`` and raised, else ``''``."""
+    for cell in nb.get("cells", []):
+        if cell.get("cell_type") != "code":
+            continue
+        calls = {(c, _label(c, n)) for c, n in _CHECK_CALL.findall(_source(cell))}
+        if (chapter, label) not in calls:
+            continue
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error":
+                return f"{out.get('ename', 'Error')}: {out.get('evalue', '')}"
+    return ""
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def run_notebook(path: Path, *, timeout: int = 120, kernel_name: str = "python3"):
+    """Execute notebook ``path`` in grading mode; returns ``(nb, records, failure)``: the executed notebook (a
+    dict; ``None`` when it could not be read), the checks' records (dicts, in order) and what stopped it
+    (``''`` when it ran to the end; a cell that raises does not stop it)."""
+    import nbclient
+    import nbformat
+
+    from .exercises._grader import GRADING_ENV, RESULTS_ENV
+
+    try:
+        nb = nbformat.read(str(path), as_version=4)
+    except Exception as exc:  # not a notebook: reported, not raised
+        return None, [], f"could not read the notebook: {type(exc).__name__}: {exc}"
+    with tempfile.TemporaryDirectory() as tmp:
+        results = Path(tmp) / "results.jsonl"
+        results.touch()
+        env = {**os.environ, GRADING_ENV: "1", RESULTS_ENV: str(results)}
+        client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name=kernel_name, allow_errors=True,
+                                         resources={"metadata": {"path": str(Path(path).parent)}})
+        failure = ""
+        try:
+            client.execute(env=env)
+        except Exception as exc:  # a timeout, a dead kernel, no such kernel: the notebook did not run
+            failure = f"the notebook did not run to the end: {type(exc).__name__}: {exc}"
+        records = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
+    return nb, records, failure
+
+
+def notebook_rows(student: str, notebook: str, nb, records, failure: str) -> list[dict]:
+    """The report's rows for one executed notebook (see :func:`run_notebook`)."""
+    rows = []
+    if failure:
+        rows.append(dict(student=student, notebook=notebook, exercise="", verdict="error",
+                         message=_one_line(failure)))
+    last = {}
+    for r in records:
+        last[(r["chapter"], r["exercise"])] = r
+    expected = expected_exercises(nb) if nb is not None else []
+    for key in expected + [k for k in last if k not in expected]:
+        chapter, label = key
+        exercise = f"{chapter}.{label}"
+        if key in last:
+            r = last[key]
+            rows.append(dict(student=student, notebook=notebook, exercise=exercise,
+                             verdict="Correct" if r["ok"] else "Not yet", message=_one_line(r["message"])))
+        else:
+            why = _cell_error(nb, chapter, label) if nb is not None else ""
+            rows.append(dict(student=student, notebook=notebook, exercise=exercise, verdict="not run",
+                             message=_one_line(f"its check did not run ({why})" if why
+                                               else "its check did not run")))
+    return rows
+
+
+def summary(rows: list[dict]) -> list[str]:
+    """One line per student: exercises correct out of those in their notebooks, and notebooks that failed."""
+    lines = []
+    for student in dict.fromkeys(r["student"] for r in rows):
+        mine = [r for r in rows if r["student"] == student]
+        graded = [r for r in mine if r["exercise"]]
+        correct = sum(r["verdict"] == "Correct" for r in graded)
+        notebooks = len(dict.fromkeys(r["notebook"] for r in mine))
+        failed = sum(r["verdict"] == "error" for r in mine)
+        line = f"{student}: {correct}/{len(graded)} exercises correct in {notebooks} notebook(s)"
+        lines.append(line + (f"; {failed} notebook(s) did not run to the end" if failed else ""))
+    return lines
+
+
+def grade(folder: Path, out: Path | None = DEFAULT_REPORT, *, timeout: int = 120, kernel_name: str = "python3",
+          progress: bool = True) -> list[dict]:
+    """Grade every notebook under ``folder`` (see the module docstring): write the CSV to ``out`` (unless
+    ``None``), print one summary line per student and return the rows."""
+    from tqdm.auto import tqdm
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"`submissions` must be a folder, got {str(folder)!r}")
+    found = submissions(folder)
+    rows = []
+    for student, notebook, path in tqdm(found, desc="grading", unit="notebook", disable=not progress):
+        nb, records, failure = run_notebook(path, timeout=timeout, kernel_name=kernel_name)
+        rows += notebook_rows(student, notebook, nb, records, failure)
+    if out is not None:
+        with open(out, "w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=COLUMNS)
+            writer.writeheader()
+            writer.writerows(rows)
+    for line in summary(rows):
+        print(line)
+    if not found:
+        print(f"no notebooks found under {folder}")
+    return rows
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m pathedu.course", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -104,7 +276,16 @@ def main(argv=None) -> int:
     s = sub.add_parser("student", help="write student copies of the labs (no solutions, no outputs)")
     s.add_argument("outdir", nargs="?", default=str(DEFAULT_OUT))
     s.add_argument("--notebooks", nargs="*", help="only these notebooks (default: every lab)")
+    g = sub.add_parser("grade", help="run the students' notebooks in grading mode and write a CSV of verdicts")
+    g.add_argument("submissions", help="folder of submitted notebooks (one folder per student, or one file each)")
+    g.add_argument("--out", default=str(DEFAULT_REPORT), help=f"the CSV to write (default: {DEFAULT_REPORT})")
+    g.add_argument("--timeout", type=int, default=120, help="seconds allowed per cell (default: 120)")
+    g.add_argument("--kernel", default="python3", help="the Jupyter kernel to run them in (default: python3)")
     a = p.parse_args(argv)
+    if a.command == "grade":
+        grade(Path(a.submissions), Path(a.out), timeout=a.timeout, kernel_name=a.kernel)
+        print(f"wrote {a.out}")
+        return 0
     for path in student(Path(a.outdir), a.notebooks):
         print(f"wrote {path}")
     return 0

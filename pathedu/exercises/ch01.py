@@ -17,6 +17,8 @@ Exercises:
 3. :func:`check_chunk_step`: one chunk of causal linear attention with the
    state of the prefix, ``O_c = Q_c S^T + (Q_c K_c^T * M) V_c`` and
    ``S <- S + V_c^T K_c``.
+
+``hint(n, level=1)`` prints a hint for exercise ``n``: level 1 a nudge, 2 the structure, 3 the recipe.
 """
 from __future__ import annotations
 
@@ -25,9 +27,33 @@ import torch
 
 from .. import nope
 from ..masks import causal_mask
-from ._grader import Verdict, check_function, check_parts
+from ._grader import Exercises, Verdict, check_function, check_parts
 
-__all__ = ["check_linear_matrix", "check_online_softmax_merge", "check_chunk_step"]
+__all__ = ["check_linear_matrix", "check_online_softmax_merge", "check_chunk_step", "hint"]
+
+EXERCISES = Exercises("ch01", {
+    1: ("Unroll the recurrence: which outer products does S_t hold, and what does S_t q_t become once you "
+        "expand it? Write o_t as a sum over tokens, then look for one matrix product that computes every such "
+        "sum at once.",
+        "o_i = sum over j <= i of (q_i . k_j) v_j. All the dot products q_i . k_j form one (..., T, T) matrix; "
+        "the entries with j > i must not count; a product with V (..., T, Dv) then gives (..., T, Dv).",
+        "o_i = sum_{j<=i} (q_i . k_j) v_j; multiply Q K^T (q @ k.mT) by a lower-triangular 0/1 mask (diagonal "
+        "kept: torch.ones(T, T).tril()), then by V. No softmax, no scale."),
+    2: ("Each partial was summed with its own maximum subtracted in the exponent. Two such sums can only be added "
+        "once they are written relative to the same maximum: which one, and what factor converts a partial to it?",
+        "The merged m is the elementwise maximum of m1 and m2, shape (..., M). Each partial needs one factor per "
+        "row, shape (..., M), that multiplies its l (..., M) and, broadcast over the last dim, its acc "
+        "(..., M, Dv); the rescaled partials then add.",
+        "m = max(m1, m2); rescale each partial's l and acc by exp(m_a - m) (a factor <= 1; acc needs it as "
+        "[..., None]), then add: l = a1 l1 + a2 l2, acc = a1 acc1 + a2 acc2."),
+    3: ("Split each output of the chunk into what it reads from the tokens before the chunk (all summarised in S) "
+        "and what it reads from the chunk's own tokens up to itself: exercise 1 already solved the second part.",
+        "Two output terms of shape (..., C, Dv): the state S (..., Dv, D) read by every query of the chunk, and "
+        "exercise 1's masked (C, C) product applied to V_c. The new state adds one outer product v_j k_j^T per "
+        "token of the chunk: a (Dv, C) @ (C, D) product.",
+        "o_c = Q_c S^T + (Q_c K_c^T * M) V_c with M causal (diagonal kept); S_new = S + V_c^T K_c."),
+})
+hint = EXERCISES.hint
 
 
 def _randn(g, *shape):
@@ -60,6 +86,7 @@ _LINEAR_WRONG = [
 ]
 
 
+@EXERCISES.check(1)
 def check_linear_matrix(linear_matrix) -> Verdict:
     """Exercise 1: ``linear_matrix(q, k, v)`` must return ``(Q K^T * M) V``.
 
@@ -68,9 +95,7 @@ def check_linear_matrix(linear_matrix) -> Verdict:
     :func:`pathedu.nope.linear_recurrent` on three shapes (one with T = 1).
     """
     return check_function("linear attention, matrix form", linear_matrix, _linear_reference, _linear_inputs,
-                          trials=3, rtol=1e-8, wrong_variants=_LINEAR_WRONG,
-                          hint="Hint: o_i = sum_{j<=i} (q_i . k_j) v_j; multiply Q K^T by a lower-triangular 0/1 mask "
-                               "(diagonal kept), then by V. No softmax, no scale.")
+                          trials=3, rtol=1e-8, wrong_variants=_LINEAR_WRONG)
 
 
 # ---------------------------------------------------------------------------
@@ -118,6 +143,7 @@ _MERGE_WRONG = [
 ]
 
 
+@EXERCISES.check(2)
 def check_online_softmax_merge(merge) -> Verdict:
     """Exercise 2: ``merge(m1, l1, acc1, m2, l2, acc2) -> (m, l, acc)``.
 
@@ -128,8 +154,7 @@ def check_online_softmax_merge(merge) -> Verdict:
     ``acc / l`` is the softmax-weighted average of the values).
     """
     return check_parts("online-softmax merge", merge, _merge_reference, _merge_inputs, ("m", "l", "acc"),
-                        hint="Hint: m = max(m1, m2); rescale each partial's l and acc by exp(m_a - m), then add.",
-                        wrong_variants=_MERGE_WRONG)
+                       wrong_variants=_MERGE_WRONG)
 
 
 # ---------------------------------------------------------------------------
@@ -166,6 +191,7 @@ _CHUNK_WRONG = [
 ]
 
 
+@EXERCISES.check(3)
 def check_chunk_step(chunk_step) -> Verdict:
     """Exercise 3: ``chunk_step(q_c, k_c, v_c, S) -> (o_c, S_new)``.
 
@@ -176,6 +202,4 @@ def check_chunk_step(chunk_step) -> Verdict:
     equal to running the recurrence token by token from ``S``.
     """
     return check_parts("chunk with prefix state", chunk_step, _chunk_reference, _chunk_inputs, ("o_c", "S_new"),
-                        hint="Hint: o_c = Q_c S^T + (Q_c K_c^T * M) V_c with M causal (diagonal kept); "
-                             "S_new = S + V_c^T K_c.",
-                        wrong_variants=_CHUNK_WRONG)
+                       wrong_variants=_CHUNK_WRONG)

@@ -2,7 +2,8 @@
 
 Each ``check_*`` takes the student's answer, prints a one-line verdict with a
 hint and returns a :class:`pathedu.exercises.Verdict` (truthy when right).  A
-wrong answer, or one that raises, never raises here.
+wrong answer, or one that raises, never raises here.  ``hint(n, level=1)`` prints a hint for
+exercise ``n``: level 1 a nudge, 2 the structure, 3 the recipe.
 """
 from __future__ import annotations
 
@@ -12,9 +13,44 @@ import torch
 import torch.nn.functional as F
 
 from .. import fox
-from ._grader import Verdict, call_student as _call, check_function, verdict
+from ._grader import (Exercises, Verdict, call_student as _call, check_function, fallback_hint, not_attempted,
+                      student_failed, verdict)
 
-__all__ = ["check_log_gate_matrix", "check_fox_matrix", "check_gla_recurrent", "check_stuck_product"]
+__all__ = ["check_log_gate_matrix", "check_fox_matrix", "check_gla_recurrent", "check_stuck_product", "hint"]
+
+EXERCISES = Exercises("ch03", {
+    1: ("D[i, j] is a sum of log gates over a range of positions that depends on both i and j. Can one running "
+        "sum give every such range sum at once, without a double loop? And what must the future (j > i) hold?",
+        "With c the cumulative sum of log_f along the last dim (shape (..., T)), D[i, j] is the difference of "
+        "two entries of c, one at the query i and one at the key j; broadcasting c against itself gives "
+        "(..., T, T). Above the diagonal D needs a value whose exponential is 0.",
+        "c = torch.cumsum(log_f, -1); D = c[..., :, None] - c[..., None, :] (log_f[j] cancels: a key's own gate "
+        "never acts); then masked_fill the future, torch.ones(T, T, dtype=torch.bool).triu(1), with -inf "
+        "(not 0)."),
+    2: ("FoX is softmax attention with one extra term on the logits. Which term, and does the usual 1/sqrt(D) "
+        "scale apply to it?",
+        "Logits (..., T, T): the scaled Q K^T plus exercise 1's gate matrix (its -inf above the diagonal is also "
+        "the causal mask); a softmax over the keys (the last dim), then a product with V (..., T, Dv).",
+        "logits = Q K^T / sqrt(D) + D_gate, with D_gate[i, j] = sum_{s=j+1..i} log_f[s] and -inf above the "
+        "diagonal (not 0); the gate is not scaled; then softmax over keys and @ V."),
+    3: ("It is RetNet's recurrence with one gate per key channel instead of one number. Which dimension of the "
+        "state S (Dv x D) does a key-channel gate scale, and does a token's gate act on its own write?",
+        "State S (..., Dv, D), zero at first. At step t the gate exp(log_f[..., t, :]) (shape (..., D)) scales "
+        "S's columns, then the write v_t k_t^T (..., Dv, D) is added, then o_t = S q_t (..., Dv); the outputs "
+        "stack to (..., T, Dv).",
+        "Start from S = zeros(..., Dv, D); each step: first decay the old state column by column, "
+        "S = S * exp(log_f[..., t, None, :]) (key channels are S's columns), then add outer(v_t, k_t); "
+        "o_t = S @ q_t."),
+    4: ("Multiply a float32 number by 0.9 over and over, one step at a time, and watch it: it never reaches 0, "
+        "but at some step it stops changing. Which step, and why there?",
+        "Keep p a float32 scalar tensor, multiply it by 0.9 in a loop of 2000 steps and keep every value; n is "
+        "the number of gates after which one more multiplication leaves the value unchanged, value is that "
+        "value. Not torch.cumprod.",
+        "p = torch.ones((), dtype=torch.float32); products = []; for _ in range(2000): p = p * 0.9; "
+        "products.append(p.item()). n = the first n >= 1 with products[n] == products[n - 1], "
+        "value = products[n - 1]."),
+})
+hint = EXERCISES.hint
 
 
 def _log_f(shape, seed):
@@ -30,6 +66,7 @@ def _qkv(seed, Dv=None):
     return q, k, v
 
 
+@EXERCISES.check(1)
 def check_log_gate_matrix(fn) -> Verdict:
     """``fn(log_f: (..., T)) -> D: (..., T, T)`` with ``D[i, j] = sum_{s=j+1..i} log_f[s]`` for
     ``j <= i`` and ``-inf`` above the diagonal; checked on float64 gates of a few shapes."""
@@ -39,7 +76,7 @@ def check_log_gate_matrix(fn) -> Verdict:
         T = shape[-1]
         got, err = _call(fn, log_f.clone())
         if err:
-            return verdict(name, False, err)
+            return student_failed(name, err)
         if not isinstance(got, torch.Tensor):
             return verdict(name, False, f"expected a torch.Tensor, got {type(got).__name__}.")
         if tuple(got.shape) != shape + (T,):
@@ -59,10 +96,11 @@ def check_log_gate_matrix(fn) -> Verdict:
             if torch.allclose(got[..., past], -want[..., past], rtol=1e-9, atol=1e-12):
                 return verdict(name, False, "the sign is flipped: log gates are <= 0, so D <= 0 below the diagonal.")
             return verdict(name, False, "wrong values on or below the diagonal: D[i, j] = log_f[j+1] + ... + log_f[i]. "
-                                        "Hint: a cumulative sum c, then c_i - c_j, gives it.")
+                                        + fallback_hint())
     return verdict(name, True, "0 on the diagonal, sums of log gates below it, -inf above.")
 
 
+@EXERCISES.check(2)
 def check_fox_matrix(fn) -> Verdict:
     """``fn(q, k, v, log_f) -> (..., T, Dv)``: FoX, ``softmax(Q K^T / sqrt(D) + D_gate) V`` with the
     causal mask, the gate *not* multiplied by the scale; checked against :func:`pathedu.fox.fox_matrix`."""
@@ -70,11 +108,10 @@ def check_fox_matrix(fn) -> Verdict:
         q, k, v = _qkv(seed, Dv=[8, 5, 3][seed])
         return q, k, v, _log_f(q.shape[:-1], seed)
 
-    return check_function("FoX matrix form", fn, fox.fox_matrix, make, rtol=1e-9,
-                          hint="logits = Q K^T / sqrt(D) + D_gate, with D_gate[i, j] = sum_{s=j+1..i} log_f[s] and "
-                               "-inf above the diagonal (not 0); the gate is not scaled; then softmax over keys and @ V.")
+    return check_function("FoX matrix form", fn, fox.fox_matrix, make, rtol=1e-9)
 
 
+@EXERCISES.check(3)
 def check_gla_recurrent(fn) -> Verdict:
     """``fn(q, k, v, log_f) -> (..., T, Dv)`` with a per-channel gate ``log_f: (..., T, D)``:
     ``S_t = S_{t-1} diag(exp(log_f[t])) + v_t k_t^T``, ``o_t = S_t q_t`` (``S_t`` is Dv x D);
@@ -83,17 +120,17 @@ def check_gla_recurrent(fn) -> Verdict:
         q, k, v = _qkv(seed)  # Dv = D: a gate on the wrong side of S is a wrong value, not a shape error
         return q, k, v, _log_f(q.shape, seed)
 
-    return check_function("GLA recurrent form", fn, fox.gla_matrix, make, rtol=1e-9,
-                          hint="Start from S = zeros(..., Dv, D); each step: first decay the old state column by column, "
-                               "S = S * exp(log_f[..., t, None, :]) (key channels are S's columns), then add "
-                               "outer(v_t, k_t); o_t = S @ q_t.")
+    return check_function("GLA recurrent form", fn, fox.gla_matrix, make, rtol=1e-9)
 
 
+@EXERCISES.check(4)
 def check_stuck_product(n, value) -> Verdict:
     """``n``, ``value``: a float32 product of gates ``f = 0.9``, multiplied one gate at a time, stops changing
     after ``n`` gates (``p_{n+1} == p_n`` for the smallest such ``n``; within 2 is accepted) at the value
     ``p_n`` (a positive number, within 1e-6 relative)."""
     name = "a float32 running product of gates 0.9"
+    if n is None and value is None:
+        return not_attempted(name, "your answers are still None. Set both and run the cell again")
     p = fox.running_product(0.9, 2000)
     want_n = int(torch.nonzero(p[1:] == p[:-1])[0, 0].item()) + 1
     want_value = p[want_n - 1].item()
@@ -109,8 +146,8 @@ def check_stuck_product(n, value) -> Verdict:
         return verdict(name, False, "the product never reaches 0 when it is multiplied one gate at a time. "
                                     "torch.cumprod is not one gate at a time.")
     if abs(int(n) - want_n) > 2:
-        return verdict(name, False, f"{int(n)} is {'too small' if n < want_n else 'too large'}. Keep a float32 "
-                                    "scalar and multiply it by 0.9 in a loop; stop when it no longer changes.")
+        return verdict(name, False, f"{int(n)} is {'too small' if n < want_n else 'too large'}. "
+                                    + fallback_hint())
     if abs(value - want_value) > 1e-6 * want_value:
         return verdict(name, False, f"the count is right but {value!r} is not the value the product sticks at.")
     return verdict(name, True, f"after {want_n} gates the product sticks at {want_value:.3g} = "

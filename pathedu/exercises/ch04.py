@@ -3,22 +3,51 @@
 Each ``check_*`` takes the student's function, runs it on fresh random float64
 inputs against :mod:`pathedu.rope`, prints a verdict and returns it (truthy
 when right).  A wrong answer, or one that raises, gives "Not yet" with a hint;
-nothing here raises.
+nothing here raises.  ``hint(n, level=1)`` prints a hint for exercise ``n``: level 1 a nudge,
+2 the structure, 3 the recipe.
 """
 from __future__ import annotations
 
 import torch
 
 from .. import rope
-from ._grader import check_function
+from ._grader import Exercises, check_function
 
-__all__ = ["check_apply_rope_half", "check_relative_logit", "check_complex_step"]
+__all__ = ["check_apply_rope_half", "check_relative_logit", "check_complex_step", "hint"]
+
+EXERCISES = Exercises("ch04", {
+    1: ("RoPE turns pairs of channels by an angle that grows with the position. In the half layout, which channels "
+        "form a pair, and by which angle is pair n of row t turned?",
+        "Split x (..., T, D) into a = its first D/2 channels and b = its last D/2; a (T, D/2) table of angles "
+        "t * Omega_n with Omega_n = 10000^(-2n/D); rotate each (a, b) pair by its angle and concatenate the two "
+        "rotated halves back to (..., T, D).",
+        "Pair channel n with channel n + D/2 (not 2n with 2n+1), rotate (a, b) -> (a cos - b sin, a sin + b cos) "
+        "by the angle t * Omega_n, and put the halves back in place: torch.cat([a * cos - b * sin, "
+        "a * sin + b * cos], -1)."),
+    2: ("Your function is never told t. Rotations compose: which single rotation, of one vector only, gives the "
+        "same dot product as turning q by t and k by j?",
+        "(R^t q) . (R^j k) = q^T (R^t)^T R^j k, and (R^t)^T = R^{-t}: the logit is the dot product of one vector "
+        "turned by an amount that depends on delta alone with the other vector as it is. q, k are (B, D); the "
+        "result is (B,). rope.apply_rope takes an offset.",
+        "Your function is never told t. Use rotation composition: (R^t q) . (R^j k) = q^T (R^t)^T R^j k, and "
+        "(R^t)^T = R^{-t}; rotate one vector only, by the right amount: "
+        "(rope.apply_rope(q[:, None, :], offset=delta)[:, 0] * k).sum(-1)."),
+    3: ("One step of an RNN has three parts: change the old state, write the new token, read with the query. For "
+        "the complex recurrence, what is the change, what exactly is written, and in which order do they come?",
+        "S (Dv, D/2) complex: the gate is one phase e^{i omega_n} per column; the write is the outer product of "
+        "v_t (Dv,) with a (D/2,) complex version of the key; the output is the real part of the new state read "
+        "with q_t, (Dv,). Return (S_new, o_t).",
+        "Three steps, in this order: turn the old state (column n times e^{i omega_n}), add the outer product of "
+        "v_t with the *conjugated* key, then read the new state with q_t and keep the real part."),
+})
+hint = EXERCISES.hint
 
 
 def _gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(1000 + seed)
 
 
+@EXERCISES.check(1, allow=("pathedu.rope.frequencies",))
 def check_apply_rope_half(student_fn):
     """Exercise 1: ``student_fn(x)`` rotates ``x: (..., T, D)`` with the *half* pairing,
     channels ``(n, n + D/2)``, row t by ``t * Omega_n``, ``Omega_n = 10000^(-2n/D)``."""
@@ -31,11 +60,10 @@ def check_apply_rope_half(student_fn):
 
     return check_function(
         "apply_rope, half pairing", student_fn, lambda x: rope.apply_rope(x, pairing="half"), make_inputs,
-        trials=3, rtol=1e-9,
-        hint="Pair channel n with channel n + D/2 (not 2n with 2n+1), rotate (a, b) -> (a cos - b sin, a sin + b cos) "
-             "by the angle t * Omega_n, and put the halves back in place.")
+        trials=3, rtol=1e-9)
 
 
+@EXERCISES.check(2, allow=("pathedu.rope.apply_rope", "pathedu.rope.rotation_matrix", "pathedu.rope.frequencies"))
 def check_relative_logit(student_fn):
     """Exercise 2: ``student_fn(q, k, delta)`` returns the RoPE logit ``(R^t q) . (R^j k)`` of a
     query at position t and a key at position ``j = t - delta``, computed from ``delta`` alone.
@@ -62,11 +90,10 @@ def check_relative_logit(student_fn):
 
     return check_function(
         "relative logit", lambda q, k, delta, t: student_fn(q, k, delta), absolute, make_inputs,
-        trials=len(trials), rtol=1e-9,
-        hint="Your function is never told t. Use rotation composition: (R^t q) . (R^j k) = "
-             "q^T (R^t)^T R^j k, and (R^t)^T = R^{-t}; rotate one vector only, by the right amount.")
+        trials=len(trials), rtol=1e-9)
 
 
+@EXERCISES.check(3)
 def check_complex_step(student_fn):
     """Exercise 3: ``student_fn(S, q_t, k_t, v_t, omega) -> (S_new, o_t)``, one step of the complex recurrence.
 
@@ -97,6 +124,4 @@ def check_complex_step(student_fn):
 
     return check_function(
         "one step of the complex recurrence", run_student, lambda q, k, v: rope.complex_recurrent(q, k, v),
-        make_inputs, trials=3, rtol=1e-9,
-        hint="Three steps, in this order: turn the old state (column n times e^{i omega_n}), add the outer "
-             "product of v_t with the *conjugated* key, then read the new state with q_t and keep the real part.")
+        make_inputs, trials=3, rtol=1e-9)

@@ -20,6 +20,8 @@ Exercises:
    the state of the prefix (the chunkwise-parallel form),
    ``o_i = S q~_i + sum_{j<=i} (k_j^T H_{j+1} ... H_i q_i) v_j`` and
    ``S <- S P + sum_j v_j k~_j^T``.
+
+``hint(n, level=1)`` prints a hint for exercise ``n``: level 1 a nudge, 2 the structure, 3 the recipe.
 """
 from __future__ import annotations
 
@@ -28,10 +30,49 @@ from functools import partial
 import torch
 
 from .. import path
-from ._grader import Verdict, check_function, check_parts
+from ._grader import Exercises, Verdict, check_function, check_parts
 
 __all__ = ["check_delta_step", "check_interval_product", "check_ut_factor", "check_path_attention",
-           "check_householder_chunk_step"]
+           "check_householder_chunk_step", "hint"]
+
+EXERCISES = Exercises("ch05", {
+    1: ("The delta rule is one step of gradient descent on the memory's regression loss |S k - v|^2 / 2, with "
+        "step size beta. What is the gradient of that loss with respect to S?",
+        "The prediction S k and the error S k - v are (..., Dv); the gradient is an outer product of the error "
+        "with k, (..., Dv, D); beta (...) scales it, broadcast over the last two dims; descent subtracts it.",
+        "Compute the prediction S k, the error S k - v, and subtract beta * outer(error, k): batched, "
+        "error[..., :, None] * k[..., None, :] and beta[..., None, None]."),
+    2: ("Unroll S_t = S_{t-1} H_t from key j's write to query i's read: which transitions act on the key, and in "
+        "which order do they appear in the product?",
+        "A (D, D) product of the transitions H_s = I - beta_s w_s w_s^T for s = j+1 .. i (the identity when "
+        "j = i), the smallest index on the left; w[s] is (D,), beta[s] a number.",
+        "Start from the identity and multiply on the right by H_{j+1}, then H_{j+2}, ..., up to H_i, with "
+        "H_s = torch.eye(D) - beta[s] * torch.outer(w[s], w[s])."),
+    3: ("Multiply out H_2 H_1 H_0: every term besides I is a number times some w_s w_t^T, so the product is "
+        "I - W^T A W for a 3x3 table A of those numbers. The UT transform gets A from one triangular system.",
+        "From W (3, D) and beta (3,): the Gram matrix W W^T (3, 3) with row s scaled by beta_s, its strictly "
+        "lower triangle, the identity and D_beta = diag(beta); A (3, 3) comes out lower triangular.",
+        "Build G = D_beta W W^T (row s scaled by beta_s), keep its strictly lower part, add I, invert (or solve) "
+        "and multiply by D_beta on the right: A = (I + strictLower(D_beta W W^T))^{-1} D_beta."),
+    4: ("It is causal softmax attention in which query i reads key j through the transitions between them "
+        "(exercise 2's product). Can you build those products for one query without starting afresh for every key?",
+        "For each query i: i + 1 logits, one per key j <= i, each D**-0.5 * k_j^T P q_i with P = H_{j+1} ... H_i "
+        "(D, D); a softmax over them; the weights times v[: i + 1] give o_i (Dv,). The output is (T, Dv).",
+        "For each i, walk j = i, i-1, ..., 0 keeping P = H_{j+1} ... H_i (start with I; after key j, "
+        "P <- H_j P); logit = scale * k_j^T P q_i; then softmax over j <= i."),
+    5: ("As in chapter 1's chunk exercise, split everything into what the state from before the chunk contributes "
+        "and what the chunk's own tokens contribute. What is new: the chunk's transitions act on both.",
+        "Two terms each. The outputs: what the old state S returns for each query after the chunk's transitions "
+        "up to that token have acted on it, plus the in-chunk outputs (the Householder RNN of the chunk alone, "
+        "from a zero state). The state: S carried through all C transitions, plus each v_j k_j^T with k_j carried "
+        "through the transitions after j.",
+        "With the chunk's UT factor A (path.ut_transform(w_c, beta_c)[1], allowed here) and T(x) = x.mT: "
+        "qw = (q_c @ T(w_c)).tril(), wk = (w_c @ T(k_c)).tril(-1); q~ = q_c - qw @ A @ w_c; "
+        "k~ = k_c - T(A @ wk) @ w_c; scores = (q_c @ T(k_c) - qw @ A @ wk).tril(); o_c = q~ @ T(S) + scores @ v_c; "
+        "S_new = S - (S @ T(w_c)) @ T(A) @ w_c + T(v_c) @ k~. (Slower, also right: build the products "
+        "H_s ... H_i with explicit loops.)"),
+})
+hint = EXERCISES.hint
 
 
 def _randn(g, *shape):
@@ -89,6 +130,7 @@ _DELTA_WRONG = [
 ]
 
 
+@EXERCISES.check(1)
 def check_delta_step(delta_step) -> Verdict:
     """Exercise 1: ``delta_step(S, k, v, beta) -> S_new``, one step of the delta rule.
 
@@ -99,9 +141,7 @@ def check_delta_step(delta_step) -> Verdict:
     ``S (I - beta k k^T) + beta v k^T``.
     """
     return check_function("delta-rule step", delta_step, _delta_reference, _delta_inputs, trials=3, rtol=1e-10,
-                          wrong_variants=_DELTA_WRONG,
-                          hint="Hint: compute the prediction S k, the error S k - v, and subtract beta * "
-                               "outer(error, k).")
+                          wrong_variants=_DELTA_WRONG)
 
 
 # ---------------------------------------------------------------------------
@@ -138,6 +178,7 @@ _INTERVAL_WRONG = [
 ]
 
 
+@EXERCISES.check(2)
 def check_interval_product(interval_product) -> Verdict:
     """Exercise 2: ``interval_product(w, beta, j, i) -> H_{j+1} H_{j+2} ... H_i``.
 
@@ -146,9 +187,7 @@ def check_interval_product(interval_product) -> Verdict:
     smallest index on the left: the matrix in ``logit_ij = k_j^T (...) q_i``.
     """
     return check_function("interval product", interval_product, _interval_reference, _interval_inputs,
-                          trials=3, rtol=1e-10, wrong_variants=_INTERVAL_WRONG,
-                          hint="Hint: start from the identity and multiply on the right by H_{j+1}, then "
-                               "H_{j+2}, ..., up to H_i.")
+                          trials=3, rtol=1e-10, wrong_variants=_INTERVAL_WRONG)
 
 
 # ---------------------------------------------------------------------------
@@ -183,6 +222,7 @@ _UT_WRONG = [
 ]
 
 
+@EXERCISES.check(3)
 def check_ut_factor(ut_factor) -> Verdict:
     """Exercise 3: ``ut_factor(w, beta) -> A`` for L = 3 transitions.
 
@@ -191,9 +231,7 @@ def check_ut_factor(ut_factor) -> Verdict:
     ``A = (I + strictLower(D_beta W W^T))^{-1} D_beta``, ``D_beta = diag(beta)``.
     """
     return check_function("UT factor (L = 3)", ut_factor, _ut_reference, _ut_inputs, trials=3, rtol=1e-10,
-                          wrong_variants=_UT_WRONG,
-                          hint="Hint: build G = D_beta W W^T (row s scaled by beta_s), keep its strictly "
-                               "lower part, add I, invert (or solve) and multiply by D_beta on the right.")
+                          wrong_variants=_UT_WRONG)
 
 
 # ---------------------------------------------------------------------------
@@ -237,6 +275,7 @@ _PATH_WRONG = [
 ]
 
 
+@EXERCISES.check(4)
 def check_path_attention(path_attention) -> Verdict:
     """Exercise 4: ``path_attention(q, k, v, w, beta) -> o``, PaTH attention from its definition.
 
@@ -245,9 +284,7 @@ def check_path_attention(path_attention) -> Verdict:
     the diagonal), ``o_i = sum_j softmax_j(logit_ij) v_j``: ``(T, Dv)``.
     """
     return check_function("PaTH attention", path_attention, _path_reference, _path_inputs, trials=3, rtol=1e-10,
-                          wrong_variants=_PATH_WRONG,
-                          hint="Hint: for each i, walk j = i, i-1, ..., 0 keeping P = H_{j+1} ... H_i (start "
-                               "with I; after key j, P <- H_j P); logit = scale * k_j^T P q_i; then softmax over j <= i.")
+                          wrong_variants=_PATH_WRONG)
 
 
 # ---------------------------------------------------------------------------
@@ -323,6 +360,7 @@ _HH_CHUNK_WRONG = [
 ]
 
 
+@EXERCISES.check(5, allow=("pathedu.path.ut_transform",))
 def check_householder_chunk_step(chunk_step) -> Verdict:
     """Exercise 5: ``chunk_step(q_c, k_c, v_c, w_c, beta_c, S) -> (o_c, S_new)``, one chunk of the Householder RNN.
 
@@ -339,9 +377,4 @@ def check_householder_chunk_step(chunk_step) -> Verdict:
     """
     return check_parts("Householder RNN chunk with prefix state", chunk_step, _hh_chunk_reference,
                        _hh_chunk_inputs, ("o_c", "S_new"),
-                       hint="Hint: two terms each. The outputs: what the old state S returns for each query after "
-                            "the chunk's transitions up to that token have acted on it, plus the in-chunk outputs "
-                            "(the Householder RNN of the chunk alone, from a zero state). The state: S carried "
-                            "through all C transitions, plus each v_j k_j^T with k_j carried through the "
-                            "transitions after j.",
                        wrong_variants=_HH_CHUNK_WRONG)

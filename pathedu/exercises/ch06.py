@@ -19,6 +19,8 @@ Exercises (``a = exp(log_f) <= 1`` is a forget gate, ``H_s = I - beta_s w_s w_s^
    ``(Q K^T * Gamma * M)(I + diag(beta)(K K^T * Gamma * M^-))^{-1} diag(beta) V``.
 4. :func:`check_gated_deltanet_chunk`: one chunk of the chunked Gated DeltaNet,
    from the state before the chunk to the chunk's outputs and the state after it.
+
+``hint(n, level=1)`` prints a hint for exercise ``n``: level 1 a nudge, 2 the structure, 3 the recipe.
 """
 from __future__ import annotations
 
@@ -27,10 +29,45 @@ import functools
 import torch
 
 from .. import fox, pathfox
-from ._grader import Verdict, check_function, check_parts
+from ._grader import Exercises, Verdict, check_function, check_parts
 
 __all__ = ["check_gated_delta_step", "check_pathfox_logit", "check_gamma", "check_gated_deltanet_matrix",
-           "check_gated_deltanet_chunk"]
+           "check_gated_deltanet_chunk", "hint"]
+
+EXERCISES = Exercises("ch06", {
+    1: ("Gated DeltaNet does two things to the memory at each token: a weight decay by the gate, and chapter 5's "
+        "delta-rule correction. In which order, and at which state is the correction's error measured?",
+        "a = exp(log_f) (...), broadcast over (Dv, D), gives the decayed state S' (..., Dv, D); the error "
+        "S' k - v is (..., Dv); the correction is beta times the outer product of the error with k, as in "
+        "chapter 5's delta step.",
+        "S' = exp(log_f) * S; error = S' k - v; return S' - beta * outer(error, k)."),
+    2: ("PaTH-FoX's logit adds two things you have written before: PaTH's logit (chapter 5) and FoX's gate bias "
+        "(chapter 3). Which part does the 1/sqrt(D) scale multiply?",
+        "score = k_j^T (H_{j+1} ... H_i) q_i, a number from a (D, D) product; G = the sum of log_f over "
+        "s = j+1 .. i; logit = D**-0.5 * score + G. Return one number (a 0-dim tensor or a float).",
+        "P = I; for s in j+1 .. i: P = P @ H_s. logit = D**-0.5 * k[j] @ P @ q[i] + log_f[j+1 : i+1].sum()."),
+    3: ("(a) Gamma is the exponential of chapter 3's cumulative log gate, with 0 where that is -inf. (b) Start "
+        "from DeltaNet's matrix form and ask where the gates enter: where the query reads, and where each "
+        "correction is made by the decayed memory.",
+        "(a) c = the cumulative sum of log_f (T,); Gamma (T, T) from differences of c: 1 on the diagonal, 0 above. "
+        "(b) Two (T, T) matrices built with Gamma: the read weights Q K^T * Gamma * M, and the strictly lower "
+        "diag(beta) (K K^T * Gamma) inside an inverse that turns diag(beta) V into the corrected values U "
+        "(T, Dv); o = read weights @ U.",
+        "(a) c = cumsum(log_f); G = c[:, None] - c[None, :]; Gamma = exp(G) below and on the diagonal, 0 above "
+        "(torch.where on the causal mask). (b) Gam = Gamma(log_f); B = diag(beta) @ (k @ k.T * Gam).tril(-1); "
+        "U = solve(I + B, beta[:, None] * v); o = (q @ k.T * Gam) @ U."),
+    4: ("The same split as in the chunk exercises of chapters 1 and 5: the state from before the chunk, and the "
+        "chunk's own tokens. New here: the gates also decay the carried state, and each correction inside the "
+        "chunk corrects what S predicts too.",
+        "With b = cumsum(log_f) (C,) and Gamma (C, C) of exercise 3: a triangular factor T (C, C) from "
+        "K K^T * Gamma; corrected values U (C, Dv) that also subtract what the decayed S predicts for each key; "
+        "o (C, Dv) = the decayed S read by Q plus (Q K^T * Gamma) U; S_new (Dv, D) = the decayed S plus the "
+        "writes U^T K, each key decayed by the gates after it.",
+        "b = cumsum(log_f); T = inv(I + diag(beta) (K K^T * Gamma * M^-)); U = T diag(beta) V - T diag(beta e^b) "
+        "K S^T; o = diag(e^b) Q S^T + (Q K^T * Gamma) U; S_new = e^{b_last} S + U^T diag(e^{g~}) K, with "
+        "g~_j = sum_{r=j+1..C-1} log_f[r]. Exponentiate only sums of gates (<= 0)."),
+})
+hint = EXERCISES.hint
 
 
 def _randn(g, *shape):
@@ -111,6 +148,7 @@ _STEP_WRONG = [
 ]
 
 
+@EXERCISES.check(1)
 def check_gated_delta_step(gated_delta_step) -> Verdict:
     """Exercise 1: ``gated_delta_step(S, k, v, beta, log_f) -> S_new``, one step of Gated DeltaNet.
 
@@ -120,8 +158,7 @@ def check_gated_delta_step(gated_delta_step) -> Verdict:
     gradient step of size beta on ``|S k - v|^2 / 2`` at ``S'``.
     """
     return check_function("gated delta step", gated_delta_step, _step_reference, _step_inputs, trials=3,
-                          rtol=1e-10, wrong_variants=_STEP_WRONG,
-                          hint="Hint: S' = exp(log_f) * S; error = S' k - v; return S' - beta * outer(error, k).")
+                          rtol=1e-10, wrong_variants=_STEP_WRONG)
 
 
 # ---------------------------------------------------------------------------
@@ -190,6 +227,7 @@ def _as_scalar_tensor(fn):
     return answer
 
 
+@EXERCISES.check(2)
 def check_pathfox_logit(pathfox_logit) -> Verdict:
     """Exercise 2: ``pathfox_logit(q, k, w, beta, log_f, i, j) -> logit`` (a number), for ``j <= i``.
 
@@ -202,9 +240,7 @@ def check_pathfox_logit(pathfox_logit) -> Verdict:
     """
     answer = _as_scalar_tensor(pathfox_logit)
     return check_function("PaTH-FoX logit", answer, _logit_reference, _logit_inputs, trials=3, rtol=1e-10,
-                          wrong_variants=_LOGIT_WRONG,
-                          hint="Hint: P = I; for s in j+1 .. i: P = P @ H_s. logit = D**-0.5 * k[j] @ P @ "
-                               "q[i] + log_f[j+1 : i+1].sum().")
+                          wrong_variants=_LOGIT_WRONG)
 
 
 # ---------------------------------------------------------------------------
@@ -241,6 +277,7 @@ _GAMMA_WRONG = [
 ]
 
 
+@EXERCISES.check(3, label="3a")
 def check_gamma(gamma) -> Verdict:
     """Exercise 3a: ``gamma(log_f) -> Gamma``, ``log_f: (T,)`` -> ``(T, T)``.
 
@@ -248,9 +285,7 @@ def check_gamma(gamma) -> Verdict:
     diagonal), 0 for ``j > i``.
     """
     return check_function("Gamma", gamma, _gamma_reference, _gamma_inputs, trials=3, rtol=1e-10,
-                          wrong_variants=_GAMMA_WRONG,
-                          hint="Hint: c = cumsum(log_f); G = c[:, None] - c[None, :]; Gamma = exp(G) below "
-                               "and on the diagonal, 0 above.")
+                          wrong_variants=_GAMMA_WRONG)
 
 
 def _gdn_inputs(seed):
@@ -298,6 +333,7 @@ _GDN_WRONG = [
 ])
 
 
+@EXERCISES.check(3, label="3b", allow=("pathedu.fox.log_gate_matrix",))
 def check_gated_deltanet_matrix(gated_deltanet_matrix) -> Verdict:
     """Exercise 3b: ``gated_deltanet_matrix(q, k, v, beta, log_f) -> o``, Gated DeltaNet in matrix form.
 
@@ -307,9 +343,7 @@ def check_gated_deltanet_matrix(gated_deltanet_matrix) -> Verdict:
         U = (I + diag(beta) (K K^T * Gamma * M^-))^{-1} diag(beta) V,     o = (Q K^T * Gamma * M) U
     """
     return check_function("Gated DeltaNet matrix form", gated_deltanet_matrix, _gdn_reference, _gdn_inputs,
-                          trials=3, rtol=1e-10, wrong_variants=_GDN_WRONG,
-                          hint="Hint: Gam = Gamma(log_f); B = diag(beta) @ (k @ k.T * Gam).tril(-1); "
-                               "U = solve(I + B, beta[:, None] * v); o = (q @ k.T * Gam) @ U.")
+                          trials=3, rtol=1e-10, wrong_variants=_GDN_WRONG)
 
 
 # ---------------------------------------------------------------------------
@@ -365,6 +399,7 @@ _CHUNK_WRONG = _switched_off(_chunk_with, [
 ])
 
 
+@EXERCISES.check(4, allow=("pathedu.fox.log_gate_matrix",))
 def check_gated_deltanet_chunk(chunk_step) -> Verdict:
     """Exercise 4: ``chunk_step(q, k, v, beta, log_f, S) -> (o, S_new)``, one chunk of chunked Gated DeltaNet.
 
@@ -381,7 +416,4 @@ def check_gated_deltanet_chunk(chunk_step) -> Verdict:
         S_new = e^{b_last} S + U^T diag(e^{g~}) K
     """
     return check_parts("Gated DeltaNet chunk step", chunk_step, _chunk_reference, _chunk_inputs, ("o", "S_new"),
-                        rtol=1e-10, wrong_variants=_CHUNK_WRONG,
-                        hint="Hint: b = cumsum(log_f); T = inv(I + diag(beta) (K K^T * Gamma * M^-)); "
-                             "U = T diag(beta) V - T diag(beta e^b) K S^T; o = diag(e^b) Q S^T + (Q K^T * Gamma) U; "
-                             "S_new = e^{b_last} S + U^T diag(e^{g~}) K. Exponentiate only sums of gates (<= 0).")
+                       rtol=1e-10, wrong_variants=_CHUNK_WRONG)
