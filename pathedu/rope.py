@@ -332,7 +332,7 @@ def plot_relative_kernel(ax=None, *, D: int = 128, base: float = 10000.0, max_de
     ax.set_xlabel("relative distance Δ = t − j")
     ax.set_ylabel("logit against its own copy")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, loc="lower left")
+    ax.legend(fontsize=8, loc="lower left")
     return ax
 
 

@@ -1,6 +1,7 @@
 """Test utilities shared by every chapter's tests (one home, imported as `helpers`)."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import random
 
@@ -92,3 +93,37 @@ def rnn_scores(q, k, w, beta):
         R[..., t, :] = k[..., t, :]
         out[..., t, :] = (R @ q[..., t, :, None])[..., 0]
     return out
+
+
+# Headless Chromium for the tests that look at built pages (the book, the slide decks).  Debian's package
+# (`apt-get install -y chromium`, done by .ci/setup); background networking off: this machine has no network.
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def chromium_path() -> str:
+    """The Chromium binary; fails (never skips) with the install command when there is none."""
+    import shutil
+    from pathlib import Path
+
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    if Path("/usr/bin/chromium").is_file():
+        return "/usr/bin/chromium"
+    raise AssertionError("headless Chromium is needed to look at built pages: `apt-get install -y chromium` "
+                         "(Debian; .ci/setup does it)")
+
+
+@contextlib.contextmanager
+def browser_page(width: int = 1280, height: int = 900):
+    """A Playwright page in headless Chromium with a ``width`` x ``height`` window."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_FLAGS)
+        try:
+            yield browser.new_page(viewport={"width": width, "height": height})
+        finally:
+            browser.close()

@@ -20,6 +20,7 @@ import nbformat
 import pytest
 import yaml
 
+import helpers
 import pathedu
 
 # A minute or more of work and the network (npm assets): out of the fast loop `-m "not integration"`.
@@ -31,7 +32,6 @@ LAB = "notebooks/01_nope_linear_lab"
 CHAPTER = "book/ch01_nope_linear"
 CLOSING = "book/ch07_six_dualities"  # the closing chapter: the six dualities side by side, no lab
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
-WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 
 
 def _load_tools():
@@ -122,34 +122,75 @@ def test_maths_uses_the_local_mathjax_and_the_book_macros(html):
         assert {"vq", "vk", "vv", "mS", "softmax"} <= set(macros)
 
 
-def _widget_docnames() -> list[str]:
-    """Notebooks in the toc whose committed outputs contain a widget view."""
+def _lab_docnames() -> list[str]:
+    """Notebooks in the toc that have a live widget (an ``interact(`` cell)."""
     names = []
     for docname in TOC_FILES:
         path = ROOT / f"{docname}.ipynb"
         if path.is_file():
             nb = nbformat.read(path, as_version=4)
-            if any(WIDGET_VIEW in out.get("data", {}) for cell in nb.cells for out in cell.get("outputs", [])):
+            if any(c.cell_type == "code" and "interact(" in c.source for c in nb.cells):
                 names.append(docname)
     return names
 
 
-def test_widget_pages_carry_state_views_and_local_scripts(html):
-    docnames = _widget_docnames()
-    assert LAB in docnames, "the chapter 1 lab has an interactive widget"
+def test_widget_pages_show_a_static_explorer_not_an_inert_widget(html):
+    """A live widget needs Python: in the static book its output is hidden (tag ``remove-output``) and the
+    precomputed explorer under it (``pathedu.widgets.explore``) is what the reader moves."""
+    docnames = _lab_docnames()
+    assert LAB in docnames and len(docnames) >= 6, docnames
     for docname in docnames:
         text = _page(html, docname)
-        assert f'type="{WIDGET_STATE}"' in text, f"{docname}: no widget state"
-        assert f'type="{WIDGET_VIEW}"' in text, f"{docname}: no widget view"
-        tags = _script_tags(text)
-        assert any('src="../_static/requirejs/require.js' in t for t in tags), docname
-        embed = [t for t in tags if "embed-amd.js" in t]
-        assert len(embed) == 1 and 'src="../_static/jupyter-widgets/embed-amd.js' in embed[0], docname
-        # Any widget module not bundled with the embed script would come from here: not a CDN.
-        cdn = re.search(r'data-jupyter-widgets-cdn="([^"]*)"', embed[0])
-        assert cdn and not re.match(r"(https?:)?//", cdn.group(1)), embed[0]
-    for name in ("requirejs/require.js", "jupyter-widgets/embed-amd.js"):
-        assert (html / "_static" / name).is_file(), name
+        assert 'class="pathedu-explorer"' in text, f"{docname}: no precomputed explorer"
+        assert f'type="{WIDGET_VIEW}"' not in text, f"{docname}: a live widget's view is shown but cannot redraw"
+
+
+def test_moving_a_slider_changes_the_figure_in_chromium(html):
+    """Headless Chromium, no kernel, no network: every explorer's every slider, moved with the keyboard as a
+    reader would, shows another frame."""
+    with helpers.browser_page() as page:
+        for docname in _lab_docnames():
+            page.goto((html / f"{docname}.html").as_uri())
+            explorers = page.locator(".pathedu-explorer")
+            assert explorers.count() >= 1, docname
+            for e in range(explorers.count()):
+                explorer = explorers.nth(e)
+                img = explorer.locator("img")
+                sliders = explorer.locator("input[type=range]")
+                for s in range(sliders.count()):
+                    slider = sliders.nth(s)
+                    before = (img.get_attribute("src"), img.get_attribute("data-frame"),
+                              slider.locator("xpath=following-sibling::output").inner_text())
+                    key = "ArrowLeft" if slider.input_value() == slider.get_attribute("max") else "ArrowRight"
+                    slider.focus()
+                    page.keyboard.press(key)
+                    after = (img.get_attribute("src"), img.get_attribute("data-frame"),
+                             slider.locator("xpath=following-sibling::output").inner_text())
+                    where = f"{docname}, explorer {e}, slider {s}"
+                    assert after[1] != before[1], f"{where}: the frame did not change"
+                    assert after[2] != before[2], f"{where}: the value shown did not change"
+                    # Two frames may look alike (a slider that only matters elsewhere), never all of them.
+                    page.keyboard.press("ArrowLeft" if key == "ArrowRight" else "ArrowRight")
+                    assert img.get_attribute("data-frame") == before[1], f"{where}: moving back did not restore"
+
+
+def test_figures_are_shown_near_their_natural_width(html):
+    """At a 1280 px window no figure is shrunk below 0.75 of its natural width (small text stays legible),
+    and no output box scrolls sideways (long messages wrap)."""
+    problems = []
+    with helpers.browser_page(1280, 900) as page:
+        for docname in TOC_FILES:
+            page.goto((html / f"{docname}.html").as_uri())
+            page.wait_for_load_state("load")
+            sizes = page.evaluate("""() => Array.from(document.querySelectorAll('article img'))
+                .filter(i => i.naturalWidth > 0)
+                .map(i => [i.clientWidth, i.naturalWidth, (i.getAttribute('src') || '').slice(-24)])""")
+            problems += [f"{docname}: {shown}/{natural} px ({src})" for shown, natural, src in sizes
+                         if shown < 0.75 * natural]
+            wide = page.evaluate("""() => Array.from(document.querySelectorAll('article .cell_output pre'))
+                .filter(p => p.scrollWidth > p.clientWidth + 1).map(p => p.textContent.slice(0, 60))""")
+            problems += [f"{docname}: output scrolls sideways: {text!r}" for text in wide]
+    assert not problems, "\n".join(problems)
 
 
 def test_colab_button_opens_the_lab_notebook(html):
