@@ -1,8 +1,9 @@
-"""Book maintenance, three commands (run from anywhere; paths are the repository's):
+"""Book maintenance, four commands (run from anywhere; paths are the repository's):
 
 ``python book/tools.py assets [--force]``
     Fetch the web assets that let the built book render math and widgets with
-    no internet access (MathJax 3, RequireJS, the ipywidgets embed script) from
+    no internet access (MathJax 3, RequireJS, the ipywidgets embed script, and
+    reveal.js for the slide decks) from
     the npm registry into the git-ignored folder ``book/offline/``.  ``npm pack``
     downloads each package's tarball (no dependencies, no ``node_modules``) into
     a temporary folder; only the files the pages load are copied.  Idempotent: a
@@ -24,18 +25,32 @@
     stored, no per-cell timing metadata.  Seeding random generators is the
     notebook's job (its first code cell after the imports).
 
+``python book/tools.py slides [--out DIR]``
+    Build one reveal.js slide deck per chapter of ``_toc.yml`` from
+    ``book/slides/chNN.md`` into ``_build/html/slides/chNN.html``, with an
+    ``index.html`` listing them (``.ci/book`` runs it after the book build).
+    The Markdown is converted here (markdown-it, as MyST uses; ``$``/``$$``
+    maths is handed to MathJax untouched), figures named ``fig:NAME`` are drawn
+    from ``pathedu`` by ``book/slides/figures.py`` into ``fig/``, and reveal.js
+    and MathJax are copied from ``book/offline/`` into ``lib/``: the folder is
+    self-contained and projects from disk with no network.  Needs the assets.
+
 The module is also a small Sphinx extension (``sphinx.local_extensions`` in
 ``_config.yml``): it stops the build with the fix when the assets are missing,
 keeps the Colab button only on pages made from notebooks (Colab cannot open the
 MyST Markdown pages), and lets the widgets typeset their labels with MathJax 3.
 
-Standard library plus nbformat, nbclient and PyYAML only.
+Standard library plus nbformat, nbclient and PyYAML; ``slides`` also uses
+markdown-it-py and mdit-py-plugins (installed with jupyter-book) and, for its
+figures, pathedu and matplotlib.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -66,6 +81,19 @@ ASSETS = {
         ("LICENSE", "mathjax/LICENSE"),
     ],
     "requirejs@2": [("require.js", "requirejs/require.js")],
+    # The slide decks (``python book/tools.py slides``): reveal.js's script and
+    # style, the "white" theme with the Source Sans Pro files it imports (the
+    # themes that import Google Fonts are not used), the math plugin (pointed at
+    # the MathJax above, never its CDN default) and the speaker-notes plugin.
+    "reveal.js@5": [
+        ("dist/reveal.js", "reveal.js/reveal.js"),
+        ("dist/reveal.css", "reveal.js/reveal.css"),
+        ("dist/theme/white.css", "reveal.js/theme/white.css"),
+        ("dist/theme/fonts/source-sans-pro", "reveal.js/theme/fonts/source-sans-pro"),
+        ("plugin/math/math.js", "reveal.js/plugin/math/math.js"),
+        ("plugin/notes/notes.js", "reveal.js/plugin/notes/notes.js"),
+        ("LICENSE", "reveal.js/LICENSE"),
+    ],
     "@jupyter-widgets/html-manager@1": [
         ("dist/embed-amd.js", "jupyter-widgets/embed-amd.js"),
         ("dist/*.woff2", "jupyter-widgets/"),
@@ -268,6 +296,307 @@ def cmd_execute(args) -> None:
 
 
 # ---------------------------------------------------------------------------
+# slides
+# ---------------------------------------------------------------------------
+
+SLIDES_SRC = ROOT / "book" / "slides"
+SLIDES_OUT = ROOT / "_build" / "html" / "slides"
+SLIDES_STAMP = ".pathedu-slides"  # marks a folder this command wrote (and may therefore replace)
+CHAPTER_RE = re.compile(r"book/ch(\d\d)_\w+")
+# What the decks load, under book/offline/ (copied to <out>/lib/ with the same relative paths).
+REVEAL_FILES = ["reveal.js/reveal.js", "reveal.js/reveal.css", "reveal.js/theme/white.css",
+                "reveal.js/plugin/math/math.js", "reveal.js/plugin/notes/notes.js"]
+SLIDE_LIB = ["reveal.js", "mathjax"]  # folders of book/offline/ that the decks need at run time
+MATHJAX_URL = "lib/mathjax/tex-mml-chtml.js"
+FIGURE_SCHEME = "fig:"  # ![alt](fig:NAME): a PNG drawn at build time by book/slides/figures.py
+
+
+def _require_slide_assets() -> None:
+    if not _assets_present() or not all((OFFLINE / f).is_file() for f in REVEAL_FILES + ["mathjax/tex-mml-chtml.js"]):
+        die(f"the offline web assets (reveal.js, MathJax) are missing from {OFFLINE}: "
+            "run `python book/tools.py assets` (or `bash .ci/book`) first")
+
+
+def toc_chapters() -> list[tuple[str, str]]:
+    """``[(NN, docname)]`` for every ``book/chNN_*`` file of ``_toc.yml``, in the book's order."""
+    import yaml
+
+    def walk(node):
+        if isinstance(node, dict):
+            for key in ("root", "file"):
+                if key in node:
+                    yield str(node[key])
+            for value in node.values():
+                yield from walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                yield from walk(item)
+
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf8"))
+    return [(m.group(1), name) for name in walk(toc) if (m := CHAPTER_RE.fullmatch(name))]
+
+
+def book_macros() -> dict:
+    """The TeX macros of the book (``_config.yml``), so that slides and pages typeset alike."""
+    import yaml
+
+    config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf8"))
+    return dict(config["sphinx"]["config"]["mathjax3_config"]["tex"]["macros"])
+
+
+def split_deck(text: str) -> tuple[dict, list[tuple[str, str]]]:
+    """A deck source -> ``(front matter, [(slide markdown, notes markdown)])``.
+
+    Format: optional YAML front matter between ``---`` lines (``title``), then
+    slides separated by lines that are exactly ``---``; in a slide, a line
+    starting ``Note:`` begins the speaker notes (the rest of the slide).
+    """
+    import yaml
+
+    meta = {}
+    text = text.replace("\r\n", "\n")
+    if text.startswith("---\n"):
+        head, sep, text = text[4:].partition("\n---\n")
+        if not sep:
+            raise ValueError("front matter opened with `---` is never closed")
+        meta = yaml.safe_load(head) or {}
+    slides = []
+    for chunk in re.split(r"^---[ \t]*$", text, flags=re.M):
+        if not chunk.strip():
+            continue
+        body, *notes = re.split(r"^Note:[ \t]*", chunk, maxsplit=1, flags=re.M)
+        slides.append((body.strip("\n"), notes[0].strip() if notes else ""))
+    return meta, slides
+
+
+def _markdown(figures: set):
+    """markdown-it (CommonMark + tables + ``$``/``$$`` maths) that leaves TeX untouched for MathJax.
+
+    Maths is emitted as ``\\( .. \\)`` / ``\\[ .. \\]`` with only ``& < >`` escaped, so
+    no ``_`` or ``*`` inside a formula is ever read as emphasis.  Images must be
+    ``fig:NAME`` (a figure drawn at build time, collected into ``figures``):
+    a deck loads nothing else.
+    """
+    from markdown_it import MarkdownIt
+    from markdown_it.common.utils import escapeHtml
+    from mdit_py_plugins.dollarmath import dollarmath_plugin
+
+    md = MarkdownIt("commonmark", {"html": False, "typographer": False}).enable("table")
+    md.use(dollarmath_plugin, double_inline=True)
+
+    def inline(self, tokens, idx, options, env):
+        return "\\(" + escapeHtml(tokens[idx].content) + "\\)"
+
+    def block(self, tokens, idx, options, env):
+        return '<div class="math">\\[' + escapeHtml(tokens[idx].content) + "\\]</div>\n"
+
+    def image(self, tokens, idx, options, env):
+        token = tokens[idx]
+        src = token.attrGet("src") or ""
+        if not src.startswith(FIGURE_SCHEME):
+            raise ValueError(f"image `{src}`: a slide may only show a build-time figure `{FIGURE_SCHEME}NAME`")
+        name = src[len(FIGURE_SCHEME):]
+        figures.add(name)
+        alt = escapeHtml(self.renderInlineAsText(token.children or [], options, env))
+        return f'<img class="fig" src="fig/{escapeHtml(name)}.png" alt="{alt}">'
+
+    for name in ("math_inline", "math_inline_double"):
+        md.add_render_rule(name, inline)
+    for name in ("math_block", "math_block_label"):
+        md.add_render_rule(name, block)
+    md.add_render_rule("image", image)
+    return md
+
+
+def render_slide(md, body: str, notes: str) -> str:
+    """One ``<section>``.  A line ``||`` splits the slide into columns (a heading on the
+    slide's first line stays above them); notes become ``<aside class="notes">``."""
+    parts = re.split(r"^\|\|[ \t]*$", body, flags=re.M)
+    head = ""
+    if len(parts) > 1 and parts[0].lstrip().startswith("#"):
+        head, _, parts[0] = parts[0].lstrip().partition("\n")
+    if len(parts) > 1:
+        inner = md.render(head) + '<div class="cols">' + "".join(
+            f'<div class="col">\n{md.render(p)}</div>' for p in parts) + "</div>\n"
+    else:
+        inner = md.render(body)
+    if notes:
+        inner += f'<aside class="notes">\n{md.render(notes)}</aside>\n'
+    return f"<section>\n{inner}</section>\n"
+
+
+SLIDE_CSS = """:root { --r-main-font-size: 30px; --r-heading1-size: 1.9em; --r-heading2-size: 1.35em;
+  --r-heading-text-transform: none; --r-heading-color: #1d3557; --r-link-color: #2a6f97; }
+.reveal .slides section { text-align: left; }
+.reveal .slides section:first-child, .reveal .slides section.title { text-align: center; }
+.reveal h1, .reveal h2 { margin-bottom: 0.5em; }
+.reveal ul, .reveal ol { display: block; margin-left: 1.1em; }
+.reveal li { margin: 0.18em 0; }
+.reveal p { margin: 0.45em 0; }
+.reveal code { font-size: 0.85em; color: #6a3d9a; }
+.reveal table { font-size: 0.8em; margin: 0.4em 0; }
+.reveal table th, .reveal table td { padding: 0.2em 0.5em; }
+.reveal .math { margin: 0.4em 0; }
+.reveal mjx-container[display="true"] { margin: 0.3em 0 !important; }
+.reveal .cols { display: flex; gap: 1.4em; align-items: flex-start; }
+.reveal .cols > .col { flex: 1; min-width: 0; }
+.reveal img.fig { display: block; margin: 0.2em auto; max-width: 100%; max-height: 440px; }
+.reveal .small { font-size: 0.7em; color: #555; }
+"""
+
+DECK_TEMPLATE = """<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1.0">
+<title>{title}</title>
+<link rel="stylesheet" href="lib/reveal.js/reveal.css">
+<link rel="stylesheet" href="lib/reveal.js/theme/white.css">
+<style>
+{css}</style>
+</head>
+<body>
+<div class="reveal"><div class="slides">
+{sections}</div></div>
+<script src="lib/reveal.js/reveal.js"></script>
+<script src="lib/reveal.js/plugin/math/math.js"></script>
+<script src="lib/reveal.js/plugin/notes/notes.js"></script>
+<script>
+// Everything is local: MathJax is the copy under lib/ (the math plugin's default is a CDN).
+Reveal.initialize({config});
+Reveal.on("ready", function () {{ document.documentElement.dataset.totalSlides = Reveal.getTotalSlides(); }});
+</script>
+</body>
+</html>
+"""
+
+INDEX_TEMPLATE = """<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1.0">
+<title>Slides: {book}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; max-width: 46em; margin: 3em auto; padding: 0 1em; color: #222; }}
+h1 {{ color: #1d3557; }} li {{ margin: 0.6em 0; }} .meta {{ color: #666; font-size: 0.9em; }}
+</style>
+</head>
+<body>
+<h1>Slides: {book}</h1>
+<p>One reveal.js deck per chapter; everything they load sits in this folder, so they project with no network.
+Keys: arrows to move, <kbd>S</kbd> for the speaker notes, <kbd>F</kbd> for full screen, <kbd>Esc</kbd> for an overview.</p>
+<ol>
+{items}</ol>
+</body>
+</html>
+"""
+
+
+def _deck_config(macros: dict) -> str:
+    config = {
+        "hash": True, "width": 1280, "height": 720, "margin": 0.04, "slideNumber": "c/t",
+        "transition": "none", "center": False,
+        "mathjax3": {
+            "mathjax": MATHJAX_URL,
+            "tex": {"inlineMath": [["\\(", "\\)"]], "displayMath": [["\\[", "\\]"]], "macros": macros},
+            # the notes stay plain text in the speaker view
+            "options": {"ignoreHtmlClass": "notes"},
+        },
+    }
+    text = json.dumps(config, indent=1)
+    return text[:-1].rstrip() + ',\n "plugins": [RevealMath.MathJax3, RevealNotes]\n}'
+
+
+def _load_figures():
+    spec = importlib.util.spec_from_file_location("pathedu_slide_figures", SLIDES_SRC / "figures.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def build_slides(out: Path = SLIDES_OUT) -> list[Path]:
+    """Write one deck per chapter of ``_toc.yml`` (``chNN.html``), ``index.html``, the
+    figures (``fig/``) and the assets (``lib/``) into ``out``; return the decks' paths."""
+    import html as html_lib
+
+    _require_slide_assets()
+    out = Path(out).resolve()
+    if out.exists() and any(out.iterdir()) and not (out / SLIDES_STAMP).is_file():
+        die(f"{out} exists and was not written by `python book/tools.py slides`: not replacing it")
+    chapters = toc_chapters()
+    if not chapters:
+        die("_toc.yml lists no chapter `book/chNN_*`")
+    sources = {p.stem: p for p in SLIDES_SRC.glob("ch[0-9][0-9].md")}
+    missing = [f"book/slides/ch{nn}.md (for {doc})" for nn, doc in chapters if f"ch{nn}" not in sources]
+    extra = sorted(set(sources) - {f"ch{nn}" for nn, _ in chapters})
+    if missing or extra:
+        die("every chapter of _toc.yml needs a deck and every deck a chapter: "
+            + "; ".join([*(f"missing {m}" for m in missing), *(f"no chapter for book/slides/{e}.md" for e in extra)]))
+    macros = book_macros()
+    config = _deck_config(macros)
+    stage = Path(tempfile.mkdtemp(prefix="pathedu-slides-"))  # nothing half-written ever sits in `out`
+    stage.chmod(0o755)  # mkdtemp makes it private; a web server must read it
+    try:
+        for folder in SLIDE_LIB:
+            shutil.copytree(OFFLINE / folder, stage / "lib" / folder)
+        figures: dict[str, set] = {}
+        decks, items = [], []
+        for nn, doc in chapters:
+            meta, slides = split_deck(sources[f"ch{nn}"].read_text(encoding="utf8"))
+            if not slides:
+                die(f"book/slides/ch{nn}.md has no slides")
+            used: set = set()
+            md = _markdown(used)
+            try:
+                sections = "".join(render_slide(md, body, notes) for body, notes in slides)
+            except ValueError as err:
+                die(f"book/slides/ch{nn}.md: {err}")
+            for name in used:
+                figures.setdefault(name, set()).add(f"ch{nn}")
+            title = str(meta.get("title") or f"Chapter {int(nn)}")
+            deck = stage / f"ch{nn}.html"
+            deck.write_text(DECK_TEMPLATE.format(title=html_lib.escape(title), css=SLIDE_CSS, sections=sections,
+                                                 config=config), encoding="utf8")
+            decks.append(out / deck.name)
+            items.append(f'<li><a href="ch{nn}.html">Chapter {int(nn)}: {html_lib.escape(title)}</a> '
+                         f'<span class="meta">({len(slides)} slides; '
+                         f'<a href="../{doc}.html">the chapter</a>)</span></li>\n')
+        if figures:
+            module = _load_figures()
+            (stage / "fig").mkdir()
+            for name in sorted(figures):
+                draw = module.FIGURES.get(name)
+                if draw is None:
+                    die(f"figure `{name}` (used by {', '.join(sorted(figures[name]))}) is not in "
+                        "book/slides/figures.py's FIGURES")
+                draw(stage / "fig" / f"{name}.png")
+        (stage / "index.html").write_text(INDEX_TEMPLATE.format(book=html_lib.escape(_book_title()),
+                                                                items="".join(items)), encoding="utf8")
+        (stage / SLIDES_STAMP).write_text("written by python book/tools.py slides\n")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if out.exists():
+            shutil.rmtree(out)
+        shutil.move(str(stage), str(out))
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return decks
+
+
+def _book_title() -> str:
+    import yaml
+
+    return str(yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf8")).get("title", "pathedu"))
+
+
+def cmd_slides(args) -> None:
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    decks = build_slides(Path(args.out))
+    shown = decks[0].parent
+    shown = shown.relative_to(ROOT) if shown.is_relative_to(ROOT) else shown
+    print(f"{len(decks)} slide decks in {shown}/: open {shown}/index.html")
+
+
+# ---------------------------------------------------------------------------
 # Sphinx extension (``sphinx.local_extensions`` in _config.yml)
 # ---------------------------------------------------------------------------
 
@@ -329,6 +658,9 @@ def main(argv=None) -> None:
     p.add_argument("notebooks", nargs="+", metavar="NOTEBOOK")
     p.add_argument("--timeout", type=int, default=600, help="per-cell timeout in seconds (default 600)")
     p.set_defaults(func=cmd_execute)
+    p = sub.add_parser("slides", help="build the chapters' reveal.js slide decks (needs the assets)")
+    p.add_argument("--out", default=str(SLIDES_OUT), help="output folder (default _build/html/slides)")
+    p.set_defaults(func=cmd_slides)
     args = parser.parse_args(argv)
     args.func(args)
 

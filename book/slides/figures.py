@@ -1,0 +1,190 @@
+"""Figures of the slide decks, drawn from ``pathedu`` at build time (``python book/tools.py slides``).
+
+A slide shows one with ``![alt text](fig:NAME)``; ``FIGURES[NAME](path)`` writes the PNG.
+Nothing here is committed as an image.  Each figure also asserts the identity it
+illustrates, so a deck cannot show a picture that the library contradicts.
+Conventions as in the book: row = query ``i``, column = key ``j``, 0-based
+positions, gates in log space, products over ``s = j+1 .. i``.
+"""
+from __future__ import annotations
+
+import math
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+import torch  # noqa: E402
+
+from pathedu import alibi, fox, path, pathfox, rope  # noqa: E402
+
+DPI = 110
+
+
+def _save(fig, out) -> None:
+    fig.tight_layout()
+    fig.savefig(out, dpi=DPI)
+    plt.close(fig)
+
+
+def _heat(ax, m: torch.Tensor, title: str, *, cmap="viridis", vmin=None, vmax=None, diverging=False) -> None:
+    m = m.detach().to(torch.float64)
+    finite = torch.where(torch.isfinite(m), m, torch.nan)
+    if diverging:
+        lim = float(torch.nan_to_num(finite.abs(), nan=0.0).max()) or 1.0
+        vmin, vmax, cmap = -lim, lim, "RdBu_r"
+    im = ax.imshow(finite.numpy(), cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
+    ax.set_title(title, fontsize=11)
+    ax.set_xlabel("key $j$")
+    ax.set_ylabel("query $i$")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+
+
+def ch01_decay(out) -> None:
+    """``e^{-d(j, i)}`` for NoPE (every gate 1) and for random gates."""
+    T = 24
+    g = torch.Generator().manual_seed(0)
+    log_f = -0.4 * torch.rand(T, generator=g, dtype=torch.float64)
+    nope = fox.log_gate_matrix(torch.zeros(T, dtype=torch.float64)).exp()
+    gated = fox.log_gate_matrix(log_f).exp()
+    assert torch.equal(nope, torch.ones(T, T, dtype=torch.float64).tril())  # e^{-D} = M' for NoPE
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    _heat(axes[0], nope, r"NoPE: $e^{-d(j,i)}$ = causal mask $M'$", vmin=0, vmax=1)
+    _heat(axes[1], gated, r"random gates: $e^{-d(j,i)} = \prod_{s=j+1}^{i} a_s$", vmin=0, vmax=1)
+    _save(fig, out)
+
+
+def ch02_decay(out) -> None:
+    """ALiBi's ``e^{B}`` for three slopes; asserted equal to RetNet's decay matrix."""
+    T = 32
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.9))
+    for ax, slope in zip(axes, (0.5, 0.125, 2.0 ** -5)):
+        decay = alibi.alibi_bias(T, slope).exp()
+        assert torch.allclose(decay, alibi.retnet_decay(T, math.exp(-slope)), rtol=1e-12, atol=0)
+        _heat(ax, decay, rf"$\lambda = {slope:g}$: $\gamma^{{i-j}}$, half-life {math.log(2) / slope:.1f}",
+              vmin=0, vmax=1)
+    _save(fig, out)
+
+
+def ch03_gates(out) -> None:
+    """The chapter's example: f = 0.98, except token 10 (0.02) and token 17 (0.5)."""
+    T = 24
+    f = torch.full((T,), 0.98, dtype=torch.float64)
+    f[10], f[17] = 0.02, 0.5
+    D = fox.log_gate_matrix(f.log())
+    assert abs(float(D[12, 5]) - float(f[6:13].log().sum())) < 1e-12  # s = j+1 .. i
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    _heat(axes[0], D.exp(), r"$e^{D_{ij}} = \prod_{s=j+1}^{i} f_s$", vmin=0, vmax=1)
+    _heat(axes[1], torch.softmax(D, dim=-1), r"FoX attention with $q = k = 0$: softmax$_j(D_{ij})$",
+          vmin=0, vmax=1, cmap="magma")
+    _save(fig, out)
+
+
+def ch04_kernel(out) -> None:
+    """RoPE's relative kernel kappa(Delta) and its envelope, for two bases."""
+    delta = torch.arange(0, 8193)
+    fig, ax = plt.subplots(figsize=(10, 4.0))
+    for base, colour in ((1e4, "C0"), (5e5, "C3")):
+        kappa = rope.relative_kernel(delta, 128, base=base)
+        assert abs(float(kappa[0]) - 1.0) < 1e-12
+        ax.plot(delta[1:], kappa[1:], color=colour, lw=0.5, alpha=0.45)
+        ax.plot(delta[1:], rope.upper_envelope(kappa)[1:], color=colour, lw=2, label=f"base {base:g}: envelope")
+    ax.axhline(1 / math.sqrt(128), color="k", ls=":", lw=1, label=r"$1/\sqrt{D}$")
+    ax.set_xscale("log")
+    ax.set_xlabel(r"distance $\Delta = t - j$")
+    ax.set_ylabel(r"$\kappa(\Delta)$")
+    ax.set_title(r"$\kappa(\Delta) = \frac{2}{D}\sum_n \cos(\Omega_n \Delta)$, $D = 128$")
+    ax.legend(fontsize=9)
+    _save(fig, out)
+
+
+def ch05_rectangle(out) -> None:
+    """Same q and k everywhere: RoPE's logits are constant along diagonals; PaTH's depend
+    on the tokens between, and changing token s moves exactly the pairs j < s <= i."""
+    T, Dh, s = 20, 8, 9
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(Dh, generator=g, dtype=torch.float64).expand(T, Dh)
+    k = torch.randn(Dh, generator=g, dtype=torch.float64).expand(T, Dh)
+    w = torch.nn.functional.normalize(torch.randn(T, Dh, generator=g, dtype=torch.float64), dim=-1)
+    beta = 2 * torch.rand(T, generator=g, dtype=torch.float64)
+    future = torch.ones(T, T, dtype=torch.bool).triu(1)
+    r = rope.rope_logits(q, k, base=10.0).masked_fill(future, float("nan"))
+    before = path.path_logits(q, k, w, beta)
+    w2, beta2 = w.clone(), beta.clone()
+    w2[s] = torch.nn.functional.normalize(torch.randn(Dh, generator=g, dtype=torch.float64), dim=-1)
+    beta2[s] = 1.9
+    moved = (path.path_logits(q, k, w2, beta2) - before).abs().nan_to_num(nan=0.0) > 1e-12
+    i, j = torch.meshgrid(torch.arange(T), torch.arange(T), indexing="ij")
+    assert torch.equal(moved, (j < s) & (s <= i))
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4.1))
+    _heat(axes[0], r, r"RoPE: $\tau\,k^\top R^{i-j} q$", diverging=True)
+    _heat(axes[1], before.masked_fill(future, float("nan")), r"PaTH: $\tau\,k^\top H_{j+1}\cdots H_i\,q$",
+          diverging=True)
+    _heat(axes[2], moved.to(torch.float64).masked_fill(future, float("nan")),
+          rf"PaTH logits that move when token {s} changes", vmin=0, vmax=1, cmap="Greys")
+    _save(fig, out)
+
+
+def _pair_inputs(T=16, Dh=8, seed=2):
+    g = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(T, Dh, generator=g, dtype=torch.float64) for _ in range(2))
+    w = torch.nn.functional.normalize(torch.randn(T, Dh, generator=g, dtype=torch.float64), dim=-1)
+    beta = 2 * torch.rand(T, generator=g, dtype=torch.float64)
+    log_f = -0.5 * torch.rand(T, generator=g, dtype=torch.float64)
+    return q, k, w, beta, log_f
+
+
+def ch06_split(out) -> None:
+    """PaTH-FoX's linear weight = FoX's factor e^G times PaTH's score."""
+    q, k, w, beta, log_f = _pair_inputs()
+    tau = q.shape[-1] ** -0.5
+    G = fox.log_gate_matrix(log_f)
+    score = path.path_logits(q, k, w, beta) / tau
+    logits = pathfox.pathfox_logits(q, k, w, beta, log_f)
+    low = torch.isfinite(G)
+    assert torch.allclose(logits[low], (tau * score + G)[low], rtol=1e-10, atol=1e-10)
+    W = torch.where(low, G.exp() * score, torch.nan)
+    # the recurrence itself, read with one-hot values (V = I: output i is row i of the weights)
+    eye = torch.eye(q.shape[0], dtype=torch.float64)
+    assert torch.allclose(pathfox.gated_householder_recurrent(q, k, eye, w, beta, log_f), W.nan_to_num(nan=0.0),
+                          rtol=1e-10, atol=1e-10)
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4.1))
+    _heat(axes[0], G.exp(), r"FoX factor $e^{G_{ij}}$", vmin=0, vmax=1)
+    _heat(axes[1], torch.where(low, score, torch.nan), r"PaTH score $k_j^\top H_{j+1}\cdots H_i q_i$",
+          diverging=True)
+    _heat(axes[2], W, r"gated Householder weight $e^{G_{ij}}\,s_{ij}$", diverging=True)
+    _save(fig, out)
+
+
+def ch07_six(out) -> None:
+    """The linear side's weight W = e^G (l - G) / tau, read off each softmax side's logits."""
+    q, k, w, beta, log_f = _pair_inputs()
+    T, Dh = q.shape
+    tau = Dh ** -0.5
+    mask = fox.log_gate_matrix(torch.zeros(T, dtype=torch.float64))  # 0 on and below the diagonal, -inf above
+    lam = 0.3
+    B = alibi.alibi_bias(T, lam)
+    Gf = fox.log_gate_matrix(log_f)
+    dot = tau * q @ k.T
+    pairs = [
+        ("NoPE / linear attention", dot + mask, mask),
+        ("ALiBi / RetNet", dot + B, B),
+        ("FoX / Mamba2", dot + Gf, Gf),
+        ("RoPE / complex recurrence", rope.rope_logits(q, k, base=10.0) + mask, mask),
+        ("PaTH / Householder RNN", path.path_logits(q, k, w, beta), mask),
+        ("PaTH-FoX / gated Householder", pathfox.pathfox_logits(q, k, w, beta, log_f), Gf),
+    ]
+    fig, axes = plt.subplots(2, 3, figsize=(15, 6.6))
+    for ax, (name, logit, G) in zip(axes.flat, pairs):
+        low = torch.isfinite(G)
+        assert torch.equal(low, torch.isfinite(logit))  # the same causal mask on both sides
+        W = torch.where(low, G.exp() * (logit - G) / tau, torch.nan)
+        _heat(ax, W, name, diverging=True)
+    _save(fig, out)
+
+
+FIGURES = {f.__name__: f for f in (ch01_decay, ch02_decay, ch03_gates, ch04_kernel, ch05_rectangle,
+                                    ch06_split, ch07_six)}
