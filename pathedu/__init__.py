@@ -46,7 +46,7 @@ __version__ = "0.1.0"
 # works after a plain ``import pathedu``), loaded on first access so that
 # ``import pathedu`` itself stays fast (PEP 562).
 _LAZY = ("nope", "alibi", "fox", "rope", "path", "pathfox", "checks", "masks", "plotting", "constructions",
-         "symbolic", "exercises", "bench", "kernels")
+         "symbolic", "exercises", "bench", "kernels", "widgets", "course", "tasks", "models", "train", "experiments")
 
 
 def __getattr__(name):

@@ -1,0 +1,172 @@
+r"""The PaTH paper's synthetic experiments, reproduced at small scale with the book's mechanisms.
+
+``python -m pathedu.experiments NAME [--mixers ...] [--steps N] [--seeds ...] [--device DEV] [--out FILE] [--tiny]``
+runs experiment ``NAME`` (:data:`EXPERIMENTS`: ``flipflop``, ``word_problem``, ``mqrar``) and writes
+``pathedu/data/exp_NAME.json`` (``--out`` to change it)::
+
+    {"experiment", "command", "commit", "dirty", "device", "versions": {python, torch, triton, pathedu},
+     "config": {...every setting...}, "wall_time_s",
+     "runs": [{"seed", "mixer", ...setting..., "n_params", "final": {...}, "history": {...}}, ...],
+     "summary": {...}}
+
+``runs`` holds every run, in the order they ran: nothing is filtered or picked.  ``--tiny``
+shrinks every size so that the experiment runs on a CPU in seconds (for tests and the lab);
+its numbers mean nothing.
+
+Each experiment module has ``DEFAULTS`` (the paper's setting, sized to about 15 minutes on one
+H100), ``TINY`` (overrides for ``--tiny``), ``run(config, *, device, progress) -> (runs, summary)`` and
+``summarize(runs, config)``.
+
+A series too long for one sitting (the GPU machine takes commands of at most 10 minutes) is run in parts, a
+few seeds or mixers each, and merged: ``python -m pathedu.experiments.merge OUT PART.json ...``
+(:func:`merge_records`) keeps every run of every part and each part's command, commit and device.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+__all__ = ["EXPERIMENTS", "get_module", "make_config", "run_experiment", "merge_records", "metadata", "git_commit",
+           "default_out"]
+
+EXPERIMENTS = ("flipflop", "word_problem", "mqrar")
+_ROOT = Path(__file__).resolve().parent.parent  # the pathedu package
+
+
+def get_module(name: str):
+    """The module of experiment ``name``."""
+    if name not in EXPERIMENTS:
+        raise ValueError(f"`name` must be one of {', '.join(EXPERIMENTS)}; got {name!r}")
+    import importlib
+
+    return importlib.import_module(f"{__name__}.{name}")
+
+
+def default_out(name: str) -> Path:
+    """``pathedu/data/exp_NAME.json``."""
+    return _ROOT / "data" / f"exp_{name}.json"
+
+
+def git_commit() -> tuple[str, bool | None]:
+    """``(commit, dirty)``: ``git rev-parse HEAD`` of the checkout holding pathedu, else the
+    environment variable ``PATHEDU_COMMIT``, else ``"unknown"`` (``dirty`` None when unknown)."""
+    try:
+        cwd = _ROOT.parent
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
+                                timeout=10, check=True).stdout.strip()
+        status = subprocess.run(["git", "status", "--porcelain"], cwd=cwd, capture_output=True, text=True,
+                                timeout=10, check=True).stdout
+        if commit:
+            return commit, bool(status.strip())
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return os.environ.get("PATHEDU_COMMIT", "unknown"), None
+
+
+def metadata(device: torch.device) -> dict:
+    """Command, commit, device name and versions."""
+    import pathedu
+
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:  # pragma: no cover
+        triton_version = None
+    commit, dirty = git_commit()
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    return {
+        "command": " ".join(sys.argv),
+        "commit": commit, "dirty": dirty, "device": name, "device_type": device.type,
+        "triton_mode": pathedu.triton_mode(),
+        "versions": {"python": platform.python_version(), "torch": torch.__version__, "triton": triton_version,
+                     "pathedu": pathedu.__version__},
+    }
+
+
+def make_config(name: str, *, tiny: bool = False, **overrides) -> dict:
+    """The experiment's defaults, then its ``TINY`` overrides (``tiny=True``), then ``overrides``
+    (keys must exist in the defaults; ``None`` values are ignored)."""
+    mod = get_module(name)
+    config = json.loads(json.dumps(mod.DEFAULTS))  # a deep copy, JSON-clean
+    if tiny:
+        config.update(json.loads(json.dumps(mod.TINY)))
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key not in config:
+            raise ValueError(f"unknown setting {key!r} for experiment {name!r}; known: {', '.join(config)}")
+        config[key] = value
+    config["tiny"] = tiny
+    return config
+
+
+def run_experiment(name: str, *, config: dict | None = None, device=None, out=None, progress: bool = True,
+                   command: str | None = None) -> dict:
+    """Run experiment ``name`` with ``config`` (default :func:`make_config` ``(name)``) on ``device``
+    (default: CUDA when available, else CPU); write the JSON to ``out`` (default :func:`default_out`;
+    ``out=False``: write nothing) and return the record."""
+    mod = get_module(name)
+    config = make_config(name) if config is None else config
+    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    record = {"experiment": name, **metadata(device)}
+    if command is not None:
+        record["command"] = command
+    record["config"] = config
+    start = time.perf_counter()
+    runs, summary = mod.run(config, device=device, progress=progress)
+    record["wall_time_s"] = time.perf_counter() - start
+    record["runs"] = runs
+    record["summary"] = summary
+    if out is not False:
+        path = Path(out) if out is not None else default_out(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=1, allow_nan=True) + "\n")
+        record["written_to"] = str(path)
+    return record
+
+
+def merge_records(records: list[dict]) -> dict:
+    """One record from the parts of a series: the same experiment and settings, run for different seeds or
+    mixers.  Every run of every part is kept in order; ``parts`` keeps each part's command, commit, device,
+    versions and wall time; the summary is recomputed over all runs."""
+    if not records:
+        raise ValueError("`records` is empty: nothing to merge")
+    name = records[0]["experiment"]
+    mod = get_module(name)
+    varying = ("seeds", "mixers")
+    base = {k: v for k, v in records[0]["config"].items() if k not in varying}
+    for r in records[1:]:
+        if r["experiment"] != name:
+            raise ValueError(f"cannot merge experiment {r['experiment']!r} into {name!r}")
+        other = {k: v for k, v in r["config"].items() if k not in varying}
+        if other != base:
+            diff = sorted(k for k in set(base) | set(other) if base.get(k) != other.get(k))
+            raise ValueError(f"the parts differ in settings other than seeds and mixers: {diff}")
+    config = dict(records[0]["config"])
+    for key in varying:
+        config[key] = list(dict.fromkeys(x for r in records for x in r["config"][key]))
+    runs = [run for r in records for run in r["runs"]]
+    keep = ("command", "commit", "dirty", "device", "device_type", "triton_mode", "versions", "wall_time_s")
+    parts = [{k: r.get(k) for k in keep} for r in records]
+    commits = sorted({p["commit"] for p in parts})
+    devices = sorted({p["device"] for p in parts})
+    return {"experiment": name,
+            "command": " && ".join(p["command"] for p in parts),
+            "commit": commits[0] if len(commits) == 1 else commits,
+            "dirty": any(p["dirty"] for p in parts) if all(p["dirty"] is not None for p in parts) else None,
+            "device": devices[0] if len(devices) == 1 else devices,
+            "device_type": records[0].get("device_type"), "triton_mode": records[0].get("triton_mode"),
+            "versions": records[0].get("versions"), "config": config,
+            "wall_time_s": sum(p["wall_time_s"] for p in parts), "parts": parts,
+            "runs": runs, "summary": mod.summarize(runs, config)}

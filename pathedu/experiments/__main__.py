@@ -1,0 +1,65 @@
+"""``python -m pathedu.experiments NAME [--mixers ...] [--steps N] [--seeds ...] [--device DEV] [--out FILE]
+[--tiny] [--set KEY=JSON ...] [--no-progress]``: see :mod:`pathedu.experiments`."""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+
+from . import EXPERIMENTS, get_module, make_config, run_experiment
+
+
+def _parse_set(items):
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            raise SystemExit(f"--set expects KEY=VALUE (VALUE in JSON), got {item!r}")
+        key, value = item.split("=", 1)
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value  # a bare string
+    return out
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    p = argparse.ArgumentParser(prog="python -m pathedu.experiments",
+                                description="Train small models on the PaTH paper's synthetic tasks and write "
+                                            "pathedu/data/exp_NAME.json.")
+    p.add_argument("name", choices=EXPERIMENTS)
+    p.add_argument("--mixers", nargs="+", help="mixers to train (default: the experiment's)")
+    p.add_argument("--steps", type=int, help="optimizer steps per run")
+    p.add_argument("--seeds", nargs="+", type=int, help="seeds (every seed is run and reported)")
+    p.add_argument("--device", help="cuda, cuda:1, cpu (default: cuda when available)")
+    p.add_argument("--out", help="output JSON (default: pathedu/data/exp_NAME.json)")
+    p.add_argument("--tiny", action="store_true", help="tiny sizes: a CPU run of seconds (tests, labs)")
+    p.add_argument("--set", action="append", metavar="KEY=JSON", help="override any setting, e.g. --set lengths=[10,20]")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    p.add_argument("--show-config", action="store_true", help="print the configuration and exit")
+    args = p.parse_args(argv)
+
+    overrides = _parse_set(args.set)
+    overrides.update(mixers=args.mixers, steps=args.steps, seeds=args.seeds)
+    try:
+        config = make_config(args.name, tiny=args.tiny, **overrides)
+    except ValueError as e:
+        p.error(str(e))
+    if args.tiny and args.device is None:
+        args.device = "cpu"
+    if args.show_config:
+        print(json.dumps(config, indent=1))
+        return 0
+    get_module(args.name)  # fail early on an unknown name
+    command = "python -m pathedu.experiments " + " ".join(shlex.quote(a) for a in argv)
+    record = run_experiment(args.name, config=config, device=args.device, out=args.out,
+                            progress=not args.no_progress, command=command)
+    print(json.dumps(record["summary"], indent=1))
+    print(f"{len(record['runs'])} runs in {record['wall_time_s']:.1f} s on {record['device']}; "
+          f"written to {record['written_to']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

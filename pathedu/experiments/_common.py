@@ -1,0 +1,50 @@
+"""What the three experiments share: one training run, seeds, summaries."""
+from __future__ import annotations
+
+import math
+import statistics
+
+import torch
+
+from ..models import build_model, select_form
+from ..train import evaluate, train
+
+
+
+def data_seed(seed: int, step: int) -> int:
+    """The task generator's seed of training batch ``step`` of run seed ``seed`` (disjoint from the
+    evaluation seeds, which are >= 2**40)."""
+    return (seed + 1) * 1_000_000_000 + step
+
+
+EVAL_SEED = 2 ** 40
+
+
+def train_run(mixer: str, seed: int, *, model_kwargs: dict, sample, evaluate_fn, config: dict, device,
+              progress: bool, desc: str) -> dict:
+    """Seed, build ``mixer``'s model, train it; return ``{"n_params", "form", "final", "history",
+    "train_time_s", "wall_time_s"}`` (``final``: the last evaluation)."""
+    torch.manual_seed(seed)
+    model = build_model(mixer, **model_kwargs).to(device)
+    hist = train(model, sample, steps=config["steps"], lr=config["lr"], weight_decay=config["weight_decay"],
+                 warmup=config["warmup"], clip=config["clip"], evaluate_fn=evaluate_fn,
+                 eval_every=config["eval_every"], log_every=config["log_every"], device=device, seed=seed,
+                 progress=progress, desc=desc)
+    final = hist["eval"][-1] if hist["eval"] else {}
+    return {"n_params": model.num_parameters(), "form": select_form(mixer, model_kwargs.get("form", "auto"),
+                                                                       device=device, T=config.get("length", 0)),
+            "final": final, "train_time_s": hist["train_time_s"], "wall_time_s": hist["wall_time_s"],
+            "history": hist}
+
+
+def eval_split(model, inputs, targets, *, device, batch_size: int) -> dict:
+    m = evaluate(model, inputs, targets, batch_size=batch_size, device=device)
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in m.items()}
+
+
+def stats(values) -> dict:
+    """mean, min, max and n of the finite numbers in ``values`` (every value is kept in the runs)."""
+    vals = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    if not vals:
+        return {"n": 0, "mean": None, "min": None, "max": None}
+    return {"n": len(vals), "mean": statistics.fmean(vals), "min": min(vals), "max": max(vals)}

@@ -1,0 +1,68 @@
+r"""MQRAR-N: multi-query repeated associative recall with N-back (the PaTH paper, section 4.1 and Fig. 2).
+
+Setting (the paper's): 2 layers, d_model 256, 2 heads, 32 keys, sequences of length 768,
+``N = n_back`` in 1..4; one model trained per ``(mixer, N, seed)``.  At every key token whose key
+was assigned at least N times before, the model outputs the value of the N-th most recent
+assignment (:func:`pathedu.tasks.mqrar`); accuracy is over those positions of fresh sequences.
+
+Our sizes: 480 value ids (``vocab = 512``), batch 32, 2000 steps, lr 1e-3, one seed by default.
+
+Time on one H100 (measured, bf16 autocast, Triton forms; ``python -m pathedu.experiments.timing mqrar``):
+a step takes 13 ms (rope), 9 ms (fox), 25 ms (path), 27 ms (pathfox), 16 ms (linear, matrix form);
+16 runs x 2000 steps = about 10 minutes, plus about 30 s of Triton compilation/autotuning per mixer and
+the evaluations: about 13 minutes.  A 400-step check (N = 2) was still learning: accuracy 5.0% for path,
+1.5% for rope; whether 2000 steps are enough has not been measured.
+The default mixers are the softmax side (rope, fox, path, pathfox); the linear duals at the same
+size, the price of a fixed-size state, are a second command:
+``python -m pathedu.experiments mqrar --mixers linear gla deltanet gated_deltanet --out ...``.
+"""
+from __future__ import annotations
+
+from .. import tasks
+from ._common import EVAL_SEED, data_seed, eval_split, stats, train_run
+
+DEFAULTS = {
+    "mixers": ["rope", "fox", "path", "pathfox"],
+    "n_backs": [1, 2, 3, 4],
+    "seeds": [0],
+    "d_model": 256, "n_layers": 2, "n_heads": 2, "mlp_ratio": 4,
+    "n_keys": 32, "vocab": 512, "length": 768,
+    "beta_max": {},
+    "batch_size": 32, "steps": 2000, "lr": 1e-3, "weight_decay": 0.1, "warmup": 200, "clip": 1.0,
+    "eval_n": 256, "eval_batch_size": 64, "eval_every": 500, "log_every": 10,
+    "form": "auto",
+}
+TINY = {"mixers": ["rope", "path"], "n_backs": [1, 2], "d_model": 32, "n_keys": 4, "vocab": 16, "length": 32,
+        "batch_size": 4, "steps": 3, "warmup": 1, "eval_n": 8, "eval_batch_size": 8, "eval_every": 2,
+        "log_every": 1}
+
+
+def run(config: dict, *, device, progress: bool = True):
+    runs = []
+    for n_back in config["n_backs"]:
+        ev = tasks.mqrar(config["eval_n"], config["length"], n_keys=config["n_keys"], n_back=n_back,
+                         vocab=config["vocab"], seed=EVAL_SEED + n_back)
+
+        def evaluate_fn(model, ev=ev):
+            return eval_split(model, *ev, device=device, batch_size=config["eval_batch_size"])
+
+        for seed in config["seeds"]:
+            for mixer in config["mixers"]:
+                def sample(step, seed=seed, n_back=n_back):
+                    return tasks.mqrar(config["batch_size"], config["length"], n_keys=config["n_keys"],
+                                       n_back=n_back, vocab=config["vocab"], seed=data_seed(seed, step))
+
+                model_kwargs = dict(vocab=config["vocab"], d_model=config["d_model"], n_layers=config["n_layers"],
+                                    n_heads=config["n_heads"], mlp_ratio=config["mlp_ratio"], form=config["form"],
+                                    beta_max=config["beta_max"].get(mixer))
+                r = train_run(mixer, seed, model_kwargs=model_kwargs, sample=sample, evaluate_fn=evaluate_fn,
+                              config=config, device=device, progress=progress, desc=f"mqrar N{n_back} {mixer} s{seed}")
+                runs.append({"n_back": n_back, "seed": seed, "mixer": mixer, **r})
+    return runs, summarize(runs, config)
+
+
+def summarize(runs, config) -> dict:
+    """Per mixer and N: the accuracy over seeds."""
+    return {"total_train_steps": len(runs) * config["steps"], "accuracy": {
+        mixer: {str(nb): stats([r["final"]["accuracy"] for r in runs if r["mixer"] == mixer and r["n_back"] == nb])
+                for nb in config["n_backs"]} for mixer in config["mixers"]}}

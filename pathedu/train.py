@@ -1,0 +1,175 @@
+r"""Training: an ordinary PyTorch loop, and the accuracy the experiments report.
+
+:func:`train` runs AdamW with a linear warm-up then cosine decay of the learning rate,
+gradient-norm clipping, bf16 autocast on CUDA only (fp32 on the CPU), a tqdm progress bar
+(``progress=False`` hides it) and an evaluation every ``eval_every`` steps and at the end.
+
+Data come from a function ``sample(step) -> (inputs, targets)``: ``inputs (B, T)`` long
+token ids, ``targets (B, T)`` long class ids with :data:`pathedu.tasks.IGNORE` (-100) at the
+positions that are not scored.  The loss is the mean cross-entropy over the scored positions
+of the batch.  Make ``sample`` deterministic in ``step`` (e.g. ``seed = base + step`` for a
+:mod:`pathedu.tasks` generator) and the run is reproducible: :func:`train` also calls
+``torch.manual_seed(seed)`` first.  Build the model after ``torch.manual_seed`` too.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .tasks import IGNORE
+
+__all__ = ["lr_at", "masked_loss", "accuracy", "evaluate", "train", "lm_targets"]
+
+
+def lr_at(step: int, *, lr: float, steps: int, warmup: int, min_lr_ratio: float = 0.1) -> float:
+    """The learning rate before optimizer step ``step`` (0-based): linear warm-up from ``lr/warmup``
+    to ``lr`` over ``warmup`` steps, then cosine decay to ``min_lr_ratio * lr`` at ``steps``."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return lr * (min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def masked_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of ``logits (B, T, C)`` over the positions where ``targets (B, T) != -100``
+    (0 when no position is scored)."""
+    if logits.shape[:-1] != targets.shape:
+        raise ValueError(f"`targets` must have shape {tuple(logits.shape[:-1])}, got {tuple(targets.shape)}")
+    if not (targets != IGNORE).any():
+        return logits.sum() * 0.0
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
+
+
+def lm_targets(tokens: torch.Tensor, mask: torch.Tensor):
+    """Next-token prediction on the masked positions: ``inputs = tokens[:, :-1]``,
+    ``targets = tokens[:, 1:]`` where ``mask[:, 1:]`` is true, -100 elsewhere (flip-flop: the read
+    bit is predicted at the ``r`` one position earlier)."""
+    if tokens.shape != mask.shape:
+        raise ValueError(f"`mask` must have the shape of `tokens` {tuple(tokens.shape)}, got {tuple(mask.shape)}")
+    inputs = tokens[:, :-1]
+    targets = torch.where(mask[:, 1:], tokens[:, 1:], torch.full_like(tokens[:, 1:], IGNORE))
+    return inputs, targets
+
+
+def accuracy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[int, int]:
+    """``(correct, scored)``: argmax predictions equal to ``targets`` at the scored positions."""
+    keep = targets != IGNORE
+    return int((logits.argmax(-1)[keep] == targets[keep]).sum()), int(keep.sum())
+
+
+@torch.no_grad()
+def evaluate(model, inputs: torch.Tensor, targets: torch.Tensor, *, batch_size: int = 64, device=None,
+             amp: bool | None = None) -> dict:
+    """Accuracy of ``model`` on fixed data, in batches: ``{"accuracy", "error", "correct", "scored",
+    "loss"}``; also ``"last_accuracy"``, the accuracy at the last position alone (when scored there).
+    ``inputs, targets (N, T)`` on the CPU; moved to ``device`` batch by batch."""
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    amp = (device.type == "cuda") if amp is None else amp
+    was_training = model.training
+    model.eval()
+    correct = scored = last_c = last_n = 0
+    loss_sum = 0.0
+    for s in range(0, inputs.shape[0], batch_size):
+        x, y = inputs[s:s + batch_size].to(device), targets[s:s + batch_size].to(device)
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
+            logits = model(x)
+        c, n = accuracy(logits, y)
+        correct, scored = correct + c, scored + n
+        if n:
+            loss_sum += float(masked_loss(logits, y)) * n
+        lc, ln = accuracy(logits[:, -1:], y[:, -1:])
+        last_c, last_n = last_c + lc, last_n + ln
+    model.train(was_training)
+    acc = correct / scored if scored else float("nan")
+    return {"accuracy": acc, "error": 1 - acc, "correct": correct, "scored": scored,
+            "loss": loss_sum / scored if scored else float("nan"),
+            "last_accuracy": last_c / last_n if last_n else float("nan")}
+
+
+def train(model: torch.nn.Module, sample: Callable[[int], tuple], *, steps: int, lr: float = 1e-3,
+          weight_decay: float = 0.1, betas: tuple = (0.9, 0.95), warmup: int | None = None,
+          min_lr_ratio: float = 0.1, clip: float = 1.0, evaluate_fn: Callable | None = None,
+          eval_every: int | None = None, log_every: int = 1, device=None, amp: bool | None = None,
+          seed: int = 0, progress: bool = True, desc: str = "train") -> dict:
+    """Train ``model`` for ``steps`` optimizer steps on batches ``sample(step) -> (inputs, targets)``.
+
+    * AdamW (``lr``, ``betas``, ``weight_decay`` on matrices only: not on biases, norms, embeddings);
+      learning rate :func:`lr_at` (``warmup`` default ``steps // 10``); gradients clipped to norm ``clip``.
+    * ``amp`` (default: CUDA only): bf16 autocast for the forward pass.
+    * ``evaluate_fn(model) -> dict`` every ``eval_every`` steps (default ``steps // 10``) and after the
+      last step.
+    * ``seed``: ``torch.manual_seed(seed)`` before the first step.
+
+    Returns the history: ``{"step": [...], "loss": [...], "lr": [...], "grad_norm": [...]}`` every
+    ``log_every`` steps, ``"eval": [{"step": s, **metrics}, ...]``, ``"wall_time_s"`` (the whole loop),
+    ``"train_time_s"`` (without evaluation) and ``"steps"``.
+    """
+    from tqdm.auto import tqdm
+
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"`steps` must be a positive int, got {steps!r}")
+    if not lr > 0:
+        raise ValueError(f"`lr` must be positive, got {lr!r}")
+    warmup = max(1, steps // 10) if warmup is None else warmup
+    if warmup < 0:
+        raise ValueError(f"`warmup` must be >= 0, got {warmup!r}")
+    warmup = max(warmup, 1)
+    eval_every = max(1, steps // 10) if eval_every is None else eval_every
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    amp = (device.type == "cuda") if amp is None else bool(amp)
+    torch.manual_seed(seed)
+    model.to(device).train()
+
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n]
+    no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "embed" not in n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=betas,
+                            fused=device.type == "cuda")
+    hist = {"step": [], "loss": [], "lr": [], "grad_norm": [], "eval": []}
+    eval_time = 0.0
+    start = time.perf_counter()
+
+    def run_eval(step):
+        nonlocal eval_time
+        if evaluate_fn is None:
+            return None
+        t0 = time.perf_counter()
+        metrics = evaluate_fn(model)
+        model.train()
+        eval_time += time.perf_counter() - t0
+        hist["eval"].append({"step": step, **metrics})
+        return metrics
+
+    bar = tqdm(range(steps), desc=desc, disable=not progress, leave=False, dynamic_ncols=True)
+    for step in bar:
+        cur_lr = lr_at(step, lr=lr, steps=steps, warmup=warmup, min_lr_ratio=min_lr_ratio)
+        for g in opt.param_groups:
+            g["lr"] = cur_lr
+        inputs, targets = sample(step)
+        inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
+            logits = model(inputs)
+        loss = masked_loss(logits, targets)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        if step % log_every == 0 or step == steps - 1:
+            hist["step"].append(step)
+            hist["loss"].append(float(loss.detach()))
+            hist["lr"].append(cur_lr)
+            hist["grad_norm"].append(float(gnorm))
+            bar.set_postfix(loss=f"{hist['loss'][-1]:.4f}", refresh=False)
+        if (step + 1) % eval_every == 0 and step + 1 < steps:
+            m = run_eval(step + 1)
+            if m is not None and "accuracy" in m:
+                bar.set_postfix(loss=f"{hist['loss'][-1]:.4f}", acc=f"{m['accuracy']:.3f}", refresh=False)
+    bar.close()
+    run_eval(steps)
+    wall = time.perf_counter() - start
+    hist.update(wall_time_s=wall, train_time_s=wall - eval_time, steps=steps)
+    return hist

@@ -1,0 +1,147 @@
+"""pathedu.models: every mixer's model on the PyTorch forms (CPU): shapes, gradients, causality, plumbing."""
+import pytest
+import torch
+
+from pathedu import models
+from pathedu.models import LINEAR_MIXERS, MIXERS, build_model, parameter_count, select_form
+
+SIZES = dict(vocab=11, d_model=32, n_layers=2, n_heads=2)
+
+
+def _model(mixer, **kw):
+    torch.manual_seed(0)
+    return build_model(mixer, **{**SIZES, **kw})
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_forward_backward(mixer):
+    model = _model(mixer, out_vocab=7)
+    tokens = torch.randint(0, 11, (3, 20), generator=torch.Generator().manual_seed(1))
+    logits = model(tokens)
+    assert logits.shape == (3, 20, 7) and logits.dtype == torch.float32
+    logits.square().mean().backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None, name
+        assert torch.isfinite(p.grad).all(), name
+    # the mixer's own projections (q, k, gates, w, beta) all receive signal
+    mixer_grads = {n: p.grad.abs().sum().item() for n, p in model.named_parameters() if ".mixer." in n}
+    assert all(g > 0 for g in mixer_grads.values()), mixer_grads
+    assert model.num_parameters() == parameter_count(mixer, **SIZES, out_vocab=7)
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_causal(mixer):
+    model = _model(mixer).eval()
+    g = torch.Generator().manual_seed(2)
+    a = torch.randint(0, 11, (2, 24), generator=g)
+    b = a.clone()
+    b[:, 13] = (a[:, 13] + 1) % 11  # change one future token
+    with torch.no_grad():
+        la, lb = model(a), model(b)
+    assert torch.allclose(la[:, :13], lb[:, :13], rtol=0, atol=1e-6)
+    assert not torch.allclose(la[:, 13], lb[:, 13])  # ...which the model does see from position 13 on
+
+
+@pytest.mark.parametrize("mixer", [m for m in MIXERS if "matrix" in models._FUNCS[m]])
+def test_matrix_and_chunked_forms_agree(mixer):
+    tokens = torch.randint(0, 11, (2, 40), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        a = _model(mixer, form="matrix")(tokens)
+        b = _model(mixer, form="chunked")(tokens)
+    assert torch.allclose(a, b, rtol=0, atol=2e-5)
+
+
+def _record(monkeypatch, mixer):
+    """Make ``mixer``'s matrix form record its arguments in the returned dict."""
+    seen = {}
+    fn = models._FUNCS[mixer]["matrix"]
+
+    def spy(*args, **kwargs):
+        seen["args"] = args
+        return fn(*args, **kwargs)
+
+    monkeypatch.setitem(models._FUNCS[mixer], "matrix", spy)
+    return seen
+
+
+def test_forget_gates_start_near_one():
+    mix = build_model("fox", **{**SIZES, "n_heads": 4}).blocks[0].mixer
+    f = torch.sigmoid(mix.f.bias)  # bias linspace(2, 6) over heads
+    assert 0.85 < f.min() < 0.9 and 0.997 < f.max() < 1
+
+
+@pytest.mark.parametrize("mixer, beta_max, want, beta_arg", [
+    ("path", None, 2.0, 4), ("pathfox", None, 2.0, 4), ("deltanet", None, 1.0, 3), ("deltanet", 2.0, 2.0, 3),
+    ("gated_deltanet", None, 1.0, 3), ("gated_deltanet", 2.0, 2.0, 3)])
+def test_beta_range(monkeypatch, mixer, beta_max, want, beta_arg):
+    """beta = beta_max * sigmoid(.): PaTH reaches reflections (beta -> 2), DeltaNet only with beta_max=2."""
+    mix = build_model(mixer, **SIZES, beta_max=beta_max).blocks[0].mixer
+    assert mix.beta_max == want
+    seen = _record(monkeypatch, mixer)
+    with torch.no_grad():
+        mix.b.bias.fill_(30.0)
+        mix(torch.randn(2, 9, 32))
+    beta = seen["args"][beta_arg]
+    assert beta.shape == (2, 2, 9)
+    assert torch.allclose(beta, torch.full_like(beta, want))
+
+
+def test_path_w_is_unit(monkeypatch):
+    mix = _model("path").blocks[0].mixer
+    seen = _record(monkeypatch, "path")
+    with torch.no_grad():
+        mix(torch.randn(2, 7, 32))
+    w = seen["args"][3]
+    assert w.shape == (2, 2, 7, 16)
+    assert torch.allclose(w.norm(dim=-1), torch.ones(2, 2, 7))
+
+
+def test_select_form():
+    assert select_form("path", device="cpu", T=64) == "matrix"
+    assert select_form("gla", device="cpu", T=64) == "chunked"
+    assert select_form("deltanet", device="cpu", T=2048) == "chunked"
+    assert select_form("path", device="cpu", T=2048) == "matrix"  # softmax side: never chunked by default
+    assert select_form("rope", "triton") == "triton"
+    with pytest.raises(ValueError, match="`form`.*backward"):
+        select_form("deltanet", "triton")
+    with pytest.raises(ValueError, match="`form`"):
+        select_form("rope", "fast")
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="`mixer`.*nope, alibi, fox, rope, path, pathfox, linear"):
+        build_model("mamba", **SIZES)
+    with pytest.raises(ValueError, match="`d_model`"):
+        build_model("rope", vocab=5, d_model=30, n_layers=1, n_heads=4)
+    with pytest.raises(ValueError, match="`head_dim`"):
+        build_model("rope", vocab=5, d_model=30, n_layers=1, n_heads=2)  # head dim 15: odd
+    with pytest.raises(ValueError, match="`beta_max`"):
+        build_model("rope", **SIZES, beta_max=2.0)
+    with pytest.raises(ValueError, match="`beta_max`"):
+        build_model("deltanet", **SIZES, beta_max=3.0)
+    with pytest.raises(ValueError, match="`n_layers`"):
+        build_model("rope", vocab=5, d_model=32, n_layers=0, n_heads=2)
+    model = _model("nope")
+    with pytest.raises(ValueError, match="`tokens`"):
+        model(torch.tensor([[0, 11]]))
+    with pytest.raises(ValueError, match="`tokens`"):
+        model(torch.zeros(2, 3, 4, dtype=torch.long))
+
+
+def test_linear_side_normalises():
+    assert set(LINEAR_MIXERS) == {m for m in MIXERS if _model(m).blocks[0].mixer.head_norm is not None}
+
+
+@pytest.mark.parametrize("mixer", ["rope", "path"])
+def test_triton_form_matches_matrix(mixer):
+    """The Triton forms (here in the interpreter) plugged in the same way as the matrix forms."""
+    tokens = torch.randint(0, 11, (1, 16), generator=torch.Generator().manual_seed(4))
+    sizes = dict(SIZES, n_layers=1)
+    torch.manual_seed(0)
+    a = build_model(mixer, **sizes, form="matrix")
+    torch.manual_seed(0)
+    b = build_model(mixer, **sizes, form="triton")
+    la, lb = a(tokens), b(tokens)
+    assert torch.allclose(la, lb, rtol=0, atol=1e-4)
+    lb.square().mean().backward()  # the kernels' backward passes
+    assert all(torch.isfinite(p.grad).all() for p in b.parameters())

@@ -1,0 +1,149 @@
+"""pathedu.train and the experiments' command line (CPU, tiny sizes)."""
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pathedu import tasks
+from pathedu.experiments import EXPERIMENTS, make_config
+from pathedu.experiments.__main__ import main as experiments_main
+from pathedu.models import build_model
+from pathedu.train import IGNORE, evaluate, lm_targets, lr_at, masked_loss, train
+
+
+def test_lr_schedule():
+    kw = dict(lr=1.0, steps=100, warmup=10, min_lr_ratio=0.1)
+    assert lr_at(0, **kw) == pytest.approx(0.1)
+    assert lr_at(9, **kw) == pytest.approx(1.0)
+    assert lr_at(10, **kw) == pytest.approx(1.0)
+    assert lr_at(55, **kw) == pytest.approx(0.55)  # halfway through the cosine
+    assert lr_at(100, **kw) == pytest.approx(0.1)
+    decay = [lr_at(s, **kw) for s in range(10, 101)]
+    assert all(a >= b for a, b in zip(decay, decay[1:]))
+
+
+def test_masked_loss_and_lm_targets():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 5, 4, generator=g)
+    targets = torch.tensor([[1, IGNORE, 2, IGNORE, 0], [IGNORE, IGNORE, 3, IGNORE, IGNORE]])
+    keep = targets != IGNORE
+    want = F.cross_entropy(logits[keep], targets[keep])
+    assert masked_loss(logits, targets).item() == pytest.approx(want.item())
+    assert masked_loss(logits, torch.full_like(targets, IGNORE)).item() == 0.0
+    tokens, mask = tasks.flipflop(3, 10, p_ignore=0.2, seed=0)
+    x, y = lm_targets(tokens, mask)
+    assert torch.equal(x, tokens[:, :-1])
+    assert torch.equal(y != IGNORE, mask[:, 1:])
+    assert torch.equal(y[y != IGNORE], tokens[:, 1:][mask[:, 1:]])
+
+
+def _flipflop_run(steps=40, seed=0):
+    torch.manual_seed(seed)
+    model = build_model("rope", vocab=5, d_model=32, n_layers=1, n_heads=2)
+    ev = lm_targets(*tasks.flipflop(32, 32, p_ignore=0.5, seed=10 ** 6))
+
+    def sample(step):
+        return lm_targets(*tasks.flipflop(16, 32, p_ignore=0.5, seed=seed * 1000 + step))
+
+    hist = train(model, sample, steps=steps, lr=3e-3, warmup=4, progress=False, seed=seed,
+                 evaluate_fn=lambda m: evaluate(m, *ev), eval_every=20)
+    return hist
+
+
+def test_rope_learns_tiny_flipflop_and_is_reproducible():
+    hist = _flipflop_run()
+    assert set(hist) >= {"step", "loss", "lr", "grad_norm", "eval", "wall_time_s", "train_time_s", "steps"}
+    assert len(hist["loss"]) == 40 and all(math.isfinite(v) for v in hist["loss"])
+    first, last = sum(hist["loss"][:8]) / 8, sum(hist["loss"][-8:]) / 8
+    assert first > 1.0  # 5 classes at the start: about log 5
+    assert last < 0.8 * first, (first, last)
+    assert [e["step"] for e in hist["eval"]] == [20, 40]
+    assert hist["eval"][-1]["accuracy"] > 0.5  # better than guessing the bit
+    again = _flipflop_run()
+    assert again["loss"] == hist["loss"]
+
+
+def test_train_errors():
+    model = build_model("nope", vocab=5, d_model=16, n_layers=1, n_heads=1)
+    with pytest.raises(ValueError, match="`steps`"):
+        train(model, lambda s: None, steps=0, progress=False)
+    with pytest.raises(ValueError, match="`lr`"):
+        train(model, lambda s: None, steps=1, lr=0.0, progress=False)
+
+
+REQUIRED = {"experiment", "command", "commit", "device", "versions", "config", "wall_time_s", "runs", "summary"}
+
+
+def test_experiment_flipflop_tiny_writes_json(tmp_path, capsys):
+    out = tmp_path / "ff.json"
+    assert experiments_main(["flipflop", "--tiny", "--no-progress", "--out", str(out),
+                             "--mixers", "rope", "path", "fox", "--seeds", "0", "1"]) == 0
+    data = json.loads(out.read_text())
+    assert REQUIRED <= set(data)
+    assert {"torch", "triton"} <= set(data["versions"])
+    assert data["config"]["tiny"] and data["config"]["n_layers"] == 1 and data["config"]["n_heads"] == 2
+    assert data["config"]["splits"] == {"in_distribution": 0.8, "sparse": 0.98, "dense": 0.1}
+    runs = data["runs"]
+    assert [(r["seed"], r["mixer"]) for r in runs] == [(s, m) for s in (0, 1) for m in ("rope", "path", "fox")]
+    for r in runs:
+        assert set(r["final"]) >= {"step", "in_distribution", "sparse", "dense"}
+        assert len(r["history"]["loss"]) == data["config"]["steps"]
+    assert set(data["summary"]["error_percent"]) == {"rope", "path", "fox"}
+    assert "pathedu.experiments flipflop --tiny" in data["command"]
+
+
+def test_experiments_module_runs_as_a_command(tmp_path):
+    out = tmp_path / "mq.json"
+    proc = subprocess.run([sys.executable, "-m", "pathedu.experiments", "mqrar", "--tiny", "--no-progress",
+                           "--out", str(out), "--set", "n_backs=[2]", "--mixers", "path"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    assert REQUIRED <= set(data)
+    assert [(r["mixer"], r["n_back"]) for r in data["runs"]] == [("path", 2)]
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_defaults_are_the_papers_settings(name):
+    c = make_config(name)
+    if name == "flipflop":
+        assert (c["n_layers"], c["n_heads"], c["d_model"], c["length"], c["p_ignore"]) == (1, 2, 64, 512, 0.8)
+    elif name == "word_problem":
+        assert set(c["groups"]) == {"A5", "S5"} and c["layers"] == [1, 2, 3, 4]
+        assert c["beta_max"]["deltanet"] == 2.0
+    else:
+        assert (c["n_layers"], c["d_model"], c["n_heads"], c["n_keys"], c["length"], c["n_backs"]) == \
+            (2, 256, 2, 32, 768, [1, 2, 3, 4])
+    with pytest.raises(ValueError, match="unknown setting"):
+        make_config(name, no_such_setting=1)
+
+
+def test_word_problem_tiny(tmp_path):
+    out = tmp_path / "wp.json"
+    assert experiments_main(["word_problem", "--tiny", "--no-progress", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    runs = data["runs"]
+    assert len(runs) == 4 and {r["n_layers"] for r in runs} == {1, 2}
+    summary = data["summary"]["groups"]["S3"]["path"]["6"]
+    assert set(summary) == {"accuracy_by_layers", "min_layers_by_seed"}
+
+
+def test_parts_of_a_series_merge_into_one_record(tmp_path):
+    """Two parts (different seeds) merge into one record holding every run and both commands; parts that
+    differ in another setting refuse to merge."""
+    from pathedu.experiments import make_config, merge_records, run_experiment
+
+    parts = [run_experiment("flipflop", config=make_config("flipflop", tiny=True, seeds=[s], mixers=["rope", "nope"]),
+                            device="cpu", out=False, progress=False, command=f"part {s}") for s in (0, 1)]
+    merged = merge_records(parts)
+    assert [(r["seed"], r["mixer"]) for r in merged["runs"]] == [(0, "rope"), (0, "nope"), (1, "rope"), (1, "nope")]
+    assert merged["config"]["seeds"] == [0, 1] and merged["command"] == "part 0 && part 1"
+    assert merged["summary"]["error_percent"]["rope"]["in_distribution"]["n"] == 2
+    other = run_experiment("flipflop", config=make_config("flipflop", tiny=True, seeds=[2], mixers=["rope"], lr=0.5),
+                           device="cpu", out=False, progress=False)
+    with pytest.raises(ValueError, match="lr"):
+        merge_records([parts[0], other])
