@@ -55,8 +55,11 @@ def default_out(name: str) -> Path:
 
 
 def git_commit() -> tuple[str, bool | None]:
-    """``(commit, dirty)``: ``git rev-parse HEAD`` of the checkout holding pathedu, else the
-    environment variable ``PATHEDU_COMMIT``, else ``"unknown"`` (``dirty`` None when unknown)."""
+    """``(commit, dirty)``: the environment variable ``PATHEDU_COMMIT`` when set (the device machine gets a
+    copy of the working tree whose ``.git`` may be stale: the caller names the commit it sent), else
+    ``git rev-parse HEAD`` of the checkout holding pathedu, else ``"unknown"`` (``dirty`` None when unknown)."""
+    if os.environ.get("PATHEDU_COMMIT"):
+        return os.environ["PATHEDU_COMMIT"], None
     try:
         cwd = _ROOT.parent
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
@@ -67,7 +70,7 @@ def git_commit() -> tuple[str, bool | None]:
             return commit, bool(status.strip())
     except (OSError, subprocess.SubprocessError):
         pass
-    return os.environ.get("PATHEDU_COMMIT", "unknown"), None
+    return "unknown", None
 
 
 def metadata(device: torch.device) -> dict:
