@@ -174,9 +174,9 @@ def test_moving_a_slider_changes_the_figure_in_chromium(html):
                     assert img.get_attribute("data-frame") == before[1], f"{where}: moving back did not restore"
 
 
-def test_figures_are_shown_near_their_natural_width(html):
+def test_figures_are_numbered_and_shown_near_their_natural_width(html):
     """At a 1280 px window no figure is shrunk below 0.75 of its natural width (small text stays legible),
-    and no output box scrolls sideways (long messages wrap)."""
+    every figure has a numbered caption, and no output box scrolls sideways (long messages wrap)."""
     problems = []
     with helpers.browser_page(1280, 900) as page:
         for docname in TOC_FILES:
@@ -187,6 +187,11 @@ def test_figures_are_shown_near_their_natural_width(html):
                 .map(i => [i.clientWidth, i.naturalWidth, (i.getAttribute('src') || '').slice(-24)])""")
             problems += [f"{docname}: {shown}/{natural} px ({src})" for shown, natural, src in sizes
                          if shown < 0.75 * natural]
+            bare = page.evaluate("""() => Array.from(document.querySelectorAll('article .cell_output img'))
+                .filter(i => !i.closest('.pathedu-explorer'))
+                .filter(i => !(i.closest('figure') && i.closest('figure').querySelector('figcaption .caption-number')))
+                .map(i => (i.getAttribute('src') || '').slice(-24))""")
+            problems += [f"{docname}: a figure without a numbered caption ({src})" for src in bare]
             wide = page.evaluate("""() => Array.from(document.querySelectorAll('article .cell_output pre'))
                 .filter(p => p.scrollWidth > p.clientWidth + 1).map(p => p.textContent.slice(0, 60))""")
             problems += [f"{docname}: output scrolls sideways: {text!r}" for text in wide]

@@ -113,3 +113,13 @@ def test_kernel_and_seed(path):
     code = "\n".join(c.source for c in nb.cells[1:] if c.cell_type == "code")
     if re.search(r"\btorch\.(randn|rand|randint|randperm|normal)\b", code):
         assert "torch.manual_seed(" in code, "seed the random generators in the first code cell after the imports"
+
+
+def test_every_lab_figure_has_a_numbered_caption():
+    """A code cell that draws a figure carries ``mystnb.figure`` (caption and name): the book numbers it."""
+    for path in NOTEBOOKS:
+        nb = nbformat.read(path, as_version=4)
+        for i, cell in enumerate(nb.cells):
+            if cell.cell_type == "code" and any("image/png" in o.get("data", {}) for o in cell.get("outputs", [])):
+                figure = cell.metadata.get("mystnb", {}).get("figure", {})
+                assert figure.get("caption") and figure.get("name"), f"{path.name} cell {i}: no caption/name"
