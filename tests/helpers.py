@@ -127,3 +127,14 @@ def browser_page(width: int = 1280, height: int = 900):
             yield browser.new_page(viewport={"width": width, "height": height})
         finally:
             browser.close()
+
+
+def load_book_tools():
+    """``book/tools.py`` (not a package module) loaded as a module, for the book and slide tests."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("book_tools", Path(__file__).resolve().parent.parent / "book" / "tools.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -9,7 +9,6 @@ decks are ``integration`` (network on a fresh clone).  The last test opens a dec
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
@@ -28,14 +27,7 @@ REMOTE = re.compile(r"^(https?:)?//", re.I)
 FORM = re.compile(r"`(\w+_(?:naive|recurrent|matrix|blockwise|chunked|triton))`")
 
 
-def _load_tools():
-    spec = importlib.util.spec_from_file_location("book_tools_slides", ROOT / "book" / "tools.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-tools = _load_tools()
+tools = helpers.load_book_tools()
 CHAPTERS = tools.toc_chapters()  # [(NN, docname)] in _toc.yml's order
 
 
