@@ -24,6 +24,10 @@ boundary of a dyadic tree: :mod:`.path_carry` carries queries and keys there (an
 the gradients), the FlashAttention template's backward steps do the rest, and
 :mod:`.ut_prepare` has the preparation pass's backward beside its forward.
 
+Beyond the six dualities (issue 13), :mod:`.cope` (CoPE) runs the FlashAttention loop right to left from the
+diagonal, carrying each query row's count of sigmoid gates; a fp32 pre-pass forms ``qe = Q E^T`` and the
+positions, interpolated, are two gathers into it (forward only).
+
 Where the shared pieces live:
 
 * :mod:`._pieces`: jit helpers used by several kernels: tile loads/stores

@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from pathedu import alibi, fox, nope, path, pathfox, rope
+from pathedu import alibi, cope, fox, nope, path, pathfox, rope
 
 KINDS = ("naive", "recurrent", "matrix", "blockwise", "chunked", "triton")
 
@@ -131,6 +131,14 @@ def gated_deltanet_extras(q, k, v, seed=0) -> dict:
     return {**deltanet_extras(q, k, v, seed), **token_gate_extras(q, k, v, seed + 1)}
 
 
+def pos_emb_extras(q, k, v, seed=0) -> dict:
+    """CoPE: one table of P = 5 position embeddings per leading index, ``pos_emb: (..., 5, D)``, entries
+    N(0, 1).  Fewer positions than the contract's longest T, so far keys are clamped to the last row; and
+    not 1 or 3, which would make the contract's wrong-shape case broadcastable."""
+    lead, _, D = _lead_T(q)
+    return {"pos_emb": _like(torch.randn(lead + (5, D), generator=_gen(seed), dtype=torch.float64), q)}
+
+
 # ---------------------------------------------------------------------------
 # The registry
 # ---------------------------------------------------------------------------
@@ -168,6 +176,8 @@ FORMS: list[Form] = (
     + _family(pathfox, "gated_householder", "gated_householder", gated_householder_extras, _LINEAR,
               _LINEAR_TUNING)
     + _family(pathfox, "gated_deltanet", "gated_deltanet", gated_deltanet_extras, _LINEAR, _LINEAR_TUNING)
+    # Beyond the six dualities (appendix chapters): softmax sides without a linear dual
+    + _family(cope, "cope", "cope", pos_emb_extras, _SOFTMAX, _SOFTMAX_TUNING)
 )
 
 FAMILIES: tuple = tuple(dict.fromkeys(f.family for f in FORMS))

@@ -188,6 +188,7 @@ OUT_OF_RANGE = {
     "gamma": [("above_1", 1.5), ("zero", 0.0), ("nan", float("nan"))],
     "slope": [("negative", -0.1), ("nan", float("nan")), ("inf", float("inf"))],
     "w": [("nan", float("nan")), ("inf", float("inf"))],
+    "pos_emb": [("nan", float("nan")), ("inf", float("inf"))],
 }
 
 BAD_LEAD, BAD_T = (2, 3), 8
