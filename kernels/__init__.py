@@ -27,6 +27,9 @@ the gradients), the FlashAttention template's backward steps do the rest, and
 Beyond the six dualities (issue 13), :mod:`.cope` (CoPE) runs the FlashAttention loop right to left from the
 diagonal, carrying each query row's count of sigmoid gates; a fp32 pre-pass forms ``qe = Q E^T`` and the
 positions, interpolated, are two gathers into it (forward only).
+:mod:`.stickbreaking` (stick-breaking attention) scans key blocks right to left from the diagonal as well,
+carrying each query row's log of the remaining stick (a cumulative sum of log sigmoid(-z)); no maximum and no
+normaliser, since every weight is <= 1 (forward only).
 
 Where the shared pieces live:
 

@@ -10,6 +10,7 @@ duality (naive, recurrent, matrix, blockwise/chunked, Triton):
 * :mod:`pathedu.path`   PaTH attention          <->  DeltaNet / Householder RNN
 * :mod:`pathedu.pathfox` PaTH-FoX               <->  Gated DeltaNet / gated Householder RNN
 * :mod:`pathedu.cope`   CoPE (contextual positions: counts of sigmoid gates; no linear dual)
+* :mod:`pathedu.stickbreaking` stick-breaking attention (a query-dependent cumulative forget gate; no linear dual)
 
 The device policy (:mod:`pathedu._device`) runs first: without a CUDA GPU,
 Triton's interpreter is switched on before any kernel is defined.
@@ -46,8 +47,9 @@ __version__ = "0.1.0"
 # Every chapter module is an attribute of the package (``pathedu.path.path_matrix``
 # works after a plain ``import pathedu``), loaded on first access so that
 # ``import pathedu`` itself stays fast (PEP 562).
-_LAZY = ("nope", "alibi", "fox", "rope", "path", "pathfox", "cope", "checks", "masks", "plotting", "constructions",
-         "symbolic", "exercises", "bench", "kernels", "widgets", "course", "tasks", "models", "train", "experiments")
+_LAZY = ("nope", "alibi", "fox", "rope", "path", "pathfox", "cope", "stickbreaking", "checks", "masks", "plotting",
+         "constructions", "symbolic", "exercises", "bench", "kernels", "widgets", "course", "tasks", "models", "train",
+         "experiments")
 
 
 def __getattr__(name):

@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from pathedu import alibi, cope, fox, nope, path, pathfox, rope
+from pathedu import alibi, cope, fox, nope, path, pathfox, rope, stickbreaking
 
 KINDS = ("naive", "recurrent", "matrix", "blockwise", "chunked", "triton")
 
@@ -178,6 +178,7 @@ FORMS: list[Form] = (
     + _family(pathfox, "gated_deltanet", "gated_deltanet", gated_deltanet_extras, _LINEAR, _LINEAR_TUNING)
     # Beyond the six dualities (appendix chapters): softmax sides without a linear dual
     + _family(cope, "cope", "cope", pos_emb_extras, _SOFTMAX, _SOFTMAX_TUNING)
+    + _family(stickbreaking, "stickbreaking", "stickbreaking", no_extras, _SOFTMAX, _SOFTMAX_TUNING)
 )
 
 FAMILIES: tuple = tuple(dict.fromkeys(f.family for f in FORMS))

@@ -25,6 +25,11 @@ FORMS = [(sb.stickbreaking_naive, {}), (sb.stickbreaking_recurrent, {}), (sb.sti
          (sb.stickbreaking_blockwise, {"block_m": 4, "block_n": 8})]
 
 
+def _device():
+    """Where the Triton form runs: the GPU when there is one, else the CPU (Triton's interpreter)."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def form_id(entry):
     fn, kw = entry
     return fn.__name__ + "".join(f"-{k}{v}" for k, v in kw.items())
@@ -102,7 +107,7 @@ def test_the_first_token_sees_nothing_and_no_token_sees_itself(entry):
     """o_0 = 0 exactly; and o_i does not depend on v_i (only keys j < i are attended)."""
     fn, kw = entry
     dt = torch.float32 if fn is sb.stickbreaking_triton else torch.float64
-    q, k, v = rand_qkv((2,), 6, 16, 16, seed=6, dtype=dt)
+    q, k, v = rand_qkv((2,), 6, 16, 16, seed=6, dtype=dt, device=_device() if dt == torch.float32 else "cpu")
     out = fn(q, k, v, **kw)
     assert (out[..., 0, :] == 0).all()
     v2 = v.clone()
@@ -110,6 +115,35 @@ def test_the_first_token_sees_nothing_and_no_token_sees_itself(entry):
     out2 = fn(q, k, v2, **kw)
     assert torch.equal(out2[..., :4, :], out[..., :4, :])  # rows 0..3 never read v_3
     assert not torch.allclose(out2[..., 4:, :], out[..., 4:, :])
+
+
+STRICT_FORMS = [sb.stickbreaking_matrix, sb.stickbreaking_blockwise, sb.stickbreaking_recurrent, sb.stickbreaking_triton]
+
+
+@pytest.mark.parametrize("fn", STRICT_FORMS, ids=lambda f: f.__name__)
+def test_non_finite_input_reaches_only_strictly_later_rows(fn):
+    """The strict mask with NaN/inf (the contract test checks rows before t): a value or key at t reaches
+    rows > t and never row t itself; a query at t changes row t only.  A NaN value stays in its channel,
+    and -inf arrives as -inf (a positive weight times -inf)."""
+    dev = _device() if fn is sb.stickbreaking_triton else "cpu"
+    q, k, v = rand_qkv((2,), 40, 16, 16, dtype=torch.float32, seed=18, device=dev)
+    clean, t, d = fn(q, k, v), 17, 3
+    for which, value in [("v", float("nan")), ("v", float("-inf")), ("k", float("nan")), ("q", float("nan"))]:
+        x = {"q": q.clone(), "k": k.clone(), "v": v.clone()}
+        x[which][1, t, d] = value
+        out = fn(x["q"], x["k"], x["v"])
+        assert torch.equal(out[:, :t], clean[:, :t]) and torch.equal(out[0], clean[0]), which
+        row, later = out[1, t], out[1, t + 1:]
+        if which == "q":
+            assert not torch.isfinite(row).any() and torch.equal(later, clean[1, t + 1:])
+            continue
+        assert torch.isfinite(row).all(), f"{which}[{t}] reached row {t}"
+        if which == "k":
+            assert not torch.isfinite(later).any()
+        else:
+            others = torch.cat([later[:, :d], later[:, d + 1:]], dim=1)
+            assert torch.isfinite(others).all()
+            assert later[:, d].isnan().all() if value != value else (later[:, d] == value).all()
 
 
 def test_row_sums_are_the_broken_stick():
@@ -140,8 +174,8 @@ def test_the_cache_reports_the_stick_left():
 
 
 def _extreme_row(dtype):
-    """T = 3, D = Dv = 1... padded to D = 2, scale 1: query 2 sees key 1 with logit 20 and key 0 with
-    logit 0; ``v_1 = 0``, ``v_0 = 1``, so ``o_2 = sigma(0) sigma(-20)``: all that key 1 leaves to key 0."""
+    """T = 3, D = 2, Dv = 1, scale 1: query 2 sees key 1 with logit 20 and key 0 with logit 0;
+    ``v_1 = 0``, ``v_0 = 1``, so ``o_2 = sigma(0) sigma(-20)``: half of what key 1 leaves to key 0."""
     q = torch.tensor([[0.0, 0.0], [0.0, 0.0], [1.0, 0.0]], dtype=dtype)
     k = torch.tensor([[0.0, 1.0], [20.0, 0.0], [0.0, 0.0]], dtype=dtype)
     v = torch.tensor([[1.0], [0.0], [0.0]], dtype=dtype)
@@ -211,7 +245,7 @@ def test_bad_input_of_the_chapter_helpers_names_the_argument():
         sb.stickbreaking_weights(q.numpy(), k)
     with pytest.raises(ValueError, match="`scale`"):
         sb.stickbreaking_matrix(q, k, v, scale=float("nan"))
-    x = prepare_qkv(q.float(), k.float(), v.float())
+    x = prepare_qkv(*(t.to(device=_device(), dtype=torch.float32) for t in (q, k, v)))
     for bm, bn in ((32, 64), (24, 8)):
         with pytest.raises(ValueError, match="`block_m`"):
             _stickbreaking_launch(x, 0.25, block_m=bm, block_n=bn)
@@ -220,10 +254,6 @@ def test_bad_input_of_the_chapter_helpers_names_the_argument():
 # ---------------------------------------------------------------------------
 # The Triton kernel, in the interpreter on a CPU (or compiled on a GPU)
 # ---------------------------------------------------------------------------
-
-def _device():
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
 
 @pytest.mark.parametrize("case", CASES[:N_FIXED], ids=case_id)
 def test_triton_fp32_matches_float64(case):
@@ -271,8 +301,8 @@ def _log_sigmoids_kernel(Z, P, Q, N: tl.constexpr):
 
 
 def test_the_kernels_log_sigmoids_keep_tiny_gates():
-    """log sigma(+-z) in fp32 to a few ulps *relative* (down to fp32's smallest normal), also where it is tiny (log sigma(20) = -2.1e-9:
-    a plain log(1 + e^-20) rounds to 0), and -inf / 0 at -inf / +inf."""
+    """log sigma(+-z) in fp32 to a few ulps *relative* (down to fp32's smallest normal), also where it
+    is tiny (log sigma(20) = -2.1e-9: a plain log(1 + e^-20) rounds to 0), and -inf / 0 at -inf / +inf."""
     z = torch.cat([torch.linspace(-30, 30, 121), torch.tensor([-100.0, 100.0, float("-inf"), float("inf")]),
                    torch.zeros(3)]).to(_device())  # 128 entries
     p, q = torch.empty_like(z), torch.empty_like(z)
