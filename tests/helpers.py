@@ -138,3 +138,16 @@ def load_book_tools():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def exercise_modules() -> dict:
+    """Every chapter's check module, ``{"ch01": pathedu.exercises.ch01, ...}``, found on disk (a new chapter's
+    module is picked up without editing the tests)."""
+    import importlib
+    import pkgutil
+    import re
+
+    import pathedu.exercises as exercises
+
+    names = sorted(m.name for m in pkgutil.iter_modules(exercises.__path__) if re.fullmatch(r"ch\d\d", m.name))
+    return {name: importlib.import_module(f"pathedu.exercises.{name}") for name in names}

@@ -232,6 +232,9 @@ def test_front_pages(html):
     assert intro.count("in preparation") == 6 - len(chapters)
     assert CLOSING in TOC_FILES
     assert f'href="{CLOSING.split("/")[1]}.html"' in intro, "the landing page links the closing chapter"
+    for name in TOC_FILES:  # and the chapters beyond the six (experiments, appendices)
+        if re.fullmatch(r"book/ch(0[89]|[1-9]\d)_\w+", name):
+            assert f'href="{name.split("/")[1]}.html"' in intro, name
 
 
 def test_notation_macros_used_are_defined():

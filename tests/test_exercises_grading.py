@@ -8,9 +8,11 @@ import re
 import pytest
 import torch
 
+from helpers import exercise_modules
+
 import pathedu
-from pathedu import alibi, course, fox, nope, path, pathfox, rope
-from pathedu.exercises import _grader, ch01, ch02, ch03, ch04, ch05, ch06, grading, grading_mode
+from pathedu import alibi, cope, course, fox, nope, path, pathfox, rope, stickbreaking, tasks
+from pathedu.exercises import _grader, ch01, ch02, ch03, ch04, ch05, ch06, ch08, ch09, ch10, grading, grading_mode
 from pathedu.nope import linear_recurrent as imported_before_grading
 
 # (check, pathedu's own answer, the function the verdict must name): at least one per chapter, by identity
@@ -36,6 +38,11 @@ OWN = [
      lambda q, k, v, b, lf, S: pathfox.gated_deltanet_chunked(q, k, v, b, lf, chunk=q.shape[0], initial_state=S,
                                                               return_state=True),
      "pathedu.pathfox.gated_deltanet_chunked"),
+    (ch08.check_flipflop_answers, lambda tokens: tasks.flipflop_reads(tokens), "pathedu.tasks.flipflop_reads"),
+    (ch09.check_stick_log_weights,  # z_ij = z_i . e_j: the logits as queries against unit keys, scale 1
+     lambda z: stickbreaking.stickbreaking_log_weights(z, torch.eye(z.shape[-1], dtype=z.dtype).expand_as(z),
+                                                       scale=1.0), "pathedu.stickbreaking.stickbreaking_log_weights"),
+    (ch10.check_cope_matrix, cope.cope_matrix, "pathedu.cope.cope_matrix"),
 ]
 OWN_IDS = [f"{c.__module__[-4:]}-{c.__name__}" for c, _, _ in OWN]
 
@@ -55,6 +62,10 @@ def _solutions(lab):
     nb = json.loads(lab.read_text())
     ns = {"__name__": "__main__", "torch": torch, "math": math, "nope": nope, "alibi": alibi, "fox": fox,
           "rope": rope, "path": path, "pathfox": pathfox}
+    # the lab's own imports first (its first code cell that imports pathedu, after the hidden install cell)
+    imports = next(c for c in nb["cells"] if c["cell_type"] == "code" and "remove-cell" not in course.tags(c)
+                   and "pathedu" in "".join(c["source"]))
+    exec("".join(imports["source"]), ns)
     for cell in nb["cells"]:
         if course.is_solution(cell):
             exec("".join(cell["source"]), ns)
@@ -72,7 +83,7 @@ def test_grading_mode_accepts_every_solution_of_the_labs(lab, capsys):
     ns, calls = _solutions(lab)
     assert len(calls) == sum(course.is_solution(c) for c in json.loads(lab.read_text())["cells"]) + (
         1 if lab.name.startswith("06") else 0)  # lab 6's exercise 3 has two checks in one cell
-    modules = {"ch01": ch01, "ch02": ch02, "ch03": ch03, "ch04": ch04, "ch05": ch05, "ch06": ch06}
+    modules = exercise_modules()
     with grading():
         for chapter, name, args in calls:
             verdict = getattr(modules[chapter], name)(*eval(f"({args},)", ns))

@@ -123,3 +123,6 @@ def test_every_lab_figure_has_a_numbered_caption():
             if cell.cell_type == "code" and any("image/png" in o.get("data", {}) for o in cell.get("outputs", [])):
                 figure = cell.metadata.get("mystnb", {}).get("figure", {})
                 assert figure.get("caption") and figure.get("name"), f"{path.name} cell {i}: no caption/name"
+                # MyST-NB names every display output of the cell: a second one (a tqdm bar) duplicates the name.
+                shown = [o for o in cell.outputs if o.output_type in ("display_data", "execute_result")]
+                assert len(shown) == 1, f"{path.name} cell {i}: a captioned cell must display only its figure"

@@ -215,9 +215,9 @@ def test_macros_used_in_the_decks_are_defined():
 def test_functions_named_on_slides_exist():
     """Every form a slide names (``x_naive`` ... ``x_triton``) is a public function of pathedu."""
     import pathedu  # noqa: F401
-    from pathedu import alibi, fox, nope, path, pathfox, rope
+    from pathedu import alibi, cope, fox, nope, path, pathfox, rope, stickbreaking
 
-    modules = (nope, alibi, fox, rope, path, pathfox)
+    modules = (nope, alibi, fox, rope, path, pathfox, stickbreaking, cope)
     for src in sorted((ROOT / "book" / "slides").glob("ch*.md")):
         for name in set(FORM.findall(src.read_text(encoding="utf8"))):
             assert any(callable(getattr(m, name, None)) for m in modules), f"{src.name} names `{name}`"

@@ -50,8 +50,10 @@ GRADING_ENV = "PATHEDU_GRADING"
 RESULTS_ENV = "PATHEDU_GRADING_RESULTS"
 #: The modules whose public functions are the reference forms that grading mode forbids.
 WATCHED = ("pathedu.nope", "pathedu.alibi", "pathedu.fox", "pathedu.rope", "pathedu.path", "pathedu.pathfox",
+           "pathedu.stickbreaking", "pathedu.cope", "pathedu.tasks",
            "pathedu.kernels.flash_attention", "pathedu.kernels.linear_attention", "pathedu.kernels.path_attention",
-           "pathedu.kernels.delta_rule", "pathedu.kernels.rope")
+           "pathedu.kernels.delta_rule", "pathedu.kernels.rope", "pathedu.kernels.stickbreaking",
+           "pathedu.kernels.cope")
 
 
 # ---------------------------------------------------------------------------

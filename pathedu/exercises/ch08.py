@@ -1,0 +1,170 @@
+"""Chapter 8 exercises: check functions for ``notebooks/08_what_they_learn_lab.ipynb``.
+
+Each ``check_*`` function takes the student's function, runs it on a few fresh
+seeded inputs from :mod:`pathedu.tasks`, compares it with the library's own
+labels and prints one line: ``Correct [...]`` or ``Not yet [...]`` with a hint
+(naming the mistake when the answer matches a known wrong variant).  It returns a
+:class:`~pathedu.exercises.Verdict` and never raises because of the answer: a stub
+that raises ``NotImplementedError`` gets a friendly "Not yet".
+
+Exercises:
+
+1. :func:`check_flipflop_answers`: the flip-flop read rule.  From ``tokens (n, length)``
+   (ids ``w=0, r=1, i=2, '0'=3, '1'=4``), return the answers a perfect model gives: at each
+   bit that follows an ``r``, the id of the bit of the most recent ``w``; ``-100`` elsewhere
+   (:func:`pathedu.tasks.flipflop_reads`).
+2. :func:`check_prefix_products`: the labels of a word problem.  From a group's composition
+   table (``table[a, b]`` = index of ``p_a o p_b``, ``p_b`` applied first) and ``tokens (n, length)``,
+   return the prefix products, ``labels[:, t] = table[tokens[:, t], labels[:, t-1]]`` from the
+   identity (:func:`pathedu.tasks.word_problem_labels`).
+
+``hint(n, level=1)`` prints a hint for exercise ``n``: level 1 a nudge, 2 the structure, 3 the recipe.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import tasks
+from ._grader import Exercises, Verdict, check_function
+
+__all__ = ["check_flipflop_answers", "check_prefix_products", "hint"]
+
+EXERCISES = Exercises("ch08", {
+    1: ("Walk along the sequence one instruction/bit pair at a time and keep one thing in memory. Which pairs "
+        "change it, and at which position does a read put its answer?",
+        "tokens (n, length): instructions at even positions, bits at odd ones. Keep `last` (n,), the id of the "
+        "most recently written bit; the answer of a read at pair p sits at position 2p + 1 (the bit after the r); "
+        "every other position of the (n, length) long output is -100.",
+        "out = full_like(tokens, -100); for t in 0, 2, 4, ...: where tokens[:, t] == r, out[:, t + 1] = last; "
+        "where tokens[:, t] == w, last = tokens[:, t + 1] (read before you update)."),
+    2: ("The label at t is the state after every element up to and including t has acted. Which element acts "
+        "first, and which side of the table's product is it on?",
+        "cur (n,) starts at the identity, index 0; for each t, one table lookup combines the new element "
+        "tokens[:, t] with cur; labels (n, length) long holds cur after each step.",
+        "cur = zeros(n, long); for t in range(length): cur = table[tokens[:, t], cur]; labels[:, t] = cur."),
+})
+hint = EXERCISES.hint
+
+
+# ---------------------------------------------------------------------------
+# Exercise 1: the flip-flop read rule
+# ---------------------------------------------------------------------------
+
+def _flipflop_inputs(seed):
+    n, length, p_ignore = [(4, 40, 0.8), (3, 64, 0.5), (5, 30, 0.2)][seed % 3]
+    tokens, _ = tasks.flipflop(n, length, p_ignore=p_ignore, seed=800 + seed)
+    return (tokens,)
+
+
+def _flipflop_reference(tokens):
+    return tasks.flipflop_reads(tokens)
+
+
+def _flipflop_with(tokens, *, remember="write", where="bit", first=False, ids=True, every=False):
+    """Variants of the read rule: what is remembered (the last written bit or the last bit of any pair),
+    where the answer is put (after the r, or on the r), the first write instead of the last, bits as 0/1."""
+    n, L = tokens.shape
+    out = torch.full_like(tokens, tasks.IGNORE)
+    last = torch.full((n,), tasks.IGNORE, dtype=torch.long)
+    seen = torch.zeros(n, dtype=torch.bool)
+    for t in range(0, L - 1, 2):
+        ins, bit = tokens[:, t], tokens[:, t + 1]
+        value = last if ids else torch.where(last >= 0, last - tasks.ZERO, last)
+        pos = t + 1 if where == "bit" else t
+        at = torch.ones_like(seen) if every else ins == tasks.R
+        out[:, pos] = torch.where(at, value, out[:, pos])
+        update = (ins == tasks.W) if remember == "write" else torch.ones_like(seen)
+        if first:
+            update = update & ~seen
+        last = torch.where(update, bit, last)
+        seen = seen | (ins == tasks.W)
+    return out
+
+
+_FLIPFLOP_WRONG = [
+    (lambda tokens: _flipflop_with(tokens, remember="any"),
+     "Your answer is the bit of the previous pair, whatever its instruction: an `i` pair's bit is noise. Remember "
+     "only the bits that follow a `w`."),
+    (lambda tokens: _flipflop_with(tokens, first=True),
+     "Your answer is the *first* written bit: every later `w` overwrites the memory, so a read returns the most "
+     "recent write."),
+    (lambda tokens: _flipflop_with(tokens, where="instruction"),
+     "You put each answer on the `r` itself: the answer belongs at the position of the bit that follows the `r` "
+     "(the model predicts it at the `r`, one position earlier, but the label sits on the bit)."),
+    (lambda tokens: _flipflop_with(tokens, ids=False),
+     "You returned bits 0/1: return token ids, '0' = 3 and '1' = 4 (tasks.ZERO, tasks.ONE)."),
+    (lambda tokens: _flipflop_with(tokens, every=True),
+     "You answered after every instruction: only the bits that follow an `r` are scored; put -100 after `w` "
+     "and `i`."),
+]
+
+
+@EXERCISES.check(1)
+def check_flipflop_answers(flipflop_answers) -> Verdict:
+    """Exercise 1: ``flipflop_answers(tokens) -> answers``, both ``(n, length)`` long.
+
+    ``tokens`` alternate an instruction (``w=0, r=1, i=2``) and a bit (``'0'=3, '1'=4``), the first
+    instruction a write.  ``answers[:, t]`` is, at each bit ``t`` whose instruction ``t - 1`` is ``r``,
+    the id of the bit of the most recent ``w`` before it; ``-100`` at every other position.
+    """
+    return check_function("flip-flop read rule", flipflop_answers, _flipflop_reference, _flipflop_inputs,
+                          trials=3, rtol=0.0, wrong_variants=_FLIPFLOP_WRONG)
+
+
+# ---------------------------------------------------------------------------
+# Exercise 2: prefix products of a word
+# ---------------------------------------------------------------------------
+
+_WORD_GROUPS = ("S3", "A4", "S4")  # non-abelian, of sizes 6, 12, 24: the order of a product matters
+_GROUP_OF_SIZE = {len(tasks.group_elements(g)): g for g in _WORD_GROUPS}
+
+
+def _word_inputs(seed):
+    group = _WORD_GROUPS[seed % 3]
+    n, length = [(4, 12), (3, 20), (2, 9)][seed % 3]
+    tokens, _ = tasks.word_problem(group, n, length, seed=880 + seed)
+    return tasks.compose_table(group), tokens
+
+
+def _word_reference(table, tokens):
+    return tasks.word_problem_labels(_GROUP_OF_SIZE[table.shape[0]], tokens)
+
+
+def _word_with(table, tokens, *, order="new_first", shift=False, accumulate=True):
+    n, L = tokens.shape
+    cur = torch.zeros(n, dtype=torch.long)
+    labels = torch.empty_like(tokens)
+    for t in range(L):
+        before = cur
+        if not accumulate:
+            cur = tokens[:, t]
+        elif order == "new_first":
+            cur = table[tokens[:, t], cur]
+        else:
+            cur = table[cur, tokens[:, t]]
+        labels[:, t] = before if shift else cur
+    return labels
+
+
+_WORD_WRONG = [
+    (lambda table, tokens: _word_with(table, tokens, order="old_first"),
+     "Your product is in the other order, table[cur, token]: that applies the new element *before* the earlier "
+     "ones. The earlier elements act first, so the new one is on the left: table[token, cur]."),
+    (lambda table, tokens: _word_with(table, tokens, shift=True),
+     "Your labels lag by one: labels[:, t] must include the element at t itself (update, then store)."),
+    (lambda table, tokens: _word_with(table, tokens, accumulate=False),
+     "You returned the elements themselves: the label is the product of the whole prefix."),
+]
+
+
+@EXERCISES.check(2)
+def check_prefix_products(prefix_products) -> Verdict:
+    """Exercise 2: ``prefix_products(table, tokens) -> labels``.
+
+    ``table (G, G)`` long: ``table[a, b]`` is the index of ``p_a o p_b`` (``p_b`` applied first), as
+    :func:`pathedu.tasks.compose_table`; ``tokens (n, length)`` long indices of group elements.
+    ``labels[:, t]`` is the index of ``g_t o ... o g_1 o g_0``: ``labels[:, t] = table[tokens[:, t],
+    labels[:, t - 1]]``, starting from the identity (index 0).
+    """
+    return check_function("prefix products", prefix_products, _word_reference, _word_inputs, trials=3, rtol=0.0,
+                          wrong_variants=_WORD_WRONG)

@@ -1,0 +1,288 @@
+r"""Tables and figures of the experiments, drawn from their records (``pathedu/data/exp_NAME.json``).
+
+Chapter 8 of the book and its lab read the committed GPU data through these functions, so
+that every number on the page comes from a file and none is typed by hand.
+
+* :func:`load` -- the record of an experiment, or ``None`` when it has not been committed yet.
+* :func:`flipflop_rows`, :func:`format_flipflop_table` -- flip-flop error (%) per mixer and
+  split: the mean, every seed, and the PaTH paper's Table 1 beside them.
+* :func:`eval_curves` -- error (%) at each evaluation step, per mixer, seed and split
+  (from each run's ``history["eval"]``).
+* :func:`plot_flipflop_sparse`, :func:`plot_flipflop_history` -- the two flip-flop figures.
+* :func:`plot_word_problem`, :func:`plot_mqrar` -- the figures of the other two experiments
+  (accuracy against depth and length; accuracy against N), for records of any size.
+* :func:`describe` -- the structure of a record, as lines of text (what a run stores).
+
+Errors are in percent; a split with no scored position (possible in ``--tiny`` runs) has
+error ``None`` and is left out of figures.  Figures are at most 7 inches wide.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from . import default_out, get_module
+
+__all__ = ["LABELS", "SPLITS", "label", "load", "flipflop_rows", "format_flipflop_table", "fmt_percent",
+           "eval_curves", "plot_flipflop_sparse", "plot_flipflop_history", "plot_word_problem", "plot_mqrar",
+           "describe"]
+
+LABELS = {"nope": "NoPE", "alibi": "ALiBi", "fox": "FoX", "rope": "RoPE", "path": "PaTH", "pathfox": "PaTH-FoX",
+          "linear": "linear", "retnet": "RetNet", "gla": "GLA", "deltanet": "DeltaNet",
+          "gated_deltanet": "Gated DeltaNet", "stick_breaking": "stick-breaking"}
+"""How the book names each mixer (and the paper's stick-breaking attention)."""
+
+SPLITS = ("in_distribution", "sparse", "dense")
+_SPLIT_TITLES = {"in_distribution": "in-distribution", "sparse": "sparse", "dense": "dense"}
+_COLORS = {"nope": "0.55", "alibi": "goldenrod", "fox": "tab:green", "rope": "tab:blue", "path": "tab:red",
+           "pathfox": "tab:purple", "linear": "0.3", "retnet": "tab:olive", "gla": "tab:cyan",
+           "deltanet": "tab:orange", "gated_deltanet": "tab:pink"}
+MAX_WIDTH_IN = 7.0
+
+
+def label(mixer: str) -> str:
+    """The book's name of ``mixer`` (``"path"`` -> ``"PaTH"``); unknown names are returned unchanged."""
+    return LABELS.get(mixer, mixer)
+
+
+def _color(mixer: str) -> str:
+    return _COLORS.get(mixer, "k")
+
+
+def load(name: str, path=None) -> dict | None:
+    """The record of experiment ``name`` (``flipflop``, ``word_problem``, ``mqrar``): ``path`` if given,
+    else ``pathedu/data/exp_NAME.json``; ``None`` when that file does not exist."""
+    get_module(name)  # an unknown name raises ValueError naming `name`
+    path = Path(path) if path is not None else default_out(name)
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text())
+
+
+def _check_record(record, experiment: str) -> dict:
+    if not isinstance(record, dict) or "runs" not in record or "config" not in record:
+        raise ValueError("`record` must be an experiment record (a dict with 'config' and 'runs')")
+    if record.get("experiment") != experiment:
+        raise ValueError(f"`record` is from experiment {record.get('experiment')!r}, not {experiment!r}")
+    return record
+
+
+def _percent(metrics: dict, key: str = "error"):
+    value = metrics.get(key) if metrics else None
+    return None if value is None else 100.0 * value
+
+
+def fmt_percent(x) -> str:
+    """A percentage for a table: ``"0"`` for exactly 0, two significant digits below 1
+    (``0.0028 -> "0.0028"``, never a misleading ``"0.00"``), one decimal above; ``"-"`` for ``None``."""
+    if x is None:
+        return "-"
+    if x == 0:
+        return "0"
+    if abs(x) < 1:
+        return f"{x:.2g}"
+    return f"{x:.1f}"
+
+
+# ---------------------------------------------------------------------------
+# Flip-flop
+# ---------------------------------------------------------------------------
+
+def flipflop_rows(record: dict, *, paper_only: bool = True) -> list[dict]:
+    """One row per (mixer, split), in the record's mixer order, then (``paper_only=True``) the paper's mixers
+    that were not run:
+    ``{"mixer", "split", "mean", "seeds": {seed: error %}, "paper"}`` (``mean``: over the seeds with a
+    scored read; ``paper``: Table 1 of the PaTH paper, ``None`` where it has no entry)."""
+    record = _check_record(record, "flipflop")
+    paper = record.get("summary", {}).get("paper_table1_error_percent", {})
+    splits = list(record["config"]["splits"])
+    rows = []
+    for mixer in record["config"]["mixers"]:
+        runs = [r for r in record["runs"] if r["mixer"] == mixer]
+        for split in splits:
+            seeds = {r["seed"]: _percent(r["final"].get(split)) for r in runs}
+            vals = [v for v in seeds.values() if v is not None]
+            rows.append({"mixer": mixer, "split": split, "mean": sum(vals) / len(vals) if vals else None,
+                         "seeds": seeds, "paper": paper.get(mixer, {}).get(split)})
+    for mixer, table in (paper.items() if paper_only else ()):
+        if mixer not in record["config"]["mixers"]:
+            rows += [{"mixer": mixer, "split": split, "mean": None, "seeds": {}, "paper": table.get(split)}
+                     for split in splits]
+    return rows
+
+
+def format_flipflop_table(record: dict, *, paper_only: bool = True) -> str:
+    """:func:`flipflop_rows` as a fixed-width text table (error in %), one line per mixer and split
+    (``paper_only=False``: leave out the paper's mixers that the record did not run)."""
+    rows = flipflop_rows(record, paper_only=paper_only)
+    seeds = list(record["config"]["seeds"])
+    head = f"{'mixer':15s}{'split':17s}{'mean':>7s}" + "".join(f"{'s' + str(s):>8s}" for s in seeds) + f"{'paper':>9s}"
+    lines = ["flip-flop error (%): ours (mean and each seed) and the PaTH paper's Table 1", head, "-" * len(head)]
+    last = None
+    for row in rows:
+        name = label(row["mixer"]) if row["mixer"] != last else ""
+        last = row["mixer"]
+        cells = "".join(f"{fmt_percent(row['seeds'].get(s)):>8s}" for s in seeds)
+        lines.append(f"{name:15s}{_SPLIT_TITLES.get(row['split'], row['split']):17s}{fmt_percent(row['mean']):>7s}"
+                     f"{cells}{fmt_percent(row['paper']):>9s}")
+    return "\n".join(lines)
+
+
+def eval_curves(record: dict, split: str = "sparse") -> dict:
+    """``{mixer: {seed: ([step, ...], [error %, ...])}}`` from each run's ``history["eval"]`` (every evaluation
+    during training and the final one), for the flip-flop ``split``; points without a scored read are dropped."""
+    record = _check_record(record, "flipflop")
+    if split not in record["config"]["splits"]:
+        raise ValueError(f"`split` must be one of {', '.join(record['config']['splits'])}; got {split!r}")
+    out: dict = {}
+    for r in record["runs"]:
+        steps, errs = [], []
+        for point in r["history"]["eval"]:
+            e = _percent(point.get(split))
+            if e is not None:
+                steps.append(point["step"])
+                errs.append(e)
+        out.setdefault(r["mixer"], {})[r["seed"]] = (steps, errs)
+    return out
+
+
+def plot_flipflop_sparse(record: dict, split: str = "sparse", ax=None):
+    """Final error (%) on ``split`` per mixer: one dot per seed, a bar at the mean, and the paper's Table 1
+    value as a cross where it has one.  Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in flipflop_rows(record) if r["split"] == split and r["seeds"]]
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(6.0, 3.0))
+    else:
+        fig = ax.figure
+    for x, row in enumerate(rows):
+        c = _color(row["mixer"])
+        vals = [v for v in row["seeds"].values() if v is not None]
+        if row["mean"] is not None:
+            ax.bar(x, row["mean"], width=0.6, color=c, alpha=0.35)
+        ax.scatter([x + d for d in _jitter(len(vals))], vals, color=c, s=22, zorder=3,
+                   label="our seeds" if x == 0 else None)
+        if row["paper"] is not None:
+            ax.scatter([x], [row["paper"]], marker="x", color="k", s=40, zorder=4,
+                       label="paper (Table 1)" if not any(r["paper"] is not None for r in rows[:x]) else None)
+    ax.set_xticks(range(len(rows)), [label(r["mixer"]) for r in rows])
+    ax.set_ylabel(f"{_SPLIT_TITLES.get(split, split)} error (%)")
+    ax.set_ylim(bottom=0)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    return fig
+
+
+def _jitter(n: int, width: float = 0.2) -> list[float]:
+    if n <= 1:
+        return [0.0] * n
+    return [-width / 2 + width * i / (n - 1) for i in range(n)]
+
+
+def plot_flipflop_history(record: dict, splits=SPLITS, fig=None):
+    """Error (%) against training steps, one panel per split, one colour per mixer, one line per seed
+    (the points are the evaluations in ``history["eval"]``).  Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    splits = [s for s in splits if s in record["config"]["splits"]]
+    if fig is None:
+        fig = plt.figure(figsize=(MAX_WIDTH_IN, 2.7))
+    axes = fig.subplots(1, len(splits), sharey=True, squeeze=False)[0]
+    for ax, split in zip(axes, splits):
+        for mixer, by_seed in eval_curves(record, split).items():
+            for i, (steps, errs) in enumerate(by_seed.values()):
+                ax.plot(steps, errs, "o-", color=_color(mixer), lw=1, ms=3, alpha=0.8,
+                        label=label(mixer) if i == 0 else None)
+        ax.set_title(_SPLIT_TITLES.get(split, split), fontsize=10)
+        ax.set_xlabel("training step")
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=8)
+    axes[0].set_ylabel("error (%)")
+    axes[0].set_ylim(bottom=0)
+    handles, labels_ = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels_, loc="upper center", ncol=len(labels_), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.88))
+    return fig
+
+
+# ---------------------------------------------------------------------------
+# Word problems and MQRAR-N
+# ---------------------------------------------------------------------------
+
+def plot_word_problem(record: dict, fig=None):
+    """Word problems: for each group, the accuracy (mean over seeds, %) against the number of layers, one
+    line per mixer and line style per length.  Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    record = _check_record(record, "word_problem")
+    groups = record["summary"]["groups"]
+    metric = record["summary"].get("metric", "accuracy")
+    if fig is None:
+        fig = plt.figure(figsize=(MAX_WIDTH_IN, 2.8))
+    axes = fig.subplots(1, len(groups), sharey=True, squeeze=False)[0]
+    styles = ["-", "--", ":", "-."]
+    for ax, (group, by_mixer) in zip(axes, groups.items()):
+        for mixer, by_length in by_mixer.items():
+            for li, (length, entry) in enumerate(by_length.items()):
+                depth = sorted(entry["accuracy_by_layers"], key=int)
+                acc = [entry["accuracy_by_layers"][d]["mean"] for d in depth]
+                pts = [(int(d), 100 * a) for d, a in zip(depth, acc) if a is not None]
+                if pts:
+                    ax.plot(*zip(*pts), styles[li % len(styles)], marker="o", ms=3, color=_color(mixer),
+                            label=f"{label(mixer)}, length {length}")
+        ax.axhline(100 * record["summary"]["threshold"], color="k", lw=0.8, alpha=0.5)
+        ax.set_title(group, fontsize=10)
+        ax.set_xlabel("layers")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(f"{metric.replace('_', ' ')} (%)")
+    axes[-1].legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    return fig
+
+
+def plot_mqrar(record: dict, ax=None):
+    """MQRAR-N: accuracy (mean over seeds, %) against N, one line per mixer.  Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    record = _check_record(record, "mqrar")
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(5.0, 3.0))
+    else:
+        fig = ax.figure
+    for mixer, by_n in record["summary"]["accuracy"].items():
+        pts = [(int(n), 100 * s["mean"]) for n, s in by_n.items() if s["mean"] is not None]
+        if pts:
+            ax.plot(*zip(*sorted(pts)), "o-", color=_color(mixer), label=label(mixer))
+    ax.set_xlabel("N (the N-th most recent assignment)")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_ylim(0, 105)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------------------
+# What a record holds
+# ---------------------------------------------------------------------------
+
+def describe(record: dict) -> list[str]:
+    """The structure of an experiment record, as lines: the experiment, its device, the settings that
+    vary between runs, how many runs, what one run stores (its keys and the history's), and the summary's
+    keys.  Numbers that change from machine to machine (times, errors) are not shown."""
+    if not isinstance(record, dict) or "runs" not in record:
+        raise ValueError("`record` must be an experiment record (a dict with 'runs')")
+    cfg = record["config"]
+    varying = {k: cfg[k] for k in ("groups", "lengths", "layers", "n_backs", "mixers", "seeds") if k in cfg}
+    run = record["runs"][0] if record["runs"] else {}
+    lines = [f"experiment {record['experiment']!r} on {record.get('device_type', '?')}"
+             f"{' (--tiny: sizes shrunk, numbers meaningless)' if cfg.get('tiny') else ''}",
+             "varies: " + "; ".join(f"{k} {v}" for k, v in varying.items()),
+             f"{len(record['runs'])} runs of {cfg['steps']} steps each",
+             "a run holds: " + ", ".join(run),
+             "  final: " + ", ".join(run.get("final", {})),
+             "  history: " + ", ".join(run.get("history", {})),
+             "summary: " + ", ".join(record.get("summary", {}))]
+    return lines

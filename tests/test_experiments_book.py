@@ -1,0 +1,145 @@
+"""The tables and figures that chapter 8 draws from the experiment records (``pathedu.experiments.plots``), and
+the chapter's exercise checks (``pathedu.exercises.ch08``)."""
+from __future__ import annotations
+
+import json
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from pathedu import tasks  # noqa: E402
+from pathedu.exercises import ch08  # noqa: E402
+from pathedu.experiments import make_config, plots, run_experiment  # noqa: E402
+
+MAX_WIDTH_IN = 7.0
+
+
+@pytest.fixture(scope="module")
+def flipflop():
+    record = plots.load("flipflop")
+    assert record is not None, "pathedu/data/exp_flipflop.json is committed"
+    return record
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """A --tiny record of each experiment (CPU, seconds; its numbers mean nothing)."""
+    return {name: run_experiment(name, config=make_config(name, tiny=True), device="cpu", out=False, progress=False)
+            for name in ("flipflop", "word_problem", "mqrar")}
+
+
+def test_load_returns_none_for_a_missing_file_and_names_a_bad_experiment(tmp_path):
+    assert plots.load("mqrar", tmp_path / "absent.json") is None
+    with pytest.raises(ValueError, match="`name`"):
+        plots.load("flip_flop")
+
+
+def test_rows_hold_every_seed_their_mean_and_the_paper(flipflop):
+    rows = plots.flipflop_rows(flipflop)
+    cfg = flipflop["config"]
+    ran = [r for r in rows if r["seeds"]]
+    assert len(ran) == len(cfg["mixers"]) * len(cfg["splits"])
+    for row in ran:
+        runs = [r for r in flipflop["runs"] if r["mixer"] == row["mixer"]]
+        assert sorted(row["seeds"]) == sorted(cfg["seeds"])
+        for r in runs:  # every seed, straight from the run, in percent
+            assert row["seeds"][r["seed"]] == pytest.approx(100 * r["final"][row["split"]]["error"])
+        summary = flipflop["summary"]["error_percent"][row["mixer"]][row["split"]]
+        assert row["mean"] == pytest.approx(summary["mean"])
+        assert row["paper"] == flipflop["summary"]["paper_table1_error_percent"].get(row["mixer"], {}).get(row["split"])
+    paper_only = {r["mixer"] for r in rows if not r["seeds"]}
+    assert paper_only == set(flipflop["summary"]["paper_table1_error_percent"]) - set(cfg["mixers"])
+    assert not any(not r["seeds"] for r in plots.flipflop_rows(flipflop, paper_only=False))
+
+
+def test_table_shows_small_errors_without_rounding_them_to_zero(flipflop):
+    text = plots.format_flipflop_table(flipflop)
+    assert plots.fmt_percent(0.0028) == "0.0028" and plots.fmt_percent(0) == "0" and plots.fmt_percent(None) == "-"
+    assert plots.fmt_percent(6.875) == "6.9" and plots.fmt_percent(0.0001) == "0.0001"
+    assert "0.00 " not in text and max(len(line) for line in text.splitlines()) <= 80
+    assert sum(line.startswith(plots.label(m)) for line in text.splitlines() for m in flipflop["config"]["mixers"]) \
+        == len(flipflop["config"]["mixers"])
+
+
+def test_eval_curves_follow_the_history(flipflop):
+    curves = plots.eval_curves(flipflop, "sparse")
+    for r in flipflop["runs"]:
+        steps, errs = curves[r["mixer"]][r["seed"]]
+        assert steps == [p["step"] for p in r["history"]["eval"]]
+        assert errs[-1] == pytest.approx(100 * r["final"]["sparse"]["error"])
+    with pytest.raises(ValueError, match="`split`"):
+        plots.eval_curves(flipflop, "long")
+
+
+def _width_ok(fig):
+    w = fig.get_size_inches()[0]
+    plt.close(fig)
+    return w <= MAX_WIDTH_IN
+
+
+def test_flipflop_figures_draw_one_point_per_seed_and_fit_the_column(flipflop):
+    fig = plots.plot_flipflop_sparse(flipflop)
+    n_points = sum(len(c.get_offsets()) for c in fig.axes[0].collections)
+    papers = sum(1 for r in plots.flipflop_rows(flipflop)
+                 if r["split"] == "sparse" and r["seeds"] and r["paper"] is not None)
+    assert n_points == len(flipflop["runs"]) + papers
+    assert _width_ok(fig)
+    fig = plots.plot_flipflop_history(flipflop)
+    assert len(fig.axes) == len(flipflop["config"]["splits"])
+    assert len(fig.axes[1].lines) == len(flipflop["runs"])
+    assert _width_ok(fig)
+
+
+def test_tiny_records_draw_and_describe(tiny):
+    assert _width_ok(plots.plot_flipflop_history(tiny["flipflop"]))
+    assert _width_ok(plots.plot_word_problem(tiny["word_problem"]))
+    assert _width_ok(plots.plot_mqrar(tiny["mqrar"]))
+    for name, record in tiny.items():
+        lines = plots.describe(record)
+        assert lines[0].startswith(f"experiment {name!r}") and "--tiny" in lines[0]
+        assert f"{len(record['runs'])} runs" in lines[2]
+    with pytest.raises(ValueError, match="`record` is from experiment"):
+        plots.plot_mqrar(tiny["word_problem"])
+
+
+def test_a_record_round_trips_through_json(tmp_path, tiny):
+    path = tmp_path / "exp_mqrar.json"
+    path.write_text(json.dumps(tiny["mqrar"]))
+    assert plots.load("mqrar", path)["summary"] == json.loads(json.dumps(tiny["mqrar"]["summary"]))
+
+
+# ---------------------------------------------------------------------------
+# The exercises of lab 8
+# ---------------------------------------------------------------------------
+
+def _answers(tokens):
+    out = torch.full_like(tokens, tasks.IGNORE)
+    last = torch.full((tokens.shape[0],), tasks.IGNORE, dtype=torch.long)
+    for t in range(0, tokens.shape[1] - 1, 2):
+        out[:, t + 1] = torch.where(tokens[:, t] == tasks.R, last, out[:, t + 1])
+        last = torch.where(tokens[:, t] == tasks.W, tokens[:, t + 1], last)
+    return out
+
+
+def _prefix(table, tokens):
+    cur, labels = torch.zeros(tokens.shape[0], dtype=torch.long), torch.empty_like(tokens)
+    for t in range(tokens.shape[1]):
+        cur = table[tokens[:, t], cur]
+        labels[:, t] = cur
+    return labels
+
+
+@pytest.mark.parametrize("check, right, wrongs", [
+    (ch08.check_flipflop_answers, _answers, ch08._FLIPFLOP_WRONG),
+    (ch08.check_prefix_products, _prefix, ch08._WORD_WRONG),
+], ids=["flipflop", "prefix"])
+def test_checks_accept_the_solution_and_name_each_known_mistake(check, right, wrongs, capsys):
+    assert check(right)
+    for fn, message in wrongs:
+        verdict = check(fn)
+        assert not verdict and message in verdict.message
+    capsys.readouterr()
