@@ -976,6 +976,52 @@ def fox_fla_backward(rec, dev, fla, *, fla_T=2048, fla_lead=(1, 4), **_):
 # =============================================================================
 
 # chapter -> {section: function}; a later chapter adds its entry here.
+# =============================================================================
+# Chapters 9 and 10: stick-breaking attention and CoPE (forward kernels)
+# =============================================================================
+
+def stickbreaking_robust(rec, dev, fla, *, T=4096, H=2, D=64, fp32_T=1024, **_):
+    """bf16 at ``T`` against float64 ``stickbreaking_matrix`` on the same (rounded) inputs (relative RMS <= 5e-3),
+    also with logits scaled by 8 (gates near 0 and 1: the log-space form must hold); fp32 inputs at ``fp32_T``
+    with the largest head dim and ``Dv != D`` against float64."""
+    from .. import stickbreaking
+
+    for spread in (1.0, 8.0):
+        q, k, v = (x.to(BF16) for x in seeded_qkv((1, H), T, D, seed=9, device=dev))
+        q = (spread * q.float()).to(BF16)
+        q64, k64, v64 = (x.to(F64) for x in (q, k, v))
+        rec.compare("stickbreaking_triton",
+                    lambda: (stickbreaking.stickbreaking_triton(q, k, v), stickbreaking.stickbreaking_matrix(q64, k64, v64)),
+                    reference="float64 stickbreaking_matrix", metric="rel_rms", limit=5e-3,
+                    params=dict(logit_spread=spread))
+    q, k, v = seeded_qkv((1, H), fp32_T, 128, 32, seed=10, device=dev)
+    q64, k64, v64 = (x.to(F64) for x in (q, k, v))
+    rec.compare("stickbreaking_triton",
+                lambda: (stickbreaking.stickbreaking_triton(q, k, v), stickbreaking.stickbreaking_matrix(q64, k64, v64)),
+                reference="float64 stickbreaking_matrix", limit=REL_MAX["float32"], params=dict(D=128, Dv=32))
+
+
+def cope_robust(rec, dev, fla, *, T=4096, H=2, D=64, P=64, fp32_T=1024, **_):
+    """bf16 at ``T`` with a table of ``P`` positions per head (far keys clamped) against float64 ``cope_matrix`` on
+    the same (rounded) inputs (relative RMS <= 5e-3); fp32 inputs at ``fp32_T``, head dim 128, ``Dv != D``."""
+    from .. import cope
+
+    def table(D_, dtype, seed):
+        g = generator(dev, seed)
+        return torch.randn(H, P, D_, device=dev, dtype=torch.float32, generator=g).to(dtype)
+
+    q, k, v = (x.to(BF16) for x in seeded_qkv((1, H), T, D, seed=11, device=dev))
+    E = table(D, BF16, 12)
+    q64, k64, v64, E64 = (x.to(F64) for x in (q, k, v, E))
+    rec.compare("cope_triton", lambda: (cope.cope_triton(q, k, v, E), cope.cope_matrix(q64, k64, v64, E64)),
+                reference="float64 cope_matrix", metric="rel_rms", limit=5e-3, params=dict(P=P))
+    q, k, v = seeded_qkv((1, H), fp32_T, 128, 32, seed=13, device=dev)
+    E = table(128, FP32, 14)
+    q64, k64, v64, E64 = (x.to(F64) for x in (q, k, v, E))
+    rec.compare("cope_triton", lambda: (cope.cope_triton(q, k, v, E), cope.cope_matrix(q64, k64, v64, E64)),
+                reference="float64 cope_matrix", limit=REL_MAX["float32"], params=dict(P=P, D=128, Dv=32))
+
+
 CHECKS = {
     "nope": {"bench_sizes": nope_bench_sizes, "robust": nope_robust, "fp32": nope_fp32, "backward": nope_backward},
     "alibi": {"robust": alibi_robust, "fla_fox": alibi_fla_fox, "fla_retention": alibi_fla_retention,
@@ -987,6 +1033,8 @@ CHECKS = {
              "robust": path_robust, "backward": path_backward, "fla_backward": path_fla_backward},
     "pathfox": {"small": pathfox_small, "fla_pathfox": pathfox_fla_pathfox, "fla_gdn": pathfox_fla_gdn,
                 "robust": pathfox_robust, "backward": pathfox_backward, "fla_backward": pathfox_fla_backward},
+    "stickbreaking": {"robust": stickbreaking_robust},
+    "cope": {"robust": cope_robust},
 }
 
 # Tiny sizes for a CPU run in Triton's interpreter (a smoke test of this module, not a check of the kernels).
@@ -1001,6 +1049,8 @@ SMOKE = {
                  robust_T=40, robust_H=1, D=16, grad_T=24, grad_long_T=40),
     "pathfox": dict(plan=[("bfloat16", [((1, 1), 33, 16, 24)]), ("float32", [((1, 1), 1, 32, 16)])],
                     fla_T=40, fla_lead=(1, 1), robust_T=40, robust_H=1, D=16, grad_T=24, grad_long_T=40),
+    "stickbreaking": dict(T=40, H=1, D=16, fp32_T=24),
+    "cope": dict(T=40, H=1, D=16, P=8, fp32_T=24),
 }
 
 
