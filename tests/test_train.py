@@ -147,3 +147,10 @@ def test_parts_of_a_series_merge_into_one_record(tmp_path):
                            device="cpu", out=False, progress=False)
     with pytest.raises(ValueError, match="lr"):
         merge_records([parts[0], other])
+
+
+def test_word_problem_curriculum_length():
+    from pathedu.experiments.word_problem import curriculum_length
+    c = {"curriculum_start": 2, "curriculum_steps": 10}
+    assert [curriculum_length(s, 5, c) for s in (0, 9, 10, 25, 30, 1000)] == [2, 2, 3, 4, 5, 5]
+    assert curriculum_length(0, 5, {"curriculum_steps": 0}) == 5
