@@ -33,7 +33,10 @@ Choices, following the papers:
 * PaTH's ``w`` is an L2-normalised projection of the token (unit vectors: ``H`` is a reflection
   at ``beta = 2``) and ``beta = beta_max sigma(.)`` with ``beta_max = 2`` by default (PaTH) and 1
   for DeltaNet / Gated DeltaNet (pass ``beta_max=2.0`` for DeltaNet with ``beta`` in (0, 2), the
-  negative-eigenvalue variant).  The PaTH paper's short convolution on ``w`` is left out.
+  negative-eigenvalue variant).  The PaTH paper also passes ``w``'s projection through a short
+  convolution; ``w_conv=K`` (path, pathfox) adds one: causal, depthwise, filter size ``K``, no
+  activation, PyTorch's default initialisation (our choices), before the normalisation.  The default
+  ``w_conv=0`` leaves it out.
 * The linear side L2-normalises ``q`` and ``k`` per head (DeltaNet needs unit keys for
   ``I - beta k k^T`` to be a contraction; the others get the same for a fair comparison) and puts a
   per-head RMSNorm on the mixer output (as in GLA / DeltaNet implementations), since
@@ -51,7 +54,7 @@ Parameter count (:func:`parameter_count`, equal to ``sum(p.numel())``), with ``d
 
     vocab*d + d*out_vocab + 2d                                        (embedding, LM head, final LN)
     + n_layers * (4d + (2 d h + h + d) + 4 d HD + extra)             (2 LNs, MLP, q k v o)
-    extra: fox 'd*H + H'; path 'd*HD + d*H + H'; pathfox both; deltanet 'd*H + H';
+    extra: fox 'd*H + H'; path 'd*HD + d*H + H' (+ 'HD*K' with w_conv=K); pathfox both; deltanet 'd*H + H';
            gated_deltanet '2 (d*H + H)'; gla '16 d + 16 HD + HD'; linear-side output norm '+ head_dim'.
 """
 from __future__ import annotations
@@ -167,7 +170,7 @@ class Mixer(nn.Module):
     """
 
     def __init__(self, mixer: str, d_model: int, n_heads: int, head_dim: int, *, beta_max: float | None = None,
-                 form: str = "auto", matrix_max_T: int = 1024, rope_base: float = 10000.0):
+                 form: str = "auto", matrix_max_T: int = 1024, rope_base: float = 10000.0, w_conv: int = 0):
         super().__init__()
         self.mixer = _check_mixer(mixer)
         select_form(mixer, form)  # validates form
@@ -194,8 +197,11 @@ class Mixer(nn.Module):
             self.f_up = nn.Linear(GLA_RANK, HD)
         if spec.beta:
             self.b = nn.Linear(d_model, n_heads)
+        self.w_conv = None
         if spec.w:
             self.w = nn.Linear(d_model, HD, bias=False)
+            if w_conv:  # causal depthwise: pad K - 1 on the left, so position t sees t-K+1 .. t
+                self.w_conv = nn.Conv1d(HD, HD, kernel_size=w_conv, groups=HD, bias=False, padding=w_conv - 1)
         if mixer in LINEAR_MIXERS:
             self.head_norm = nn.RMSNorm(head_dim, eps=1e-6)
         if mixer == "alibi":
@@ -232,7 +238,10 @@ class Mixer(nn.Module):
         if self.b is not None:
             extra["beta"] = (self.beta_max * torch.sigmoid(self.b(x).float())).transpose(1, 2)  # (B, H, T)
         if self.w is not None:
-            extra["w"] = F.normalize(self._heads(self.w(x).float(), B, T), dim=-1)
+            w = self.w(x).float()
+            if self.w_conv is not None:  # (B, T, HD) -> (B, HD, T): convolve along T, keep the first T outputs
+                w = self.w_conv(w.transpose(1, 2))[..., :T].transpose(1, 2)
+            extra["w"] = F.normalize(self._heads(w, B, T), dim=-1)
         if self.head_norm is not None:  # linear side: unit q and k per head
             q, k = F.normalize(q.float(), dim=-1), F.normalize(k.float(), dim=-1)
         if form == "triton":
@@ -351,12 +360,13 @@ def _resolve(mixer, vocab, d_model, n_layers, n_heads, head_dim, out_vocab, mlp_
 
 def build_model(mixer: str, *, vocab: int, d_model: int, n_layers: int, n_heads: int, head_dim: int | None = None,
                 out_vocab: int | None = None, mlp_ratio: int = 4, beta_max: float | None = None,
-                form: str = "auto", matrix_max_T: int = 1024, rope_base: float = 10000.0) -> LM:
+                form: str = "auto", matrix_max_T: int = 1024, rope_base: float = 10000.0, w_conv: int = 0) -> LM:
     """A decoder-only :class:`LM` with ``n_layers`` pre-norm blocks of the mixer ``mixer`` (:data:`MIXERS`).
 
     ``vocab``: input ids; ``out_vocab`` (default ``vocab``): logits; ``head_dim`` (default
     ``d_model // n_heads``); ``mlp_ratio``: MLP width / ``d_model``; ``beta_max``: ``beta = beta_max
-    sigma(.)`` (default 2 for path/pathfox, 1 for deltanet/gated_deltanet); ``form``: one of
+    sigma(.)`` (default 2 for path/pathfox, 1 for deltanet/gated_deltanet); ``w_conv``: filter size of a
+    causal short convolution on PaTH's ``w`` (0: none; path and pathfox only); ``form``: one of
     :data:`FORMS` (:func:`select_form`).  The Triton kernels need ``head_dim`` in 16..128.
     Seed with ``torch.manual_seed`` before calling for reproducible weights.  Parameter count:
     :func:`parameter_count` (module docstring).
@@ -366,17 +376,22 @@ def build_model(mixer: str, *, vocab: int, d_model: int, n_layers: int, n_heads:
     if beta_max is not None and not _SPECS[mixer].beta:
         with_beta = ", ".join(m for m in MIXERS if _SPECS[m].beta)
         raise ValueError(f"`beta_max` only applies to the mixers with a beta ({with_beta}); got mixer {mixer!r}")
+    w_conv = _pos_int(w_conv, "w_conv", minimum=0)
+    if w_conv and not _SPECS[mixer].w:
+        with_w = ", ".join(m for m in MIXERS if _SPECS[m].w)
+        raise ValueError(f"`w_conv` only applies to the mixers with a w ({with_w}); got mixer {mixer!r}")
     return LM(mixer, vocab=vocab, d_model=d_model, n_layers=n_layers, n_heads=n_heads, head_dim=head_dim,
               out_vocab=out_vocab, mlp_ratio=mlp_ratio, beta_max=beta_max, form=form, matrix_max_T=matrix_max_T,
-              rope_base=rope_base)
+              rope_base=rope_base, w_conv=w_conv)
 
 
 def parameter_count(mixer: str, *, vocab: int, d_model: int, n_layers: int, n_heads: int, head_dim: int | None = None,
-                    out_vocab: int | None = None, mlp_ratio: int = 4, **_ignored) -> int:
+                    out_vocab: int | None = None, mlp_ratio: int = 4, w_conv: int = 0, **_ignored) -> int:
     """The number of parameters of :func:`build_model` with the same arguments, from the formula in
     the module docstring (no model is built)."""
     mixer, vocab, d, L, H, Dh, out_vocab, r = _resolve(mixer, vocab, d_model, n_layers, n_heads, head_dim,
                                                        out_vocab, mlp_ratio)
+    w_conv = _pos_int(w_conv, "w_conv", minimum=0)
     HD, h = H * Dh, r * d
     spec = _SPECS[mixer]
     extra = 0
@@ -387,7 +402,7 @@ def parameter_count(mixer: str, *, vocab: int, d_model: int, n_layers: int, n_he
     if spec.beta:
         extra += d * H + H
     if spec.w:
-        extra += d * HD
+        extra += d * HD + HD * w_conv
     if mixer in LINEAR_MIXERS:
         extra += Dh
     per_layer = 4 * d + (2 * d * h + h + d) + 4 * d * HD + extra

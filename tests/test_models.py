@@ -145,3 +145,32 @@ def test_triton_form_matches_matrix(mixer):
     assert torch.allclose(la, lb, rtol=0, atol=1e-4)
     lb.square().mean().backward()  # the kernels' backward passes
     assert all(torch.isfinite(p.grad).all() for p in b.parameters())
+
+
+@pytest.mark.parametrize("mixer", ["path", "pathfox"])
+def test_w_short_convolution_is_causal_counted_and_changes_w(mixer):
+    """``w_conv=3``: PaTH's short convolution on w's projection.  A future token must not reach earlier
+    logits through it (padding on the left only), its weights are counted, and it changes the output."""
+    torch.manual_seed(0)
+    model = build_model(mixer, **SIZES, out_vocab=7, w_conv=3).eval()
+    assert model.num_parameters() == parameter_count(mixer, **SIZES, out_vocab=7, w_conv=3)
+    assert model.num_parameters() > parameter_count(mixer, **SIZES, out_vocab=7)
+    a = torch.randint(0, 11, (2, 24), generator=torch.Generator().manual_seed(4))
+    b = a.clone()
+    b[:, 13] = (a[:, 13] + 1) % 11
+    with torch.no_grad():
+        la, lb = model(a), model(b)
+        assert torch.allclose(la[:, :13], lb[:, :13], rtol=0, atol=1e-6)
+        for blk in model.blocks:
+            blk.mixer.w_conv.weight.zero_()
+            blk.mixer.w_conv.weight[..., -1] = 1.0  # the identity filter: w as without the convolution
+        plain = build_model(mixer, **SIZES, out_vocab=7)
+        plain.load_state_dict({k: v for k, v in model.state_dict().items() if "w_conv" not in k})
+        assert torch.allclose(model(a), plain(a), rtol=0, atol=1e-6)
+
+
+def test_w_conv_is_refused_where_there_is_no_w():
+    with pytest.raises(ValueError, match="`w_conv` only applies"):
+        build_model("rope", **SIZES, w_conv=3)
+    with pytest.raises(ValueError, match="`w_conv` must be >= 0"):
+        build_model("path", **SIZES, w_conv=-1)

@@ -34,6 +34,7 @@ DEFAULTS = {
     "batch_size": 32, "steps": 3000, "lr": 1e-3, "weight_decay": 0.1, "warmup": 300, "clip": 1.0,
     "eval_n": 512, "eval_batch_size": 128, "eval_every": 1000, "log_every": 10,
     "form": "auto",
+    "w_conv": 0,  # PaTH's short convolution on w (filter size; 0: none), for path and pathfox only
 }
 TINY = {"seeds": [0], "d_model": 32, "length": 32, "batch_size": 4, "steps": 4, "warmup": 1, "eval_n": 8,
         "eval_batch_size": 8, "eval_every": 2, "log_every": 1}
@@ -75,7 +76,8 @@ def run(config: dict, *, device, progress: bool = True):
                 return _batch(config["batch_size"], config["length"], config["p_ignore"], data_seed(seed, step),
                               config["loss"])
 
-            r = train_run(mixer, seed, model_kwargs=model_kwargs, sample=sample, evaluate_fn=evaluate_fn,
+            kwargs = {**model_kwargs, "w_conv": config["w_conv"] if mixer in ("path", "pathfox") else 0}
+            r = train_run(mixer, seed, model_kwargs=kwargs, sample=sample, evaluate_fn=evaluate_fn,
                           config=config, device=device, progress=progress, desc=f"flipflop {mixer} s{seed}")
             runs.append({"seed": seed, "mixer": mixer, **r})
     return runs, summarize(runs, config)
