@@ -198,6 +198,7 @@ class Mixer(nn.Module):
         if spec.beta:
             self.b = nn.Linear(d_model, n_heads)
         self.w_conv = None
+        self.keep_extra, self.kept = False, {}
         if spec.w:
             self.w = nn.Linear(d_model, HD, bias=False)
             if w_conv:  # causal depthwise: pad K - 1 on the left, so position t sees t-K+1 .. t
@@ -244,6 +245,8 @@ class Mixer(nn.Module):
             extra["w"] = F.normalize(self._heads(w, B, T), dim=-1)
         if self.head_norm is not None:  # linear side: unit q and k per head
             q, k = F.normalize(q.float(), dim=-1), F.normalize(k.float(), dim=-1)
+        if self.keep_extra:  # what the tokens chose (gates, w, beta): see per_token_quantities
+            self.kept = {name: t.detach() for name, t in extra.items()}
         if form == "triton":
             dt = q.dtype if q.dtype == k.dtype == v.dtype else torch.float32
             o = self._core(form, q.to(dt), k.to(dt), v.to(dt), extra)
@@ -407,3 +410,25 @@ def parameter_count(mixer: str, *, vocab: int, d_model: int, n_layers: int, n_he
         extra += Dh
     per_layer = 4 * d + (2 * d * h + h + d) + 4 * d * HD + extra
     return vocab * d + d * out_vocab + 2 * d + L * per_layer
+
+
+@torch.no_grad()
+def per_token_quantities(model: "LM", tokens: torch.Tensor) -> list[dict]:
+    """What each layer's mixer computed from ``tokens: (B, T)``: one dict per layer with the per-token
+    quantities it passes to its mechanism, e.g. ``{"beta": (B, H, T), "w": (B, H, T, Dh)}`` for PaTH,
+    ``{"log_f": (B, H, T)}`` for FoX (empty for NoPE, ALiBi, RoPE, linear, RetNet).  For reading what a
+    trained model learnt (does PaTH use reflections, beta near 2?).  Runs the model once in eval mode."""
+    if not isinstance(model, LM):
+        raise TypeError(f"`model` must be a pathedu.models.LM, got {type(model).__name__}")
+    mixers = [blk.mixer for blk in model.blocks]
+    was_training = model.training
+    model.eval()
+    try:
+        for m in mixers:
+            m.keep_extra, m.kept = True, {}
+        model(tokens)
+        return [dict(m.kept) for m in mixers]
+    finally:
+        for m in mixers:
+            m.keep_extra, m.kept = False, {}
+        model.train(was_training)

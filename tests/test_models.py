@@ -174,3 +174,19 @@ def test_w_conv_is_refused_where_there_is_no_w():
         build_model("rope", **SIZES, w_conv=3)
     with pytest.raises(ValueError, match="`w_conv` must be >= 0"):
         build_model("path", **SIZES, w_conv=-1)
+
+
+def test_per_token_quantities_reads_what_each_layer_chose():
+    model = _model("pathfox")
+    tokens = torch.randint(0, 11, (2, 9), generator=torch.Generator().manual_seed(5))
+    layers = models.per_token_quantities(model, tokens)
+    assert len(layers) == SIZES["n_layers"] and model.training  # the mode is put back
+    for q in layers:
+        assert set(q) == {"beta", "w", "log_f"}
+        assert q["beta"].shape == (2, 2, 9) and q["w"].shape == (2, 2, 9, 16) and q["log_f"].shape == (2, 2, 9)
+        assert (0 < q["beta"]).all() and (q["beta"] < 2).all() and (q["log_f"] <= 0).all()
+        assert torch.allclose(q["w"].norm(dim=-1), torch.ones(2, 2, 9))
+    assert models.per_token_quantities(_model("rope"), tokens) == [{}, {}]
+    assert all(not blk.mixer.keep_extra and not blk.mixer.kept for blk in model.blocks)
+    with pytest.raises(TypeError, match="`model`"):
+        models.per_token_quantities(object(), tokens)

@@ -154,3 +154,13 @@ def test_word_problem_curriculum_length():
     c = {"curriculum_start": 2, "curriculum_steps": 10}
     assert [curriculum_length(s, 5, c) for s in (0, 9, 10, 25, 30, 1000)] == [2, 2, 3, 4, 5, 5]
     assert curriculum_length(0, 5, {"curriculum_steps": 0}) == 5
+
+
+def test_flipflop_runs_record_what_the_gates_learnt():
+    from pathedu.experiments import make_config, run_experiment
+
+    rec = run_experiment("flipflop", config=make_config("flipflop", tiny=True, mixers=["path", "rope"]),
+                         device="cpu", out=False, progress=False)
+    path_run, rope_run = rec["runs"]
+    assert len(path_run["probe"]) == 1 and set(path_run["probe"][0]["beta"]) == {"mean", "above_1", "above_1.9"}
+    assert 0 < path_run["probe"][0]["beta"]["mean"] < 2 and rope_run["probe"] == [{}]

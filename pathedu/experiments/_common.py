@@ -6,7 +6,7 @@ import statistics
 
 import torch
 
-from ..models import build_model, select_form
+from ..models import build_model, per_token_quantities, select_form
 from ..train import evaluate, train
 
 
@@ -21,9 +21,10 @@ EVAL_SEED = 2 ** 40
 
 
 def train_run(mixer: str, seed: int, *, model_kwargs: dict, sample, evaluate_fn, config: dict, device,
-              progress: bool, desc: str) -> dict:
+              progress: bool, desc: str, probe=None) -> dict:
     """Seed, build ``mixer``'s model, train it; return ``{"n_params", "form", "final", "history",
-    "train_time_s", "wall_time_s"}`` (``final``: the last evaluation)."""
+    "train_time_s", "wall_time_s"}`` (``final``: the last evaluation), and ``"probe": probe(model)`` when a
+    ``probe`` is given (what the trained model does, e.g. :func:`beta_probe`)."""
     torch.manual_seed(seed)
     model = build_model(mixer, **model_kwargs).to(device)
     hist = train(model, sample, steps=config["steps"], lr=config["lr"], weight_decay=config["weight_decay"],
@@ -34,7 +35,27 @@ def train_run(mixer: str, seed: int, *, model_kwargs: dict, sample, evaluate_fn,
     return {"n_params": model.num_parameters(), "form": select_form(mixer, model_kwargs.get("form", "auto"),
                                                                        device=device, T=config.get("length", 0)),
             "final": final, "train_time_s": hist["train_time_s"], "wall_time_s": hist["wall_time_s"],
-            "history": hist}
+            "history": hist, **({"probe": probe(model)} if probe is not None else {})}
+
+
+def beta_probe(tokens, device):
+    """A probe for :func:`train_run`: per layer, the statistics of the per-token quantities that the trained
+    model computes on ``tokens`` (``beta``: mean, fraction above 1 (a negative eigenvalue) and above 1.9
+    (near a reflection); ``log_f``: mean, and fraction below log 0.5).  ``{}`` for mixers without them."""
+    def probe(model):
+        out = []
+        for layer in per_token_quantities(model, tokens.to(device)):
+            rec = {}
+            if "beta" in layer:
+                b = layer["beta"].float()
+                rec["beta"] = {"mean": b.mean().item(), "above_1": (b > 1).float().mean().item(),
+                               "above_1.9": (b > 1.9).float().mean().item()}
+            if "log_f" in layer:
+                f = layer["log_f"].float()
+                rec["log_f"] = {"mean": f.mean().item(), "below_log_half": (f < math.log(0.5)).float().mean().item()}
+            out.append(rec)
+        return out
+    return probe
 
 
 def eval_split(model, inputs, targets, *, device, batch_size: int) -> dict:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from .. import tasks
 from ..train import lm_targets
-from ._common import EVAL_SEED, data_seed, eval_split, stats, train_run
+from ._common import EVAL_SEED, beta_probe, data_seed, eval_split, stats, train_run
 
 DEFAULTS = {
     "mixers": ["nope", "alibi", "fox", "rope", "path"],
@@ -67,6 +67,8 @@ def run(config: dict, *, device, progress: bool = True):
         return {name: eval_split(model, x, y, device=device, batch_size=config["eval_batch_size"])
                 for name, (x, y) in evals.items()}
 
+    # What a trained model does with its gates on the sparse split: does PaTH use beta > 1 (reflections)?
+    probe = beta_probe(evals["sparse"][0][:config["eval_batch_size"]], device) if "sparse" in evals else None
     model_kwargs = dict(vocab=len(tasks.FLIPFLOP_VOCAB), d_model=config["d_model"], n_layers=config["n_layers"],
                         n_heads=config["n_heads"], mlp_ratio=config["mlp_ratio"], form=config["form"])
     runs = []
@@ -77,7 +79,7 @@ def run(config: dict, *, device, progress: bool = True):
                               config["loss"])
 
             kwargs = {**model_kwargs, "w_conv": config["w_conv"] if mixer in ("path", "pathfox") else 0}
-            r = train_run(mixer, seed, model_kwargs=kwargs, sample=sample, evaluate_fn=evaluate_fn,
+            r = train_run(mixer, seed, model_kwargs=kwargs, sample=sample, evaluate_fn=evaluate_fn, probe=probe,
                           config=config, device=device, progress=progress, desc=f"flipflop {mixer} s{seed}")
             runs.append({"seed": seed, "mixer": mixer, **r})
     return runs, summarize(runs, config)
