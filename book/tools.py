@@ -193,11 +193,16 @@ INSTALL_MARKER = "# Install pathedu when it is not importable (as on Colab); hid
 INSTALL_TAG = "remove-cell"
 
 
-def read_repository() -> tuple[str, str]:
-    """``(url, branch)`` from ``_config.yml``'s ``repository`` section."""
+def read_yaml(name: str):
+    """A YAML file of the repository root (``_config.yml``, ``_toc.yml``), parsed."""
     import yaml
 
-    config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf8"))
+    return yaml.safe_load((ROOT / name).read_text(encoding="utf8"))
+
+
+def read_repository() -> tuple[str, str]:
+    """``(url, branch)`` from ``_config.yml``'s ``repository`` section."""
+    config = read_yaml("_config.yml")
     repo = config.get("repository") or {}
     url, branch = str(repo.get("url", "")).rstrip("/"), str(repo.get("branch", "main"))
     if not url.startswith("https://"):
@@ -317,10 +322,8 @@ def _require_slide_assets() -> None:
             "run `python book/tools.py assets` (or `bash .ci/book`) first")
 
 
-def toc_chapters() -> list[tuple[str, str]]:
-    """``[(NN, docname)]`` for every ``book/chNN_*`` file of ``_toc.yml``, in the book's order."""
-    import yaml
-
+def toc_files() -> list[str]:
+    """Every ``file:`` (and the ``root``) of the jb-book ``_toc.yml``, in the book's order."""
     def walk(node):
         if isinstance(node, dict):
             for key in ("root", "file"):
@@ -332,16 +335,17 @@ def toc_chapters() -> list[tuple[str, str]]:
             for item in node:
                 yield from walk(item)
 
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf8"))
-    return [(m.group(1), name) for name in walk(toc) if (m := CHAPTER_RE.fullmatch(name))]
+    return list(walk(read_yaml("_toc.yml")))
+
+
+def toc_chapters() -> list[tuple[str, str]]:
+    """``[(NN, docname)]`` for every ``book/chNN_*`` file of ``_toc.yml``, in the book's order."""
+    return [(m.group(1), name) for name in toc_files() if (m := CHAPTER_RE.fullmatch(name))]
 
 
 def book_macros() -> dict:
     """The TeX macros of the book (``_config.yml``), so that slides and pages typeset alike."""
-    import yaml
-
-    config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf8"))
-    return dict(config["sphinx"]["config"]["mathjax3_config"]["tex"]["macros"])
+    return dict(read_yaml("_config.yml")["sphinx"]["config"]["mathjax3_config"]["tex"]["macros"])
 
 
 def split_deck(text: str) -> tuple[dict, list[tuple[str, str]]]:
@@ -583,9 +587,7 @@ def build_slides(out: Path = SLIDES_OUT) -> list[Path]:
 
 
 def _book_title() -> str:
-    import yaml
-
-    return str(yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf8")).get("title", "pathedu"))
+    return str(read_yaml("_config.yml").get("title", "pathedu"))
 
 
 def cmd_slides(args) -> None:

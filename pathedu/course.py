@@ -141,13 +141,17 @@ def expected_exercises(nb: dict) -> list[tuple[str, str]]:
     check's label, e.g. ``"1"`` or ``"3a"``)."""
     seen = []
     for cell in nb.get("cells", []):
-        if cell.get("cell_type") != "code":
-            continue
-        for chapter, name in _CHECK_CALL.findall(_source(cell)):
-            key = (chapter, _label(chapter, name))
+        for key in _checks_called(cell):
             if key not in seen:
                 seen.append(key)
     return seen
+
+
+def _checks_called(cell: dict) -> list[tuple[str, str]]:
+    """``(chapter, exercise)`` of every check call in ``cell`` (none in a Markdown cell)."""
+    if cell.get("cell_type") != "code":
+        return []
+    return [(chapter, _label(chapter, name)) for chapter, name in _CHECK_CALL.findall(_source(cell))]
 
 
 def _label(chapter: str, check_name: str) -> str:
@@ -160,10 +164,7 @@ def _label(chapter: str, check_name: str) -> str:
 def _cell_error(nb: dict, chapter: str, label: str) -> str:
     """The error shown by the first cell that calls ``chapter``'s check ``label`` and raised, else ``''``."""
     for cell in nb.get("cells", []):
-        if cell.get("cell_type") != "code":
-            continue
-        calls = {(c, _label(c, n)) for c, n in _CHECK_CALL.findall(_source(cell))}
-        if (chapter, label) not in calls:
+        if (chapter, label) not in _checks_called(cell):
             continue
         for out in cell.get("outputs", []):
             if out.get("output_type") == "error":

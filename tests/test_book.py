@@ -36,22 +36,7 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 tools = helpers.load_book_tools()
 
 
-def _toc_files(node) -> list[str]:
-    """Every ``file:`` (and the root) of a jb-book _toc.yml, in order."""
-    found = []
-    if isinstance(node, dict):
-        for key in ("root", "file"):
-            if key in node:
-                found.append(str(node[key]))
-        for value in node.values():
-            found += _toc_files(value)
-    elif isinstance(node, list):
-        for item in node:
-            found += _toc_files(item)
-    return found
-
-
-TOC_FILES = _toc_files(yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf8")))
+TOC_FILES = tools.toc_files()
 
 
 @pytest.fixture(scope="module")

@@ -415,7 +415,7 @@ def _pathedu_name(fn) -> str | None:
     if not isinstance(fn, types.FunctionType):
         return None
     module = fn.__globals__.get("__name__", "")
-    if module == "pathedu" or module.startswith("pathedu."):
+    if _is_pathedu(module):
         watched = watched_functions().get(id(fn))
         return watched[1] if watched else f"{module}.{fn.__qualname__}"
     return None
@@ -497,10 +497,15 @@ def _armed(answers, allow, entry):
     state = _Armed(entry=entry, inner_codes=frozenset(codes))
     undo = []
 
+    def wire_for(value):
+        """The tripwire that replaces ``value``, or ``None`` when it is not a watched, unallowed function."""
+        wire = wired.get(id(value))
+        return wire if wire is not None and value is watched[id(value)][0] else None
+
     def patch_dict(d):
         for key, value in list(d.items()):
-            wire = wired.get(id(value))
-            if wire is not None and value is watched[id(value)][0]:
+            wire = wire_for(value)
+            if wire is not None:
                 d[key] = wire
                 undo.append((d, key, value, wire))
 
@@ -516,19 +521,19 @@ def _armed(answers, allow, entry):
                     value = holder.cell_contents
                 except ValueError:  # an empty cell
                     continue
-                if id(value) in wired and value is watched[id(value)][0]:
-                    holder.cell_contents = wired[id(value)]
-                    undo.append((holder, "cell_contents", value, wired[id(value)]))
+                wire = wire_for(value)
+                if wire is not None:
+                    holder.cell_contents = wire
+                    undo.append((holder, "cell_contents", value, wire))
             elif kind == "defaults":
                 old = holder.__defaults__
-                new = tuple(wired.get(id(d), d) if id(d) in watched and d is watched[id(d)][0] else d for d in old)
+                new = tuple(wire_for(d) or d for d in old)
                 if new != old:
                     holder.__defaults__ = new
                     undo.append((holder, "__defaults__", old, new))
             else:
                 old = holder.__kwdefaults__
-                new = {k: wired.get(id(d), d) if id(d) in watched and d is watched[id(d)][0] else d
-                       for k, d in old.items()}
+                new = {k: wire_for(d) or d for k, d in old.items()}
                 if any(new[k] is not old[k] for k in old):
                     holder.__kwdefaults__ = new
                     undo.append((holder, "__kwdefaults__", old, new))
