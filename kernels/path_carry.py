@@ -24,7 +24,10 @@ and for the left half, with ``N_J = k~_J^T dX_J`` ::
 
 So each sweep runs *against* the direction in which its carry was built: :func:`_carry_bwd` rebuilds
 the half's ``C`` (or ``E``) going one way, keeps them in a scratch tensor, and walks back the other way
-with ``S`` (or ``U``).  Every block belongs to one half per level, so one launch per level writes each
+with ``S`` (or ``U``).  The scratch is global memory written and read by one program, but a carry's
+element is stored by the thread that holds it in the product's layout and loaded by another: a
+``tl.debug_barrier()`` between the two sweeps orders them (without it, bf16 gradients at T = 77 came out
+wrong in one GPU run in three, relative error 0.18 in ``dk``; the interpreter, sequential, never shows it).  Every block belongs to one half per level, so one launch per level writes each
 gradient row once (it adds to what earlier levels left).  Products are :func:`._pieces._dot` at the
 preparation pass's precision (:func:`.ut_prepare.prep_precision`).  :func:`carry_forward` and
 :func:`carry_backward` launch them; :func:`pathedu.path._meeting_points` is the same map in PyTorch.
@@ -105,6 +108,7 @@ def _carry_bwd(QT, KT, GM, DX, DQT, DKT, DGM, SCRATCH, NB, h, stride_tb, stride_
             _store_rows(SCRATCH + b * DD, carry, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM)
             g = _load_rows(GM + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
             carry += _dot(g, carry, PRECISION)
+        tl.debug_barrier()  # the C_b just stored were written by other threads than those that read them back
         s = tl.zeros([BLOCK_D, BLOCK_D], dtype=tl.float32)  # S_b: later blocks' M_I carried back to b
         for tt in range(0, n_right):  # right to left
             b = mid + n_right - 1 - tt
@@ -125,6 +129,7 @@ def _carry_bwd(QT, KT, GM, DX, DQT, DKT, DGM, SCRATCH, NB, h, stride_tb, stride_
             _store_rows(SCRATCH + b * DD, carry, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM)
             g = _load_rows(GM + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
             carry += _dot(tl.trans(g), carry, PRECISION)
+        tl.debug_barrier()  # as above: the E_b go through global memory between threads
         u = tl.zeros([BLOCK_D, BLOCK_D], dtype=tl.float32)  # U_b: earlier blocks' N_J carried forward to b
         for t in range(0, h - t0):  # left to right
             b = mid - h + t
