@@ -38,7 +38,8 @@ Forward only: inputs that require grad are refused while grad mode is on (use
 :func:`pathedu.cope.cope_matrix` to train).  Inputs are validated once, at
 :func:`cope_attention` (see :mod:`._launch`).
 
-**Measured** (one H100, triton 3.6, torch 2.11; a first look, not the chapter's benchmark).  Against
+**Measured** (one H100, triton 3.6, torch 2.11; a first look with 64-row tiles, before they were found
+wrong at D = 128, see ``_GPU_CONFIG``; not the chapter's benchmark).  Against
 :func:`pathedu.cope.cope_matrix` in float64 on the same rounded inputs, ``B = 2, H = 4, D = 64``: bf16
 relative RMS 1.7e-3 (T = 1000, P = 16) and 2.0e-3 (T = 2048, P = 64), fp16 2.1e-4 and 2.5e-4; fp32
 max error 1.8e-5 of the largest output at T = 1000.  Time at ``B = 8, H = 16, T = 2048, D = 64``, bf16:
@@ -130,10 +131,13 @@ def _cope_fwd(Q, K, V, QE, O, T, P, scale,
 
 
 # Tiles: one size for query and key blocks (the diagonal region is one tile).  The interpreter's cost
-# is per program and loop trip, so it gets few large blocks; on a GPU 64-row tiles (fp32 inputs too), one
-# stage: triton 3.6's software pipeliner fails on this loop (``PassManager::run failed`` in
-# ``TritonGPUPipeline`` for fp16 inputs on an H100 with ``num_stages=2``).
-_GPU_CONFIG = dict(BLOCK=64, num_warps=4, num_stages=1)
+# is per program and loop trip, so it gets few large blocks.  On a GPU, 32-row tiles and one stage, both
+# forced by triton 3.6 on an H100 (probes of 2026-11-23, B = 1, H = 2, T = 1000, D = 128, Dv = 32, bf16):
+# with 64-row tiles and 4 warps every row from 16 on came out wrong (relative error 1.33: only the first
+# warp's rows were right), with 8 warps the kernel read out of bounds (an illegal address); 32-row tiles
+# gave 2.4e-3.  Two stages fail to compile (``PassManager::run failed`` in ``TritonGPUPipeline``, fp16).
+# tests/gpu/test_forms.py runs every dtype and head dim through this configuration.
+_GPU_CONFIG = dict(BLOCK=32, num_warps=4, num_stages=1)
 
 
 def _check_block(block) -> int | None:
@@ -153,7 +157,7 @@ def cope_attention(q, k, v, pos_emb, *, scale=None, block=None):
     ``(..., P, D)`` -> ``(..., T, Dv)``; ``D, Dv`` in 16..128; fp16/bf16/fp32 (gates, counts and
     the softmax in fp32; ``qe = Q E^T`` taken once in fp32).  ``scale=None`` means ``D ** -0.5``
     (it scales ``q . k``, not the position term).  ``block``: the tile size (16, 32, 64 or 128;
-    None: 64 on a GPU, 32 or 64 in the interpreter).  Every argument is validated here (values
+    None: 32 on a GPU, 32 or 64 in the interpreter).  Every argument is validated here (values
     with one host synchronisation); inputs that require grad are refused while grad mode is on.
     """
     x = prepare_qkv(q, k, v)  # refuses q, k, v that require grad

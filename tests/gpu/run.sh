@@ -13,7 +13,11 @@
 # Knobs: PATHEDU_GPU_WORKERS (default 10), PATHEDU_GPU_TIMEOUT (seconds for pytest, default 510: the
 # whole script stays under the device's 10-minute limit; on a timeout pytest is interrupted, reports
 # what ran, and the checks that finished are still merged), PATHEDU_GPU_PYTEST_ARGS (default -x: stop at
-# the first failure; set it empty to run everything), PYTHON (default python3).
+# the first failure; set it empty to run everything), PATHEDU_GPU_TESTS (default tests/gpu: the test files
+# or folders to run, e.g. "tests/gpu/test_checks.py tests/gpu/test_notebooks.py" to split the run over two
+# device calls), PYTHON (default python3).  Each worker (and each notebook kernel) gets an equal share of
+# the CPU cores as its torch/OpenMP threads (with 14 workers at the default, a CPU training cell of lab 8
+# that takes 10 s on two cores ran past 5 minutes; oversubscription is the likely cause, not a proven one).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 start=$(date +%s)
@@ -32,6 +36,7 @@ export PYTHONPATH="/tmp/site:$PWD"
 export PYTHONUNBUFFERED=1
 export PATHEDU_FLA=yes
 export PATHEDU_CHECKS_DIR=/tmp/pathedu_checks
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / ${PATHEDU_GPU_WORKERS:-10} > 0 ? $(nproc) / ${PATHEDU_GPU_WORKERS:-10} : 1 ))}
 rm -rf "$PATHEDU_CHECKS_DIR" && mkdir -p "$PATHEDU_CHECKS_DIR"
 
 {
@@ -44,7 +49,7 @@ print('python', sys.version.split()[0], '| torch', torch.__version__, '| triton'
 } 2>&1 | tee "$LOG"
 
 timeout -s INT -k 30 "${PATHEDU_GPU_TIMEOUT:-510}" \
-    "$PY" -m pytest tests/gpu -o addopts="" -p no:cacheprovider ${PATHEDU_GPU_PYTEST_ARGS--x} -q --durations=20 \
+    "$PY" -m pytest ${PATHEDU_GPU_TESTS:-tests/gpu} -o addopts="" -p no:cacheprovider ${PATHEDU_GPU_PYTEST_ARGS--x} -q --durations=20 \
     -n "${PATHEDU_GPU_WORKERS:-10}" 2>&1 | tee -a "$LOG"
 rc=${PIPESTATUS[0]}
 
