@@ -44,3 +44,14 @@ def pytest_collection_modifyitems(config, items):
         ordered.extend(light[:run - 1])
         light = light[run - 1:]
     items[:] = ordered + light
+
+
+def pytest_runtest_logreport(report):
+    """With ``PATHEDU_GPU_FAILURES`` set (run.sh sets it), each failure's test id and traceback tail go to
+    that file the moment it is reported, by the controller only: a run cut short by its time limit (whose
+    final summary may never print) still says which tests failed and why."""
+    path = os.environ.get("PATHEDU_GPU_FAILURES")
+    if not path or not report.failed or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    with open(path, "a") as f:
+        f.write(f"== FAILED {report.nodeid} ({report.when}, {report.duration:.1f} s)\n{report.longreprtext[-4000:]}\n\n")

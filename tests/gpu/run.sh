@@ -36,6 +36,8 @@ export PYTHONPATH="/tmp/site:$PWD"
 export PYTHONUNBUFFERED=1
 export PATHEDU_FLA=yes
 export PATHEDU_CHECKS_DIR=/tmp/pathedu_checks
+export PATHEDU_GPU_FAILURES="$OUT/gpu_failures.log"  # each failure as it happens (conftest.py)
+rm -f "$PATHEDU_GPU_FAILURES"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / ${PATHEDU_GPU_WORKERS:-10} > 0 ? $(nproc) / ${PATHEDU_GPU_WORKERS:-10} : 1 ))}
 rm -rf "$PATHEDU_CHECKS_DIR" && mkdir -p "$PATHEDU_CHECKS_DIR"
 
