@@ -15,7 +15,7 @@
 # what ran, and the checks that finished are still merged), PATHEDU_GPU_PYTEST_ARGS (default -x: stop at
 # the first failure; set it empty to run everything), PATHEDU_GPU_TESTS (default tests/gpu: the test files
 # or folders to run, e.g. "tests/gpu/test_checks.py tests/gpu/test_notebooks.py" to split the run over two
-# device calls), PYTHON (default python3).  Each worker (and each notebook kernel) gets an equal share of
+# device calls), PATHEDU_GPU_SELECT (a pytest -k expression, e.g. "cope or 10_cope"), PYTHON (default python3).  Each worker (and each notebook kernel) gets an equal share of
 # the CPU cores as its torch/OpenMP threads (with 14 workers at the default, a CPU training cell of lab 8
 # that takes 10 s on two cores ran past 5 minutes; oversubscription is the likely cause, not a proven one).
 set -uo pipefail
@@ -51,7 +51,7 @@ print('python', sys.version.split()[0], '| torch', torch.__version__, '| triton'
 } 2>&1 | tee "$LOG"
 
 timeout -s INT -k 30 "${PATHEDU_GPU_TIMEOUT:-510}" \
-    "$PY" -m pytest ${PATHEDU_GPU_TESTS:-tests/gpu} -o addopts="" -p no:cacheprovider ${PATHEDU_GPU_PYTEST_ARGS--x} -q --durations=20 \
+    "$PY" -m pytest ${PATHEDU_GPU_TESTS:-tests/gpu} ${PATHEDU_GPU_SELECT:+-k "$PATHEDU_GPU_SELECT"} -o addopts="" -p no:cacheprovider ${PATHEDU_GPU_PYTEST_ARGS--x} -q --durations=20 \
     -n "${PATHEDU_GPU_WORKERS:-10}" 2>&1 | tee -a "$LOG"
 rc=${PIPESTATUS[0]}
 
