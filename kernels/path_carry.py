@@ -26,8 +26,9 @@ So each sweep runs *against* the direction in which its carry was built: :func:`
 the half's ``C`` (or ``E``) going one way, keeps them in a scratch tensor, and walks back the other way
 with ``S`` (or ``U``).  The scratch is global memory written and read by one program, but a carry's
 element is stored by the thread that holds it in the product's layout and loaded by another: a
-``tl.debug_barrier()`` between the two sweeps orders them (without it, one of two full GPU runs gave bf16
-``dk`` wrong by 0.18, relative, at T = 77; the interpreter, sequential, never shows it).  Every block
+``tl.debug_barrier()`` between the two sweeps orders them.  (It was first added for a wrong bf16 ``dk`` at
+T = 77 on an H100; that failure came from one autotuning config of ``_path_bwd``, not from here: see
+``path_attention._BWD_CONFIGS``.  The barrier stays because the ordering it enforces is required.)  Every block
 belongs to one half per level, so one launch per level writes each gradient row once (it adds to what earlier levels left).  Products are :func:`._pieces._dot` at the
 preparation pass's precision (:func:`.ut_prepare.prep_precision`).  :func:`carry_forward` and
 :func:`carry_backward` launch them; :func:`pathedu.path._meeting_points` is the same map in PyTorch.
