@@ -49,7 +49,7 @@ __version__ = "0.1.0"
 # ``import pathedu`` itself stays fast (PEP 562).
 _LAZY = ("nope", "alibi", "fox", "rope", "path", "pathfox", "cope", "stickbreaking", "checks", "masks", "plotting",
          "constructions", "symbolic", "exercises", "bench", "kernels", "widgets", "course", "tasks", "models", "train",
-         "experiments")
+         "experiments", "distributed")
 
 
 def __getattr__(name):
