@@ -307,11 +307,9 @@ def _path_bwd(X, AD, V, DO, LSE, DELTA, C, DX, DAD, DV, DBR, DBC, T, LEVELS, qk_
 
 # Backward tiles: the program's block is one UT block (levels are defined on UT blocks); INNER-row
 # tiles stream past it, two stages only (as the template's backward, kernels/NOTES_flash.md).
-# No 8-warp config with 64-row tiles: with triton 3.6 on an H100 it gave dk wrong by 0.18-0.51 (relative
-# max; dw, dbeta by 0.35-0.66) at T = 77, D = 32 (block 64) in bf16 and fp16, every seed, and an illegal
-# memory access at Dv = 32, where INNER 32 (4 or 8 warps, 1 or 2 stages) and INNER 64 with 4 warps were
-# right at every probed shape; the interpreter is right with all of them.  The autotuner picked it only
-# when it timed fastest, so the failure came and went between runs (NOTES_path.md, 7).
+# No 8-warp config with 64-row tiles: with triton 3.6 on an H100 it gave wrong dk, dw, dbeta at D = 32 in
+# bf16 and fp16 and an illegal memory access at Dv = 32, the others right at every probed shape; chosen only
+# when it timed fastest, it failed in some runs and not others (the probe: NOTES_path.md, section 7).
 _BWD_CONFIGS = [triton.Config({"INNER": i}, num_warps=w, num_stages=2)
                 for i, w in [(16, 4), (32, 4), (64, 4)]]  # 16: for block = 16
 
