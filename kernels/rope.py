@@ -23,8 +23,9 @@ loads the two components ``(a, b)`` of every channel pair (``pairing``:
 ``"interleaved"`` pairs channels ``(2n, 2n+1)``, ``"half"`` pairs ``(n, n + D/2)``),
 and writes ``(a cos - b sin, a sin + b cos)`` in the input dtype.  Nothing is
 precomputed on the host: no cos/sin table is read from memory.  Interleaved
-pairs are read with stride-2 loads; the two loads of a tile touch the same cache
-lines, so the pass still moves each byte of q and k once in and once out.
+rows are loaded and stored whole and split into pairs in registers
+(``tl.split`` / ``tl.join``); ``"half"`` pairs are two contiguous halves.  Either
+way each byte of q and k moves once in and once out: the pass is bound by memory.
 
 Precision.  Everything is fp32, so the angle drifts from its exact value as the
 position grows.  Two roundings add up: the frequency ``exp2`` of a rounded
@@ -58,11 +59,25 @@ __all__ = ["rotate_qk", "rotary_attention", "rotary_linear_attention", "trig_tab
 
 @triton.jit
 def _rotate_tile(X, XO, col_a, col_b, c, s, mask):
-    """Rotate the pairs (X[col_a], X[col_b]) of one tile by (c, s) and store them to XO; fp32 math."""
+    """Rotate the pairs (X[col_a], X[col_b]) of one tile by (c, s) and store them to XO; fp32 math.
+    Used for ``"half"`` pairs, whose two halves are each contiguous."""
     a = tl.load(X + col_a, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(X + col_b, mask=mask, other=0.0).to(tl.float32)
     tl.store(XO + col_a, (a * c - b * s).to(XO.dtype.element_ty), mask=mask)
     tl.store(XO + col_b, (a * s + b * c).to(XO.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rotate_interleaved(X, XO, cols, c, s, mask, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Rotate the ``"interleaved"`` pairs (2n, 2n + 1) of a ``[BT, 2 BH]`` tile, read and written whole.
+
+    Loading the pair's halves with stride-2 pointers (as :func:`_rotate_tile` does) makes every access
+    touch twice the bytes it uses and every store a partial write; instead the row is moved as one
+    contiguous block and split into its pairs in registers."""
+    x = tl.load(X + cols, mask=mask, other=0.0).to(tl.float32)  # [BT, 2 BH]
+    a, b = tl.split(tl.reshape(x, [BLOCK_T, BLOCK_H, 2]))  # [BT, BH] each: channels 2n and 2n + 1
+    y = tl.reshape(tl.join(a * c - b * s, a * s + b * c), [BLOCK_T, 2 * BLOCK_H])  # pairs back in place
+    tl.store(XO + cols, y.to(XO.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -75,21 +90,21 @@ def _rope_fwd(Q, K, QO, KO, T, offset, log2_base, sign, stride_b, stride_t,
     offs_n = tl.arange(0, BLOCK_H)                     # channel pairs
     # fp32 frequencies Omega_n = 2^(-(n / HALF) log2(base)) and angles.
     omega = tl.exp2(-(offs_n.to(tl.float32) / HALF) * log2_base)
-    theta = (offset + offs_t).to(tl.float32)[:, None] * omega[None, :]
+    theta = (offset + offs_t).to(tl.float32)[:, None] * omega[None, :]  # [BT, BH]
     c = tl.cos(theta)
     s = tl.sin(theta) * sign  # sign -1: the inverse rotation R^-t = (R^t)^T (the backward pass)
-    if INTERLEAVED:  # pair n = channels (2n, 2n + 1)
-        col_a = 2 * offs_n
-        col_b = col_a + 1
-    else:            # pair n = channels (n, n + HALF)
-        col_a = offs_n
-        col_b = offs_n + HALF
-    mask = (offs_t[:, None] < T) & (offs_n[None, :] < HALF)
     rows = bh * stride_b + offs_t[:, None].to(tl.int64) * stride_t
-    col_a, col_b = col_a[None, :], col_b[None, :]
     # The same cos/sin turn the queries and the keys.
-    _rotate_tile(Q + rows, QO + rows, col_a, col_b, c, s, mask)
-    _rotate_tile(K + rows, KO + rows, col_a, col_b, c, s, mask)
+    if INTERLEAVED:  # pair n = channels (2n, 2n + 1): whole rows, split in registers
+        cols = tl.arange(0, 2 * BLOCK_H)[None, :]
+        mask = (offs_t[:, None] < T) & (cols < 2 * HALF)
+        _rotate_interleaved(Q + rows, QO + rows, cols, c, s, mask, BLOCK_T, BLOCK_H)
+        _rotate_interleaved(K + rows, KO + rows, cols, c, s, mask, BLOCK_T, BLOCK_H)
+    else:            # pair n = channels (n, n + HALF): two contiguous halves
+        col_a = offs_n[None, :]
+        mask = (offs_t[:, None] < T) & (col_a < HALF)
+        _rotate_tile(Q + rows, QO + rows, col_a, col_a + HALF, c, s, mask)
+        _rotate_tile(K + rows, KO + rows, col_a, col_a + HALF, c, s, mask)
 
 
 def rotate_qk(q, k, *, base: float = 10000.0, offset: int = 0, pairing: str = "interleaved"):

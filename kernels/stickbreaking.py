@@ -9,19 +9,28 @@ Each weight needs the gates of every key *between* it and the query, so a query
 block visits its key blocks **right to left**, from the diagonal back to 0, as
 PaTH's kernel does (:mod:`.path_attention`), and carries one number per row
 instead of a query: ``c_i = sum log sigma(-z_im)`` over the keys already passed,
-the log of the stick those keys left over (``c = 0`` at the start).  Per tile of
-``BLOCK_N`` keys (:func:`_stick_tile`)::
+the log of the stick those keys left over (``c = 0`` at the start).
 
-    z      = scale q K^T                                   [BM, BN], fp32
-    lp, lq = log sigma(z), log sigma(-z)                   one exp and one log per entry
-    lq     = 0 where j >= i (diagonal tiles; a select)
-    log w  = lp + (revcumsum(lq) - lq) + c                 gates of the keys right of j in the tile, then c
-    acc   += exp(log w) V                                  (0 where j >= i)
-    c     += rowsum(lq)
+**One softplus per logit.**  ``log sigma(z) = z - softplus(z)`` and
+``log sigma(-z) = -softplus(z)``, so the key's own share folds into the sum of
+the gates: ``log A_ij = z_ij + sum_{m=j..i-1} log sigma(-z_im)``, the gates of
+``j`` *and* every key right of it, an inclusive reverse sum.  Per tile of
+``BLOCK_N`` keys (:func:`_stick_tile`), in base 2 (``s = z log2 e``; ``LOG2E`` is
+folded into the scale, so ``exp2`` and ``log2`` are single hardware
+instructions)::
 
-``revcumsum`` is ``tl.cumsum(..., reverse=True)`` along the keys (fp32 adds, not
-a product with a triangular matrix, which the tensor cores would round to tf32).
-This is :func:`pathedu.stickbreaking.stickbreaking_blockwise`, tile by tile.
+    s      = scale log2(e) q K^T                           [BM, BN], fp32
+    g      = -softplus2(s) = log2 sigma(-z)                one exp2 and one log2 per entry
+    g      = 0 where j >= i (diagonal tiles; a select)
+    log2 w = s + revcumsum(g) + c                          inclusive: j's own gate, those right of it, then c
+    acc   += exp2(log2 w) V                                (0 where j >= i)
+    c     += rowsum(g)
+
+Three transcendental instructions per logit (FlashAttention needs one): the
+floor of this kernel.  ``revcumsum`` is ``tl.cumsum(..., reverse=True)`` along
+the keys (fp32 adds, not a product with a triangular matrix, which the tensor
+cores would round to tf32).  This is
+:func:`pathedu.stickbreaking.stickbreaking_blockwise`, tile by tile.
 
 **No maximum, no normaliser.**  FlashAttention keeps a running maximum because
 ``exp(logit)`` overflows and the softmax needs its sum; here every exponent is a
@@ -30,13 +39,15 @@ overflow, and a weight is final as soon as it is computed: ``acc`` is never
 rescaled and the output is ``acc`` itself.  (A weight that underflows to 0 is
 below any value's resolution.)
 
-**Precision.**  ``log sigma(x) = min(x, 0) - log1p(exp(-|x|))``, with ``log1p``
-by Kahan's trick (``log(u) * e / (u - 1)``, ``u = 1 + e``; Triton has no
-``log1p``), so a tiny gate ``-log1p(e^{-|x|})`` keeps its digits instead of
-rounding to 0.  ``log sigma(z)`` and ``log sigma(-z)`` share the ``exp`` and the
-``log1p``.  ``z`` comes from a product in the input dtype (fp32: exact ``"ieee"``
-dots), everything after it in fp32; ``w`` is rounded to the input dtype as a
-product operand, as FlashAttention rounds ``p``.
+**Precision.**  ``softplus2(s) = max(s, 0) + log2(1 + e)`` with ``e = 2^-|s|``.
+A plain ``log2(1 + e)`` rounds every ``e`` below 6e-8 to 0, and those lost
+gates are all of one sign: over thousands of keys that barely break the stick
+the bias adds up.  :func:`_softplus2` corrects ``log2(u)``, ``u = 1 + e``, by the
+rounding error of ``u`` itself (``(u - 1) - e``, exact in fp32), which keeps a
+tiny gate's leading digits without a division.  ``s`` comes from a product in
+the input dtype (fp32: exact ``"ieee"`` dots), everything after it in fp32;
+``w`` is rounded to the input dtype as a product operand, as FlashAttention
+rounds ``p``.
 
 **Non-finite inputs.**  Gates of hidden keys are replaced by 0 *before* the
 cumulative sum, and diagonal tiles multiply through :func:`._pieces._masked_dot`
@@ -56,22 +67,22 @@ import triton.language as tl
 
 from ..checks import check_positive_int, check_scale
 from ._launch import Flat, dot_precision, interpreting, next_pow2, prepare_qkv
-from ._pieces import _first_nonfinite, _load_rows, _masked_dot, _no_nonfinite, _poison, _query_block, _store_rows
+from ._pieces import LOG2E, _first_nonfinite, _load_rows, _masked_dot, _no_nonfinite, _poison, _query_block, _store_rows
 
 __all__ = ["stickbreaking_attention"]
 
 
 @triton.jit
-def _log_sigmoids(z):
-    """``(log sigma(z), log sigma(-z))`` of an fp32 tile, sharing one ``exp`` and one ``log``.
+def _softplus2(s):
+    """``log2(1 + 2^s)`` of an fp32 tile: one ``exp2`` and one ``log2``, tiny values kept.
 
-    ``log sigma(+-z) = min(+-z, 0) - log1p(exp(-|z|))``; ``log1p(e)`` for ``e`` in [0, 1] by
-    Kahan's trick, exact to a few ulps where ``log(1 + e)`` would lose ``e`` below 6e-8."""
-    e = tl.exp(-tl.abs(z))
+    ``max(s, 0) + log2(u)`` with ``u = 1 + 2^-|s|``, minus the rounding error of ``u``
+    (``(u - 1) - e``, exact) times ``d log2(u) / du`` at ``u = 1``: correct to a few ulps where
+    ``log2(u)`` alone would give 0 (``e`` below 6e-8)."""
+    INV_LN2: tl.constexpr = 1.4426950408889634  # d log2(u) / du at u = 1
+    e = tl.math.exp2(-tl.abs(s))
     u = 1.0 + e
-    d = u - 1.0  # the e that survived the rounding of 1 + e
-    log1p = tl.where(d == 0.0, e, tl.log(u) * (e / tl.where(d == 0.0, 1.0, d)))
-    return tl.minimum(z, 0.0) - log1p, tl.minimum(-z, 0.0) - log1p
+    return tl.maximum(s, 0.0) + (tl.math.log2(u) - ((u - 1.0) - e) * INV_LN2)
 
 
 @triton.jit
@@ -87,22 +98,21 @@ def _stick_tile(acc, carry, bad, q, K, V, start_n, start_m, offs_m, T, stride_kt
     k = _load_rows(K, offs_n, tl.arange(0, BLOCK_D), stride_kt, T, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BN, BD]
     v = _load_rows(V, offs_n, tl.arange(0, BLOCK_DV), stride_vt, T, HEAD_DV, MASKED,
                    BLOCK_DV != HEAD_DV)  # [BN, BDV]
-    z = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BM, BN] fp32
-    log_p, log_q = _log_sigmoids(z)  # [BM, BN] each: log sigma(z), log sigma(-z)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BM, BN] fp32, base 2
+    g = -_softplus2(s)  # [BM, BN]: log2 sigma(-z), each key's gate
     if MASKED:
         seen = offs_n[None, :] < offs_m[:, None]  # [BM, BN]: strictly causal
-        log_q = tl.where(seen, log_q, 0.0)  # a hidden key breaks nothing (and its NaN stays out)
-    # Gates of the keys right of j inside the tile (an inclusive reverse sum minus j's own gate),
-    # then those of the blocks already passed.  Every term <= 0.
-    log_w = log_p + (tl.cumsum(log_q, axis=1, reverse=True) - log_q) + carry[:, None]  # [BM, BN]
-    w = tl.exp(log_w)  # [BM, BN], in [0, 1]
+        g = tl.where(seen, g, 0.0)  # a hidden key breaks nothing (and its NaN stays out)
+    # log2 sigma(z_j) = s_j + g_j: j's own share, then the gates right of j inside the tile
+    # (inclusive reverse sum), then those of the blocks already passed.
+    w = tl.math.exp2(s + tl.cumsum(g, axis=1, reverse=True) + carry[:, None])  # [BM, BN], in [0, 1]
     if MASKED:
         w = tl.where(seen, w, 0.0)
         acc = _masked_dot(w.to(v.dtype), v, acc, PRECISION)
         bad = _first_nonfinite(v, offs_n - start_m, bad)
     else:
         acc = tl.dot(w.to(v.dtype), v, acc=acc, input_precision=PRECISION)  # [BM, BDV]
-    carry += tl.sum(log_q, axis=1)  # [BM]: the stick this block left over, in log
+    carry += tl.sum(g, axis=1)  # [BM]: the stick this block left over, in log2
     return acc, carry, bad
 
 
@@ -122,7 +132,7 @@ def _stickbreaking_fwd(Q, K, V, O, T, qk_scale,
     q = _load_rows(Q + bh * stride_qb + start_m * stride_qt, tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_D),
                    stride_qt, T - start_m, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # [BM, BD]
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    carry = tl.zeros([BLOCK_M], dtype=tl.float32)  # log of the stick left: log 1 = 0
+    carry = tl.zeros([BLOCK_M], dtype=tl.float32)  # log2 of the stick left: log2 1 = 0
     bad = _no_nonfinite(BLOCK_DV)
     # The diagonal region, right to left (keys past T load as 0 and are hidden: j >= T > i).
     for c in tl.static_range(R):
@@ -143,7 +153,8 @@ def _stickbreaking_fwd(Q, K, V, O, T, qk_scale,
 # let the autotuner choose.  BLOCK_M % BLOCK_N == 0 keeps the "diagonal, then whole blocks" split exact.
 _GPU_CONFIGS = [
     triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-    for bm, bn, w, s in [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (64, 32, 4, 3), (128, 32, 4, 3)]
+    for bm, bn, w, s in [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3),
+                          (128, 32, 4, 3)]
 ]
 _FP32_CONFIG = dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)
 _stickbreaking_fwd_tuned = triton.autotune(_GPU_CONFIGS, key=["T", "HEAD_DIM", "HEAD_DV", "PRECISION"])(
@@ -176,7 +187,7 @@ def _stickbreaking_launch(x: Flat, scale: float, *, block_m=None, block_n=None) 
         return out
     meta = dict(HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=next_pow2(n.D), BLOCK_DV=next_pow2(n.Dv),
                 PRECISION=dot_precision(x.dtype))
-    args = (x.q, x.k, x.v, out, n.T, scale, x.q.stride(0), x.q.stride(1), x.k.stride(0), x.k.stride(1),
+    args = (x.q, x.k, x.v, out, n.T, scale * LOG2E, x.q.stride(0), x.q.stride(1), x.k.stride(0), x.k.stride(1),
             x.v.stride(0), x.v.stride(1), out.stride(0), out.stride(1))
     if block_m is not None or block_n is not None:
         bm, bn = check_positive_int(block_m, "block_m"), check_positive_int(block_n, "block_n")

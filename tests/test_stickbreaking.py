@@ -15,7 +15,7 @@ from helpers import N_FIXED, TOL_F64, TOL_TRITON, case_id, rand_qkv, random_shap
 
 from pathedu import stickbreaking as sb
 from pathedu.kernels._launch import prepare_qkv
-from pathedu.kernels.stickbreaking import _log_sigmoids, _stickbreaking_launch, stickbreaking_attention
+from pathedu.kernels.stickbreaking import _softplus2, _stickbreaking_launch, stickbreaking_attention
 from pathedu.symbolic import stickbreaking as sym
 
 CASES = random_shapes(2, seed=13, max_T=40)
@@ -293,26 +293,28 @@ def test_triton_extreme_logits_stay_finite_and_exact():
 
 
 @triton.jit
-def _log_sigmoids_kernel(Z, P, Q, N: tl.constexpr):
+def _softplus2_kernel(S, OUT, N: tl.constexpr):
     offs = tl.arange(0, N)
-    log_p, log_q = _log_sigmoids(tl.load(Z + offs))
-    tl.store(P + offs, log_p)
-    tl.store(Q + offs, log_q)
+    tl.store(OUT + offs, _softplus2(tl.load(S + offs)))
 
 
-def test_the_kernels_log_sigmoids_keep_tiny_gates():
-    """log sigma(+-z) in fp32 to a few ulps *relative* (down to fp32's smallest normal), also where it
-    is tiny (log sigma(20) = -2.1e-9: a plain log(1 + e^-20) rounds to 0), and -inf / 0 at -inf / +inf."""
-    z = torch.cat([torch.linspace(-30, 30, 121), torch.tensor([-100.0, 100.0, float("-inf"), float("inf")]),
-                   torch.zeros(3)]).to(_device())  # 128 entries
-    p, q = torch.empty_like(z), torch.empty_like(z)
-    _log_sigmoids_kernel[(1,)](z, p, q, N=128)
-    for got, sign in ((p, 1), (q, -1)):
-        want = F.logsigmoid(sign * z.double())
-        finite = torch.isfinite(want)
-        assert torch.equal(got[~finite].cpu(), want[~finite].float().cpu())
-        tiny = torch.finfo(torch.float32).tiny  # below it (log sigma(100) = -3.7e-44) fp32 is subnormal
-        assert ((got[finite].double() - want[finite]).abs() / want[finite].abs().clamp_min(tiny)).max() <= 1e-6
+def test_the_kernels_softplus_keeps_tiny_gates():
+    """softplus2(s) = log2(1 + 2^s) in fp32 to a few ulps *relative* (down to fp32's smallest normal), also
+    where it is tiny (s = -40: 2^-40 / ln 2, which a plain log2(1 + 2^s) rounds to 0), and 0 / inf at -inf / inf.
+    It is the kernel's only transcendental step besides the weight's exp2: log2 sigma(-z) = -softplus2(z log2 e)."""
+    s = torch.cat([torch.linspace(-43, 43, 121), torch.tensor([-140.0, 140.0, float("-inf"), float("inf"), -40.0]),
+                   torch.zeros(2)]).to(_device())  # 128 entries
+    out = torch.empty_like(s)
+    _softplus2_kernel[(1,)](s, out, N=128)
+    s64 = s.double()
+    want = torch.where(s64 > 0, s64, 0.0) + torch.log1p(torch.exp2(-s64.abs())) / math.log(2)
+    finite = torch.isfinite(want)
+    assert torch.equal(out[~finite].cpu(), want[~finite].float().cpu())
+    assert out[s == -float("inf")].item() == 0.0
+    tiny = torch.finfo(torch.float32).tiny  # below it (softplus2(-140) = 1.0e-42) fp32 is subnormal
+    normal = finite & (want >= tiny)
+    assert ((out[normal].double() - want[normal]).abs() / want[normal]).max() <= 1e-6
+    assert out[s == -40.0].item() > 0.0  # the gate a plain log2(1 + e) would lose
 
 
 def test_triton_refuses_grad_and_float64():

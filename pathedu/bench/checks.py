@@ -1010,6 +1010,28 @@ def stickbreaking_robust(rec, dev, fla, *, T=4096, H=2, D=64, fp32_T=1024, **_):
                     **_appendix_bar(dtype))
 
 
+def stickbreaking_fla(rec, dev, fla, *, T=4096, H=2, D=64, **_):
+    """flash-linear-attention's ``parallel_stickbreaking_attn`` (``attend_current=False``) in bf16 against float64
+    ``stickbreaking_matrix`` on the same rounded inputs, and against our kernel: the peer computes our function
+    (keys strictly before the query, the first output zero), so the benchmark compares like with like."""
+    if not _want_fla(fla, rec):
+        return
+    from .. import stickbreaking
+
+    q, k, v = (x.to(BF16) for x in seeded_qkv((1, H), T, D, seed=9, device=dev))
+    q64, k64, v64 = (x.to(F64) for x in (q, k, v))
+
+    def fla_sb():
+        from fla.ops.stickbreaking_attn import parallel_stickbreaking_attn
+
+        return from_bthd(parallel_stickbreaking_attn(to_bthd(q), to_bthd(k), to_bthd(v))[0])
+
+    rec.compare("fla.parallel_stickbreaking_attn", lambda: (fla_sb(), stickbreaking.stickbreaking_matrix(q64, k64, v64)),
+                reference="float64 stickbreaking_matrix", metric="rel_rms", limit=5e-3)
+    rec.compare("stickbreaking_triton", lambda: (stickbreaking.stickbreaking_triton(q, k, v), fla_sb()),
+                reference="fla.parallel_stickbreaking_attn", metric="rel_rms", limit=5e-3)
+
+
 def cope_robust(rec, dev, fla, *, T=4096, H=2, D=64, P=64, fp32_T=1024, **_):
     """bf16 at ``T`` with a table of ``P`` positions per head (far keys clamped) against float64 ``cope_matrix`` on
     the same (rounded) inputs (relative RMS <= 5e-3); bf16 and fp32 inputs at ``fp32_T``, head dim 128, ``Dv != D``."""
@@ -1044,7 +1066,7 @@ CHECKS = {
              "robust": path_robust, "backward": path_backward, "fla_backward": path_fla_backward},
     "pathfox": {"small": pathfox_small, "fla_pathfox": pathfox_fla_pathfox, "fla_gdn": pathfox_fla_gdn,
                 "robust": pathfox_robust, "backward": pathfox_backward, "fla_backward": pathfox_fla_backward},
-    "stickbreaking": {"robust": stickbreaking_robust},
+    "stickbreaking": {"robust": stickbreaking_robust, "fla": stickbreaking_fla},
     "cope": {"robust": cope_robust},
 }
 

@@ -8,7 +8,8 @@ share it) is two passes: the UT preparation pass (:class:`pathedu.kernels.ut_pre
 (``_linear_fwd``, its ``"householder"`` hook, with and without the scalar decay).  PaTH and PaTH-FoX
 are the same preparation pass and a scan; the scan's time is the total minus the preparation's
 (``scan = total - prepare``, derived, not timed apart).  PaTH's forward + backward is timed step by step
-(subject ``path_backward``: the forward that keeps the log-sum-exp and the backward's five steps).  Each part
+(subject ``path_backward``: the forward that keeps the log-sum-exp and the backward's five steps).  RoPE's
+rotation pre-pass (subject ``rope``) is timed beside a plain copy of q and k, its memory floor.  Each part
 is timed on its own with ``triton.testing.do_bench`` (median), on the inputs of :mod:`pathedu.bench.path` and
 :mod:`pathedu.bench.pathfox`, beside the whole ops of flash-linear-attention when it is installed.
 The data file (``{"meta": ..., "rows": [{"T", "subject", "part", "ms"}]}``) is what
@@ -158,7 +159,30 @@ def _path_backward_parts(q, k, v, bench):
     return times
 
 
-SUBJECTS = {"deltanet": _delta_parts, "pathfox": _path_parts, "path_backward": _path_backward_parts}
+def _rope_parts(q, k, v, bench):
+    """RoPE's rotation pre-pass alone (both pairings), beside what bounds it (copying q and k once: the same bytes
+    read and written), fla's rotary kernel and the FlashAttention template it feeds, in ms."""
+    from .. import nope, rope
+    from ..kernels.rope import rotate_qk
+
+    out = {
+        "memory floor: q.clone() + k.clone()": bench(lambda: (q.clone(), k.clone())),
+        "rotate_qk, interleaved pairs": bench(lambda: rotate_qk(q, k)),
+        "rotate_qk, half pairs": bench(lambda: rotate_qk(q, k, pairing="half")),
+        "FlashAttention template alone (nope_triton)": bench(lambda: nope.nope_triton(q, k, v)),
+        "rope_triton (total)": bench(lambda: rope.rope_triton(q, k, v)),
+    }
+    if importlib.util.find_spec("fla") is not None:
+        from .rope import _fla_rotary
+
+        emb = _fla_rotary(q)
+        qt, kt = to_bthd(q), to_bthd(k)
+        out["fla RotaryEmbedding, interleaved ([B, T, H, D])"] = bench(lambda: emb(qt, kt))
+    return out
+
+
+SUBJECTS = {"deltanet": _delta_parts, "pathfox": _path_parts, "path_backward": _path_backward_parts,
+            "rope": _rope_parts}
 
 
 def main(argv=None) -> int:

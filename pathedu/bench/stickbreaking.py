@@ -1,17 +1,26 @@
 """Chapter 9 ops: stick-breaking attention's forward kernel, timed beside PyTorch's SDPA.
 
 * ``sdpa``: PyTorch SDPA, causal softmax (a different function: the speed of light for one pass of attention);
+* ``fla_stickbreaking``: flash-linear-attention's ``parallel_stickbreaking_attn`` (``attend_current=False``:
+  keys strictly before the query, the first output zero; the same function as ours), in its layout
+  ``[B, T, H, D]`` (inputs transposed outside the timing; its second output, the unused stick, is dropped);
 * ``stickbreaking_triton``: our kernel (:func:`pathedu.kernels.stickbreaking.stickbreaking_attention`), validated
-  (the public entry point is timed, its validation included).
+  (the public entry point is timed, its validation included), checked against ``fla_stickbreaking``.
 
-No peer computes the same function here (flash-linear-attention 0.6.0's ``fla.ops`` has no stick-breaking op),
-so the ratio to SDPA is the number to read; the kernel's accuracy is checked by the GPU checks
-(``python -m pathedu.bench.checks stickbreaking``) against float64 ``stickbreaking_matrix``.
+The kernels' accuracy against float64 ``stickbreaking_matrix`` is checked by the GPU checks
+(``python -m pathedu.bench.checks stickbreaking``), fla's included.
 """
 from __future__ import annotations
 
 from . import Op
-from ._common import sdpa
+from ._common import from_bthd, sdpa, to_bthd
+
+
+def _fla_stickbreaking(q, k, v):
+    from fla.ops.stickbreaking_attn import parallel_stickbreaking_attn
+
+    qt, kt, vt = to_bthd(q), to_bthd(k), to_bthd(v)
+    return lambda: from_bthd(parallel_stickbreaking_attn(qt, kt, vt)[0])
 
 
 def _stickbreaking_triton(q, k, v):
@@ -24,5 +33,6 @@ def _stickbreaking_triton(q, k, v):
 def ops():
     return [
         Op("sdpa", sdpa, peer=True),
-        Op("stickbreaking_triton", _stickbreaking_triton),
+        Op("fla_stickbreaking", _fla_stickbreaking, peer=True),
+        Op("stickbreaking_triton", _stickbreaking_triton, reference="fla_stickbreaking"),
     ]
