@@ -36,6 +36,15 @@ LOG2E = 1.4426950408889634  # logits are kept in base 2: exp(x) = exp2(x * log2(
 
 
 @triton.jit
+def _log2_approx(x):
+    """``log2`` of an fp32 tile by the GPU's one-instruction approximation (``lg2.approx.f32``, absolute error
+    about 2^-22 on [1, 2]).  ``tl.math.log2`` compiles to an accurate library routine of a dozen or more
+    instructions, which made it the largest cost of a kernel that takes one per logit (stick-breaking:
+    ``kernels/stickbreaking.py``).  PTX, so GPU only: callers choose it with a constexpr, never in the interpreter."""
+    return tl.inline_asm_elementwise("lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
 def _load_rows(ptr, rows, cols, stride, n_rows, n_cols, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr):
     """Load a (len(rows), len(cols)) tile; masks only where the sizes demand it."""
     ptrs = ptr + rows[:, None] * stride + cols[None, :]

@@ -26,8 +26,8 @@ instructions)::
     acc   += exp2(log2 w) V                                (0 where j >= i)
     c     += rowsum(g)
 
-Three transcendental instructions per logit (FlashAttention needs one): the
-floor of this kernel.  ``revcumsum`` is ``tl.cumsum(..., reverse=True)`` along
+Three transcendental functions per logit (``exp2``, ``log2``, ``exp2``), where
+FlashAttention needs one.  ``revcumsum`` is ``tl.cumsum(..., reverse=True)`` along
 the keys (fp32 adds, not a product with a triangular matrix, which the tensor
 cores would round to tf32).  This is
 :func:`pathedu.stickbreaking.stickbreaking_blockwise`, tile by tile.
@@ -39,10 +39,17 @@ overflow, and a weight is final as soon as it is computed: ``acc`` is never
 rescaled and the output is ``acc`` itself.  (A weight that underflows to 0 is
 below any value's resolution.)
 
-**Precision.**  ``softplus2(s) = max(s, 0) + log2(1 + e)`` with ``e = 2^-|s|``.
-A plain ``log2(1 + e)`` rounds every ``e`` below 6e-8 to 0, and those lost
-gates are all of one sign: over thousands of keys that barely break the stick
-the bias adds up.  :func:`_softplus2` corrects ``log2(u)``, ``u = 1 + e``, by the
+**Precision, and the one instruction that costs the most.**
+``softplus2(s) = max(s, 0) + log2(1 + e)`` with ``e = 2^-|s|``.  Triton's
+``tl.math.log2`` is an accurate library routine, many instructions long; on the
+H100 it made the kernel 1.3x slower than the same loop with the hardware's
+one-instruction approximation (``lg2.approx``, error about 2^-22; measured, see
+``kernels/NOTES_flash.md``).  So 16-bit inputs on a GPU take the approximation
+(``FAST_LOG2``): its error is far below what a bf16 output keeps.  fp32 inputs
+(and the interpreter, which cannot run PTX) take the accurate routine, and more:
+a plain ``log2(1 + e)`` rounds every ``e`` below 6e-8 to 0, and those lost gates
+are all of one sign, so over thousands of keys that barely break the stick the
+bias adds up.  :func:`_softplus2` corrects ``log2(u)``, ``u = 1 + e``, by the
 rounding error of ``u`` itself (``(u - 1) - e``, exact in fp32), which keeps a
 tiny gate's leading digits without a division.  ``s`` comes from a product in
 the input dtype (fp32: exact ``"ieee"`` dots), everything after it in fp32;
@@ -67,28 +74,33 @@ import triton.language as tl
 
 from ..checks import check_positive_int, check_scale
 from ._launch import Flat, dot_precision, interpreting, next_pow2, prepare_qkv
-from ._pieces import LOG2E, _first_nonfinite, _load_rows, _masked_dot, _no_nonfinite, _poison, _query_block, _store_rows
+from ._pieces import (LOG2E, _first_nonfinite, _load_rows, _log2_approx, _masked_dot, _no_nonfinite, _poison,
+                      _query_block, _store_rows)
 
 __all__ = ["stickbreaking_attention"]
 
 
 @triton.jit
-def _softplus2(s):
-    """``log2(1 + 2^s)`` of an fp32 tile: one ``exp2`` and one ``log2``, tiny values kept.
+def _softplus2(s, FAST_LOG2: tl.constexpr):
+    """``log2(1 + 2^s)`` of an fp32 tile: one ``exp2`` and one ``log2``.
 
-    ``max(s, 0) + log2(u)`` with ``u = 1 + 2^-|s|``, minus the rounding error of ``u``
-    (``(u - 1) - e``, exact) times ``d log2(u) / du`` at ``u = 1``: correct to a few ulps where
-    ``log2(u)`` alone would give 0 (``e`` below 6e-8)."""
-    INV_LN2: tl.constexpr = 1.4426950408889634  # d log2(u) / du at u = 1
+    ``max(s, 0) + log2(u)`` with ``u = 1 + 2^-|s|``.  Accurate (``FAST_LOG2`` false: fp32 inputs and the
+    interpreter): minus the rounding error of ``u`` (``(u - 1) - e``, exact) times ``d log2(u) / du`` at
+    ``u = 1``, correct to a few ulps where ``log2(u)`` alone would give 0 (``e`` below 6e-8).  Fast (16-bit
+    inputs on a GPU): the hardware's approximate ``log2`` (:func:`._pieces._log2_approx`), whose error (about
+    2^-22) is far below what a 16-bit output keeps, and then the correction would change nothing."""
     e = tl.math.exp2(-tl.abs(s))
     u = 1.0 + e
+    if FAST_LOG2:
+        return tl.maximum(s, 0.0) + _log2_approx(u)
+    INV_LN2: tl.constexpr = 1.4426950408889634  # d log2(u) / du at u = 1
     return tl.maximum(s, 0.0) + (tl.math.log2(u) - ((u - 1.0) - e) * INV_LN2)
 
 
 @triton.jit
 def _stick_tile(acc, carry, bad, q, K, V, start_n, start_m, offs_m, T, stride_kt, stride_vt, qk_scale,
                 HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                BLOCK_N: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr):
+                BLOCK_N: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr, FAST_LOG2: tl.constexpr):
     """Fold key block ``[start_n, start_n + BLOCK_N)`` into ``acc`` ``[BM, BDV]`` and ``carry`` ``[BM]``.
 
     ``MASKED``: the block reaches the query block (or runs past T): a row ``i`` sees only keys
@@ -99,7 +111,7 @@ def _stick_tile(acc, carry, bad, q, K, V, start_n, start_m, offs_m, T, stride_kt
     v = _load_rows(V, offs_n, tl.arange(0, BLOCK_DV), stride_vt, T, HEAD_DV, MASKED,
                    BLOCK_DV != HEAD_DV)  # [BN, BDV]
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BM, BN] fp32, base 2
-    g = -_softplus2(s)  # [BM, BN]: log2 sigma(-z), each key's gate
+    g = -_softplus2(s, FAST_LOG2)  # [BM, BN]: log2 sigma(-z), each key's gate
     if MASKED:
         seen = offs_n[None, :] < offs_m[:, None]  # [BM, BN]: strictly causal
         g = tl.where(seen, g, 0.0)  # a hidden key breaks nothing (and its NaN stays out)
@@ -120,7 +132,8 @@ def _stick_tile(acc, carry, bad, q, K, V, start_n, start_m, offs_m, T, stride_kt
 def _stickbreaking_fwd(Q, K, V, O, T, qk_scale,
                        stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt, stride_ob, stride_ot,
                        HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+                       FAST_LOG2: tl.constexpr):
     """One program per block of ``BLOCK_M`` queries of one (batch, head); ``BLOCK_M = R * BLOCK_N``.
 
     Key blocks right to left: first the ``R`` blocks inside the query block (masked), then every
@@ -138,23 +151,23 @@ def _stickbreaking_fwd(Q, K, V, O, T, qk_scale,
     for c in tl.static_range(R):
         acc, carry, bad = _stick_tile(acc, carry, bad, q, K, V, start_m + (R - 1 - c) * BLOCK_N, start_m, offs_m, T,
                                       stride_kt, stride_vt, qk_scale, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, BLOCK_N,
-                                      True, PRECISION)
+                                      True, PRECISION, FAST_LOG2)
     # The region multiplied values without their NaN/inf; the rows that see one (keys <= i - 1) get it back.
     acc = _poison(acc, offs_m - start_m - 1, bad)
     # Key blocks strictly left of the query block, right to left: whole, and seen by every row.
     for jj in range(0, start_m // BLOCK_N):
         acc, carry, bad = _stick_tile(acc, carry, bad, q, K, V, start_m - (jj + 1) * BLOCK_N, start_m, offs_m, T,
                                       stride_kt, stride_vt, qk_scale, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, BLOCK_N,
-                                      False, PRECISION)
+                                      False, PRECISION, FAST_LOG2)
     _store_rows(O + bh * stride_ob, acc, offs_m, tl.arange(0, BLOCK_DV), stride_ot, T, HEAD_DV)
 
 
 # Tile shapes (BLOCK_M, BLOCK_N).  fp32 takes exact dots, slow to compile: one shape.  16-bit inputs
-# let the autotuner choose.  BLOCK_M % BLOCK_N == 0 keeps the "diagonal, then whole blocks" split exact.
+# let the autotuner choose; on the H100 at D = 64 it picks 64 x 32 (2 or 4 warps) or 128 x 32: the narrow
+# key tiles keep the [BM, BN] fp32 tiles of logits, gates and weights in registers.  BLOCK_M % BLOCK_N == 0 keeps the "diagonal, then whole blocks" split exact.
 _GPU_CONFIGS = [
     triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-    for bm, bn, w, s in [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3),
-                          (128, 32, 4, 3)]
+    for bm, bn, w, s in [(64, 64, 4, 3), (128, 64, 8, 2), (64, 32, 4, 3), (64, 32, 2, 3), (128, 32, 4, 3)]
 ]
 _FP32_CONFIG = dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)
 _stickbreaking_fwd_tuned = triton.autotune(_GPU_CONFIGS, key=["T", "HEAD_DIM", "HEAD_DV", "PRECISION"])(
@@ -186,7 +199,7 @@ def _stickbreaking_launch(x: Flat, scale: float, *, block_m=None, block_n=None) 
     if x.empty_input:
         return out
     meta = dict(HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=next_pow2(n.D), BLOCK_DV=next_pow2(n.Dv),
-                PRECISION=dot_precision(x.dtype))
+                PRECISION=dot_precision(x.dtype), FAST_LOG2=not interpreting() and x.dtype != torch.float32)
     args = (x.q, x.k, x.v, out, n.T, scale * LOG2E, x.q.stride(0), x.q.stride(1), x.k.stride(0), x.k.stride(1),
             x.v.stride(0), x.v.stride(1), out.stride(0), out.stride(1))
     if block_m is not None or block_n is not None:
