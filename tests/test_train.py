@@ -164,3 +164,36 @@ def test_flipflop_runs_record_what_the_gates_learnt():
     path_run, rope_run = rec["runs"]
     assert len(path_run["probe"]) == 1 and set(path_run["probe"][0]["beta"]) == {"mean", "above_1", "above_1.9"}
     assert 0 < path_run["probe"][0]["beta"]["mean"] < 2 and rope_run["probe"] == [{}]
+
+
+def test_parallel_runs_match_one_process_and_keep_its_order(tmp_path):
+    """--jobs 3 on the CPU: the same runs, in the single process's order, with the same results (every run
+    seeds itself); the record says how many processes ran and keeps each one's command."""
+    from pathedu.experiments import make_config, run_experiment
+    from pathedu.experiments.parallel import grid_points, run_parallel
+
+    config = make_config("word_problem", tiny=True)
+    points = grid_points("word_problem", config)
+    assert len(points) == 4 and points[0] == {"groups": "S3", "lengths": 6, "seeds": 0, "mixers": "rope", "layers": 1}
+    serial = run_experiment("word_problem", config=config, device="cpu", out=False, progress=False)
+    par = run_parallel("word_problem", config, jobs=3, device="cpu", out=tmp_path / "wp.json", progress=False,
+                       command="python -m pathedu.experiments word_problem --tiny --jobs 3")
+    key = lambda r: (r["group"], r["length"], r["seed"], r["mixer"], r["n_layers"])  # noqa: E731
+    assert [key(r) for r in par["runs"]] == [key(r) for r in serial["runs"]]
+    for a, b in zip(par["runs"], serial["runs"]):
+        assert a["history"]["loss"] == pytest.approx(b["history"]["loss"], rel=1e-5)
+    assert par["config"] == config and par["summary"] == serial["summary"]
+    assert par["parallel"]["jobs"] == 3 and len(par["parts"]) == 3 and par["parallel"]["elapsed_s"] > 0
+    assert all("process" in p["command"] for p in par["parts"])
+    assert json.loads((tmp_path / "wp.json").read_text())["runs"][0]["mixer"] == "rope"
+    with pytest.raises(ValueError, match="`jobs`"):
+        run_parallel("word_problem", config, jobs=0, device="cpu", out=False)
+
+
+def test_parallel_reports_a_failing_process():
+    from pathedu.experiments import make_config
+    from pathedu.experiments.parallel import run_parallel
+
+    config = make_config("flipflop", tiny=True, mixers=["rope", "no_such_mixer"])
+    with pytest.raises(RuntimeError, match="failed"):
+        run_parallel("flipflop", config, jobs=2, device="cpu", out=False, progress=False)

@@ -20,6 +20,7 @@ H100), ``TINY`` (overrides for ``--tiny``), ``run(config, *, device, progress) -
 A series too long for one sitting (the GPU machine takes commands of at most 10 minutes) is run in parts, a
 few seeds or mixers each, and merged: ``python -m pathedu.experiments.merge OUT PART.json ...``
 (:func:`merge_records`) keeps every run of every part and each part's command, commit and device.
+``--jobs K`` trains the runs in ``K`` processes at once on one device (:mod:`pathedu.experiments.parallel`).
 """
 from __future__ import annotations
 
@@ -140,14 +141,15 @@ def run_experiment(name: str, *, config: dict | None = None, device=None, out=No
 
 
 def merge_records(records: list[dict]) -> dict:
-    """One record from the parts of a series: the same experiment and settings, run for different seeds or
-    mixers.  Every run of every part is kept in order; ``parts`` keeps each part's command, commit, device,
-    versions and wall time; the summary is recomputed over all runs."""
+    """One record from the parts of a series: the same experiment and settings, run for different values of
+    the settings that enumerate its runs (the module's ``GRID``: seeds, mixers, and e.g. the word problems'
+    lengths and depths).  Every run of every part is kept in order; ``parts`` keeps each part's command,
+    commit, device, versions and wall time; the summary is recomputed over all runs."""
     if not records:
         raise ValueError("`records` is empty: nothing to merge")
     name = records[0]["experiment"]
     mod = get_module(name)
-    varying = ("seeds", "mixers")
+    varying = tuple(mod.GRID)
     base = {k: v for k, v in records[0]["config"].items() if k not in varying}
     for r in records[1:]:
         if r["experiment"] != name:
@@ -155,7 +157,7 @@ def merge_records(records: list[dict]) -> dict:
         other = {k: v for k, v in r["config"].items() if k not in varying}
         if other != base:
             diff = sorted(k for k in set(base) | set(other) if base.get(k) != other.get(k))
-            raise ValueError(f"the parts differ in settings other than seeds and mixers: {diff}")
+            raise ValueError(f"the parts differ in settings other than {', '.join(varying)}: {diff}")
     config = dict(records[0]["config"])
     for key in varying:
         config[key] = list(dict.fromkeys(x for r in records for x in r["config"][key]))

@@ -1,5 +1,5 @@
 """``python -m pathedu.experiments NAME [--mixers ...] [--steps N] [--seeds ...] [--device DEV] [--out FILE]
-[--tiny] [--set KEY=JSON ...] [--no-progress]``: see :mod:`pathedu.experiments`."""
+[--tiny] [--set KEY=JSON ...] [--jobs K] [--no-progress]``: see :mod:`pathedu.experiments`."""
 from __future__ import annotations
 
 import argparse
@@ -36,6 +36,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", help="output JSON (default: pathedu/data/exp_NAME.json)")
     p.add_argument("--tiny", action="store_true", help="tiny sizes: a CPU run of seconds (tests, labs)")
     p.add_argument("--set", action="append", metavar="KEY=JSON", help="override any setting, e.g. --set lengths=[10,20]")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="train the runs in this many processes at once, on one device (default 1)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     p.add_argument("--show-config", action="store_true", help="print the configuration and exit")
     args = p.parse_args(argv)
@@ -53,8 +55,16 @@ def main(argv=None) -> int:
         return 0
     get_module(args.name)  # fail early on an unknown name
     command = "python -m pathedu.experiments " + " ".join(shlex.quote(a) for a in argv)
-    record = run_experiment(args.name, config=config, device=args.device, out=args.out,
-                            progress=not args.no_progress, command=command)
+    if args.jobs < 1:
+        p.error(f"--jobs must be at least 1, got {args.jobs}")
+    if args.jobs > 1:
+        from .parallel import run_parallel
+
+        record = run_parallel(args.name, config, jobs=args.jobs, device=args.device, out=args.out,
+                              progress=not args.no_progress, command=command)
+    else:
+        record = run_experiment(args.name, config=config, device=args.device, out=args.out,
+                                progress=not args.no_progress, command=command)
     print(json.dumps(record["summary"], indent=1))
     print(f"{len(record['runs'])} runs in {record['wall_time_s']:.1f} s on {record['device']}; "
           f"written to {record['written_to']}")

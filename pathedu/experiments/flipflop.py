@@ -25,6 +25,9 @@ from .. import tasks
 from ..train import lm_targets
 from ._common import EVAL_SEED, beta_probe, data_seed, eval_split, stats, train_run
 
+# The runs: the product of these settings, in run()'s loop order (setting -> field of a run's record).
+GRID = {"seeds": "seed", "mixers": "mixer"}
+
 DEFAULTS = {
     "mixers": ["nope", "alibi", "fox", "rope", "path"],
     "seeds": [0, 1, 2],

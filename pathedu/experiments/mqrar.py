@@ -21,6 +21,9 @@ from __future__ import annotations
 from .. import tasks
 from ._common import EVAL_SEED, data_seed, eval_split, stats, train_run
 
+# The runs: the product of these settings, in run()'s loop order (setting -> field of a run's record).
+GRID = {"n_backs": "n_back", "seeds": "seed", "mixers": "mixer"}
+
 DEFAULTS = {
     "mixers": ["rope", "fox", "path", "pathfox"],
     "n_backs": [1, 2, 3, 4],

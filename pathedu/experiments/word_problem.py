@@ -31,12 +31,16 @@ Time on one H100 (measured): a step takes 5-10 ms at 1 layer and 15-33 ms at 4 l
 about the same at lengths 10 to 40), so ``steps`` 20000 cost about 2-3 minutes at 1 layer and 5-11
 minutes at 4 layers per run: the 64 runs of the defaults do not fit in 15 minutes (about 6 hours); run a
 slice (``--set groups=["A5"] lengths=[20] mixers=["rope","path"]``: 8 runs, about 45 minutes) or several
-sessions and merge the parts.
+sessions and merge the parts.  Since a step is launch-bound, ``--jobs K`` (:mod:`pathedu.experiments.parallel`)
+trains K runs at once in separate processes on the one GPU; what that gains is not measured yet.
 """
 from __future__ import annotations
 
 from .. import tasks
 from ._common import EVAL_SEED, data_seed, eval_split, stats, train_run
+
+# The runs: the product of these settings, in run()'s loop order (setting -> field of a run's record).
+GRID = {"groups": "group", "lengths": "length", "seeds": "seed", "mixers": "mixer", "layers": "n_layers"}
 
 DEFAULTS = {
     "groups": ["A5", "S5"],

@@ -1,0 +1,145 @@
+r"""Several runs of one experiment at once, each group of runs in its own process, all on one device.
+
+``python -m pathedu.experiments NAME --jobs K ...`` (or :func:`run_parallel`) splits the experiment's runs
+into ``K`` groups and trains each group in a separate Python process; the parent merges the groups' records
+into one, in the order a single process would have run them.
+
+Why processes.  The experiments' models are small and their sequences short, so a training step is a
+few dozen small kernels and most of a step's time is Python launching them: on one H100 a step of the
+word-problem model takes 5-10 ms at one layer, about the same at lengths 10 to 40 (launch-bound, see
+:mod:`pathedu.experiments.word_problem`), while the GPU waits.  Separate processes launch independently,
+so their kernels can fill each other's gaps.  How much that gains on a given machine is measured, not
+assumed: the record keeps ``parallel = {"jobs", "elapsed_s"}`` beside the sum of the groups' own wall times.
+
+Every run seeds itself (:func:`pathedu.experiments._common.train_run`), so a run's result does not depend
+on which process trained it or what ran beside it (up to the GPU's own run-to-run differences in floating
+point).  Each process gets ``cores // K`` CPU threads.
+
+Which settings enumerate the runs is each experiment module's ``GRID``: a dict from a list-valued setting
+(``"seeds"``) to the field that names its value in a run's record (``"seed"``).  The runs are the product
+of those lists, in the module's loop order.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+__all__ = ["grid_points", "run_parallel"]
+
+
+def grid_points(name: str, config: dict) -> list[dict]:
+    """Every run of experiment ``name`` under ``config``, as ``{setting: one value}`` (e.g.
+    ``{"seeds": 0, "mixers": "path"}``), in the order a single process runs them."""
+    from . import get_module
+
+    keys = list(get_module(name).GRID)
+    return [dict(zip(keys, values)) for values in itertools.product(*(config[k] for k in keys))]
+
+
+def _narrow(config: dict, point: dict) -> dict:
+    """``config`` with every grid setting reduced to the one value of ``point``."""
+    return {**config, **{k: [v] for k, v in point.items()}}
+
+
+def run_parallel(name: str, config: dict, *, jobs: int, device=None, out=None, command: str | None = None,
+                 progress: bool = True) -> dict:
+    """Run experiment ``name`` with ``config`` in ``jobs`` processes (see the module's text) and return the
+    merged record, written to ``out`` (default :func:`pathedu.experiments.default_out`; ``False``: not written).
+
+    ``device``: every process's device (default: CUDA when available).  The record is what
+    :func:`pathedu.experiments.run_experiment` would write, with ``runs`` in the single-process order,
+    ``parts`` (each process's command, commit, device and wall time) and ``parallel``."""
+    from tqdm.auto import tqdm
+
+    from . import default_out, get_module, merge_records
+
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"`jobs` must be a positive int, got {jobs!r}")
+    mod = get_module(name)
+    points = grid_points(name, config)
+    if not points:
+        raise ValueError(f"`config` enumerates no runs: one of {list(mod.GRID)} is empty")
+    groups = [points[i::jobs] for i in range(min(jobs, len(points)))]  # round robin: cheap and dear runs mixed
+    threads = max(1, (os.cpu_count() or 1) // len(groups))
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix=f"pathedu_{name}_") as tmp:
+        tmp = Path(tmp)
+        procs = []
+        for i, group in enumerate(groups):
+            spec = {"name": name, "config": config, "points": group, "device": None if device is None else str(device),
+                    "out": str(tmp / f"part{i}.json"), "done": str(tmp / f"done{i}.txt"),
+                    "command": f"{command or 'run_parallel'} [process {i + 1} of {len(groups)}: {len(group)} runs]"}
+            (tmp / f"spec{i}.json").write_text(json.dumps(spec))
+            log = open(tmp / f"log{i}.txt", "w")
+            procs.append((subprocess.Popen([sys.executable, "-m", "pathedu.experiments.parallel", "--worker",
+                                            str(tmp / f"spec{i}.json")], env=env, stdout=log,
+                                           stderr=subprocess.STDOUT), log))
+        bar = tqdm(total=len(points), desc=f"{name}: {len(points)} runs in {len(groups)} processes",
+                   disable=not progress, dynamic_ncols=True)
+        while any(p.poll() is None for p, _ in procs):
+            time.sleep(1.0)
+            bar.update(_count_done(tmp, len(groups)) - bar.n)
+        bar.update(_count_done(tmp, len(groups)) - bar.n)
+        bar.close()
+        for i, (p, log) in enumerate(procs):
+            log.close()
+            if p.returncode != 0:
+                tail = (tmp / f"log{i}.txt").read_text()[-3000:]
+                raise RuntimeError(f"process {i + 1} of {len(groups)} failed (exit code {p.returncode}):\n{tail}")
+        records = [json.loads((tmp / f"part{i}.json").read_text()) for i in range(len(groups))]
+    record = merge_records(records)
+    order = {tuple(p[k] for k in mod.GRID): n for n, p in enumerate(points)}
+    record["runs"].sort(key=lambda r: order[tuple(r[field] for field in mod.GRID.values())])
+    record["config"] = config
+    record["summary"] = mod.summarize(record["runs"], config)
+    if command is not None:
+        record["command"] = command
+    record["parallel"] = {"jobs": len(groups), "elapsed_s": time.perf_counter() - start}
+    if out is not False:
+        path = Path(out) if out is not None else default_out(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=1, allow_nan=True) + "\n")
+        record["written_to"] = str(path)
+    return record
+
+
+def _count_done(tmp: Path, n: int) -> int:
+    return sum(len((tmp / f"done{i}.txt").read_text().splitlines()) for i in range(n)
+               if (tmp / f"done{i}.txt").exists())
+
+
+def _worker(spec_path: str) -> int:
+    """One process of :func:`run_parallel`: train its runs one by one, then write their record."""
+    import torch
+
+    from . import get_module, metadata
+
+    spec = json.loads(Path(spec_path).read_text())
+    mod, config = get_module(spec["name"]), spec["config"]
+    device = torch.device(spec["device"] or ("cuda" if torch.cuda.is_available() else "cpu"))
+    start = time.perf_counter()
+    runs = []
+    for point in spec["points"]:
+        runs.extend(mod.run(_narrow(config, point), device=device, progress=False)[0])
+        with open(spec["done"], "a") as f:
+            f.write(json.dumps(point) + "\n")
+    narrowed = {**config, **{k: list(dict.fromkeys(p[k] for p in spec["points"])) for k in mod.GRID}}
+    record = {"experiment": spec["name"], **metadata(device), "command": spec["command"], "config": narrowed,
+              "wall_time_s": time.perf_counter() - start, "runs": runs, "summary": None}
+    Path(spec["out"]).write_text(json.dumps(record, allow_nan=True))
+    return 0
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(prog="python -m pathedu.experiments.parallel",
+                                description="a worker of run_parallel (not meant to be started by hand)")
+    p.add_argument("--worker", required=True, help="the worker's spec file")
+    raise SystemExit(_worker(p.parse_args().worker))
