@@ -45,6 +45,49 @@ def _log2_approx(x):
 
 
 @triton.jit
+def _rope_cos_sin(pos, log2_base, HALF: tl.constexpr, BLOCK_H: tl.constexpr):
+    """RoPE's ``cos`` and ``sin`` of the angles ``pos_t Omega_n`` for positions ``pos`` ``[BR]`` (int) and
+    pairs ``n < BLOCK_H``: two ``[BR, BH]`` fp32 tiles; ``Omega_n = base^(-n / HALF)`` computed as
+    ``2^(-(n / HALF) log2(base))`` (no table read from memory)."""
+    omega = tl.exp2(-(tl.arange(0, BLOCK_H).to(tl.float32) / HALF) * log2_base)  # [BH]
+    theta = pos.to(tl.float32)[:, None] * omega[None, :]  # [BR, BH]
+    return tl.cos(theta), tl.sin(theta)
+
+
+@triton.jit
+def _load_pairs(ptr, rows, stride, n_rows, HALF: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr,
+                INTERLEAVED: tl.constexpr):
+    """The channel pairs ``(a_n, b_n)`` of rows ``rows`` of a row-major ``(T, 2 HALF)`` matrix: two
+    ``[BR, BH]`` fp32 tiles (rows ``>= n_rows`` and pairs ``n >= HALF`` load as 0).  ``INTERLEAVED``: pair
+    ``n`` is channels ``(2n, 2n + 1)``; each row is loaded whole and split in registers (stride-2 pointers
+    would touch twice the bytes they use).  Else ``(n, n + HALF)``: two contiguous halves."""
+    if INTERLEAVED:
+        cols = tl.arange(0, 2 * BLOCK_H)
+        x = tl.load(ptr + rows[:, None] * stride + cols[None, :],
+                    mask=(rows[:, None] < n_rows) & (cols[None, :] < 2 * HALF), other=0.0).to(tl.float32)
+        a, b = tl.split(tl.reshape(x, [BLOCK_R, BLOCK_H, 2]))
+    else:
+        offs_n = tl.arange(0, BLOCK_H)
+        mask = (rows[:, None] < n_rows) & (offs_n[None, :] < HALF)
+        a = tl.load(ptr + rows[:, None] * stride + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(ptr + rows[:, None] * stride + HALF + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
+    return a, b
+
+
+@triton.jit
+def _load_rotated(ptr, rows, stride, n_rows, c, s, HALF: tl.constexpr, BLOCK_R: tl.constexpr,
+                  BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """Rows ``rows`` of a row-major ``(T, 2 HALF)`` matrix, each pair rotated by the angles whose ``cos, sin``
+    are ``c, s`` (``[BR, BH]``): a ``[BR, 2 BH]`` fp32 tile with its channels in *pair order*
+    ``(a_0, b_0, a_1, b_1, ...)`` (padding pairs 0).  For interleaved pairs that is the original order; for
+    ``"half"`` pairs it is a permutation of it.  Attention needs no more: a dot product is unchanged when both
+    of its vectors' channels are permuted the same way, so q and k loaded through here give the logits of
+    the rotated q and k in their own order (the RoPE rotation hook of the templates)."""
+    a, b = _load_pairs(ptr, rows, stride, n_rows, HALF, BLOCK_R, BLOCK_H, INTERLEAVED)
+    return tl.reshape(tl.join(a * c - b * s, a * s + b * c), [BLOCK_R, 2 * BLOCK_H])
+
+
+@triton.jit
 def _load_rows(ptr, rows, cols, stride, n_rows, n_cols, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr):
     """Load a (len(rows), len(cols)) tile; masks only where the sizes demand it."""
     ptrs = ptr + rows[:, None] * stride + cols[None, :]

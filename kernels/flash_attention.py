@@ -28,8 +28,11 @@ Both biases have the form ``g(i) - g(j)``; the kernel adds only ``g(r) - g(j)``,
 ``r`` the query block's first row, since the remaining ``g(i) - g(r)`` is a
 constant per row and softmax ignores it (see ``_attend``).
 
-Rotated q/k (RoPE) reuse the kernel unchanged after a rotation pre-pass
-(:func:`.rope.rotary_attention`).
+RoPE is a second hook, ``ROTATE`` (``"none"``, ``"interleaved"``, ``"half"``): q is turned
+by its positions once, as the program loads it, and every key tile as it is loaded
+(:func:`._pieces._load_rotated`; cos/sin computed in the kernel, channels in pair order,
+which leaves every dot product unchanged).  The alternative, used for training, is a
+rotation pre-pass through memory and the kernel unchanged (:func:`.rope.rotary_attention`).
 
 Shared pieces (:mod:`._pieces`): the online-softmax update is
 :func:`._pieces._softmax_fold` (PaTH uses the same one); on the diagonal blocks
@@ -39,22 +42,25 @@ validated once, at :func:`attention` (see :mod:`._launch`).
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
 
 from ..checks import check_scale, finite_condition, log_gate_condition, range_condition, require
 from ._launch import Flat, dot_precision, interpreting, next_pow2, per_head, per_token, prepare_qkv, wants_grad
-from ._pieces import (LOG2E, _first_nonfinite, _load_rows, _no_nonfinite, _poison, _query_block, _softmax_fold,
-                      _store_rows)
+from ._pieces import (LOG2E, _first_nonfinite, _load_rotated, _load_rows, _no_nonfinite, _poison, _query_block,
+                      _rope_cos_sin, _softmax_fold, _store_rows)
 
 __all__ = ["attention", "biased_attention", "LOG2E"]
 
 
 @triton.jit
 def _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, lo, hi, T, stride_kt, stride_vt, qk_scale,
-            HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-            BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr):
+            log2_base, HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+            BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr,
+            ROTATE: tl.constexpr):
     """Fold key blocks [lo, hi) into the running (acc, m_i, l_i) of one query block.
 
     ``bad``: per value channel, where the first NaN, +inf and -inf are among the keys of
@@ -64,7 +70,12 @@ def _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, lo, h
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         # Only diagonal blocks can run past T; blocks left of the diagonal are whole.
-        k = _load_rows(K, offs_n, offs_d, stride_kt, T, HEAD_DIM, CAUSAL_MASK, BLOCK_D != HEAD_DIM)
+        if ROTATE == "none":
+            k = _load_rows(K, offs_n, offs_d, stride_kt, T, HEAD_DIM, CAUSAL_MASK, BLOCK_D != HEAD_DIM)
+        else:  # RoPE: each key turned by its position as it is loaded, channels in pair order (as q's)
+            ck, sk = _rope_cos_sin(offs_n, log2_base, HEAD_DIM // 2, BLOCK_D // 2)  # [BN, BD / 2]
+            k = _load_rotated(K, offs_n, stride_kt, T, ck, sk, HEAD_DIM // 2, BLOCK_N, BLOCK_D // 2,
+                              ROTATE == "interleaved").to(K.dtype.element_ty)  # [BN, BD]
         v = _load_rows(V, offs_n, offs_dv, stride_vt, T, HEAD_DV, CAUSAL_MASK, BLOCK_DV != HEAD_DV)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # log2 units
         # The bias b_ij = g(i) - g(j) is split at the query block's first row r:
@@ -91,16 +102,21 @@ def _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, lo, h
 
 
 @triton.jit
-def _flash_fwd(Q, K, V, O, BIAS_ARG, LSE, T, qk_scale,
+def _flash_fwd(Q, K, V, O, BIAS_ARG, LSE, T, qk_scale, log2_base,
                stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt, stride_ob, stride_ot,
                HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr,
-               STORE_LSE: tl.constexpr):
+               STORE_LSE: tl.constexpr, ROTATE: tl.constexpr):
     bh, start_m, offs_m = _query_block(BLOCK_M)  # heaviest query blocks first
     K += bh * stride_kb
     V += bh * stride_vb
-    q = _load_rows(Q + bh * stride_qb + start_m * stride_qt, tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_D),
-                   stride_qt, T - start_m, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+    if ROTATE == "none":
+        q = _load_rows(Q + bh * stride_qb + start_m * stride_qt, tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_D),
+                       stride_qt, T - start_m, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+    else:  # RoPE: the queries turned once, as they are loaded (the keys in _attend, tile by tile)
+        cq, sq = _rope_cos_sin(offs_m, log2_base, HEAD_DIM // 2, BLOCK_D // 2)  # [BM, BD / 2]
+        q = _load_rotated(Q + bh * stride_qb, offs_m, stride_qt, T, cq, sq, HEAD_DIM // 2, BLOCK_M, BLOCK_D // 2,
+                          ROTATE == "interleaved").to(Q.dtype.element_ty)  # [BM, BD], pair order
     bias_arg = 0.0
     c_ref = 0.0
     if BIAS == "alibi":
@@ -115,12 +131,12 @@ def _flash_fwd(Q, K, V, O, BIAS_ARG, LSE, T, qk_scale,
     bad = _no_nonfinite(BLOCK_DV)
     # Key blocks strictly before the query block: every key is visible, no mask.
     acc, m_i, l_i, bad = _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, 0, start_m, T,
-                                 stride_kt, stride_vt, qk_scale, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, BLOCK_N, False,
-                                 BIAS, PRECISION)
+                                 stride_kt, stride_vt, qk_scale, log2_base, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV,
+                                 BLOCK_N, False, BIAS, PRECISION, ROTATE)
     # Key blocks on the diagonal: hide the future (and anything past T).
     acc, m_i, l_i, bad = _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, start_m,
-                                 tl.minimum(start_m + BLOCK_M, T), T, stride_kt, stride_vt, qk_scale, HEAD_DIM, HEAD_DV,
-                                 BLOCK_D, BLOCK_DV, BLOCK_N, True, BIAS, PRECISION)
+                                 tl.minimum(start_m + BLOCK_M, T), T, stride_kt, stride_vt, qk_scale, log2_base,
+                                 HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, BLOCK_N, True, BIAS, PRECISION, ROTATE)
     # The diagonal blocks multiplied values without their NaN/inf (so that no row sees a
     # future one); the rows that do see one get it back here.
     o = _poison(acc / l_i[:, None], offs_m - start_m, bad)
@@ -340,7 +356,8 @@ _GPU_CONFIGS = [
 # they get one tile shape instead of the six the autotuner would compile.
 _FP32_CONFIG = dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)
 # T is part of the key: the best tile for T = 1024 need not be the best for 8192.
-_flash_fwd_tuned = triton.autotune(_GPU_CONFIGS, key=["T", "HEAD_DIM", "HEAD_DV", "BIAS", "PRECISION"])(_flash_fwd)
+_flash_fwd_tuned = triton.autotune(_GPU_CONFIGS, key=["T", "HEAD_DIM", "HEAD_DV", "BIAS", "PRECISION", "ROTATE"])(
+    _flash_fwd)
 
 
 def attention(q, k, v, *, scale=None, alibi_slope=None, log_f=None):
@@ -390,18 +407,23 @@ def biased_attention(q, k, v, bias: str, bias_arg, *, scale=None, name: str = ""
     return x.result(_attention(x, scale, bias, bias_arg))
 
 
-def _attention_launch(x: Flat, scale: float, bias: str = "none", bias_arg=None, lse=None) -> torch.Tensor:
+def _attention_launch(x: Flat, scale: float, bias: str = "none", bias_arg=None, lse=None,
+                      rotate=None) -> torch.Tensor:
     """Launch on validated inputs (:func:`._launch.prepare_qkv`): returns ``(BH, T, Dv)``.
     ``bias_arg``: fp32 ``(BH,)`` slopes or ``(BH, T)`` cumulative log gates.  ``lse``: an fp32
-    ``(BH, T)`` tensor that receives each row's log-sum-exp (log2 units), for the backward pass."""
+    ``(BH, T)`` tensor that receives each row's log-sum-exp (log2 units), for the backward pass.
+    ``rotate``: ``(base, pairing)`` to turn q and k by RoPE's rotations as they are loaded (the rotation
+    hook; ``pairing`` ``"interleaved"`` or ``"half"``, ``D`` even), or None."""
     n = x.n
     out = x.new_output(n.Dv)
     if x.empty_input:
         return out
     meta = dict(HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=next_pow2(n.D), BLOCK_DV=next_pow2(n.Dv),
-                BIAS=bias, PRECISION=dot_precision(x.dtype), STORE_LSE=lse is not None)
+                BIAS=bias, PRECISION=dot_precision(x.dtype), STORE_LSE=lse is not None,
+                ROTATE="none" if rotate is None else rotate[1])
+    log2_base = 0.0 if rotate is None else math.log2(rotate[0])
     args = (x.q, x.k, x.v, out, x.q if bias_arg is None else bias_arg, x.q if lse is None else lse, n.T, scale * LOG2E,
-            x.q.stride(0), x.q.stride(1), x.k.stride(0), x.k.stride(1), x.v.stride(0), x.v.stride(1),
+            log2_base, x.q.stride(0), x.q.stride(1), x.k.stride(0), x.k.stride(1), x.v.stride(0), x.v.stride(1),
             out.stride(0), out.stride(1))
     if interpreting():
         bm = 32 if n.T <= 32 else 64

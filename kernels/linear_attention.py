@@ -74,6 +74,10 @@ per-token scalar, and ``GATE`` picks the transition itself:
   would shrink it a little every time).  With ``DECAY`` on top this is chapter 6's
   gated Householder RNN and Gated DeltaNet: the UT factors stay gate-free.
 
+RoPE (chapter 4's complex recurrence) is a third hook, ``ROTATE``: q and k are turned by
+their positions as each chunk is loaded (:func:`._pieces._load_rotated`, channels in pair
+order), so the rotation costs no pass through memory; every tile is loaded once anyway.
+
 Non-finite inputs.  Every causal mask is a select, never a multiply by 0, and the
 products see the values with their NaN/inf replaced by 0 (inside ``A_c V_c`` a
 future NaN would reach earlier rows as ``0 * NaN``); the output channels whose
@@ -85,13 +89,15 @@ entry point (:mod:`._launch`).
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
 
 from ..checks import QKV, check_positive_int, log_gate_condition, require
 from ._launch import Flat, dot_precision, interpreting, next_pow2, per_head, per_token, prepare_qkv
-from ._pieces import _dot, _load_rows, _store_rows
+from ._pieces import _dot, _load_rotated, _load_rows, _rope_cos_sin, _store_rows
 
 __all__ = ["chunked_linear_attention", "gated_linear_attention", "CHANNEL_CHUNK"]
 
@@ -124,12 +130,12 @@ def _channel_scores(Q, K, G, offs_t, in_t, stride_qt, stride_kt,
 
 
 @triton.jit
-def _linear_fwd(Q, K, V, O, LOG_F, AD, GM, T,
+def _linear_fwd(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
                 stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt, stride_ob, stride_ot,
                 stride_ab, stride_at, stride_gb, stride_gj,
                 HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                 CHUNK: tl.constexpr, GATE: tl.constexpr, DECAY: tl.constexpr, PRECISION: tl.constexpr,
-                BLOCK_DC: tl.constexpr):
+                BLOCK_DC: tl.constexpr, ROTATE: tl.constexpr):
     bh = tl.program_id(1).to(tl.int64)
     offs_c = tl.arange(0, CHUNK)
     offs_d = tl.arange(0, BLOCK_D)
@@ -146,8 +152,15 @@ def _linear_fwd(Q, K, V, O, LOG_F, AD, GM, T,
         # This chunk's rows (absolute positions: offsets computed in the loop, not held in
         # registers across it); padding past T loads as zeros.
         offs_t = start + offs_c
-        q = _load_rows(Q, offs_t, offs_d, stride_qt, T, HEAD_DIM, True, CHECK_D).to(tl.float32)
-        k = _load_rows(K, offs_t, offs_d, stride_kt, T, HEAD_DIM, True, CHECK_D).to(tl.float32)
+        if ROTATE == "none":
+            q = _load_rows(Q, offs_t, offs_d, stride_qt, T, HEAD_DIM, True, CHECK_D).to(tl.float32)
+            k = _load_rows(K, offs_t, offs_d, stride_kt, T, HEAD_DIM, True, CHECK_D).to(tl.float32)
+        else:  # the complex recurrence: q and k turned by their positions as they are loaded (pair order)
+            cr, sr = _rope_cos_sin(offs_t, log2_base, HEAD_DIM // 2, BLOCK_D // 2)  # [C, BD / 2]
+            q = _load_rotated(Q, offs_t, stride_qt, T, cr, sr, HEAD_DIM // 2, CHUNK, BLOCK_D // 2,
+                              ROTATE == "interleaved")  # [C, BD] fp32
+            k = _load_rotated(K, offs_t, stride_kt, T, cr, sr, HEAD_DIM // 2, CHUNK, BLOCK_D // 2,
+                              ROTATE == "interleaved")
         v = _load_rows(V, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True).to(tl.float32)
         # Products see finite values only: in a product, 0 * NaN = NaN would reach the rows
         # before a NaN.  `first`: per value channel, the first row with a NaN/inf (CHUNK: none).
@@ -278,8 +291,12 @@ def _gate_kind(log_f, name: str, n: QKV, like) -> str:
     return "scalar"
 
 
-def _linear_launch(x: Flat, gate: str, log_f3=None, *, chunk: int = 64, prep=None, precision=None) -> torch.Tensor:
+def _linear_launch(x: Flat, gate: str, log_f3=None, *, chunk: int = 64, prep=None, precision=None,
+                   rotate=None) -> torch.Tensor:
     """Launch on validated inputs (:func:`._launch.prepare_qkv`): returns ``(BH, T, Dv)``.
+
+    ``rotate``: ``(base, pairing)`` to turn q and k by RoPE's rotations as they are loaded (the rotation
+    hook, chapter 4's complex recurrence; ``gate`` ``"none"`` or ``"scalar"`` only), or None.
 
     ``gate``: ``"none"``, ``"scalar"`` / ``"channel"`` (``log_f3``: fp32 ``(BH, T)`` /
     ``(BH, T, D)``) or ``"householder"`` (``prep``: the :class:`.ut_prepare.Prepared`
@@ -294,6 +311,8 @@ def _linear_launch(x: Flat, gate: str, log_f3=None, *, chunk: int = 64, prep=Non
     q3, k3, ad, gm = x.q, x.k, x.q, x.q  # dummy pointers for the hooks that do not read them
     decay = gate == "scalar" or (gate == "householder" and log_f3 is not None)
     transition = "none" if gate == "scalar" else gate
+    if rotate is not None and gate not in ("none", "scalar"):
+        raise ValueError(f"the rotation hook runs with the 'none' and 'scalar' gates, not {gate!r}")
     if gate == "channel":
         chunk = CHANNEL_CHUNK
     elif gate == "householder":
@@ -303,9 +322,11 @@ def _linear_launch(x: Flat, gate: str, log_f3=None, *, chunk: int = 64, prep=Non
     block_dv = min(next_pow2(n.Dv), 64)
     grid = (triton.cdiv(n.Dv, block_dv), x.BH)
     _linear_fwd[grid](q3, k3, x.v, out, x.q if log_f3 is None else log_f3, ad, gm, n.T,
+                      0.0 if rotate is None else math.log2(rotate[0]),
                       q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), x.v.stride(0), x.v.stride(1),
                       out.stride(0), out.stride(1), ad.stride(0), ad.stride(1), gm.stride(0), gm.stride(1),
                       HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=block_d, BLOCK_DV=block_dv,
                       CHUNK=chunk, GATE=transition, DECAY=decay, PRECISION=precision, BLOCK_DC=min(block_d, 32),
+                      ROTATE="none" if rotate is None else rotate[1],
                       num_warps=4, num_stages=1 if interpreting() else 2)
     return out

@@ -13,6 +13,14 @@ The composed entry points validate ``q, k, v`` once and call the internal,
 unvalidated launchers of both kernels (``_rotate_launch``, then
 ``_attention`` or ``_linear_launch``).
 
+The other way, ``rotation="fused"``: both templates have a rotation hook
+(``ROTATE``) that turns q and k as they are loaded, with the same pieces
+(:func:`._pieces._rope_cos_sin`, :func:`._pieces._load_rotated`), so no rotated copy
+is written.  The linear template loads each tile once, so the hook only saves; the
+FlashAttention template turns each key tile once per query block.  Which is faster
+is measured (``python -m pathedu.bench rope``); the pre-pass stays the default, and
+the path whenever gradients are wanted.
+
 One program owns ``BLOCK_T`` positions of one (batch, head) row of both ``q``
 and ``k``.  It computes, in fp32 and in registers,
 
@@ -49,62 +57,45 @@ import triton
 import triton.language as tl
 
 from ..checks import check_scale
-from ..rope import _pairs, check_base, check_offset, check_pairing
+from ..rope import _pairs, check_base, check_offset, check_pairing, check_rotation
 from ._launch import Flat, interpreting, prepare_qkv, wants_grad
-from .flash_attention import _attention
+from ._pieces import _load_pairs, _load_rotated, _rope_cos_sin
+from .flash_attention import _attention, _attention_launch
 from .linear_attention import _linear_launch
 
 __all__ = ["rotate_qk", "rotary_attention", "rotary_linear_attention", "trig_table", "trig_error"]
 
 
 @triton.jit
-def _rotate_tile(X, XO, col_a, col_b, c, s, mask):
-    """Rotate the pairs (X[col_a], X[col_b]) of one tile by (c, s) and store them to XO; fp32 math.
-    Used for ``"half"`` pairs, whose two halves are each contiguous."""
-    a = tl.load(X + col_a, mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(X + col_b, mask=mask, other=0.0).to(tl.float32)
-    tl.store(XO + col_a, (a * c - b * s).to(XO.dtype.element_ty), mask=mask)
-    tl.store(XO + col_b, (a * s + b * c).to(XO.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _rotate_interleaved(X, XO, cols, c, s, mask, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):
-    """Rotate the ``"interleaved"`` pairs (2n, 2n + 1) of a ``[BT, 2 BH]`` tile, read and written whole.
-
-    Loading the pair's halves with stride-2 pointers (as :func:`_rotate_tile` does) makes every access
-    touch twice the bytes it uses and every store a partial write; instead the row is moved as one
-    contiguous block and split into its pairs in registers."""
-    x = tl.load(X + cols, mask=mask, other=0.0).to(tl.float32)  # [BT, 2 BH]
-    a, b = tl.split(tl.reshape(x, [BLOCK_T, BLOCK_H, 2]))  # [BT, BH] each: channels 2n and 2n + 1
-    y = tl.reshape(tl.join(a * c - b * s, a * s + b * c), [BLOCK_T, 2 * BLOCK_H])  # pairs back in place
-    tl.store(XO + cols, y.to(XO.dtype.element_ty), mask=mask)
+def _rotate_rows(X, XO, rows, stride, T, c, s, HALF: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+                 INTERLEAVED: tl.constexpr):
+    """Rotate rows ``rows`` of one head's ``(T, D)`` matrix ``X`` by ``(c, s)`` and store them to ``XO`` in the
+    same layout; fp32 math (:func:`._pieces._load_pairs`: interleaved rows move whole, split in registers)."""
+    if INTERLEAVED:  # the rotated tile's pair order is the original order: store whole rows
+        y = _load_rotated(X, rows, stride, T, c, s, HALF, BLOCK_T, BLOCK_H, True)  # [BT, 2 BH]
+        cols = tl.arange(0, 2 * BLOCK_H)
+        tl.store(XO + rows[:, None] * stride + cols[None, :], y.to(XO.dtype.element_ty),
+                 mask=(rows[:, None] < T) & (cols[None, :] < 2 * HALF))
+    else:  # two contiguous halves
+        a, b = _load_pairs(X, rows, stride, T, HALF, BLOCK_T, BLOCK_H, False)  # [BT, BH] each
+        ptrs = XO + rows[:, None] * stride + tl.arange(0, BLOCK_H)[None, :]
+        mask = (rows[:, None] < T) & (tl.arange(0, BLOCK_H)[None, :] < HALF)
+        tl.store(ptrs, (a * c - b * s).to(XO.dtype.element_ty), mask=mask)
+        tl.store(ptrs + HALF, (a * s + b * c).to(XO.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _rope_fwd(Q, K, QO, KO, T, offset, log2_base, sign, stride_b, stride_t,
               HALF: tl.constexpr, BLOCK_T: tl.constexpr,
               BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr):
-    pid_t = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)   # positions (rows)
-    offs_n = tl.arange(0, BLOCK_H)                     # channel pairs
-    # fp32 frequencies Omega_n = 2^(-(n / HALF) log2(base)) and angles.
-    omega = tl.exp2(-(offs_n.to(tl.float32) / HALF) * log2_base)
-    theta = (offset + offs_t).to(tl.float32)[:, None] * omega[None, :]  # [BT, BH]
-    c = tl.cos(theta)
-    s = tl.sin(theta) * sign  # sign -1: the inverse rotation R^-t = (R^t)^T (the backward pass)
-    rows = bh * stride_b + offs_t[:, None].to(tl.int64) * stride_t
-    # The same cos/sin turn the queries and the keys.
-    if INTERLEAVED:  # pair n = channels (2n, 2n + 1): whole rows, split in registers
-        cols = tl.arange(0, 2 * BLOCK_H)[None, :]
-        mask = (offs_t[:, None] < T) & (cols < 2 * HALF)
-        _rotate_interleaved(Q + rows, QO + rows, cols, c, s, mask, BLOCK_T, BLOCK_H)
-        _rotate_interleaved(K + rows, KO + rows, cols, c, s, mask, BLOCK_T, BLOCK_H)
-    else:            # pair n = channels (n, n + HALF): two contiguous halves
-        col_a = offs_n[None, :]
-        mask = (offs_t[:, None] < T) & (col_a < HALF)
-        _rotate_tile(Q + rows, QO + rows, col_a, col_a + HALF, c, s, mask)
-        _rotate_tile(K + rows, KO + rows, col_a, col_a + HALF, c, s, mask)
+    """Rotate ``BLOCK_T`` rows of one (batch, head) of both ``q`` and ``k``: row ``t`` by ``R^(offset + t)``
+    (``sign = -1``: by its inverse, the backward pass).  The same cos/sin turn the queries and the keys."""
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # positions
+    head = tl.program_id(1).to(tl.int64) * stride_b
+    c, s = _rope_cos_sin(offset + rows, log2_base, HALF, BLOCK_H)  # [BT, BH] fp32
+    s = s * sign
+    _rotate_rows(Q + head, QO + head, rows, stride_t, T, c, s, HALF, BLOCK_T, BLOCK_H, INTERLEAVED)
+    _rotate_rows(K + head, KO + head, rows, stride_t, T, c, s, HALF, BLOCK_T, BLOCK_H, INTERLEAVED)
 
 
 def rotate_qk(q, k, *, base: float = 10000.0, offset: int = 0, pairing: str = "interleaved"):
@@ -126,9 +117,14 @@ def rotate_qk(q, k, *, base: float = 10000.0, offset: int = 0, pairing: str = "i
     return x.result(qo), x.result(ko)
 
 
-def rotary_attention(q, k, v, *, base: float = 10000.0, scale=None, pairing: str = "interleaved"):
-    """RoPE softmax attention: :func:`rotate_qk` (offset 0) then the unchanged FlashAttention
-    template (:func:`pathedu.kernels.flash_attention.attention`), validated once.
+def rotary_attention(q, k, v, *, base: float = 10000.0, scale=None, pairing: str = "interleaved",
+                     rotation: str = "prepass"):
+    """RoPE softmax attention on the FlashAttention template, validated once.
+
+    ``rotation="prepass"``: :func:`rotate_qk` (offset 0), then the unchanged template
+    (:func:`pathedu.kernels.flash_attention.attention`).  ``"fused"``: the template's rotation hook
+    turns q and k as it loads them (no pass through memory, but every key tile is turned once per
+    query block); when autograd wants gradients the pre-pass path runs instead.
 
     Shapes: ``q, k: (..., T, D)``, ``v: (..., T, Dv)`` -> ``(..., T, Dv)``; ``D`` even,
     ``D, Dv`` in 16..128; fp16/bf16/fp32; ``scale=None`` means ``D ** -0.5``.  Differentiable:
@@ -136,18 +132,25 @@ def rotary_attention(q, k, v, *, base: float = 10000.0, scale=None, pairing: str
     """
     x, base, pairing = _check_rotary(q, k, v, base, pairing, backward=True)
     scale = check_scale(scale, x.n.D)
+    if check_rotation(rotation) == "fused" and not wants_grad(x.q, x.k, x.v):
+        return x.result(_attention_launch(x, scale, rotate=(base, pairing)))
     return x.result(_attention(x.with_qk(*_rotated(x, base, 0, pairing)), scale))
 
 
-def rotary_linear_attention(q, k, v, *, base: float = 10000.0, pairing: str = "interleaved"):
-    """The complex recurrence ``S_t = S_{t-1} e^{i Omega} + v_t k~_t^H``, ``o_t = Re{S_t q~_t}``:
-    :func:`rotate_qk` (offset 0) then plain chunked linear attention
-    (:func:`pathedu.kernels.linear_attention.chunked_linear_attention`), validated once.
+def rotary_linear_attention(q, k, v, *, base: float = 10000.0, pairing: str = "interleaved",
+                            rotation: str = "prepass"):
+    """The complex recurrence ``S_t = S_{t-1} e^{i Omega} + v_t k~_t^H``, ``o_t = Re{S_t q~_t}``: plain
+    chunked linear attention (:func:`pathedu.kernels.linear_attention.chunked_linear_attention`) on q and k
+    rotated by their positions, validated once.  ``rotation="prepass"``: :func:`rotate_qk` (offset 0) first,
+    a pass through memory that rounds the rotated q, k to the input dtype; ``"fused"``: the template's
+    rotation hook turns them in registers as each chunk is loaded (kept in fp32).
 
     Shapes: ``q, k: (..., T, D)``, ``v: (..., T, Dv)`` -> ``(..., T, Dv)``; ``D`` even,
     ``D, Dv`` in 16..128; fp16/bf16/fp32, fp32 state.
     """
     x, base, pairing = _check_rotary(q, k, v, base, pairing)
+    if check_rotation(rotation) == "fused":
+        return x.result(_linear_launch(x, "none", rotate=(base, pairing)))
     return x.result(_linear_launch(x.with_qk(*_rotate_launch(x, base, 0, pairing)), "none"))
 
 

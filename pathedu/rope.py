@@ -79,6 +79,7 @@ __all__ = [
     "complex_naive", "complex_recurrent", "complex_matrix", "complex_chunked", "complex_triton",
 ]
 
+ROTATIONS = ("prepass", "fused")  # how the Triton forms rotate q and k (see rope_triton)
 PAIRINGS = ("interleaved", "half")
 
 
@@ -100,6 +101,14 @@ def check_pairing(pairing) -> str:
     if pairing not in PAIRINGS:
         raise ValueError(f"`pairing` must be one of {PAIRINGS}, got {pairing!r}")
     return pairing
+
+
+def check_rotation(rotation) -> str:
+    """``rotation`` (of the Triton forms) is ``"prepass"`` (q and k rotated by a pass through memory, then
+    the template) or ``"fused"`` (the templates' rotation hook turns them as they are loaded)."""
+    if rotation not in ROTATIONS:
+        raise ValueError(f"`rotation` must be one of {ROTATIONS}, got {rotation!r}")
+    return rotation
 
 
 def check_offset(offset) -> int:
@@ -436,19 +445,22 @@ def rope_blockwise(q, k, v, *, base: float = 10000.0, scale=None, pairing: str =
     return blockwise_softmax(q, k, v, scale, load=load_rotated, block_m=block_m, block_n=block_n)
 
 
-def rope_triton(q, k, v, *, base: float = 10000.0, scale=None, pairing: str = "interleaved"):
+def rope_triton(q, k, v, *, base: float = 10000.0, scale=None, pairing: str = "interleaved",
+                rotation: str = "prepass"):
     """Triton: one fused rotation pre-pass over q and k (:func:`pathedu.kernels.rope.rotate_qk`,
     fp32 angles and cos/sin computed in-kernel), then the unchanged FlashAttention
-    template (:func:`pathedu.kernels.flash_attention.attention`).
+    template (:func:`pathedu.kernels.flash_attention.attention`); ``rotation="fused"``: the
+    template's rotation hook turns q and k as it loads them instead (no pass through memory;
+    inference only: with gradients the pre-pass runs).
 
     fp16/bf16/fp32, head dims 16..128 (even), fp32 accumulation.  Shapes and
     conventions as :func:`rope_naive`.  On a CPU it runs in Triton's interpreter
-    (bf16 computed in fp32 there).  The two launches are composed, and every
+    (bf16 computed in fp32 there).  The launches are composed, and every
     argument validated once, by :func:`pathedu.kernels.rope.rotary_attention`.
     """
     from .kernels.rope import rotary_attention
 
-    return rotary_attention(q, k, v, base=base, scale=scale, pairing=pairing)
+    return rotary_attention(q, k, v, base=base, scale=scale, pairing=pairing, rotation=rotation)
 
 
 # ---------------------------------------------------------------------------
@@ -558,9 +570,10 @@ def complex_chunked(q, k, v, *, base: float = 10000.0, pairing: str = "interleav
     return out.to(q.dtype)
 
 
-def complex_triton(q, k, v, *, base: float = 10000.0, pairing: str = "interleaved"):
+def complex_triton(q, k, v, *, base: float = 10000.0, pairing: str = "interleaved", rotation: str = "prepass"):
     """Triton: the rotation pre-pass (:func:`pathedu.kernels.rope.rotate_qk`) followed by plain
-    chunked linear attention (:func:`pathedu.kernels.linear_attention.chunked_linear_attention`).
+    chunked linear attention (:func:`pathedu.kernels.linear_attention.chunked_linear_attention`);
+    ``rotation="fused"``: the template's rotation hook turns q and k as each chunk is loaded.
 
     This *is* the chapter's claim: the complex recurrence is linear attention on
     ``q, k`` rotated by ``+Omega t``.  fp16/bf16/fp32, head dims 16..128 (even),
@@ -570,4 +583,4 @@ def complex_triton(q, k, v, *, base: float = 10000.0, pairing: str = "interleave
     """
     from .kernels.rope import rotary_linear_attention
 
-    return rotary_linear_attention(q, k, v, base=base, pairing=pairing)
+    return rotary_linear_attention(q, k, v, base=base, pairing=pairing, rotation=rotation)

@@ -198,18 +198,43 @@ def test_complex_state_never_decays_and_resumes():
 # Triton
 # ---------------------------------------------------------------------------
 
+@pytest.mark.parametrize("rotation", ["prepass", "fused"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 @pytest.mark.parametrize("case", CASES[:N_FIXED], ids=case_id)  # the interpreter is slow: fixed cases only
-def test_triton_forms_match_float64(case, dtype):
+def test_triton_forms_match_float64(case, dtype, rotation):
+    """Both ways to rotate: a pass through memory, or the templates' hook (q, k turned as they are loaded)."""
     q, k, v = rand_qkv(*case, seed=7)
     tol = TOL_TRITON[dtype]
     for pairing in PAIRINGS:
-        out = rope.rope_triton(q.to(dtype), k.to(dtype), v.to(dtype), pairing=pairing)
+        out = rope.rope_triton(q.to(dtype), k.to(dtype), v.to(dtype), pairing=pairing, rotation=rotation)
         assert out.dtype == dtype and out.shape == q.shape[:-1] + (v.shape[-1],)
         assert rel_err(out, softmax_reference(q, k, v, pairing)) <= tol
-        out = rope.complex_triton(q.to(dtype), k.to(dtype), v.to(dtype), pairing=pairing)
+        out = rope.complex_triton(q.to(dtype), k.to(dtype), v.to(dtype), pairing=pairing, rotation=rotation)
         assert out.dtype == dtype
         assert rel_err(out, linear_reference(q, k, v, pairing)) <= tol
+
+
+def test_fused_rotation_crosses_key_blocks_and_other_bases():
+    """The hook at a length of several key blocks (T = 150 > the interpreter's 64-row tiles) and head dims that
+    are not powers of two (padding pairs), with a non-default base, against float64; a bad `rotation` is
+    refused by name; with gradients the pre-pass path runs and gives the same output."""
+    for D, Dv in ((48, 32), (16, 24)):
+        q, k, v = rand_qkv((2,), 150, D, Dv, seed=8)
+        for pairing in PAIRINGS:
+            ref = rope.rope_matrix(q, k, v, base=500.0, pairing=pairing)
+            out = rope.rope_triton(q.float(), k.float(), v.float(), base=500.0, pairing=pairing, rotation="fused")
+            assert rel_err(out, ref) <= TOL_TRITON[torch.float32]
+            ref = rope.complex_matrix(q, k, v, base=500.0, pairing=pairing)
+            out = rope.complex_triton(q.float(), k.float(), v.float(), base=500.0, pairing=pairing, rotation="fused")
+            assert rel_err(out, ref) <= TOL_TRITON[torch.float32]
+    with pytest.raises(ValueError, match="`rotation`"):
+        rope.rope_triton(q.float(), k.float(), v.float(), rotation="inline")
+    with pytest.raises(ValueError, match="`rotation`"):
+        rope.complex_triton(q.float(), k.float(), v.float(), rotation=None)
+    qg = q.float().requires_grad_()
+    out = rope.rope_triton(qg, k.float(), v.float(), rotation="fused")
+    assert out.grad_fn is not None
+    assert torch.allclose(out.detach(), rope.rope_triton(q.float(), k.float(), v.float()), atol=1e-6)
 
 
 def test_triton_accepts_bf16_on_cpu_via_fp32():

@@ -387,7 +387,7 @@ PREPASS_BF16 = 8e-3
 def rope_robust(rec, dev, fla, *, T=4096, D=64, **_):
     """``rope_triton`` and ``complex_triton`` at ``T`` (angles up to ``T`` radians; one batch, two heads) in bf16
     (and fp16 once) against float64 references (``rope_matrix``; linear attention on ``apply_rope``-rotated
-    q, k), for both pairings."""
+    q, k), for both pairings and both rotations (pre-pass, and the templates' hook: ``rotation=fused``)."""
     from .. import nope, rope
 
     q, k, v = seeded_qkv((1, 2), T, D, seed=0, device=dev)
@@ -406,9 +406,12 @@ def rope_robust(rec, dev, fla, *, T=4096, D=64, **_):
         for dtype in dtypes:
             for form, side, name in ((rope.rope_triton, "softmax", "float64 rope_matrix"),
                                      (rope.complex_triton, "linear", "float64 linear_matrix(apply_rope)")):
-                rec.compare(form.__name__,
-                            lambda: (form(q.to(dtype), k.to(dtype), v.to(dtype), pairing=pairing), ref(side)),
-                            reference=name, limit=ROPE_REL_MAX[_name(dtype)], params=dict(pairing=pairing))
+                for rotation in rope.ROTATIONS:  # a pass through memory, or the templates' hook
+                    params = dict(pairing=pairing, **({"rotation": rotation} if rotation != "prepass" else {}))
+                    rec.compare(form.__name__,
+                                lambda: (form(q.to(dtype), k.to(dtype), v.to(dtype), pairing=pairing,
+                                              rotation=rotation), ref(side)),
+                                reference=name, limit=ROPE_REL_MAX[_name(dtype)], params=params)
 
 
 def rope_trig(rec, dev, fla, *, trig_T=8192, **_):

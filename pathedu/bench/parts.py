@@ -171,6 +171,10 @@ def _rope_parts(q, k, v, bench):
         "rotate_qk, half pairs": bench(lambda: rotate_qk(q, k, pairing="half")),
         "FlashAttention template alone (nope_triton)": bench(lambda: nope.nope_triton(q, k, v)),
         "rope_triton (total)": bench(lambda: rope.rope_triton(q, k, v)),
+        "rope_triton, rotation hook (total)": bench(lambda: rope.rope_triton(q, k, v, rotation="fused")),
+        "linear template alone (linear_triton)": bench(lambda: nope.linear_triton(q, k, v)),
+        "complex_triton (total)": bench(lambda: rope.complex_triton(q, k, v)),
+        "complex_triton, rotation hook (total)": bench(lambda: rope.complex_triton(q, k, v, rotation="fused")),
     }
     if importlib.util.find_spec("fla") is not None:
         from .rope import _fla_rotary

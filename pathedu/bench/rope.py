@@ -6,6 +6,8 @@ Softmax side (checked against ``torch_rope_sdpa``):
 * ``torch_rope_sdpa``: :func:`pathedu.rope.apply_rope` on q and k (eager PyTorch), then SDPA,
   both timed as one op (the reference);
 * ``rope_triton``: our fused rotation pre-pass + our FlashAttention template;
+* ``rope_triton_fused``: the template's rotation hook instead (q, k turned as they are loaded; forward only:
+  with ``--backward`` it runs the pre-pass path, so skip it there);
 * ``fla_rope_sdpa``: flash-linear-attention's Triton rotary kernel (``fla.modules.rotary``;
   its cos/sin cache is built at the first call, outside the timing, and stored in the
   input dtype, bf16 here, which shows in its error against the reference) + SDPA.
@@ -15,6 +17,7 @@ Linear side (checked against ``torch_rope_linear``):
 * ``torch_rope_linear``: :func:`pathedu.rope.apply_rope` + our chunked linear-attention kernel
   (``pathedu.nope.linear_triton``): linear attention on rotated inputs;
 * ``complex_triton``: our pre-pass + the same kernel (:func:`pathedu.rope.complex_triton`);
+* ``complex_triton_fused``: the linear template's rotation hook instead (no pre-pass);
 * ``fla_rope_linear``: fla's rotary kernel + ``fla.ops.linear_attn.chunk_linear_attn``
   (``scale=1``, ``normalize=False``: plain causal linear attention).
 
@@ -56,6 +59,9 @@ def ops():
     def rope_triton(q, k, v):
         return lambda: rope.rope_triton(q, k, v, base=BASE, pairing=PAIRING)
 
+    def rope_triton_fused(q, k, v):
+        return lambda: rope.rope_triton(q, k, v, base=BASE, pairing=PAIRING, rotation="fused")
+
     def fla_rope_sdpa(q, k, v):
         emb = _fla_rotary(q)
         qt, kt = to_bthd(q), to_bthd(k)  # [B, T, H, D]
@@ -75,6 +81,9 @@ def ops():
     def complex_triton(q, k, v):
         return lambda: rope.complex_triton(q, k, v, base=BASE, pairing=PAIRING)
 
+    def complex_triton_fused(q, k, v):
+        return lambda: rope.complex_triton(q, k, v, base=BASE, pairing=PAIRING, rotation="fused")
+
     def fla_rope_linear(q, k, v):
         from fla.ops.linear_attn import chunk_linear_attn
 
@@ -91,8 +100,10 @@ def ops():
         Op("sdpa", sdpa, peer=True),
         Op("torch_rope_sdpa", torch_rope_sdpa),
         Op("rope_triton", rope_triton, reference="torch_rope_sdpa"),
+        Op("rope_triton_fused", rope_triton_fused, reference="torch_rope_sdpa"),
         Op("fla_rope_sdpa", fla_rope_sdpa, reference="torch_rope_sdpa", peer=True),
         Op("torch_rope_linear", torch_rope_linear),
         Op("complex_triton", complex_triton, reference="torch_rope_linear"),
+        Op("complex_triton_fused", complex_triton_fused, reference="torch_rope_linear"),
         Op("fla_rope_linear", fla_rope_linear, reference="torch_rope_linear", peer=True),
     ]
