@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 __all__ = ["EXPERIMENTS", "get_module", "make_config", "run_experiment", "merge_records", "metadata", "git_commit",
-           "default_out"]
+           "default_out", "write_record"]
 
 EXPERIMENTS = ("flipflop", "word_problem", "mqrar")
 _ROOT = Path(__file__).resolve().parent.parent  # the pathedu package
@@ -132,8 +132,14 @@ def run_experiment(name: str, *, config: dict | None = None, device=None, out=No
     record["wall_time_s"] = time.perf_counter() - start
     record["runs"] = runs
     record["summary"] = summary
+    return write_record(record, out)
+
+
+def write_record(record: dict, out=None) -> dict:
+    """Write ``record`` as JSON to ``out`` (default :func:`default_out` of its experiment; ``False``: nothing)
+    and return it, with ``"written_to"`` set when written."""
     if out is not False:
-        path = Path(out) if out is not None else default_out(name)
+        path = Path(out) if out is not None else default_out(record["experiment"])
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record, indent=1, allow_nan=True) + "\n")
         record["written_to"] = str(path)

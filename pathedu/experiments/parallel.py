@@ -58,7 +58,7 @@ def run_parallel(name: str, config: dict, *, jobs: int, device=None, out=None, c
     ``parts`` (each process's command, commit, device and wall time) and ``parallel``."""
     from tqdm.auto import tqdm
 
-    from . import default_out, get_module, merge_records
+    from . import get_module, merge_records, write_record
 
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"`jobs` must be a positive int, got {jobs!r}")
@@ -103,12 +103,7 @@ def run_parallel(name: str, config: dict, *, jobs: int, device=None, out=None, c
     if command is not None:
         record["command"] = command
     record["parallel"] = {"jobs": len(groups), "elapsed_s": time.perf_counter() - start}
-    if out is not False:
-        path = Path(out) if out is not None else default_out(name)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record, indent=1, allow_nan=True) + "\n")
-        record["written_to"] = str(path)
-    return record
+    return write_record(record, out)
 
 
 def _count_done(tmp: Path, n: int) -> int:
