@@ -197,3 +197,17 @@ def test_parallel_reports_a_failing_process():
     config = make_config("flipflop", tiny=True, mixers=["rope", "no_such_mixer"])
     with pytest.raises(RuntimeError, match="failed"):
         run_parallel("flipflop", config, jobs=2, device="cpu", out=False, progress=False)
+
+
+def test_jobs_on_the_command_line(tmp_path, capsys):
+    """``--jobs 2`` writes the record a single process would (same runs, same order) plus ``parallel``;
+    ``--jobs 0`` is refused by name."""
+    out = tmp_path / "mq.json"
+    assert experiments_main(["mqrar", "--tiny", "--no-progress", "--jobs", "2", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert REQUIRED <= set(data) and data["parallel"]["jobs"] == 2
+    assert [(r["n_back"], r["mixer"]) for r in data["runs"]] == [(n, m) for n in (1, 2) for m in ("rope", "path")]
+    assert "--jobs 2" in data["command"]
+    with pytest.raises(SystemExit):
+        experiments_main(["mqrar", "--tiny", "--jobs", "0"])
+    assert "--jobs" in capsys.readouterr().err
