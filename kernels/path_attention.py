@@ -382,16 +382,19 @@ def _prepare(x: Flat, w3, beta3, block: int, *, update: str = "dense", update_dt
 
 
 def _path_launch(x: Flat, w3, beta3, scale: float, block: int, update: str, cfg: dict, c=None,
-                 lse=None) -> torch.Tensor:
+                 lse=None, prep=None) -> torch.Tensor:
     """Launch on validated inputs: the preparation pass, then the scan.  Returns ``(BH, T, Dv)``.
     ``c``: the fp32 ``(BH, T)`` cumulative log gate (PaTH-FoX) or None.  ``lse``: an fp32 ``(BH, T)``
-    tensor that receives each row's log-sum-exp (log2 units), for the backward pass."""
+    tensor that receives each row's log-sum-exp (log2 units), for the backward pass.  ``prep``: the
+    preparation pass already made by :func:`_prepare` with the same ``update`` (a caller that reads its
+    factors too, e.g. :mod:`pathedu.distributed`), else it is made here."""
     n = x.n
     out = x.new_output(n.Dv)
     if x.empty_input:
         return out
-    prep = _prepare(x, w3, beta3, block, update=update, update_dtype=cfg.pop("update_dtype", None),
-                    precision=cfg.pop("prep_precision", None))
+    if prep is None:
+        prep = _prepare(x, w3, beta3, block, update=update, update_dtype=cfg.pop("update_dtype", None),
+                        precision=cfg.pop("prep_precision", None))
     meta = dict(HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=next_pow2(n.D), BLOCK_DV=next_pow2(n.Dv), BLOCK_N=block,
                 UPDATE=update, PRECISION=dot_precision(x.dtype), GATED=c is not None, STORE_LSE=lse is not None)
     dummy = prep.qn  # a pointer for the arguments a launch does not read

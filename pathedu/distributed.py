@@ -33,6 +33,17 @@ when it leaves rank ``s``; each rank it passes adds its chunk's total log gate. 
 prefix ``c_i = sum_{t=a_r..i} log_f[t]``, so ``logit_ij = scale q_i . k_j + g_j + c_i`` with
 ``g_j + c_i = sum_{t=j+1..i} log_f[t]``: no all-gather of gate totals is needed.  (Gates are never scaled.)
 
+The local step
+--------------
+A rank's own chunk is computed one of two ways (``local=``).  ``"kernel"`` (the default for CUDA tensors
+whose head dims fit, 16..128): the in-chunk attention by the Triton kernel (PaTH's, or FlashAttention's with
+the log-gate hook for FoX), which also returns each row's log-sum-exp, so the online softmax starts from its
+output; for PaTH the carried queries, keys and the chunk product come from the kernel's own preparation pass
+(one ``D x D`` transition per block of 64 tokens, chained in ``T / 64`` batched products,
+:func:`_path_chunk_kernels`).  ``"matrix"``: the whole chunk as one block in PyTorch (any head dim, float64;
+``T x T`` memory and, for PaTH, a ``T x T`` triangular solve).  Either way a received block is folded by
+matrix products a tile of query rows at a time (at most ``_TILE_ELEMENTS`` logits at once).
+
 Communication and cost
 ----------------------
 Before the chain, one ``all_gather`` of a small int64 header per rank (status, error code, ``T``, ``D``,
@@ -66,10 +77,11 @@ Errors, dtypes, autograd
   input that requires grad while grad mode is on is refused (``RuntimeError``); call it under ``torch.no_grad()``.
 * Communication runs on ``q``'s device: CPU tensors with gloo, CUDA tensors with NCCL.
 
-Try it: ``torchrun --nproc-per-node 3 -m pathedu.distributed`` (:func:`_demo`).
+Try it: ``torchrun --nproc-per-node 3 -m pathedu.distributed [kernel]`` (:func:`_demo`).
 """
 from __future__ import annotations
 
+import math
 import re
 
 import torch
@@ -87,11 +99,13 @@ NO_GROUP = ("context parallelism needs a torch.distributed process group, and no
             "the script with `torchrun --nproc-per-node 2 your_script.py` and call "
             "`torch.distributed.init_process_group(\"gloo\")` in it (\"nccl\" for CUDA tensors), or pass `group=`")
 
-_ARGS = ("q", "k", "v", "w", "beta", "log_f", "scale", "group")  # argument codes in the header
+_ARGS = ("q", "k", "v", "w", "beta", "log_f", "scale", "group", "local")  # argument codes in the header
 _KINDS = (ValueError, TypeError, RuntimeError)  # error codes in the header (anything else: RuntimeError)
 _LEAD_SLOTS = 8  # leading dims carried in the header; more need a second gather
 # Header: ok, error kind, error argument, T, D, Dv, dtype of q, working dtype, number of leading dims, leading dims.
 _HEADER = 9
+_TILE_ELEMENTS = 1 << 26  # the most logits one fold of a received block holds at once (256 MiB in fp32)
+LOCAL = ("auto", "kernel", "matrix")  # how a rank computes its own chunk
 
 
 # ---------------------------------------------------------------------------
@@ -257,15 +271,106 @@ class _Softmax:
     def step(self, logits, values, **kw):
         self.m, self.l, self.acc = online_softmax_step(self.m, self.l, self.acc, logits, values, **kw)
 
+    def start(self, out, lse):
+        """Begin from a kernel's normalised output ``out (..., T, Dv)`` and natural-log log-sum-exp
+        ``lse (..., T)``: ``m = lse, l = 1, acc = out`` is the same state as the sums it came from."""
+        self.m, self.acc = lse.to(self.m.dtype), out.to(self.acc.dtype)
+        self.l = torch.ones_like(self.m)
+
+    def fold(self, queries, keys, values, scale, row_bias=None, col_bias=None):
+        """Fold a received block, every key visible: ``logits = scale q k^T (+ row_bias_i + col_bias_j)``, computed
+        a tile of query rows at a time so that no tile holds more than ``_TILE_ELEMENTS`` logits."""
+        T, lead = queries.shape[-2], torch.Size(queries.shape[:-2]).numel()
+        rows = max(1, min(T, _TILE_ELEMENTS // max(1, lead * keys.shape[-2])))
+        for a in range(0, T, rows):
+            sl = slice(a, a + rows)
+            logits = scale * queries[..., sl, :] @ keys.transpose(-1, -2)
+            if row_bias is not None:
+                logits = logits + row_bias[..., sl, None] + col_bias[..., None, :]
+            self.m[..., sl], self.l[..., sl], self.acc[..., sl, :] = online_softmax_step(
+                self.m[..., sl], self.l[..., sl], self.acc[..., sl, :], logits, values)
+
     def output(self):
         return self.acc / self.l[..., None]
+
+
+# ---------------------------------------------------------------------------
+# The local step: Triton kernels, or PyTorch on the whole chunk
+# ---------------------------------------------------------------------------
+
+def _use_kernels(local, n, dt, device) -> bool:
+    """Whether this rank computes its own chunk with the Triton kernels.  ``local``: ``"kernel"``, ``"matrix"``
+    (PyTorch on the whole chunk: any D, float64 too, but ``T x T`` memory and a ``T x T`` triangular solve) or
+    ``"auto"`` (the kernels for CUDA tensors that fit them, else the matrix path)."""
+    if local not in LOCAL:
+        raise ValueError(f"`local` must be one of {LOCAL}, got {local!r}")
+    fits = 16 <= n.D <= 128 and 16 <= n.Dv <= 128 and dt != torch.float64
+    if local == "kernel" and not fits:
+        raise ValueError(f"`local`='kernel' runs the Triton kernels, which need D and Dv in 16..128 and a float32 "
+                         f"working dtype (got D={n.D}, Dv={n.Dv}, {dt}); use local='matrix'")
+    return local == "kernel" or (local == "auto" and fits and device.type == "cuda")
+
+
+def _as_lead(t, n, last=()):
+    """A kernel's ``(BH, T_pad, ...)`` rows back to ``lead + (T,) + last``."""
+    return t[:, : n.T].reshape(tuple(n.lead) + (n.T,) + tuple(last))
+
+
+def _path_chunk_kernels(q_, k_, v_, w_, beta_, scale):
+    """This rank's PaTH chunk through the kernels: ``(out, lse, q_tilde, k_tilde, N)``.
+
+    ``out (..., T, Dv)`` and its natural-log log-sum-exp ``(..., T)``: the causal in-chunk attention (the
+    preparation pass, then the scan, :mod:`pathedu.kernels.path_attention`).  From the same preparation pass
+    (per block of ``B`` tokens: queries carried to the block's start, keys to its end, and the block's dense
+    transition ``P_J = (I + G_J)^T``): ``q_tilde_i = H_a ... H_i q_i`` (to the chunk's start), as rows
+    ``q~_i^T N_J`` with ``N_0 = I``, ``N_{J+1} = (I + G_J) N_J``; ``k_tilde_j^T = k_j^T H_{j+1} ... H_e`` (to
+    the chunk's end), as rows ``k~_j^T P_{J+1} ... P_last``; and ``N (BH, D, D)`` after the last block, the
+    chunk's product ``P_r = N^T``.  O(T D^2) work in ``T / B`` batched products, no ``T x T`` matrix."""
+    from .kernels._launch import per_token, prepare_qkv
+    from .kernels.path_attention import _path_launch, _prepare
+    from .kernels.ut_prepare import check_block
+
+    x = prepare_qkv(q_, k_, v_)
+    n = x.n
+    w3, beta3 = per_token(w_, "w", x, extra=(n.D,)), per_token(beta_, "beta", x)
+    block = check_block(None, n.D)
+    prep = _prepare(x, w3, beta3, block)
+    lse = torch.empty(x.BH, n.T, dtype=torch.float32, device=x.device)
+    out = _path_launch(x, w3, beta3, scale, block, "dense", {}, lse=lse, prep=prep)
+    q_loc = prep.qt.float() * prep.qn[..., None]  # q~ from each block's start (the pass stores it normalised)
+    k_loc, g = prep.kt.float(), prep.g.float()  # (BH, T_pad, D), (BH, blocks, D, D)
+    eye = torch.eye(n.D, dtype=torch.float32, device=x.device).expand(x.BH, n.D, n.D)
+    q_t, k_t, N, S = torch.empty_like(q_loc), torch.empty_like(k_loc), eye.clone(), eye.clone()
+    blocks = prep.T_pad // block
+    for J in range(blocks):  # queries: the transitions of the blocks before theirs, nearest first
+        q_t[:, J * block:(J + 1) * block] = q_loc[:, J * block:(J + 1) * block] @ N
+        N = N + g[:, J] @ N
+    for J in range(blocks - 1, -1, -1):  # keys: the transitions of the blocks after theirs
+        k_t[:, J * block:(J + 1) * block] = k_loc[:, J * block:(J + 1) * block] @ S
+        S = (eye + g[:, J]).transpose(-1, -2) @ S
+    return (out.reshape(tuple(n.lead) + (n.T, n.Dv)), (lse * math.log(2)).reshape(tuple(n.lead) + (n.T,)),
+            _as_lead(q_t, n, (n.D,)), _as_lead(k_t, n, (n.D,)), N)
+
+
+def _fox_chunk_kernels(q_, k_, v_, g, scale):
+    """This rank's FoX chunk through the FlashAttention kernel (``"loggate"`` hook): ``(out, lse)``, the causal
+    in-chunk attention ``(..., T, Dv)`` and its natural-log log-sum-exp ``(..., T)``."""
+    from .kernels._launch import per_token, prepare_qkv
+    from .kernels.flash_attention import _attention_launch
+
+    x = prepare_qkv(q_, k_, v_)
+    n = x.n
+    c = torch.cumsum(per_token(g, "log_f", x), dim=-1)  # (BH, T) fp32
+    lse = torch.empty(x.BH, n.T, dtype=torch.float32, device=x.device)
+    out = _attention_launch(x, scale, "loggate", c, lse=lse)
+    return out.reshape(tuple(n.lead) + (n.T, n.Dv)), (lse * math.log(2)).reshape(tuple(n.lead) + (n.T,))
 
 
 # ---------------------------------------------------------------------------
 # PaTH
 # ---------------------------------------------------------------------------
 
-def context_parallel_path(q, k, v, w, beta, *, scale=None, group=None):
+def context_parallel_path(q, k, v, w, beta, *, scale=None, group=None, local="auto"):
     r"""PaTH attention with the sequence split across the ranks of ``group``: this rank's chunk of the output.
 
     Call on every rank of ``group`` (default: the world group), each with its contiguous chunk of the
@@ -281,6 +386,13 @@ def context_parallel_path(q, k, v, w, beta, *, scale=None, group=None):
     Shapes (T: this rank's chunk length): ``q, k, w: (..., T, D)``, ``v: (..., T, Dv)``, ``beta: (..., T)``
     in [0, 2] -> ``(..., T, Dv)`` in ``q``'s dtype.  Leading dims, ``D``, ``Dv`` and the dtype must agree
     across ranks (else ``ValueError`` on every rank); no process group: ``RuntimeError``.
+
+    ``local``: how a rank computes its own chunk.  ``"kernel"``: the Triton kernels (the PaTH kernel for the
+    causal in-chunk attention, its preparation pass's per-block transitions for carrying queries and keys
+    across the chunk: O(T D^2) beside the attention, no ``T x T`` matrix; D and Dv in 16..128, float32 working
+    dtype).  ``"matrix"``: PyTorch on the whole chunk as one UT block (any D, float64 too; ``T x T`` memory).
+    ``"auto"``: the kernels for CUDA tensors that fit them.  Received blocks are folded by matrix products,
+    a tile of query rows at a time.
     """
     def validate():
         n = check_qkv(q, k, v)
@@ -288,33 +400,41 @@ def context_parallel_path(q, k, v, w, beta, *, scale=None, group=None):
         dt = _solve_dtype(q.dtype)
         w_, beta_ = _check_w_beta(w, beta, n, q, dtype=dt)
         _no_grad_needed(q=q, k=k, v=v, w=w, beta=beta)
-        return n, s, dt, (q.to(dt), k.to(dt), v.to(dt), w_, beta_)
+        kernels = _use_kernels(local, n, dt, q.device)
+        return n, s, dt, (q.to(dt), k.to(dt), v.to(dt), w_, beta_, kernels)
 
-    rank, world, lengths, n, scale, dt, (q_, k_, v_, w_, beta_) = _agree(group, validate, q, "`q`, `k`, `w`", "`q`")
+    rank, world, lengths, n, scale, dt, (q_, k_, v_, w_, beta_, kernels) = _agree(group, validate, q,
+                                                                                   "`q`, `k`, `w`", "`q`")
     D, T = n.D, n.T
     alloc = lambda rows: torch.empty(n.lead + (rows, D + n.Dv), dtype=dt, device=q.device)  # noqa: E731
     soft = _Softmax(n.lead, T, n.Dv, dt, q.device)
-    if T > 0:
+    if T > 0 and kernels:
+        out, lse, q_tilde, k_tilde, N = _path_chunk_kernels(q_, k_, v_, w_, beta_, scale)
+        own = torch.cat([k_tilde, v_], dim=-1)
+        chunk_map = lambda keys: (keys.reshape(N.shape[0], -1, D) @ N.transpose(-1, -2)).reshape(keys.shape)  # noqa: E731
+    elif T > 0:
         A, intra, q_tilde, k_tilde = _block_factors(q_, k_, w_, beta_)
         own = torch.cat([k_tilde, v_], dim=-1)
         at_w = A.transpose(-1, -2) @ w_  # A_r^T W_r: k P_r = k - (k W_r^T) (A_r^T W_r)
+        chunk_map = lambda keys: keys - (keys @ w_.transpose(-1, -2)) @ at_w  # noqa: E731
     else:
         own = alloc(0)
 
     def diagonal():
-        if T > 0:
+        if T > 0 and kernels:
+            soft.start(out, lse)
+        elif T > 0:
             logits = masked_logits(scale * intra, causal_mask(T, q.device))
             soft.step(logits, v_, masked=True, finite=bool(torch.isfinite(v_).all()))
 
     def fold(block):
         if T > 0:
-            soft.step(scale * q_tilde @ block[..., :D].transpose(-1, -2), block[..., D:])
+            soft.fold(q_tilde, block[..., :D], block[..., D:], scale)
 
     def forward(block):
         if T == 0:
             return block  # an empty chunk's transition is I
-        keys = block[..., :D]
-        return torch.cat([keys - (keys @ w_.transpose(-1, -2)) @ at_w, block[..., D:]], dim=-1)
+        return torch.cat([chunk_map(block[..., :D]), block[..., D:]], dim=-1)
 
     _chain(group, rank, world, _nonempty(lengths, n), alloc, own, diagonal, fold, forward)
     return soft.output().to(q.dtype) if T > 0 else empty_output(q, v)
@@ -324,7 +444,7 @@ def context_parallel_path(q, k, v, w, beta, *, scale=None, group=None):
 # FoX
 # ---------------------------------------------------------------------------
 
-def context_parallel_fox(q, k, v, log_f, *, scale=None, group=None):
+def context_parallel_fox(q, k, v, log_f, *, scale=None, group=None, local="auto"):
     r"""FoX attention with the sequence split across the ranks of ``group``: this rank's chunk of the output.
 
     Call on every rank of ``group`` (default: the world group), each with its contiguous chunk of the
@@ -340,13 +460,19 @@ def context_parallel_fox(q, k, v, log_f, *, scale=None, group=None):
     Shapes (T: this rank's chunk length): ``q, k: (..., T, D)``, ``v: (..., T, Dv)``, ``log_f: (..., T)``
     with entries <= 0 -> ``(..., T, Dv)`` in ``q``'s dtype.  Leading dims, ``D``, ``Dv`` and the dtypes must
     agree across ranks (else ``ValueError`` on every rank); no process group: ``RuntimeError``.
+
+    ``local``: ``"kernel"`` (the FlashAttention kernel with its log-gate hook for the in-chunk attention; D and
+    Dv in 16..128, float32 working dtype), ``"matrix"`` (PyTorch, ``T x T`` logits) or ``"auto"`` (the kernel
+    for CUDA tensors that fit it), as :func:`context_parallel_path`.
     """
     def validate():
         n, s, dt = _prepare_fox(q, k, v, log_f, scale)
         _no_grad_needed(q=q, k=k, v=v, log_f=log_f)
-        return n, s, dt, (q.to(dt), k.to(dt), v.to(dt), log_f.to(dt))
+        kernels = _use_kernels(local, n, dt, q.device)
+        return n, s, dt, (q.to(dt), k.to(dt), v.to(dt), log_f.to(dt), kernels)
 
-    rank, world, lengths, n, scale, dt, (q_, k_, v_, g) = _agree(group, validate, q, "`q`, `k`", "`q` and `log_f`")
+    rank, world, lengths, n, scale, dt, (q_, k_, v_, g, kernels) = _agree(group, validate, q, "`q`, `k`",
+                                                                          "`q` and `log_f`")
     D, T = n.D, n.T
     alloc = lambda rows: torch.empty(n.lead + (rows, D + n.Dv + 1), dtype=dt, device=q.device)  # noqa: E731
     soft = _Softmax(n.lead, T, n.Dv, dt, q.device)
@@ -360,14 +486,15 @@ def context_parallel_fox(q, k, v, log_f, *, scale=None, group=None):
         own = alloc(0)
 
     def diagonal():
-        if T > 0:
+        if T > 0 and kernels:
+            soft.start(*_fox_chunk_kernels(q_, k_, v_, g, scale))
+        elif T > 0:
             logits = masked_logits(scale * q_ @ k_.transpose(-1, -2) + _log_gate_matrix(g), causal_mask(T, q.device))
             soft.step(logits, v_, masked=True, finite=bool(torch.isfinite(v_).all()))
 
     def fold(block):
-        if T > 0:
-            bias = prefix[..., :, None] + block[..., None, :, -1]  # c_i + g_j
-            soft.step(scale * q_ @ block[..., :D].transpose(-1, -2) + bias, block[..., D:-1])
+        if T > 0:  # logit_ij = scale q_i . k_j + c_i + g_j
+            soft.fold(q_, block[..., :D], block[..., D:-1], scale, row_bias=prefix, col_bias=block[..., -1])
 
     def forward(block):
         if T == 0:
@@ -382,11 +509,14 @@ def context_parallel_fox(q, k, v, log_f, *, scale=None, group=None):
 # Demo: torchrun --nproc-per-node N -m pathedu.distributed
 # ---------------------------------------------------------------------------
 
-def _demo() -> None:
+def _demo(argv=None) -> None:
     """Split one random sequence (shared seed) unevenly across the ranks, run both functions, and print on
     rank 0 the largest relative error against :func:`pathedu.path.path_matrix` / :func:`pathedu.fox.fox_matrix`
     (each rank checks its chunk; the maximum is reduced to rank 0).  gloo on CPU, NCCL when CUDA is there for
-    every rank.  Run without torchrun, it is a group of one."""
+    every rank.  Run without torchrun, it is a group of one.  An argument ``kernel``, ``matrix`` or ``auto`` (the
+    default) picks the local step; with ``kernel`` the inputs are float32 and every chunk longer than a UT block
+    (a positional argument: torchrun would take an option named ``--local...`` for one of its own)."""
+    import argparse
     import os
     import socket
 
@@ -406,8 +536,12 @@ def _demo() -> None:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group("nccl" if cuda else "gloo")
     rank, device = dist.get_rank(), torch.device("cuda" if cuda else "cpu")
+    parser = argparse.ArgumentParser(prog="python -m pathedu.distributed", description=_demo.__doc__)
+    parser.add_argument("local", nargs="?", choices=LOCAL, default="auto", help="the local step (default auto)")
+    local = parser.parse_args(argv).local
     g = torch.Generator().manual_seed(0)  # the same numbers on every rank
-    lengths = [int(x) for x in torch.randint(0, 24, (world,), generator=g)]
+    low, high = (65, 140) if local == "kernel" else (0, 24)  # kernels: chunks longer than a UT block
+    lengths = [int(x) for x in torch.randint(low, high, (world,), generator=g)]
     lead, T, D, Dv = (2, 3), sum(lengths), 16, 24
     q, k, w = (torch.randn(lead + (T, D), generator=g, dtype=torch.float64) for _ in range(3))
     v = torch.randn(lead + (T, Dv), generator=g, dtype=torch.float64)
@@ -416,16 +550,20 @@ def _demo() -> None:
     log_f = F.logsigmoid(2 + 1.5 * torch.randn(lead + (T,), generator=g, dtype=torch.float64))
     q, k, v, w, beta, log_f = (x.to(device) for x in (q, k, v, w, beta, log_f))
     a, b = sum(lengths[:rank]), sum(lengths[: rank + 1])
-    rows = lambda x: x[..., a:b, :]  # noqa: E731
+    dt = torch.float32 if local == "kernel" else torch.float64  # the references stay float64
+    rows = lambda x: x[..., a:b, :].to(dt)  # noqa: E731
     errors = []
-    for ours, ref in ((context_parallel_path(rows(q), rows(k), rows(v), rows(w), beta[..., a:b]),
+    for ours, ref in ((context_parallel_path(rows(q), rows(k), rows(v), rows(w), beta[..., a:b].to(dt), local=local),
                        path_matrix(q, k, v, w, beta)),
-                      (context_parallel_fox(rows(q), rows(k), rows(v), log_f[..., a:b]), fox_matrix(q, k, v, log_f))):
-        errors.append(((ours - rows(ref)).abs().max() if b > a else torch.zeros((), device=device)) / ref.abs().max())
+                      (context_parallel_fox(rows(q), rows(k), rows(v), log_f[..., a:b].to(dt), local=local),
+                       fox_matrix(q, k, v, log_f))):
+        errors.append(((ours.double() - ref[..., a:b, :]).abs().max() if b > a else torch.zeros((), device=device))
+                      / ref.abs().max())
     err = torch.stack(errors).to(device)
     dist.all_reduce(err, op=dist.ReduceOp.MAX)
     if rank == 0:
-        print(f"{world} ranks ({'nccl' if cuda else 'gloo'}), chunk lengths {lengths}, lead {lead}, D {D}, Dv {Dv}")
+        print(f"{world} ranks ({'nccl' if cuda else 'gloo'}), chunk lengths {lengths}, lead {lead}, D {D}, Dv {Dv}, "
+              f"local step {local!r}, {str(dt).removeprefix('torch.')}")
         print(f"max relative error vs path_matrix: {err[0].item():.2e}; vs fox_matrix: {err[1].item():.2e}")
     dist.destroy_process_group()
 

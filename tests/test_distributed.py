@@ -56,6 +56,12 @@ CASES = {
         _case("path_subgroup_0_2", "path", (7, 10), seed=6, members=(0, 2)),
         _case("fox_subgroup_1_2", "fox", (6, 9), seed=7, members=(1, 2)),
         _case("path_after_errors", "path", (9, 5, 13), lead=(), D=6, Dv=5, seed=8),
+        # The kernel-backed local step (Triton's interpreter here): chunks longer than a UT block (64 tokens),
+        # so that queries and keys are carried across several blocks' transitions.
+        _case("path_kernels", "path", (70, 0, 90), lead=(2,), D=16, Dv=24, dtype="float32", seed=16, local="kernel"),
+        _case("fox_kernels", "fox", (33, 70, 5), lead=(2,), D=16, Dv=16, dtype="float32", seed=17, local="kernel"),
+        _case("path_kernels_small_D", "path", (4, 4, 4), D=8, dtype="float32", local="kernel", bad="local",
+              bad_rank=None),
     ],
     2: [
         _case("path_two", "path", (11, 16), seed=10),
@@ -113,7 +119,7 @@ def _run_case(case, rank):
 
     dist.isend = counting_isend
     try:
-        out = fn(*chunk, group=group)
+        out = fn(*chunk, group=group, local=case.get("local", "auto"))
     finally:
         dist.isend = isend
     ref = (path_matrix if case["fn"] == "path" else fox_matrix)(*full)[..., a:b, :]
@@ -233,6 +239,10 @@ def test_bad_input_raises_on_every_rank(results, world, case):
     got = _messages(results, world, case)
     assert all("exc" in r for r in got), got
     bad, bad_rank = case["bad"], case["bad_rank"]
+    if bad == "local":  # the kernels do not fit D = 8: every rank raises its own error, naming `local`
+        assert {r["exc"] for r in got} == {"ValueError"}, got
+        assert all(r["msg"].startswith("`local`='kernel'") and "D=8" in r["msg"] for r in got), got
+        return
     if bad in ("D", "Dv", "dtype"):  # cross-rank disagreement: one ValueError, the same text everywhere
         assert {r["exc"] for r in got} == {"ValueError"}
         assert len({r["msg"] for r in got}) == 1, got
@@ -269,3 +279,21 @@ def test_the_torchrun_demo_agrees_with_the_matrix_forms():
     found = re.search(r"vs path_matrix: (\S+); vs fox_matrix: (\S+)", proc.stdout)
     assert found, proc.stdout
     assert float(found.group(1)) <= 1e-10 and float(found.group(2)) <= 1e-10, proc.stdout
+
+
+def test_the_local_step_is_chosen_by_device_size_and_dtype():
+    """"auto": the kernels for CUDA tensors whose D, Dv fit them (16..128) in a float32 working dtype, else the
+    matrix path; "kernel" refuses what the kernels cannot take; anything else is refused by name."""
+    from pathedu.checks import QKV
+
+    use = distributed._use_kernels
+    n = QKV(lead=(2,), T=5, D=64, Dv=32)
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert use("auto", n, torch.float32, cuda) and not use("auto", n, torch.float32, cpu)
+    assert not use("auto", n, torch.float64, cuda) and not use("matrix", n, torch.float32, cuda)
+    assert use("kernel", n, torch.float32, cpu)  # Triton's interpreter on a CPU
+    assert not use("auto", QKV(lead=(2,), T=5, D=8, Dv=32), torch.float32, cuda)
+    with pytest.raises(ValueError, match="`local`='kernel'.*D=256"):
+        use("kernel", QKV(lead=(2,), T=5, D=256, Dv=32), torch.float32, cuda)
+    with pytest.raises(ValueError, match="`local` must be one of"):
+        use("triton", n, torch.float32, cuda)
