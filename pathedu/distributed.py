@@ -306,8 +306,8 @@ def _use_kernels(local, n, dt, device) -> bool:
         raise ValueError(f"`local` must be one of {LOCAL}, got {local!r}")
     fits = 16 <= n.D <= 128 and 16 <= n.Dv <= 128 and dt != torch.float64
     if local == "kernel" and not fits:
-        raise ValueError(f"`local`='kernel' runs the Triton kernels, which need D and Dv in 16..128 and a float32 "
-                         f"working dtype (got D={n.D}, Dv={n.Dv}, {dt}); use local='matrix'")
+        raise ValueError(f"`local`='kernel' runs the Triton kernels, which need D and Dv in 16..128 and fp16, bf16 "
+                         f"or fp32 inputs (got D={n.D}, Dv={n.Dv}, working dtype {dt}); use local='matrix'")
     return local == "kernel" or (local == "auto" and fits and device.type == "cuda")
 
 
@@ -408,8 +408,8 @@ def context_parallel_path(q, k, v, w, beta, *, scale=None, group=None, local="au
     D, T = n.D, n.T
     alloc = lambda rows: torch.empty(n.lead + (rows, D + n.Dv), dtype=dt, device=q.device)  # noqa: E731
     soft = _Softmax(n.lead, T, n.Dv, dt, q.device)
-    if T > 0 and kernels:
-        out, lse, q_tilde, k_tilde, N = _path_chunk_kernels(q_, k_, v_, w_, beta_, scale)
+    if T > 0 and kernels:  # the kernels take q, k, v in their own dtype (16-bit: tensor-core products)
+        out, lse, q_tilde, k_tilde, N = _path_chunk_kernels(q, k, v, w_, beta_, scale)
         own = torch.cat([k_tilde, v_], dim=-1)
         chunk_map = lambda keys: (keys.reshape(N.shape[0], -1, D) @ N.transpose(-1, -2)).reshape(keys.shape)  # noqa: E731
     elif T > 0:
@@ -486,8 +486,8 @@ def context_parallel_fox(q, k, v, log_f, *, scale=None, group=None, local="auto"
         own = alloc(0)
 
     def diagonal():
-        if T > 0 and kernels:
-            soft.start(*_fox_chunk_kernels(q_, k_, v_, g, scale))
+        if T > 0 and kernels:  # q, k, v in their own dtype, as above
+            soft.start(*_fox_chunk_kernels(q, k, v, g, scale))
         elif T > 0:
             logits = masked_logits(scale * q_ @ k_.transpose(-1, -2) + _log_gate_matrix(g), causal_mask(T, q.device))
             soft.step(logits, v_, masked=True, finite=bool(torch.isfinite(v_).all()))

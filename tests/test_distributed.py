@@ -28,7 +28,7 @@ from pathedu import distributed
 from pathedu.fox import fox_matrix
 from pathedu.path import path_matrix
 
-TOL = {"float64": 1e-10, "float32": 1e-5}
+TOL = {"float64": 1e-10, "float32": 1e-5, "bfloat16": 1e-2}
 DEADLINE_S = 90  # for a whole group of workers; the process group's own timeout is 20 s
 
 
@@ -59,7 +59,11 @@ CASES = {
         # The kernel-backed local step (Triton's interpreter here): chunks longer than a UT block (64 tokens),
         # so that queries and keys are carried across several blocks' transitions.
         _case("path_kernels", "path", (70, 0, 90), lead=(2,), D=16, Dv=24, dtype="float32", seed=16, local="kernel"),
+        _case("path_kernels_bf16", "path", (40, 66, 20), lead=(2,), D=32, Dv=16, dtype="bfloat16", seed=19,
+              local="kernel"),
         _case("fox_kernels", "fox", (33, 70, 5), lead=(2,), D=16, Dv=16, dtype="float32", seed=17, local="kernel"),
+        _case("fox_kernels_bf16", "fox", (20, 45, 30), lead=(2,), D=16, Dv=16, dtype="bfloat16", seed=18,
+              local="kernel"),
         _case("path_kernels_small_D", "path", (4, 4, 4), D=8, dtype="float32", local="kernel", bad="local",
               bad_rank=None),
     ],
@@ -124,10 +128,12 @@ def _run_case(case, rank):
         dist.isend = isend
     ref = (path_matrix if case["fn"] == "path" else fox_matrix)(*full)[..., a:b, :]
     lead_numel = torch.Size(case["lead"]).numel()
+    # Blocks travel in the working dtype: float32 for 16-bit inputs, the input dtype otherwise.
+    work_itemsize = torch.empty((), dtype=torch.promote_types(dtype, torch.float32)).element_size()
     width = D + Dv + (1 if case["fn"] == "fox" else 0)
     return {"err": rel_err(out, ref), "shape": tuple(out.shape), "dtype": str(out.dtype).removeprefix("torch."),
             "sent": sum(sent), "sends": len(sent), "want_sent": distributed._sent_bytes(
-                lengths, me, lead_numel, width, out.element_size())}
+                lengths, me, lead_numel, width, work_itemsize)}
 
 
 def _worker(rank, world, port, cases, results):
