@@ -9,6 +9,7 @@ computed in float64 in the worker from the same seeded inputs.
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import queue
 import re
@@ -303,3 +304,22 @@ def test_the_local_step_is_chosen_by_device_size_and_dtype():
         use("kernel", QKV(lead=(2,), T=5, D=256, Dv=32), torch.float32, cuda)
     with pytest.raises(ValueError, match="`local` must be one of"):
         use("triton", n, torch.float32, cuda)
+
+
+def test_the_context_parallel_benchmark_runs_as_a_smoke_test(tmp_path):
+    """``torchrun -m pathedu.bench.cp --device cpu``: one device against two ranks for PaTH and FoX, the record
+    the GPU run will commit (its timings on a CPU mean nothing), and the two outputs agree."""
+    out = tmp_path / "cp.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          "-m", "pathedu.bench.cp", "--device", "cpu", "--T", "96", "--B", "1", "--H", "1", "--D",
+                          "16", "--dtype", "float32", "--reps", "1", "--out", str(out)],
+                         capture_output=True, text=True, timeout=240, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["meta"]["world_size"] == 2 and data["meta"]["backend"] == "gloo"
+    assert [(r["T"], r["mechanism"]) for r in data["rows"]] == [(96, "path"), (96, "fox")]
+    for r in data["rows"]:
+        assert r["one_device"]["fits"] and r["cp_ms"] > 0 and r["rel_rms_vs_one_device"] < 1e-5
+        assert r["cp_sent_bytes"][0] == distributed._sent_bytes([48, 48], 0, 1, 32 + (r["mechanism"] == "fox"), 4)
+        assert r["cp_sent_bytes"][1] == 0
