@@ -211,3 +211,21 @@ def test_jobs_on_the_command_line(tmp_path, capsys):
     with pytest.raises(SystemExit):
         experiments_main(["mqrar", "--tiny", "--jobs", "0"])
     assert "--jobs" in capsys.readouterr().err
+
+
+def test_word_problem_generators_per_group():
+    """By default A5 words use the paper's three 3-cycles (and inverses), S5 words a transposition and a 5-cycle;
+    a list applies to every group, None (or a group the dict lacks) means tokens uniform over the group."""
+    from pathedu.experiments.word_problem import generators_for
+
+    config = make_config("word_problem")
+    assert generators_for(config, "A5") == list(tasks.A5_PAPER_GENERATORS)
+    assert generators_for(config, "S5") == ["(1 2)", "(1 2 3 4 5)"] and generators_for(config, "S3") is None
+    for group in ("A5", "S5"):  # the generators (and inverses) generate the whole group: every element appears
+        tokens, labels = tasks.word_problem(group, 256, 24, seed=0, generators=generators_for(config, group))
+        assert len(set(labels.flatten().tolist())) == len(tasks.group_elements(group))
+    assert len(set(tasks.word_problem("A5", 64, 8, generators=generators_for(config, "A5"))[0].flatten().tolist())) == 6
+    assert generators_for({"generators": None}, "A5") is None
+    assert generators_for({"generators": ["(1 2 3)"]}, "S5") == ["(1 2 3)"]
+    with pytest.raises(ValueError, match="`generators`"):
+        generators_for({"generators": "(1 2 3)"}, "A5")

@@ -1,9 +1,11 @@
 r"""Word problems of A5 and S5: accuracy against sequence length and depth (the PaTH paper's Fig. 2).
 
-Each run trains a model of ``n_layers`` layers on words of one length (tokens uniform over the
-group, as in Merrill et al.; ``generators`` restricts them, e.g. the paper's A5 3-cycles
-``["(1 2 3)", "(1 2 4)", "(1 2 5)"]``) to output, at every position, the prefix product
-(:func:`pathedu.tasks.word_problem`): sequence labelling with ``|G|`` classes.  ``accuracy`` is over
+Each run trains a model of ``n_layers`` layers on words of one length to output, at every position,
+the prefix product (:func:`pathedu.tasks.word_problem`): sequence labelling with ``|G|`` classes.
+The words are drawn from ``generators`` and their inverses: by default, per group, the PaTH paper's
+A5 3-cycles ``(1 2 3), (1 2 4), (1 2 5)`` and, for S5, the transposition ``(1 2)`` and the 5-cycle
+``(1 2 3 4 5)`` (a dict ``{group: [...]}``; a list applies to every group; ``None``, or a group missing
+from the dict, draws tokens uniform over the whole group, as in Merrill et al.).  ``accuracy`` is over
 every position of fresh words of the same length, ``last_accuracy`` over the last position alone.
 The summary gives, for each group, mixer, seed and length, the smallest depth whose ``metric``
 reaches ``threshold`` (``None``: no depth tried did).
@@ -22,15 +24,22 @@ product table (length 2) is learnt to 98% in about 900 steps on its own, but onl
 inside words of length 5 and not at all at length 20: the positions the model cannot yet predict
 drown the signal of the ones it can.  Learning is stage by stage: a product of three (2 layers)
 took about 2000 more steps at length 3; with lengths growing by one every 800 steps (2 layers,
-path, length 5, 4000 steps) positions 0-2 reached 98% but position 3 stayed at 9%.  Hence the
-curriculum and many more steps; the defaults below (lengths grow by one every 1000 steps) are an
-estimate from those CPU probes, not yet checked at length 20: a GPU run must confirm them
-(``--steps``, ``--set curriculum_steps=...``).
+path, length 5, 4000 steps) positions 0-2 reached 98% but position 3 stayed at 9% (those probes drew
+tokens uniform over the group).
+
+Uniform tokens make the model learn the whole ``|G| x |G|`` product table; the paper's generators only
+the action of six elements.  CPU probes (A5, length 6, 1500 steps, lengths growing by one every 150 steps
+from 2, d_model 128, batch 128, one seed, ``--jobs 2``), accuracy over all positions after 1500 steps
+(1 / 2 layers, all still rising): with the paper's generators rope 0.64 / 0.80, path 0.64 / 0.84; with
+uniform tokens rope 0.27 / 0.32, path 0.29 / 0.33.  So the generators are the default.  Either way the
+curriculum and many steps are needed; the defaults below (lengths grow by one every 1000 steps) are an
+estimate from CPU probes, not yet checked at length 20: a GPU run must confirm them (``--steps``,
+``--set curriculum_steps=...``).
 
 Time on one H100 (measured): a step takes 5-10 ms at 1 layer and 15-33 ms at 4 layers (launch-bound,
 about the same at lengths 10 to 40), so ``steps`` 20000 cost about 2-3 minutes at 1 layer and 5-11
 minutes at 4 layers per run: the 64 runs of the defaults do not fit in 15 minutes (about 6 hours); run a
-slice (``--set groups=["A5"] lengths=[20] mixers=["rope","path"]``: 8 runs, about 45 minutes) or several
+slice (``--set 'groups=["A5"]' --set 'lengths=[20]' --mixers rope path``: 8 runs, about 45 minutes) or several
 sessions and merge the parts.  Since a step is launch-bound, ``--jobs K`` (:mod:`pathedu.experiments.parallel`)
 trains K runs at once in separate processes on the one GPU; what that gains is not measured yet.
 """
@@ -48,7 +57,7 @@ DEFAULTS = {
     "layers": [1, 2, 3, 4],
     "mixers": ["rope", "fox", "path", "deltanet"],
     "beta_max": {"deltanet": 2.0, "gated_deltanet": 2.0},
-    "generators": None,
+    "generators": {"A5": list(tasks.A5_PAPER_GENERATORS), "S5": ["(1 2)", "(1 2 3 4 5)"]},
     "seeds": [0],
     "d_model": 128, "n_heads": 2, "mlp_ratio": 4,
     "batch_size": 128, "steps": 20000, "lr": 1e-3, "weight_decay": 0.1, "warmup": 50, "clip": 1.0,
@@ -71,6 +80,17 @@ def curriculum_length(step: int, length: int, config: dict) -> int:
     return max(1, min(length, config.get("curriculum_start", 2) + step // every))
 
 
+def generators_for(config: dict, group: str):
+    """The generators of ``group`` under ``config["generators"]`` (a dict per group, one list for every group,
+    or None): a list of generators, or None for tokens uniform over the group."""
+    gens = config.get("generators")
+    if isinstance(gens, dict):
+        return gens.get(group)
+    if gens is None or isinstance(gens, (list, tuple)):
+        return gens
+    raise ValueError(f"`generators` must be a dict per group, a list or None, got {type(gens).__name__}")
+
+
 def run(config: dict, *, device, progress: bool = True):
     every, start = config.get("curriculum_steps") or 0, config.get("curriculum_start", 2)
     if isinstance(every, bool) or not isinstance(every, int) or every < 0:
@@ -83,8 +103,8 @@ def run(config: dict, *, device, progress: bool = True):
     for group in config["groups"]:
         G = len(tasks.group_elements(group))
         for length in config["lengths"]:
-            ev = tasks.word_problem(group, config["eval_n"], length, seed=EVAL_SEED + length,
-                                    generators=config["generators"])
+            gens = generators_for(config, group)
+            ev = tasks.word_problem(group, config["eval_n"], length, seed=EVAL_SEED + length, generators=gens)
 
             def evaluate_fn(model, ev=ev):
                 return eval_split(model, *ev, device=device, batch_size=config["eval_batch_size"])
@@ -92,10 +112,10 @@ def run(config: dict, *, device, progress: bool = True):
             for seed in config["seeds"]:
                 for mixer in config["mixers"]:
                     for n_layers in config["layers"]:
-                        def sample(step, seed=seed, length=length, group=group):
+                        def sample(step, seed=seed, length=length, group=group, gens=gens):
                             return tasks.word_problem(group, config["batch_size"],
                                                       curriculum_length(step, length, config),
-                                                      seed=data_seed(seed, step), generators=config["generators"])
+                                                      seed=data_seed(seed, step), generators=gens)
 
                         model_kwargs = dict(vocab=G, d_model=config["d_model"], n_layers=n_layers,
                                             n_heads=config["n_heads"], mlp_ratio=config["mlp_ratio"],
