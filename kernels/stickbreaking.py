@@ -16,8 +16,8 @@ the log of the stick those keys left over (``c = 0`` at the start).
 the gates: ``log A_ij = z_ij + sum_{m=j..i-1} log sigma(-z_im)``, the gates of
 ``j`` *and* every key right of it, an inclusive reverse sum.  Per tile of
 ``BLOCK_N`` keys (:func:`_stick_tile`), in base 2 (``s = z log2 e``; ``LOG2E`` is
-folded into the scale, so ``exp2`` and ``log2`` are single hardware
-instructions)::
+folded into the scale, so ``exp2`` is one hardware instruction, and ``log2`` can
+be: see **Precision**)::
 
     s      = scale log2(e) q K^T                           [BM, BN], fp32
     g      = -softplus2(s) = log2 sigma(-z)                one exp2 and one log2 per entry
@@ -42,7 +42,7 @@ below any value's resolution.)
 **Precision, and the one instruction that costs the most.**
 ``softplus2(s) = max(s, 0) + log2(1 + e)`` with ``e = 2^-|s|``.  Triton's
 ``tl.math.log2`` is an accurate library routine, many instructions long; on the
-H100 it made the kernel 1.3x slower than the same loop with the hardware's
+H100 it made the kernel about 1.25x slower than the same loop with the hardware's
 one-instruction approximation (``lg2.approx``, error about 2^-22; measured, see
 ``kernels/NOTES_flash.md``).  So 16-bit inputs on a GPU take the approximation
 (``FAST_LOG2``): its error is far below what a bf16 output keeps.  fp32 inputs
