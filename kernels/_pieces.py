@@ -38,9 +38,10 @@ LOG2E = 1.4426950408889634  # logits are kept in base 2: exp(x) = exp2(x * log2(
 @triton.jit
 def _log2_approx(x):
     """``log2`` of an fp32 tile by the GPU's one-instruction approximation (``lg2.approx.f32``, absolute error
-    about 2^-22 on [1, 2]).  ``tl.math.log2`` compiles to an accurate library routine of a dozen or more
-    instructions, which made it the largest cost of a kernel that takes one per logit (stick-breaking:
-    ``kernels/stickbreaking.py``).  PTX, so GPU only: callers choose it with a constexpr, never in the interpreter."""
+    about 2^-22 on [1, 2]).  ``tl.math.log2`` compiles to an accurate library routine, many instructions
+    long: in stick-breaking's kernel, which takes one per logit, it cost about a fifth of the time
+    (``kernels/NOTES_flash.md``).  PTX, so GPU only: callers choose it with a constexpr, never in the
+    interpreter."""
     return tl.inline_asm_elementwise("lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
 
 
