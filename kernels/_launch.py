@@ -48,6 +48,12 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def rotate_args(rotate) -> tuple[str, float]:
+    """The templates' rotation hook as launch arguments: ``(ROTATE, log2_base)`` for ``rotate`` =
+    ``(base, pairing)`` (RoPE's rotations applied as q and k are loaded), ``("none", 0.0)`` for None."""
+    return ("none", 0.0) if rotate is None else (rotate[1], math.log2(rotate[0]))
+
+
 def interpreting() -> bool:
     return triton_mode() == "interpreter"
 

@@ -42,14 +42,13 @@ validated once, at :func:`attention` (see :mod:`._launch`).
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
 from ..checks import check_scale, finite_condition, log_gate_condition, range_condition, require
-from ._launch import Flat, dot_precision, interpreting, next_pow2, per_head, per_token, prepare_qkv, wants_grad
+from ._launch import (Flat, dot_precision, interpreting, next_pow2, per_head, per_token, prepare_qkv, rotate_args,
+                      wants_grad)
 from ._pieces import (LOG2E, _first_nonfinite, _load_rotated, _load_rows, _no_nonfinite, _poison, _query_block,
                       _rope_cos_sin, _softmax_fold, _store_rows)
 
@@ -419,9 +418,8 @@ def _attention_launch(x: Flat, scale: float, bias: str = "none", bias_arg=None, 
     if x.empty_input:
         return out
     meta = dict(HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=next_pow2(n.D), BLOCK_DV=next_pow2(n.Dv),
-                BIAS=bias, PRECISION=dot_precision(x.dtype), STORE_LSE=lse is not None,
-                ROTATE="none" if rotate is None else rotate[1])
-    log2_base = 0.0 if rotate is None else math.log2(rotate[0])
+                BIAS=bias, PRECISION=dot_precision(x.dtype), STORE_LSE=lse is not None)
+    meta["ROTATE"], log2_base = rotate_args(rotate)
     args = (x.q, x.k, x.v, out, x.q if bias_arg is None else bias_arg, x.q if lse is None else lse, n.T, scale * LOG2E,
             log2_base, x.q.stride(0), x.q.stride(1), x.k.stride(0), x.k.stride(1), x.v.stride(0), x.v.stride(1),
             out.stride(0), out.stride(1))

@@ -89,14 +89,12 @@ entry point (:mod:`._launch`).
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
 from ..checks import QKV, check_positive_int, log_gate_condition, require
-from ._launch import Flat, dot_precision, interpreting, next_pow2, per_head, per_token, prepare_qkv
+from ._launch import Flat, dot_precision, interpreting, next_pow2, per_head, per_token, prepare_qkv, rotate_args
 from ._pieces import _dot, _load_rotated, _load_rows, _rope_cos_sin, _store_rows
 
 __all__ = ["chunked_linear_attention", "gated_linear_attention", "CHANNEL_CHUNK"]
@@ -321,12 +319,12 @@ def _linear_launch(x: Flat, gate: str, log_f3=None, *, chunk: int = 64, prep=Non
     block_d = next_pow2(n.D)
     block_dv = min(next_pow2(n.Dv), 64)
     grid = (triton.cdiv(n.Dv, block_dv), x.BH)
-    _linear_fwd[grid](q3, k3, x.v, out, x.q if log_f3 is None else log_f3, ad, gm, n.T,
-                      0.0 if rotate is None else math.log2(rotate[0]),
+    rotate_hook, log2_base = rotate_args(rotate)
+    _linear_fwd[grid](q3, k3, x.v, out, x.q if log_f3 is None else log_f3, ad, gm, n.T, log2_base,
                       q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), x.v.stride(0), x.v.stride(1),
                       out.stride(0), out.stride(1), ad.stride(0), ad.stride(1), gm.stride(0), gm.stride(1),
                       HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=block_d, BLOCK_DV=block_dv,
                       CHUNK=chunk, GATE=transition, DECAY=decay, PRECISION=precision, BLOCK_DC=min(block_d, 32),
-                      ROTATE="none" if rotate is None else rotate[1],
+                      ROTATE=rotate_hook,
                       num_warps=4, num_stages=1 if interpreting() else 2)
     return out

@@ -316,7 +316,7 @@ def _as_lead(t, n, last=()):
     return t[:, : n.T].reshape(tuple(n.lead) + (n.T,) + tuple(last))
 
 
-def _path_chunk_kernels(q_, k_, v_, w_, beta_, scale):
+def _path_chunk_kernels(q, k, v, w_, beta_, scale):
     """This rank's PaTH chunk through the kernels: ``(out, lse, q_tilde, k_tilde, N)``.
 
     ``out (..., T, Dv)`` and its natural-log log-sum-exp ``(..., T)``: the causal in-chunk attention (the
@@ -330,7 +330,7 @@ def _path_chunk_kernels(q_, k_, v_, w_, beta_, scale):
     from .kernels.path_attention import _path_launch, _prepare
     from .kernels.ut_prepare import check_block
 
-    x = prepare_qkv(q_, k_, v_)
+    x = prepare_qkv(q, k, v)
     n = x.n
     w3, beta3 = per_token(w_, "w", x, extra=(n.D,)), per_token(beta_, "beta", x)
     block = check_block(None, n.D)
@@ -348,22 +348,22 @@ def _path_chunk_kernels(q_, k_, v_, w_, beta_, scale):
     for J in range(blocks - 1, -1, -1):  # keys: the transitions of the blocks after theirs
         k_t[:, J * block:(J + 1) * block] = k_loc[:, J * block:(J + 1) * block] @ S
         S = (eye + g[:, J]).transpose(-1, -2) @ S
-    return (out.reshape(tuple(n.lead) + (n.T, n.Dv)), (lse * math.log(2)).reshape(tuple(n.lead) + (n.T,)),
-            _as_lead(q_t, n, (n.D,)), _as_lead(k_t, n, (n.D,)), N)
+    return (_as_lead(out, n, (n.Dv,)), _as_lead(lse * math.log(2), n), _as_lead(q_t, n, (n.D,)),
+            _as_lead(k_t, n, (n.D,)), N)
 
 
-def _fox_chunk_kernels(q_, k_, v_, g, scale):
+def _fox_chunk_kernels(q, k, v, g, scale):
     """This rank's FoX chunk through the FlashAttention kernel (``"loggate"`` hook): ``(out, lse)``, the causal
     in-chunk attention ``(..., T, Dv)`` and its natural-log log-sum-exp ``(..., T)``."""
     from .kernels._launch import per_token, prepare_qkv
     from .kernels.flash_attention import _attention_launch
 
-    x = prepare_qkv(q_, k_, v_)
+    x = prepare_qkv(q, k, v)
     n = x.n
     c = torch.cumsum(per_token(g, "log_f", x), dim=-1)  # (BH, T) fp32
     lse = torch.empty(x.BH, n.T, dtype=torch.float32, device=x.device)
     out = _attention_launch(x, scale, "loggate", c, lse=lse)
-    return out.reshape(tuple(n.lead) + (n.T, n.Dv)), (lse * math.log(2)).reshape(tuple(n.lead) + (n.T,))
+    return _as_lead(out, n, (n.Dv,)), _as_lead(lse * math.log(2), n)
 
 
 # ---------------------------------------------------------------------------
@@ -389,8 +389,9 @@ def context_parallel_path(q, k, v, w, beta, *, scale=None, group=None, local="au
 
     ``local``: how a rank computes its own chunk.  ``"kernel"``: the Triton kernels (the PaTH kernel for the
     causal in-chunk attention, its preparation pass's per-block transitions for carrying queries and keys
-    across the chunk: O(T D^2) beside the attention, no ``T x T`` matrix; D and Dv in 16..128, float32 working
-    dtype).  ``"matrix"``: PyTorch on the whole chunk as one UT block (any D, float64 too; ``T x T`` memory).
+    across the chunk: O(T D^2) beside the attention, no ``T x T`` matrix; D and Dv in 16..128, fp16, bf16 or
+    fp32 inputs, which the kernels take in their own dtype; blocks travel in float32).  ``"matrix"``: PyTorch
+    on the whole chunk as one UT block (any D, float64 too; ``T x T`` memory).
     ``"auto"``: the kernels for CUDA tensors that fit them.  Received blocks are folded by matrix products,
     a tile of query rows at a time.
     """
@@ -411,7 +412,8 @@ def context_parallel_path(q, k, v, w, beta, *, scale=None, group=None, local="au
     if T > 0 and kernels:  # the kernels take q, k, v in their own dtype (16-bit: tensor-core products)
         out, lse, q_tilde, k_tilde, N = _path_chunk_kernels(q, k, v, w_, beta_, scale)
         own = torch.cat([k_tilde, v_], dim=-1)
-        chunk_map = lambda keys: (keys.reshape(N.shape[0], -1, D) @ N.transpose(-1, -2)).reshape(keys.shape)  # noqa: E731
+        def chunk_map(keys):  # k <- k P_r, P_r = N^T
+            return (keys.reshape(N.shape[0], -1, D) @ N.transpose(-1, -2)).reshape(keys.shape)
     elif T > 0:
         A, intra, q_tilde, k_tilde = _block_factors(q_, k_, w_, beta_)
         own = torch.cat([k_tilde, v_], dim=-1)
@@ -462,7 +464,7 @@ def context_parallel_fox(q, k, v, log_f, *, scale=None, group=None, local="auto"
     agree across ranks (else ``ValueError`` on every rank); no process group: ``RuntimeError``.
 
     ``local``: ``"kernel"`` (the FlashAttention kernel with its log-gate hook for the in-chunk attention; D and
-    Dv in 16..128, float32 working dtype), ``"matrix"`` (PyTorch, ``T x T`` logits) or ``"auto"`` (the kernel
+    Dv in 16..128, fp16, bf16 or fp32 inputs), ``"matrix"`` (PyTorch, ``T x T`` logits) or ``"auto"`` (the kernel
     for CUDA tensors that fit it), as :func:`context_parallel_path`.
     """
     def validate():

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -103,8 +104,6 @@ def main(argv=None) -> int:
     if cuda and not torch.cuda.is_available():
         print("python -m pathedu.bench.cp needs CUDA GPUs (or --device cpu for a smoke test)", file=sys.stderr)
         return 2
-    import os
-
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group("nccl" if cuda else "gloo")
@@ -145,10 +144,11 @@ def main(argv=None) -> int:
             dist.broadcast(fits, src=0)
             err = None
             if fits.item():
-                want = ref[..., rank * T // R:(rank + 1) * T // R, :].contiguous() if rank == 0 else torch.empty_like(out)
+                rows_of = lambda r: slice(r * T // R, (r + 1) * T // R)  # noqa: E731
+                want = ref[..., rows_of(0), :].contiguous() if rank == 0 else torch.empty_like(out)
                 if rank == 0:
                     for r in range(1, R):
-                        dist.send(ref[..., r * T // R:(r + 1) * T // R, :].contiguous(), dst=r)
+                        dist.send(ref[..., rows_of(r), :].contiguous(), dst=r)
                 else:
                     dist.recv(want, src=0)
                 e = torch.tensor([rel_rms(out.float(), want.float())], dtype=torch.float64, device=device)
