@@ -190,6 +190,28 @@ def test_parallel_runs_match_one_process_and_keep_its_order(tmp_path):
         run_parallel("word_problem", config, jobs=0, device="cpu", out=False)
 
 
+def test_parallel_parts_stay_in_a_workdir_and_merge(tmp_path):
+    """With ``--workdir`` each process's part (rewritten after every run) stays on disk, and the parts merge
+    into the same runs as the record; a folder that already holds parts is refused."""
+    from pathedu.experiments.merge import main as merge_main
+
+    work, out = tmp_path / "parts", tmp_path / "mq.json"
+    assert experiments_main(["mqrar", "--tiny", "--no-progress", "--jobs", "2", "--workdir", str(work),
+                             "--out", str(out)]) == 0
+    parts = sorted(work.glob("part*.json"))
+    assert len(parts) == 2 and all(len(json.loads(p.read_text())["runs"]) == 2 for p in parts)
+    assert merge_main([str(tmp_path / "merged.json"), *map(str, parts)]) == 0
+    merged, whole = (json.loads((tmp_path / n).read_text()) for n in ("merged.json", "mq.json"))
+    key = lambda r: (r["n_back"], r["mixer"])  # noqa: E731
+    assert sorted(map(key, merged["runs"])) == sorted(map(key, whole["runs"]))
+    with pytest.raises(ValueError, match="`workdir`"):
+        from pathedu.experiments import make_config
+        from pathedu.experiments.parallel import run_parallel
+        run_parallel("mqrar", make_config("mqrar", tiny=True), jobs=2, device="cpu", out=False, workdir=work)
+    with pytest.raises(SystemExit):
+        experiments_main(["mqrar", "--tiny", "--workdir", str(tmp_path / "w")])
+
+
 def test_parallel_reports_a_failing_process():
     from pathedu.experiments import make_config
     from pathedu.experiments.parallel import run_parallel

@@ -1,5 +1,5 @@
 """``python -m pathedu.experiments NAME [--mixers ...] [--steps N] [--seeds ...] [--device DEV] [--out FILE]
-[--tiny] [--set KEY=JSON ...] [--jobs K] [--no-progress]``: see :mod:`pathedu.experiments`."""
+[--tiny] [--set KEY=JSON ...] [--jobs K [--workdir DIR]] [--no-progress]``: see :mod:`pathedu.experiments`."""
 from __future__ import annotations
 
 import argparse
@@ -38,6 +38,8 @@ def main(argv=None) -> int:
     p.add_argument("--set", action="append", metavar="KEY=JSON", help="override any setting, e.g. --set lengths=[10,20]")
     p.add_argument("--jobs", type=int, default=1,
                    help="train the runs in this many processes at once, on one device (default 1)")
+    p.add_argument("--workdir", help="with --jobs: keep each process's part (rewritten after every run) in this "
+                                      "folder, so that a series cut short keeps its finished runs")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     p.add_argument("--show-config", action="store_true", help="print the configuration and exit")
     args = p.parse_args(argv)
@@ -57,11 +59,13 @@ def main(argv=None) -> int:
     command = "python -m pathedu.experiments " + " ".join(shlex.quote(a) for a in argv)
     if args.jobs < 1:
         p.error(f"--jobs must be at least 1, got {args.jobs}")
+    if args.workdir is not None and args.jobs < 2:
+        p.error("--workdir goes with --jobs K (K >= 2)")
     if args.jobs > 1:
         from .parallel import run_parallel
 
         record = run_parallel(args.name, config, jobs=args.jobs, device=args.device, out=args.out,
-                              progress=not args.no_progress, command=command)
+                              progress=not args.no_progress, command=command, workdir=args.workdir)
     else:
         record = run_experiment(args.name, config=config, device=args.device, out=args.out,
                                 progress=not args.no_progress, command=command)

@@ -11,6 +11,11 @@ word-problem model takes 5-10 ms at one layer, about the same at lengths 10 to 4
 so their kernels can fill each other's gaps.  How much that gains on a given machine is measured, not
 assumed: the record keeps ``parallel = {"jobs", "elapsed_s"}`` beside the sum of the groups' own wall times.
 
+Each process rewrites its part (``part<i>.json``: the runs it has finished, with its command, commit and
+device) after every run.  With ``workdir`` (``--workdir DIR``) the parts stay in that folder, so a series cut
+short (a time limit, a lost machine) keeps every finished run: ``python -m pathedu.experiments.merge OUT
+DIR/part*.json`` makes a record of them.
+
 Every run seeds itself (:func:`pathedu.experiments._common.train_run`), so a run's result does not depend
 on which process trained it or what ran beside it (up to the GPU's own run-to-run differences in floating
 point).  Each process gets ``cores // K`` CPU threads.
@@ -22,6 +27,7 @@ of those lists, in the module's loop order.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -49,13 +55,14 @@ def _narrow(config: dict, point: dict) -> dict:
 
 
 def run_parallel(name: str, config: dict, *, jobs: int, device=None, out=None, command: str | None = None,
-                 progress: bool = True) -> dict:
+                 progress: bool = True, workdir=None) -> dict:
     """Run experiment ``name`` with ``config`` in ``jobs`` processes (see the module's text) and return the
     merged record, written to ``out`` (default :func:`pathedu.experiments.default_out`; ``False``: not written).
 
     ``device``: every process's device (default: CUDA when available).  The record is what
     :func:`pathedu.experiments.run_experiment` would write, with ``runs`` in the single-process order,
-    ``parts`` (each process's command, commit, device and wall time) and ``parallel``."""
+    ``parts`` (each process's command, commit, device and wall time) and ``parallel``.  ``workdir``: a folder
+    that keeps the processes' parts, logs and specs (default: a temporary one, removed at the end)."""
     from tqdm.auto import tqdm
 
     from . import get_module, merge_records, write_record
@@ -70,7 +77,12 @@ def run_parallel(name: str, config: dict, *, jobs: int, device=None, out=None, c
     threads = max(1, (os.cpu_count() or 1) // len(groups))
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix=f"pathedu_{name}_") as tmp:
+    if workdir is not None:
+        Path(workdir).mkdir(parents=True, exist_ok=True)
+        if any(Path(workdir).glob("part*.json")):
+            raise ValueError(f"`workdir` {str(workdir)!r} already holds parts of a series: use an empty folder")
+    with (contextlib.nullcontext(str(workdir)) if workdir is not None
+          else tempfile.TemporaryDirectory(prefix=f"pathedu_{name}_")) as tmp:
         tmp = Path(tmp)
         procs = []
         for i, group in enumerate(groups):
@@ -112,7 +124,7 @@ def _count_done(tmp: Path, n: int) -> int:
 
 
 def _worker(spec_path: str) -> int:
-    """One process of :func:`run_parallel`: train its runs one by one, then write their record."""
+    """One process of :func:`run_parallel`: train its runs one by one, rewriting its record after each."""
     import torch
 
     from . import get_module, metadata
@@ -121,15 +133,17 @@ def _worker(spec_path: str) -> int:
     mod, config = get_module(spec["name"]), spec["config"]
     device = torch.device(spec["device"] or ("cuda" if torch.cuda.is_available() else "cpu"))
     start = time.perf_counter()
-    runs = []
+    runs, done = [], []
     for point in spec["points"]:
         runs.extend(mod.run(_narrow(config, point), device=device, progress=False)[0])
+        done.append(point)
+        # The settings of the runs finished so far, so that a part cut short merges as it stands.
+        narrowed = {**config, **{k: list(dict.fromkeys(p[k] for p in done)) for k in mod.GRID}}
+        record = {"experiment": spec["name"], **metadata(device), "command": spec["command"], "config": narrowed,
+                  "wall_time_s": time.perf_counter() - start, "runs": runs, "summary": None}
+        Path(spec["out"]).write_text(json.dumps(record, allow_nan=True))
         with open(spec["done"], "a") as f:
             f.write(json.dumps(point) + "\n")
-    narrowed = {**config, **{k: list(dict.fromkeys(p[k] for p in spec["points"])) for k in mod.GRID}}
-    record = {"experiment": spec["name"], **metadata(device), "command": spec["command"], "config": narrowed,
-              "wall_time_s": time.perf_counter() - start, "runs": runs, "summary": None}
-    Path(spec["out"]).write_text(json.dumps(record, allow_nan=True))
     return 0
 
 
