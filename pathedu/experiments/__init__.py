@@ -168,7 +168,8 @@ def merge_records(records: list[dict]) -> dict:
     for key in varying:
         config[key] = list(dict.fromkeys(x for r in records for x in r["config"][key]))
     runs = [run for r in records for run in r["runs"]]
-    keep = ("command", "commit", "dirty", "device", "device_type", "triton_mode", "versions", "wall_time_s")
+    keep = ("command", "commit", "dirty", "device", "device_type", "triton_mode", "versions", "wall_time_s",
+            "parallel")
     parts = [{k: r.get(k) for k in keep} for r in records]
     commits = sorted({p["commit"] for p in parts})
     devices = sorted({p["device"] for p in parts})

@@ -8,10 +8,16 @@ assignment (:func:`pathedu.tasks.mqrar`); accuracy is over those positions of fr
 Our sizes: 480 value ids (``vocab = 512``), batch 32, 2000 steps, lr 1e-3, one seed by default.
 
 Time on one H100 (measured, bf16 autocast, Triton forms; ``python -m pathedu.experiments.timing mqrar``):
-a step takes 13 ms (rope), 9 ms (fox), 25 ms (path), 27 ms (pathfox), 16 ms (linear, matrix form);
-16 runs x 2000 steps = about 10 minutes, plus about 30 s of Triton compilation/autotuning per mixer and
-the evaluations: about 13 minutes.  A 400-step check (N = 2) was still learning: accuracy 5.0% for path,
-1.5% for rope; whether 2000 steps are enough has not been measured.
+a step takes 12-13 ms (rope), 9 ms (fox), 25 ms (path), 27 ms (pathfox), 16 ms (linear, matrix form) alone.
+The defaults with ``--jobs 8`` (16 runs, two per process) took 9 minutes at commit a1bbd2b; the record is
+``pathedu/data/exp_mqrar.json``.  On a T4 expect several times longer (not measured).
+
+What the committed runs show (chapter 8): FoX and PaTH-FoX recall at N = 1 and 2 and nothing at N = 3 and 4;
+RoPE learns nothing at any N in 2000 steps; PaTH learns N = 1, but at N = 2 every seed (0, 1, 2) first rises
+and then collapses while its gradient norm grows (clipped at 1).  Two runs of seed 0 beside them
+(``exp_mqrar_path_N2_lr3e-4.json``: lr 3e-4; ``exp_mqrar_path_N2_matrix.json``: the PyTorch matrix form
+instead of the Triton kernels) did not collapse in 2000 steps; which of the learning rate, the kernels or
+chance explains it is not settled (one seed each).
 The default mixers are the softmax side (rope, fox, path, pathfox); the linear duals at the same
 size, the price of a fixed-size state, are a second command:
 ``python -m pathedu.experiments mqrar --mixers linear gla deltanet gated_deltanet --out ...``.

@@ -212,8 +212,8 @@ def plot_flipflop_history(record: dict, splits=SPLITS, fig=None):
 # ---------------------------------------------------------------------------
 
 def plot_word_problem(record: dict, fig=None):
-    """Word problems: for each group, the accuracy (mean over seeds, %) against the number of layers, one
-    line per mixer and line style per length.  Returns the figure."""
+    """Word problems: for each group, the accuracy (%) against the number of layers: every run a dot, the mean
+    over the seeds that ran a line, one colour per mixer and line style per length.  Returns the figure."""
     import matplotlib.pyplot as plt
 
     record = _check_record(record, "word_problem")
@@ -230,8 +230,13 @@ def plot_word_problem(record: dict, fig=None):
                 acc = [entry["accuracy_by_layers"][d]["mean"] for d in depth]
                 pts = [(int(d), 100 * a) for d, a in zip(depth, acc) if a is not None]
                 if pts:
-                    ax.plot(*zip(*pts), styles[li % len(styles)], marker="o", ms=3, color=_color(mixer),
-                            label=f"{label(mixer)}, length {length}")
+                    ax.plot(*zip(*pts), styles[li % len(styles)], color=_color(mixer), lw=1.2,
+                            label=f"{label(mixer)}, length {length} (mean)")
+                runs = [r for r in record["runs"] if r["group"] == group and r["mixer"] == mixer
+                        and str(r["length"]) == str(length) and r["final"].get(metric) is not None]
+                if runs:
+                    ax.plot([r["n_layers"] for r in runs], [100 * r["final"][metric] for r in runs], "o", ms=3.5,
+                            color=_color(mixer), alpha=0.7)
         ax.axhline(100 * record["summary"]["threshold"], color="k", lw=0.8, alpha=0.5)
         ax.set_title(group, fontsize=10)
         ax.set_xlabel("layers")
@@ -243,7 +248,8 @@ def plot_word_problem(record: dict, fig=None):
 
 
 def plot_mqrar(record: dict, ax=None):
-    """MQRAR-N: accuracy (mean over seeds, %) against N, one line per mixer.  Returns the figure."""
+    """MQRAR-N: accuracy (%) against N: every run a dot, the mean over seeds a line, one colour per mixer
+    (the dots are spread a little sideways so that mixers do not hide each other).  Returns the figure."""
     import matplotlib.pyplot as plt
 
     record = _check_record(record, "mqrar")
@@ -251,10 +257,16 @@ def plot_mqrar(record: dict, ax=None):
         fig, ax = plt.subplots(figsize=(5.0, 3.0))
     else:
         fig = ax.figure
-    for mixer, by_n in record["summary"]["accuracy"].items():
-        pts = [(int(n), 100 * s["mean"]) for n, s in by_n.items() if s["mean"] is not None]
+    mixers = list(record["summary"]["accuracy"])
+    for i, (mixer, by_n) in enumerate(record["summary"]["accuracy"].items()):
+        dx = 0.06 * (i - (len(mixers) - 1) / 2)
+        pts = [(int(n) + dx, 100 * s["mean"]) for n, s in by_n.items() if s["mean"] is not None]
         if pts:
-            ax.plot(*zip(*sorted(pts)), "o-", color=_color(mixer), label=label(mixer))
+            ax.plot(*zip(*sorted(pts)), "-", color=_color(mixer), label=f"{label(mixer)} (mean)")
+        runs = [r for r in record["runs"] if r["mixer"] == mixer and r["final"].get("accuracy") is not None]
+        ax.plot([r["n_back"] + dx for r in runs], [100 * r["final"]["accuracy"] for r in runs], "o", ms=3.5,
+                color=_color(mixer), alpha=0.7)
+    ax.set_xticks(sorted({int(n) for by_n in record["summary"]["accuracy"].values() for n in by_n}))
     ax.set_xlabel("N (the N-th most recent assignment)")
     ax.set_ylabel("accuracy (%)")
     ax.set_ylim(0, 105)

@@ -10,9 +10,12 @@ every position of fresh words of the same length, ``last_accuracy`` over the las
 The summary gives, for each group, mixer, seed and length, the smallest depth whose ``metric``
 reaches ``threshold`` (``None``: no depth tried did).
 
-Our sizes (the paper's Fig. 2 does not give them all): d_model 128, 2 heads, batch 128, lr 1e-3;
-deltanet with ``beta`` in (0, 2) (``beta_max``); one seed by default (every run is a full training run:
-2 groups x 2 lengths x 4 depths x 4 mixers = 64 runs).
+Our sizes (the paper's Fig. 2 does not give them all): d_model 128, 2 heads, batch 128, lr 1e-3,
+10000 steps; deltanet with ``beta`` in (0, 2) (``beta_max``).  The defaults are the slice committed in
+``pathedu/data/exp_word_problem.json``: A5 at length 20 (the length of the paper's claim), rope and path,
+1-4 layers, one seed: 8 runs.  The issue's whole grid (A5 and S5, lengths 10 and 20, rope, fox, path and
+deltanet, several seeds) is ``--set 'groups=["A5","S5"]' --set 'lengths=[10,20]' --mixers rope fox path
+deltanet --seeds 0 1 2``: 96 runs, about 8 x 12 device calls of the size below.
 
 **Curriculum over lengths** (``curriculum_steps``; 0 switches it off): training step ``s`` uses words
 of length ``min(length, curriculum_start + s // curriculum_steps)``; evaluation is always at
@@ -32,16 +35,18 @@ the action of six elements.  CPU probes (A5, length 6, 1500 steps, lengths growi
 from 2, d_model 128, batch 128, one seed, ``--jobs 2``), accuracy over all positions after 1500 steps
 (1 / 2 layers, all still rising): with the paper's generators rope 0.64 / 0.80, path 0.64 / 0.84; with
 uniform tokens rope 0.27 / 0.32, path 0.29 / 0.33.  So the generators are the default.  Either way the
-curriculum and many steps are needed; the defaults below (lengths grow by one every 1000 steps) are an
-estimate from CPU probes, not yet checked at length 20: a GPU run must confirm them (``--steps``,
-``--set curriculum_steps=...``).
+curriculum and many steps are needed.  The defaults (lengths grow by one every 400 steps, so words reach
+length 20 at step 7200 of 10000) were chosen so that the slice fits in one 10-minute device call, not tuned.
 
-Time on one H100 (measured): a step takes 5-10 ms at 1 layer and 15-33 ms at 4 layers (launch-bound,
-about the same at lengths 10 to 40), so ``steps`` 20000 cost about 2-3 minutes at 1 layer and 5-11
-minutes at 4 layers per run: the 64 runs of the defaults do not fit in 15 minutes (about 6 hours); run a
-slice (``--set 'groups=["A5"]' --set 'lengths=[20]' --mixers rope path``: 8 runs, about 45 minutes) or several
-sessions and merge the parts.  Since a step is launch-bound, ``--jobs K`` (:mod:`pathedu.experiments.parallel`)
-trains K runs at once in separate processes on the one GPU; what that gains is not measured yet.
+Time on one H100 (measured, commit a1bbd2b): alone, a step takes 6-9 ms at 1 layer and 19-29 ms at 4 layers
+(launch-bound, about the same at lengths 10 to 40; ``python -m pathedu.experiments.timing word_problem``); eight
+4-layer PaTH models trained at once in eight processes took 43-51 ms a step each, about five times the
+throughput of one.  The defaults with ``--jobs 8`` (one run per process) took 9 minutes (the slowest run, path
+at 4 layers, 515 s).  So: ``python -m pathedu.experiments word_problem --jobs
+8``.  On a T4 expect several times longer (not measured).
+
+What the committed runs show (chapter 8): at the last evaluation every run was still improving, so the number
+of layers that reach 90% is a statement about this budget, not about the mechanisms' limits.
 """
 from __future__ import annotations
 
@@ -52,16 +57,16 @@ from ._common import EVAL_SEED, data_seed, eval_split, stats, train_run
 GRID = {"groups": "group", "lengths": "length", "seeds": "seed", "mixers": "mixer", "layers": "n_layers"}
 
 DEFAULTS = {
-    "groups": ["A5", "S5"],
-    "lengths": [10, 20],
+    "groups": ["A5"],
+    "lengths": [20],
     "layers": [1, 2, 3, 4],
-    "mixers": ["rope", "fox", "path", "deltanet"],
+    "mixers": ["rope", "path"],
     "beta_max": {"deltanet": 2.0, "gated_deltanet": 2.0},
     "generators": {"A5": list(tasks.A5_PAPER_GENERATORS), "S5": ["(1 2)", "(1 2 3 4 5)"]},
     "seeds": [0],
     "d_model": 128, "n_heads": 2, "mlp_ratio": 4,
-    "batch_size": 128, "steps": 20000, "lr": 1e-3, "weight_decay": 0.1, "warmup": 50, "clip": 1.0,
-    "curriculum_start": 2, "curriculum_steps": 1000,
+    "batch_size": 128, "steps": 10000, "lr": 1e-3, "weight_decay": 0.1, "warmup": 50, "clip": 1.0,
+    "curriculum_start": 2, "curriculum_steps": 400,
     "eval_n": 512, "eval_batch_size": 512, "eval_every": 1000, "log_every": 10,
     "threshold": 0.9, "metric": "accuracy",
     "form": "auto",
