@@ -113,8 +113,10 @@ def test_defaults_are_the_papers_settings(name):
     if name == "flipflop":
         assert (c["n_layers"], c["n_heads"], c["d_model"], c["length"], c["p_ignore"]) == (1, 2, 64, 512, 0.8)
     elif name == "word_problem":
-        assert set(c["groups"]) == {"A5", "S5"} and c["layers"] == [1, 2, 3, 4]
-        assert c["beta_max"]["deltanet"] == 2.0
+        # The defaults are the committed slice: the paper's claim (A5 at length 20), depths 1-4.
+        assert c["groups"] == ["A5"] and c["lengths"] == [20] and c["layers"] == [1, 2, 3, 4]
+        assert {"rope", "path"} <= set(c["mixers"]) and c["beta_max"]["deltanet"] == 2.0
+        assert c["curriculum_start"] + (c["steps"] - 1) // c["curriculum_steps"] >= 20  # full length is reached
     else:
         assert (c["n_layers"], c["d_model"], c["n_heads"], c["n_keys"], c["length"], c["n_backs"]) == \
             (2, 256, 2, 32, 768, [1, 2, 3, 4])

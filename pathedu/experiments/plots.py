@@ -276,6 +276,38 @@ def plot_mqrar(record: dict, ax=None):
     return fig
 
 
+def plot_histories(runs: list, keys=("loss", "grad_norm"), fig=None, smooth: int = 10):
+    """Training curves of several runs side by side: one panel per history key (``loss``, ``grad_norm``,
+    ``lr``), one line per ``(label, run)`` in ``runs``; a running mean over ``smooth`` logged points (the
+    history is logged every ``log_every`` steps).  Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    if not runs:
+        raise ValueError("`runs` is empty: nothing to plot")
+    if fig is None:
+        fig = plt.figure(figsize=(MAX_WIDTH_IN, 2.8))
+    axes = fig.subplots(1, len(keys), squeeze=False)[0]
+    for ax, key in zip(axes, keys):
+        for lab, run in runs:
+            h = run["history"]
+            if key not in h:
+                raise ValueError(f"a run's history has no {key!r}; it has {', '.join(h)}")
+            y, w = [float(v) for v in h[key]], max(1, min(smooth, len(h[key])))
+            csum = [0.0]
+            for v in y:
+                csum.append(csum[-1] + v)
+            mean = [(csum[i + w] - csum[i]) / w for i in range(len(y) - w + 1)]
+            ax.plot(h["step"][w - 1:], mean, lw=1, label=lab)
+        ax.set_xlabel("step")
+        ax.set_ylabel(key.replace("_", " ") + (" (log scale)" if key == "grad_norm" else ""))
+        if key == "grad_norm":
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
 # ---------------------------------------------------------------------------
 # What a record holds
 # ---------------------------------------------------------------------------
