@@ -168,6 +168,17 @@ def test_flipflop_runs_record_what_the_gates_learnt():
     assert 0 < path_run["probe"][0]["beta"]["mean"] < 2 and rope_run["probe"] == [{}]
 
 
+def test_mqrar_runs_probe_beta_and_amp_is_a_setting():
+    """MQRAR records what PaTH's beta does (as flip-flop does); ``amp`` is a setting, validated by name."""
+    from pathedu.experiments import make_config, run_experiment
+
+    cfg = make_config("mqrar", tiny=True, mixers=["path"], n_backs=[2], amp=False)
+    (run,) = run_experiment("mqrar", config=cfg, device="cpu", out=False, progress=False)["runs"]
+    assert set(run["probe"][0]["beta"]) == {"mean", "above_1", "above_1.9"} and len(run["probe"]) == cfg["n_layers"]
+    with pytest.raises(ValueError, match="`amp`"):
+        run_experiment("mqrar", config={**cfg, "amp": "yes"}, device="cpu", out=False, progress=False)
+
+
 def test_parallel_runs_match_one_process_and_keep_its_order(tmp_path):
     """--jobs 3 on the CPU: the same runs, in the single process's order, with the same results (every run
     seeds itself); the record says how many processes ran and keeps each one's command."""

@@ -37,6 +37,7 @@ DEFAULTS = {
     "batch_size": 32, "steps": 3000, "lr": 1e-3, "weight_decay": 0.1, "warmup": 300, "clip": 1.0,
     "eval_n": 512, "eval_batch_size": 128, "eval_every": 1000, "log_every": 10,
     "form": "auto",
+    "amp": None,  # bf16 autocast: None = on CUDA only; false = fp32 throughout (e.g. to rule out rounding)
     "w_conv": 0,  # PaTH's short convolution on w (filter size; 0: none), for path and pathfox only
 }
 TINY = {"seeds": [0], "d_model": 32, "length": 32, "batch_size": 4, "steps": 4, "warmup": 1, "eval_n": 8,

@@ -25,7 +25,7 @@ size, the price of a fixed-size state, are a second command:
 from __future__ import annotations
 
 from .. import tasks
-from ._common import EVAL_SEED, data_seed, eval_split, stats, train_run
+from ._common import EVAL_SEED, beta_probe, data_seed, eval_split, stats, train_run
 
 # The runs: the product of these settings, in run()'s loop order (setting -> field of a run's record).
 GRID = {"n_backs": "n_back", "seeds": "seed", "mixers": "mixer"}
@@ -40,6 +40,7 @@ DEFAULTS = {
     "batch_size": 32, "steps": 2000, "lr": 1e-3, "weight_decay": 0.1, "warmup": 200, "clip": 1.0,
     "eval_n": 256, "eval_batch_size": 64, "eval_every": 500, "log_every": 10,
     "form": "auto",
+    "amp": None,  # bf16 autocast: None = on CUDA only; false = fp32 throughout (e.g. to rule out rounding)
 }
 TINY = {"mixers": ["rope", "path"], "n_backs": [1, 2], "d_model": 32, "n_keys": 4, "vocab": 16, "length": 32,
         "batch_size": 4, "steps": 3, "warmup": 1, "eval_n": 8, "eval_batch_size": 8, "eval_every": 2,
@@ -55,6 +56,9 @@ def run(config: dict, *, device, progress: bool = True):
         def evaluate_fn(model, ev=ev):
             return eval_split(model, *ev, device=device, batch_size=config["eval_batch_size"])
 
+        # What the trained model does with its per-token quantities (PaTH's beta, the forget gates).
+        probe = beta_probe(ev[0][:config["eval_batch_size"]], device)
+
         for seed in config["seeds"]:
             for mixer in config["mixers"]:
                 def sample(step, seed=seed, n_back=n_back):
@@ -65,7 +69,8 @@ def run(config: dict, *, device, progress: bool = True):
                                     n_heads=config["n_heads"], mlp_ratio=config["mlp_ratio"], form=config["form"],
                                     beta_max=config["beta_max"].get(mixer))
                 r = train_run(mixer, seed, model_kwargs=model_kwargs, sample=sample, evaluate_fn=evaluate_fn,
-                              config=config, device=device, progress=progress, desc=f"mqrar N{n_back} {mixer} s{seed}")
+                              probe=probe, config=config, device=device, progress=progress,
+                              desc=f"mqrar N{n_back} {mixer} s{seed}")
                 runs.append({"n_back": n_back, "seed": seed, "mixer": mixer, **r})
     return runs, summarize(runs, config)
 

@@ -70,6 +70,7 @@ DEFAULTS = {
     "eval_n": 512, "eval_batch_size": 512, "eval_every": 1000, "log_every": 10,
     "threshold": 0.9, "metric": "accuracy",
     "form": "auto",
+    "amp": None,  # bf16 autocast: None = on CUDA only; false = fp32 throughout (e.g. to rule out rounding)
 }
 TINY = {"groups": ["S3"], "lengths": [6], "layers": [1, 2], "mixers": ["rope", "path"], "d_model": 32,
         "batch_size": 4, "steps": 3, "warmup": 1, "curriculum_steps": 1, "eval_n": 8, "eval_batch_size": 8,
