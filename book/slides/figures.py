@@ -186,5 +186,35 @@ def ch07_six(out) -> None:
     _save(fig, out)
 
 
+def ch08_word_problem(out) -> None:
+    """A5 at length 20 from the committed GPU record: accuracy against depth, every run a dot."""
+    from pathedu.experiments import plots
+
+    record = plots.load("word_problem")
+    assert record is not None and record["device_type"] == "cuda"  # the committed GPU runs, not a tiny one
+    least = {m: e["20"]["min_layers_by_seed"] for m, e in record["summary"]["groups"]["A5"].items()}
+    assert least == {"rope": {"0": None, "1": None}, "path": {"0": 3, "1": None}}  # the slide's bullets
+    fig = plt.figure(figsize=(8, 3.6))
+    plots.plot_word_problem(record, fig=fig)
+    _save(fig, out)
+
+
+def ch08_mqrar(out) -> None:
+    """MQRAR-N from the committed GPU record: accuracy against N, every run a dot."""
+    from pathedu.experiments import plots
+
+    record = plots.load("mqrar")
+    assert record is not None and record["device_type"] == "cuda"
+    acc = {}
+    for r in record["runs"]:
+        acc.setdefault((r["mixer"], r["n_back"]), []).append(r["final"]["accuracy"])
+    assert min(acc["fox", 1] + acc["pathfox", 1] + acc["pathfox", 2]) > 0.95 and acc["fox", 2][0] > 0.85
+    assert max(acc["rope", 1] + acc["rope", 2]) < 0.1 and max(acc["path", 2]) < 0.2 and len(acc["path", 2]) == 3
+    assert max(a for (m, n), v in acc.items() if n >= 3 for a in v) < 0.1  # the slide's bullets
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    plots.plot_mqrar(record, ax=ax)
+    _save(fig, out)
+
+
 FIGURES = {f.__name__: f for f in (ch01_decay, ch02_decay, ch03_gates, ch04_kernel, ch05_rectangle,
-                                    ch06_split, ch07_six)}
+                                    ch06_split, ch07_six, ch08_word_problem, ch08_mqrar)}
