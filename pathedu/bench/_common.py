@@ -11,12 +11,12 @@
 from __future__ import annotations
 
 import datetime
-import os
 import platform
-import subprocess
 
 import torch
 import torch.nn.functional as F
+
+from .._provenance import git_commit
 
 
 # --- inputs -------------------------------------------------------------------
@@ -114,18 +114,10 @@ METRICS = {"rel_rms": rel_rms, "rel_max": rel_max, "rel_rms_head": rel_rms_head,
 # --- provenance -----------------------------------------------------------------
 
 def commit() -> str:
-    """The checkout's commit (``+dirty`` with uncommitted changes to tracked files); the environment
-    variable ``PATHEDU_COMMIT`` overrides it (the device machine gets the working tree without .git,
-    so the caller passes the hash it committed)."""
-    if os.environ.get("PATHEDU_COMMIT"):
-        return os.environ["PATHEDU_COMMIT"]
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True).stdout.strip()
-        return out + ("+dirty" if dirty else "")
-    except Exception:
-        return "unknown"
+    """The commit as a data file's meta records it: :func:`pathedu._provenance.git_commit`, with ``+dirty``
+    appended when the checkout has changes (``PATHEDU_COMMIT``, when set, is recorded as given)."""
+    sha, dirty = git_commit()
+    return sha + ("+dirty" if dirty else "")
 
 
 def _version(module: str) -> str | None:

@@ -25,14 +25,14 @@ few seeds or mixers each, and merged: ``python -m pathedu.experiments.merge OUT 
 from __future__ import annotations
 
 import json
-import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+from .._provenance import git_commit
 
 __all__ = ["EXPERIMENTS", "get_module", "make_config", "run_experiment", "merge_records", "metadata", "git_commit",
            "default_out", "write_record"]
@@ -53,25 +53,6 @@ def get_module(name: str):
 def default_out(name: str) -> Path:
     """``pathedu/data/exp_NAME.json``."""
     return _ROOT / "data" / f"exp_{name}.json"
-
-
-def git_commit() -> tuple[str, bool | None]:
-    """``(commit, dirty)``: the environment variable ``PATHEDU_COMMIT`` when set (the device machine gets a
-    copy of the working tree whose ``.git`` may be stale: the caller names the commit it sent), else
-    ``git rev-parse HEAD`` of the checkout holding pathedu, else ``"unknown"`` (``dirty`` None when unknown)."""
-    if os.environ.get("PATHEDU_COMMIT"):
-        return os.environ["PATHEDU_COMMIT"], None
-    try:
-        cwd = _ROOT.parent
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
-                                timeout=10, check=True).stdout.strip()
-        status = subprocess.run(["git", "status", "--porcelain"], cwd=cwd, capture_output=True, text=True,
-                                timeout=10, check=True).stdout
-        if commit:
-            return commit, bool(status.strip())
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return "unknown", None
 
 
 def metadata(device: torch.device) -> dict:
