@@ -56,6 +56,19 @@ def _rope_cos_sin(pos, log2_base, HALF: tl.constexpr, BLOCK_H: tl.constexpr):
 
 
 @triton.jit
+def _rope_shift(c0, s0, start, log2_base, HALF: tl.constexpr, BLOCK_H: tl.constexpr):
+    """``cos`` and ``sin`` of ``(start + j) Omega_n`` from a table ``c0, s0`` (``[BR, BH]``) of ``j Omega_n``
+    for the local offsets ``j`` (:func:`_rope_cos_sin` of ``0..BR-1``), by angle addition: one accurate
+    cos/sin per pair for the tile's start, then four multiply-adds per entry.  Triton's ``tl.cos``/``tl.sin``
+    are accurate library routines (range reduction, dozens of instructions, not one special-function
+    instruction), so a loop that turns a tile per iteration computes the table once, outside the loop."""
+    omega = tl.exp2(-(tl.arange(0, BLOCK_H).to(tl.float32) / HALF) * log2_base)  # [BH]
+    a = (start + 0 * tl.arange(0, BLOCK_H)).to(tl.float32) * omega  # [BH], the tile start's angles
+    ca, sa = tl.cos(a)[None, :], tl.sin(a)[None, :]
+    return c0 * ca - s0 * sa, s0 * ca + c0 * sa
+
+
+@triton.jit
 def _load_pairs(ptr, rows, stride, n_rows, HALF: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr,
                 INTERLEAVED: tl.constexpr):
     """The channel pairs ``(a_n, b_n)`` of rows ``rows`` of a row-major ``(T, 2 HALF)`` matrix: two

@@ -50,7 +50,7 @@ from ..checks import check_scale, finite_condition, log_gate_condition, range_co
 from ._launch import (Flat, dot_precision, interpreting, next_pow2, per_head, per_token, prepare_qkv, rotate_args,
                       wants_grad)
 from ._pieces import (LOG2E, _first_nonfinite, _load_rotated, _load_rows, _no_nonfinite, _poison, _query_block,
-                      _rope_cos_sin, _softmax_fold, _store_rows)
+                      _rope_cos_sin, _rope_shift, _softmax_fold, _store_rows)
 
 __all__ = ["attention", "biased_attention", "LOG2E"]
 
@@ -66,13 +66,15 @@ def _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, lo, h
     the masked blocks (:func:`._pieces._first_nonfinite`; unmasked blocks leave it alone)."""
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
+    if ROTATE != "none":  # cos/sin of the offsets inside a key tile, once: every tile shifts them (_rope_shift)
+        c0, s0 = _rope_cos_sin(tl.arange(0, BLOCK_N), log2_base, HEAD_DIM // 2, BLOCK_D // 2)  # [BN, BD / 2]
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         # Only diagonal blocks can run past T; blocks left of the diagonal are whole.
         if ROTATE == "none":
             k = _load_rows(K, offs_n, offs_d, stride_kt, T, HEAD_DIM, CAUSAL_MASK, BLOCK_D != HEAD_DIM)
         else:  # RoPE: each key turned by its position as it is loaded, channels in pair order (as q's)
-            ck, sk = _rope_cos_sin(offs_n, log2_base, HEAD_DIM // 2, BLOCK_D // 2)  # [BN, BD / 2]
+            ck, sk = _rope_shift(c0, s0, start_n, log2_base, HEAD_DIM // 2, BLOCK_D // 2)  # [BN, BD / 2]
             k = _load_rotated(K, offs_n, stride_kt, T, ck, sk, HEAD_DIM // 2, BLOCK_N, BLOCK_D // 2,
                               ROTATE == "interleaved").to(K.dtype.element_ty)  # [BN, BD]
         v = _load_rows(V, offs_n, offs_dv, stride_vt, T, HEAD_DV, CAUSAL_MASK, BLOCK_DV != HEAD_DV)

@@ -95,7 +95,7 @@ import triton.language as tl
 
 from ..checks import QKV, check_positive_int, log_gate_condition, require
 from ._launch import Flat, dot_precision, interpreting, next_pow2, per_head, per_token, prepare_qkv, rotate_args
-from ._pieces import _dot, _load_rotated, _load_rows, _rope_cos_sin, _store_rows
+from ._pieces import _dot, _load_rotated, _load_rows, _rope_cos_sin, _rope_shift, _store_rows
 
 __all__ = ["chunked_linear_attention", "gated_linear_attention", "CHANNEL_CHUNK"]
 
@@ -146,6 +146,8 @@ def _linear_fwd(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
 
     H = tl.zeros([BLOCK_D, BLOCK_DV], dtype=tl.float32)  # the state S^T, on chip for the whole sequence
     first = tl.full([BLOCK_DV], CHUNK, tl.int32)  # no NaN/inf value seen yet
+    if ROTATE != "none":  # cos/sin of the offsets inside a chunk, once: every chunk shifts them (_rope_shift)
+        c0, s0 = _rope_cos_sin(offs_c, log2_base, HEAD_DIM // 2, BLOCK_D // 2)  # [C, BD / 2]
     for start in range(0, T, CHUNK):
         # This chunk's rows (absolute positions: offsets computed in the loop, not held in
         # registers across it); padding past T loads as zeros.
@@ -154,7 +156,7 @@ def _linear_fwd(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
             q = _load_rows(Q, offs_t, offs_d, stride_qt, T, HEAD_DIM, True, CHECK_D).to(tl.float32)
             k = _load_rows(K, offs_t, offs_d, stride_kt, T, HEAD_DIM, True, CHECK_D).to(tl.float32)
         else:  # the complex recurrence: q and k turned by their positions as they are loaded (pair order)
-            cr, sr = _rope_cos_sin(offs_t, log2_base, HEAD_DIM // 2, BLOCK_D // 2)  # [C, BD / 2]
+            cr, sr = _rope_shift(c0, s0, start, log2_base, HEAD_DIM // 2, BLOCK_D // 2)  # [C, BD / 2]
             q = _load_rotated(Q, offs_t, stride_qt, T, cr, sr, HEAD_DIM // 2, CHUNK, BLOCK_D // 2,
                               ROTATE == "interleaved")  # [C, BD] fp32
             k = _load_rotated(K, offs_t, stride_kt, T, cr, sr, HEAD_DIM // 2, CHUNK, BLOCK_D // 2,

@@ -451,8 +451,9 @@ def rope_triton(q, k, v, *, base: float = 10000.0, scale=None, pairing: str = "i
     fp32 angles and cos/sin computed in-kernel), then the unchanged FlashAttention
     template (:func:`pathedu.kernels.flash_attention.attention`); ``rotation="fused"``: the
     template's rotation hook turns q and k as it loads them instead (no pass through memory;
-    inference only: with gradients the pre-pass runs).  Measured on an H100 the hook is 2.4-2.7x slower
-    than the pre-pass (``pathedu/data/bench_rope.json``; ``kernels/NOTES_flash.md``), hence the default.
+    inference only: with gradients the pre-pass runs).  On an H100 the hook's first version (cos/sin per
+    key-tile entry) was 2.4-2.7x slower than the pre-pass (``pathedu/data/bench_rope.json``), hence the
+    default; the current one (angle addition) is not measured yet (``kernels/NOTES_flash.md``).
 
     fp16/bf16/fp32, head dims 16..128 (even), fp32 accumulation.  Shapes and
     conventions as :func:`rope_naive`.  On a CPU it runs in Triton's interpreter
@@ -574,8 +575,8 @@ def complex_chunked(q, k, v, *, base: float = 10000.0, pairing: str = "interleav
 def complex_triton(q, k, v, *, base: float = 10000.0, pairing: str = "interleaved", rotation: str = "prepass"):
     """Triton: the rotation pre-pass (:func:`pathedu.kernels.rope.rotate_qk`) followed by plain
     chunked linear attention (:func:`pathedu.kernels.linear_attention.chunked_linear_attention`);
-    ``rotation="fused"``: the template's rotation hook turns q and k as each chunk is loaded (measured on
-    an H100: as fast as the pre-pass, not faster; ``kernels/NOTES_flash.md``).
+    ``rotation="fused"``: the template's rotation hook turns q and k as each chunk is loaded (its first
+    version measured on an H100 as fast as the pre-pass, not faster; ``kernels/NOTES_flash.md``).
 
     This *is* the chapter's claim: the complex recurrence is linear attention on
     ``q, k`` rotated by ``+Omega t``.  fp16/bf16/fp32, head dims 16..128 (even),

@@ -1,9 +1,14 @@
 """Chapter 4: every form of RoPE attention and of the complex recurrence against float64 references."""
+import math
+
 import pytest
 import torch
+import triton
+import triton.language as tl
 from helpers import N_FIXED, TOL_F64, TOL_TRITON, case_id, rand_qkv, random_shapes, rel_err
 
 from pathedu import nope, rope
+from pathedu.kernels._pieces import _rope_cos_sin, _rope_shift
 from pathedu.kernels.rope import rotate_qk, trig_error
 
 CASES = random_shapes(6, seed=4, dims=(16, 32))  # RoPE rotates channel pairs: even head dims D only
@@ -283,6 +288,53 @@ def test_triton_fp32_angles_up_to_8192_match_float64():
     assert bool((err <= 4 * t * 2.0 ** -24 + 1e-6).all())
     assert err[:64].max() <= 1e-5  # small positions: close to fp32 rounding of cos/sin
     assert err[4096:].max() > 10 * err[:64].max()  # ... and the loss at large t is real, not hidden
+
+
+@triton.jit
+def _shifted_trig_kernel(C, S, log2_base, BR: tl.constexpr, HALF: tl.constexpr, N_TILES: tl.constexpr):
+    c0, s0 = _rope_cos_sin(tl.arange(0, BR), log2_base, HALF, HALF)  # the table, once (as the templates do)
+    rows = tl.arange(0, BR)[:, None] * HALF + tl.arange(0, HALF)[None, :]
+    for tile in range(0, N_TILES):
+        c, s = _rope_shift(c0, s0, tile * BR, log2_base, HALF, HALF)
+        tl.store(C + tile * BR * HALF + rows, c)
+        tl.store(S + tile * BR * HALF + rows, s)
+
+
+def test_rotation_hook_angle_addition_up_to_8192_matches_float64():
+    """The hook's cos/sin of (start + j) Omega_n by angle addition (a table for j < 64, shifted per tile):
+    within the pre-pass's bound (4 ulp of t) at every position up to 8192, for the default and another base."""
+    from pathedu.rope import frequencies
+
+    T, BR, D = 8192, 64, 64
+    t = torch.arange(T, dtype=torch.float64)
+    for base in (10000.0, 500.0):
+        c = torch.empty(T, D // 2)
+        s = torch.empty(T, D // 2)
+        _shifted_trig_kernel[(1,)](c, s, math.log2(base), BR=BR, HALF=D // 2, N_TILES=T // BR)
+        theta = t[:, None] * frequencies(D, base=base)
+        err = torch.maximum((c.double() - torch.cos(theta)).abs(), (s.double() - torch.sin(theta)).abs()).amax(-1)
+        assert bool((err <= 4 * t * 2.0 ** -24 + 1e-6).all()), float((err - 4 * t * 2.0 ** -24).max())
+        assert err[:BR].max() <= 1e-5  # the first tile: the table itself (as the pre-pass test bounds it)
+
+
+def _cos_sin_kernel(X, Y):  # compiled below, never run (not decorated: the interpreter would wrap it)
+    x = tl.load(X + tl.arange(0, 128))
+    tl.store(Y + tl.arange(0, 128), tl.cos(x) + tl.sin(x))
+
+
+def test_triton_cos_sin_are_library_routines_not_one_instruction():
+    """Why the hook computes its cos/sin table once per program: compiled for an H100 (sm_90, PTX only: no GPU
+    needed), fp32 ``tl.cos``/``tl.sin`` are an accurate routine with range reduction (64-bit multiplies, a
+    local-memory table walk), not the ``cos.approx``/``sin.approx`` special-function instructions."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    src = ASTSource(fn=JITFunction(_cos_sin_kernel), signature={"X": "*fp32", "Y": "*fp32"}, constexprs={})
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    assert "cos.approx" not in ptx and "sin.approx" not in ptx
+    assert "mul.f64" in ptx and "ld.local" in ptx
+    assert len(ptx.splitlines()) > 200
 
 
 # ---------------------------------------------------------------------------
