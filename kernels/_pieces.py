@@ -46,12 +46,18 @@ def _log2_approx(x):
 
 
 @triton.jit
+def _rope_omega(log2_base, HALF: tl.constexpr, BLOCK_H: tl.constexpr):
+    """RoPE's frequencies ``Omega_n = base^(-n / HALF)`` for pairs ``n < BLOCK_H``, ``[BH]`` fp32, computed
+    as ``2^(-(n / HALF) log2(base))``."""
+    return tl.exp2(-(tl.arange(0, BLOCK_H).to(tl.float32) / HALF) * log2_base)
+
+
+@triton.jit
 def _rope_cos_sin(pos, log2_base, HALF: tl.constexpr, BLOCK_H: tl.constexpr):
     """RoPE's ``cos`` and ``sin`` of the angles ``pos_t Omega_n`` for positions ``pos`` ``[BR]`` (int) and
-    pairs ``n < BLOCK_H``: two ``[BR, BH]`` fp32 tiles; ``Omega_n = base^(-n / HALF)`` computed as
-    ``2^(-(n / HALF) log2(base))`` (no table read from memory)."""
-    omega = tl.exp2(-(tl.arange(0, BLOCK_H).to(tl.float32) / HALF) * log2_base)  # [BH]
-    theta = pos.to(tl.float32)[:, None] * omega[None, :]  # [BR, BH]
+    pairs ``n < BLOCK_H``: two ``[BR, BH]`` fp32 tiles (frequencies from :func:`_rope_omega`, no table read
+    from memory)."""
+    theta = pos.to(tl.float32)[:, None] * _rope_omega(log2_base, HALF, BLOCK_H)[None, :]  # [BR, BH]
     return tl.cos(theta), tl.sin(theta)
 
 
@@ -62,8 +68,7 @@ def _rope_shift(c0, s0, start, log2_base, HALF: tl.constexpr, BLOCK_H: tl.conste
     cos/sin per pair for the tile's start, then four multiply-adds per entry.  Triton's ``tl.cos``/``tl.sin``
     are accurate library routines (range reduction, dozens of instructions, not one special-function
     instruction), so a loop that turns a tile per iteration computes the table once, outside the loop."""
-    omega = tl.exp2(-(tl.arange(0, BLOCK_H).to(tl.float32) / HALF) * log2_base)  # [BH]
-    a = (start + 0 * tl.arange(0, BLOCK_H)).to(tl.float32) * omega  # [BH], the tile start's angles
+    a = (start + 0 * tl.arange(0, BLOCK_H)).to(tl.float32) * _rope_omega(log2_base, HALF, BLOCK_H)  # [BH]
     ca, sa = tl.cos(a)[None, :], tl.sin(a)[None, :]
     return c0 * ca - s0 * sa, s0 * ca + c0 * sa
 

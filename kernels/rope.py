@@ -15,11 +15,11 @@ unvalidated launchers of both kernels (``_rotate_launch``, then
 
 The other way, ``rotation="fused"``: both templates have a rotation hook
 (``ROTATE``) that turns q and k as they are loaded, with the same pieces
-(:func:`._pieces._rope_cos_sin`, :func:`._pieces._load_rotated`), so no rotated copy
-is written.  The linear template loads each tile once, so the hook only saves; the
-FlashAttention template turns each key tile once per query block.  Which is faster
-is measured (``python -m pathedu.bench rope``); the pre-pass stays the default, and
-the path whenever gradients are wanted.
+(:func:`._pieces._rope_cos_sin`, :func:`._pieces._rope_shift`,
+:func:`._pieces._load_rotated`), so no rotated copy is written; the FlashAttention
+template turns each key tile once per query block.  Its first version was slower
+than the pre-pass on the H100 (``kernels/NOTES_flash.md``); the pre-pass stays the
+default, and the path whenever gradients are wanted.
 
 One program owns ``BLOCK_T`` positions of one (batch, head) row of both ``q``
 and ``k``.  It computes, in fp32 and in registers,
