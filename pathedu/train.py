@@ -61,6 +61,13 @@ def accuracy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[int, int]:
     return int((logits.argmax(-1)[keep] == targets[keep]).sum()), int(keep.sum())
 
 
+def _autocast_on(amp, device: torch.device) -> bool:
+    """``amp`` (bf16 autocast) resolved: None means on CUDA only."""
+    if amp is not None and not isinstance(amp, bool):
+        raise ValueError(f"`amp` must be True, False or None (bf16 autocast on CUDA only), got {amp!r}")
+    return device.type == "cuda" if amp is None else amp
+
+
 @torch.no_grad()
 def evaluate(model, inputs: torch.Tensor, targets: torch.Tensor, *, batch_size: int = 64, device=None,
              amp: bool | None = None) -> dict:
@@ -68,7 +75,7 @@ def evaluate(model, inputs: torch.Tensor, targets: torch.Tensor, *, batch_size: 
     "loss"}``; also ``"last_accuracy"``, the accuracy at the last position alone (when scored there).
     ``inputs, targets (N, T)`` on the CPU; moved to ``device`` batch by batch."""
     device = torch.device(device) if device is not None else next(model.parameters()).device
-    amp = (device.type == "cuda") if amp is None else amp
+    amp = _autocast_on(amp, device)
     was_training = model.training
     model.eval()
     correct = scored = last_c = last_n = 0
@@ -120,7 +127,7 @@ def train(model: torch.nn.Module, sample: Callable[[int], tuple], *, steps: int,
     warmup = max(warmup, 1)
     eval_every = max(1, steps // 10) if eval_every is None else eval_every
     device = torch.device(device) if device is not None else next(model.parameters()).device
-    amp = (device.type == "cuda") if amp is None else bool(amp)
+    amp = _autocast_on(amp, device)
     torch.manual_seed(seed)
     model.to(device).train()
 

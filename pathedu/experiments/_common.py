@@ -30,18 +30,12 @@ def train_run(mixer: str, seed: int, *, model_kwargs: dict, sample, evaluate_fn,
     hist = train(model, sample, steps=config["steps"], lr=config["lr"], weight_decay=config["weight_decay"],
                  warmup=config["warmup"], clip=config["clip"], evaluate_fn=evaluate_fn,
                  eval_every=config["eval_every"], log_every=config["log_every"], device=device, seed=seed,
-                 progress=progress, desc=desc, amp=_amp(config.get("amp")))
+                 progress=progress, desc=desc, amp=config.get("amp"))
     final = hist["eval"][-1] if hist["eval"] else {}
     return {"n_params": model.num_parameters(), "form": select_form(mixer, model_kwargs.get("form", "auto"),
                                                                        device=device, T=config.get("length", 0)),
             "final": final, "train_time_s": hist["train_time_s"], "wall_time_s": hist["wall_time_s"],
             "history": hist, **({"probe": probe(model)} if probe is not None else {})}
-
-
-def _amp(value):
-    if value is not None and not isinstance(value, bool):
-        raise ValueError(f"`amp` must be true, false or null (bf16 autocast on CUDA only), got {value!r}")
-    return value
 
 
 def beta_probe(tokens, device):
@@ -64,8 +58,10 @@ def beta_probe(tokens, device):
     return probe
 
 
-def eval_split(model, inputs, targets, *, device, batch_size: int) -> dict:
-    m = evaluate(model, inputs, targets, batch_size=batch_size, device=device)
+def eval_split(model, inputs, targets, *, device, config: dict) -> dict:
+    """:func:`pathedu.train.evaluate` in batches of ``config["eval_batch_size"]``, with the training's
+    ``config["amp"]``; NaN metrics (nothing scored) become None."""
+    m = evaluate(model, inputs, targets, batch_size=config["eval_batch_size"], device=device, amp=config.get("amp"))
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in m.items()}
 
 

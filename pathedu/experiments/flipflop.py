@@ -68,7 +68,7 @@ def run(config: dict, *, device, progress: bool = True):
              for i, (name, p) in enumerate(config["splits"].items())}
 
     def evaluate_fn(model):
-        return {name: eval_split(model, x, y, device=device, batch_size=config["eval_batch_size"])
+        return {name: eval_split(model, x, y, device=device, config=config)
                 for name, (x, y) in evals.items()}
 
     # What a trained model does with its gates on the sparse split: does PaTH use beta > 1 (reflections)?

@@ -54,7 +54,7 @@ def run(config: dict, *, device, progress: bool = True):
                          vocab=config["vocab"], seed=EVAL_SEED + n_back)
 
         def evaluate_fn(model, ev=ev):
-            return eval_split(model, *ev, device=device, batch_size=config["eval_batch_size"])
+            return eval_split(model, *ev, device=device, config=config)
 
         # What the trained model does with its per-token quantities (PaTH's beta, the forget gates).
         probe = beta_probe(ev[0][:config["eval_batch_size"]], device)

@@ -113,7 +113,7 @@ def run(config: dict, *, device, progress: bool = True):
             ev = tasks.word_problem(group, config["eval_n"], length, seed=EVAL_SEED + length, generators=gens)
 
             def evaluate_fn(model, ev=ev):
-                return eval_split(model, *ev, device=device, batch_size=config["eval_batch_size"])
+                return eval_split(model, *ev, device=device, config=config)
 
             for seed in config["seeds"]:
                 for mixer in config["mixers"]:
