@@ -59,6 +59,8 @@ Parameter count (:func:`parameter_count`, equal to ``sum(p.numel())``), with ``d
 """
 from __future__ import annotations
 
+import contextlib
+
 import math
 import numbers
 from dataclasses import dataclass
@@ -76,7 +78,7 @@ from . import rope as _rope
 from ._device import triton_mode
 
 __all__ = ["MIXERS", "SOFTMAX_MIXERS", "LINEAR_MIXERS", "FORMS", "Mixer", "Block", "LM", "build_model",
-           "parameter_count", "select_form"]
+           "parameter_count", "select_form", "forced_form"]
 
 SOFTMAX_MIXERS = ("nope", "alibi", "fox", "rope", "path", "pathfox")
 LINEAR_MIXERS = ("linear", "retnet", "gla", "deltanet", "gated_deltanet")
@@ -410,6 +412,26 @@ def parameter_count(mixer: str, *, vocab: int, d_model: int, n_layers: int, n_he
         extra += Dh
     per_layer = 4 * d + (2 * d * h + h + d) + 4 * d * HD + extra
     return vocab * d + d * out_vocab + 2 * d + L * per_layer
+
+
+@contextlib.contextmanager
+def forced_form(model: "LM", form: str):
+    """Within the ``with`` block every mixer of ``model`` runs ``form`` (one of :data:`FORMS`), e.g. the
+    PyTorch ``"matrix"`` form in place of the Triton kernels, to compare their gradients on one batch;
+    each mixer's own form comes back on exit.  An unavailable form raises ``ValueError`` at once."""
+    if not isinstance(model, LM):
+        raise TypeError(f"`model` must be a pathedu.models.LM, got {type(model).__name__}")
+    mixers = [blk.mixer for blk in model.blocks]
+    for m in mixers:
+        select_form(m.mixer, form)
+    saved = [m.form for m in mixers]
+    try:
+        for m in mixers:
+            m.form = form
+        yield model
+    finally:
+        for m, f in zip(mixers, saved):
+            m.form = f
 
 
 @torch.no_grad()

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from .tasks import IGNORE
 
-__all__ = ["lr_at", "masked_loss", "accuracy", "evaluate", "train", "lm_targets"]
+__all__ = ["lr_at", "masked_loss", "accuracy", "evaluate", "train", "lm_targets", "gradient_agreement"]
 
 
 def lr_at(step: int, *, lr: float, steps: int, warmup: int, min_lr_ratio: float = 0.1) -> float:
@@ -97,11 +97,55 @@ def evaluate(model, inputs: torch.Tensor, targets: torch.Tensor, *, batch_size: 
             "last_accuracy": last_c / last_n if last_n else float("nan")}
 
 
+def _grads(model, inputs, targets, *, amp: bool, form: str | None = None) -> tuple[torch.Tensor, float]:
+    """Every parameter's gradient of the masked loss on one batch, flattened into one fp32 vector (zeros
+    where a parameter gets none), and the loss; ``form``: run every mixer in that form (None: their own)."""
+    import contextlib
+
+    from .models import forced_form
+
+    model.zero_grad(set_to_none=True)
+    with (forced_form(model, form) if form is not None else contextlib.nullcontext()), \
+            torch.autocast(device_type=inputs.device.type, dtype=torch.bfloat16, enabled=amp):
+        logits = model(inputs)
+    loss = masked_loss(logits, targets)
+    loss.backward()
+    g = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().float().flatten()
+                   for p in model.parameters()])
+    model.zero_grad(set_to_none=True)
+    return g, float(loss.detach())
+
+
+def gradient_agreement(model, inputs: torch.Tensor, targets: torch.Tensor, *, amp: bool | None = None,
+                       reference_form: str = "matrix") -> dict:
+    """How far the gradient a training step uses is from a reference gradient, on one batch.
+
+    ``model``: a :class:`pathedu.models.LM`; ``inputs, targets (B, T)`` on its device.  Three gradients of
+    all parameters: ``run`` (the mixers' own forms, e.g. the Triton kernels, with bf16 autocast as
+    ``amp`` says: what the optimizer gets), ``ref`` (every mixer in ``reference_form``, float32, no
+    autocast) and ``matrix_amp`` (``reference_form`` under the same autocast as ``run``: separates the
+    kernels from the bf16 rounding of the rest of the model).  Returns the reference's loss and gradient
+    norm, and for ``run`` and ``matrix_amp`` the relative error ``|g - ref| / |ref|`` and the cosine with
+    ``ref``.  Leaves no gradient behind."""
+    device = inputs.device
+    amp = _autocast_on(amp, device)
+    ref, loss_ref = _grads(model, inputs, targets, amp=False, form=reference_form)
+    out = {"loss_ref": loss_ref, "grad_norm_ref": float(ref.norm())}
+    for name, form in (("run", None), ("matrix_amp", reference_form)):
+        g, loss = _grads(model, inputs, targets, amp=amp, form=form)
+        denom = max(float(ref.norm()), 1e-30)
+        out[f"loss_{name}"] = loss
+        out[f"rel_err_{name}"] = float((g - ref).norm()) / denom
+        out[f"cos_{name}"] = float(torch.dot(g, ref)) / max(float(g.norm()) * denom, 1e-30)
+    return out
+
+
 def train(model: torch.nn.Module, sample: Callable[[int], tuple], *, steps: int, lr: float = 1e-3,
           weight_decay: float = 0.1, betas: tuple = (0.9, 0.95), warmup: int | None = None,
           min_lr_ratio: float = 0.1, clip: float = 1.0, evaluate_fn: Callable | None = None,
           eval_every: int | None = None, log_every: int = 1, device=None, amp: bool | None = None,
-          seed: int = 0, progress: bool = True, desc: str = "train") -> dict:
+          seed: int = 0, progress: bool = True, desc: str = "train", grad_check_every: int = 0,
+          time_limit_s: float | None = None) -> dict:
     """Train ``model`` for ``steps`` optimizer steps on batches ``sample(step) -> (inputs, targets)``.
 
     * AdamW (``lr``, ``betas``, ``weight_decay`` on matrices only: not on biases, norms, embeddings);
@@ -110,10 +154,14 @@ def train(model: torch.nn.Module, sample: Callable[[int], tuple], *, steps: int,
     * ``evaluate_fn(model) -> dict`` every ``eval_every`` steps (default ``steps // 10``) and after the
       last step.
     * ``seed``: ``torch.manual_seed(seed)`` before the first step.
+    * ``grad_check_every`` (0: never): every that many steps, before the step, :func:`gradient_agreement`
+      on the step's batch (``model`` must be a :class:`pathedu.models.LM`), kept in ``"grad_checks"``.
+    * ``time_limit_s`` (None: none): stop after the step that takes the training time (evaluations and
+      checks not counted) past this many seconds, evaluate, and record ``"stopped_at"`` (steps done).
 
     Returns the history: ``{"step": [...], "loss": [...], "lr": [...], "grad_norm": [...]}`` every
     ``log_every`` steps, ``"eval": [{"step": s, **metrics}, ...]``, ``"wall_time_s"`` (the whole loop),
-    ``"train_time_s"`` (without evaluation) and ``"steps"``.
+    ``"train_time_s"`` (without evaluation), ``"steps"`` (asked for) and ``"stopped_at"`` (done).
     """
     from tqdm.auto import tqdm
 
@@ -126,6 +174,10 @@ def train(model: torch.nn.Module, sample: Callable[[int], tuple], *, steps: int,
         raise ValueError(f"`warmup` must be >= 0, got {warmup!r}")
     warmup = max(warmup, 1)
     eval_every = max(1, steps // 10) if eval_every is None else eval_every
+    if isinstance(grad_check_every, bool) or not isinstance(grad_check_every, int) or grad_check_every < 0:
+        raise ValueError(f"`grad_check_every` must be an int >= 0, got {grad_check_every!r}")
+    if time_limit_s is not None and not time_limit_s > 0:
+        raise ValueError(f"`time_limit_s` must be positive or None, got {time_limit_s!r}")
     device = torch.device(device) if device is not None else next(model.parameters()).device
     amp = _autocast_on(amp, device)
     torch.manual_seed(seed)
@@ -137,6 +189,8 @@ def train(model: torch.nn.Module, sample: Callable[[int], tuple], *, steps: int,
                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=betas,
                             fused=device.type == "cuda")
     hist = {"step": [], "loss": [], "lr": [], "grad_norm": [], "eval": []}
+    if grad_check_every:
+        hist["grad_checks"] = []
     eval_time = 0.0
     start = time.perf_counter()
 
@@ -152,12 +206,17 @@ def train(model: torch.nn.Module, sample: Callable[[int], tuple], *, steps: int,
         return metrics
 
     bar = tqdm(range(steps), desc=desc, disable=not progress, leave=False, dynamic_ncols=True)
+    done = steps
     for step in bar:
         cur_lr = lr_at(step, lr=lr, steps=steps, warmup=warmup, min_lr_ratio=min_lr_ratio)
         for g in opt.param_groups:
             g["lr"] = cur_lr
         inputs, targets = sample(step)
         inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+        if grad_check_every and step % grad_check_every == 0:
+            t0 = time.perf_counter()
+            hist["grad_checks"].append({"step": step, **gradient_agreement(model, inputs, targets, amp=amp)})
+            eval_time += time.perf_counter() - t0
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
             logits = model(inputs)
         loss = masked_loss(logits, targets)
@@ -175,8 +234,16 @@ def train(model: torch.nn.Module, sample: Callable[[int], tuple], *, steps: int,
             m = run_eval(step + 1)
             if m is not None and "accuracy" in m:
                 bar.set_postfix(loss=f"{hist['loss'][-1]:.4f}", acc=f"{m['accuracy']:.3f}", refresh=False)
+        if time_limit_s is not None and step + 1 < steps and time.perf_counter() - start - eval_time > time_limit_s:
+            done = step + 1
+            if hist["step"][-1] != step:
+                hist["step"].append(step)
+                hist["loss"].append(float(loss.detach()))
+                hist["lr"].append(cur_lr)
+                hist["grad_norm"].append(float(gnorm))
+            break
     bar.close()
-    run_eval(steps)
+    run_eval(done)
     wall = time.perf_counter() - start
-    hist.update(wall_time_s=wall, train_time_s=wall - eval_time, steps=steps)
+    hist.update(wall_time_s=wall, train_time_s=wall - eval_time, steps=steps, stopped_at=done)
     return hist

@@ -264,3 +264,28 @@ def test_word_problem_generators_per_group():
     assert generators_for({"generators": ["(1 2 3)"]}, "S5") == ["(1 2 3)"]
     with pytest.raises(ValueError, match="`generators`"):
         generators_for({"generators": "(1 2 3)"}, "A5")
+
+
+def test_gradient_agreement_kernels_against_the_matrix_form_and_time_limit():
+    """The diagnosis of a training run: the Triton kernels' gradient (interpreter) agrees with the fp32
+    matrix form's on a batch; a run stopped by its time limit says where and is still evaluated."""
+    from pathedu.experiments import make_config, run_experiment
+    from pathedu.models import build_model
+    from pathedu.tasks import mqrar
+    from pathedu.train import gradient_agreement
+
+    torch.manual_seed(0)
+    model = build_model("path", vocab=16, d_model=32, n_layers=2, n_heads=2, form="triton")
+    x, y = mqrar(4, 32, n_keys=4, n_back=1, vocab=16, seed=0)
+    g = gradient_agreement(model, x, y, amp=False)
+    assert g["rel_err_run"] < 1e-4 and g["cos_run"] > 1 - 1e-6 and g["grad_norm_ref"] > 0
+    assert g["rel_err_matrix_amp"] == 0.0 and abs(g["loss_run"] - g["loss_ref"]) < 1e-5
+    assert all(p.grad is None for p in model.parameters()) and model.blocks[0].mixer.form == "triton"
+
+    cfg = make_config("mqrar", tiny=True, mixers=["path"], n_backs=[1], steps=4, grad_check_every=2, time_limit_s=1e-9)
+    (run,) = run_experiment("mqrar", config=cfg, device="cpu", out=False, progress=False)["runs"]
+    hist = run["history"]
+    assert hist["stopped_at"] == 1 and hist["steps"] == 4 and hist["eval"][-1]["step"] == 1
+    assert [c["step"] for c in hist["grad_checks"]] == [0] and hist["grad_checks"][0]["rel_err_run"] < 1e-4
+    with pytest.raises(ValueError, match="time_limit_s"):
+        run_experiment("mqrar", config={**cfg, "time_limit_s": 0}, device="cpu", out=False, progress=False)

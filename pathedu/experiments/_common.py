@@ -30,7 +30,8 @@ def train_run(mixer: str, seed: int, *, model_kwargs: dict, sample, evaluate_fn,
     hist = train(model, sample, steps=config["steps"], lr=config["lr"], weight_decay=config["weight_decay"],
                  warmup=config["warmup"], clip=config["clip"], evaluate_fn=evaluate_fn,
                  eval_every=config["eval_every"], log_every=config["log_every"], device=device, seed=seed,
-                 progress=progress, desc=desc, amp=config.get("amp"))
+                 progress=progress, desc=desc, amp=config.get("amp"),
+                 grad_check_every=config.get("grad_check_every", 0), time_limit_s=config.get("time_limit_s"))
     final = hist["eval"][-1] if hist["eval"] else {}
     return {"n_params": model.num_parameters(), "form": select_form(mixer, model_kwargs.get("form", "auto"),
                                                                        device=device, T=config.get("length", 0)),

@@ -41,6 +41,8 @@ DEFAULTS = {
     "eval_n": 256, "eval_batch_size": 64, "eval_every": 500, "log_every": 10,
     "form": "auto",
     "amp": None,  # bf16 autocast: None = on CUDA only; false = fp32 throughout (e.g. to rule out rounding)
+    "grad_check_every": 0,  # >0: compare the step's gradient with the fp32 matrix form's every that many steps
+    "time_limit_s": None,  # per run: stop (and evaluate) once training has taken this long
 }
 TINY = {"mixers": ["rope", "path"], "n_backs": [1, 2], "d_model": 32, "n_keys": 4, "vocab": 16, "length": 32,
         "batch_size": 4, "steps": 3, "warmup": 1, "eval_n": 8, "eval_batch_size": 8, "eval_every": 2,

@@ -71,6 +71,8 @@ DEFAULTS = {
     "threshold": 0.9, "metric": "accuracy",
     "form": "auto",
     "amp": None,  # bf16 autocast: None = on CUDA only; false = fp32 throughout (e.g. to rule out rounding)
+    "grad_check_every": 0,  # >0: compare the step's gradient with the fp32 matrix form's every that many steps
+    "time_limit_s": None,  # per run: stop (and evaluate) once training has taken this long
 }
 TINY = {"groups": ["S3"], "lengths": [6], "layers": [1, 2], "mixers": ["rope", "path"], "d_model": 32,
         "batch_size": 4, "steps": 3, "warmup": 1, "curriculum_steps": 1, "eval_n": 8, "eval_batch_size": 8,
