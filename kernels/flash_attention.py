@@ -154,36 +154,29 @@ def _flash_fwd(Q, K, V, O, BIAS_ARG, LSE, T, qk_scale, log2_base,
 
 
 @triton.jit
-def _bwd_tile(q, k, v, do, lse, delta, bias_arg, offs_m, offs_n, T, qk_scale,
-              MASK: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr):
-    """One (query block, key block) tile of the backward pass: ``(p, dz)``, both ``[BM, BN]`` fp32,
-    from the logits ``q k^T`` (:func:`_bwd_probs` does the rest)."""
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BM, BN], log2 units
-    return _bwd_probs(s, v, do, lse, delta, bias_arg, offs_m, offs_n, T, MASK, BIAS, PRECISION)
-
-
-@triton.jit
-def _bwd_probs(s, v, do, lse, delta, bias_arg, offs_m, offs_n, T,
-               MASK: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr):
-    """``(p, dz)`` of a tile whose logits without the bias are ``s`` (``[BM, BN]``, log2 units).
+def _bwd_probs(s, dp, lse, delta, bias_arg, m, n, T, MASK: tl.constexpr, BIAS: tl.constexpr):
+    """``(p, dz)`` of one backward tile, fp32, from its logits without the bias ``s`` (log2 units) and
+    ``dp = dO v^T``, both in one orientation: ``[BM, BN]`` (queries along rows) or ``[BN, BM]`` (keys
+    along rows, what :func:`_dkdv_steps` uses).  ``lse``, ``delta`` and the query positions ``m`` are
+    broadcast along the key axis and the key positions ``n`` along the query axis: ``[BM, 1]`` and
+    ``[1, BN]`` in the first orientation, ``[1, BM]`` and ``[BN, 1]`` in the second.
 
     The probabilities are recomputed from the saved log-sum-exp, ``p = 2^(s + b - lse)``, with
     the whole bias ``b = g(i) - g(j)`` (no per-block reference here: each tile is on its own), and
-    ``dz = p * (dO v^T - delta)`` is the gradient of the natural-log logit, ``delta_i = dO_i . O_i``.
+    ``dz = p * (dp - delta)`` is the gradient of the natural-log logit, ``delta_i = dO_i . O_i``.
     ``MASK``: the tile straddles the diagonal or the end of the sequence; hidden entries are
     selected away (``p = 0``), never multiplied by 0.  PaTH's backward passes its own ``s``.
     """
     if BIAS == "alibi":
-        s += bias_arg * (offs_n[None, :] - offs_m[:, None]).to(tl.float32)  # -slope (i - j) log2(e)
+        s += bias_arg * (n - m).to(tl.float32)  # -slope (i - j) log2(e)
     elif BIAS == "loggate":
-        c_m = tl.load(bias_arg + offs_m, mask=offs_m < T, other=0.0)
-        c_n = tl.load(bias_arg + offs_n, mask=offs_n < T, other=0.0)
-        s += (c_m[:, None] - c_n[None, :]) * 1.4426950408889634  # c_i - c_j
-    p = tl.exp2(s - lse[:, None])
+        c_m = tl.load(bias_arg + m, mask=m < T, other=0.0)
+        c_n = tl.load(bias_arg + n, mask=n < T, other=0.0)
+        s += (c_m - c_n) * 1.4426950408889634  # c_i - c_j: the difference first, then the scale
+    p = tl.exp2(s - lse)
     if MASK:
-        p = tl.where((offs_m[:, None] >= offs_n[None, :]) & (offs_m[:, None] < T), p, 0.0)
-    dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # [BM, BN]
-    return p, p * (dp - delta[:, None])
+        p = tl.where((m >= n) & (m < T), p, 0.0)
+    return p, p * (dp - delta)
 
 
 @triton.jit
@@ -191,7 +184,40 @@ def _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_n, lo, hi, 
                 HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                 INNER: tl.constexpr, MASK: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr):
     """Fold the query tiles ``[lo, hi)`` (``INNER`` rows each) into one key block's ``dK`` (unscaled),
-    ``dV`` and column sums of ``dz``."""
+    ``dV`` and column sums of ``dz``.
+
+    The tile is computed transposed, keys along rows (``s^T = k q^T``, ``[BN, BM]``), as Triton's
+    fused-attention tutorial does: then ``p^T`` and ``dz^T`` are already the left operands of
+    ``dV += p^T dO`` and ``dK += dz^T Q``, and the column sums of ``dz`` are row sums.  Every transpose
+    falls on a tile loaded from memory (a view of its shared-memory copy), none on a computed one."""
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    for start_m in range(lo, hi, INNER):
+        offs_m = start_m + tl.arange(0, INNER)
+        q = _load_rows(Q, offs_m, offs_d, stride_qt, T, HEAD_DIM, MASK, BLOCK_D != HEAD_DIM)  # [BM, BD]
+        do = _load_rows(DO, offs_m, offs_dv, stride_vt, T, HEAD_DV, MASK, BLOCK_DV != HEAD_DV)  # [BM, BDV]
+        if MASK:
+            lse = tl.load(LSE + offs_m, mask=offs_m < T, other=0.0)
+            delta = tl.load(DELTA + offs_m, mask=offs_m < T, other=0.0)
+        else:
+            lse = tl.load(LSE + offs_m)
+            delta = tl.load(DELTA + offs_m)
+        s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale  # [BN, BM], log2 units
+        dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # [BN, BM]
+        p_t, dz_t = _bwd_probs(s_t, dp_t, lse[None, :], delta[None, :], bias_arg, offs_m[None, :], offs_n[:, None],
+                               T, MASK, BIAS)
+        dv += tl.dot(p_t.to(do.dtype), do, input_precision=PRECISION)  # [BN, BDV]
+        dk += tl.dot(dz_t.to(q.dtype), q, input_precision=PRECISION)  # [BN, BD]
+        col += tl.sum(dz_t, axis=1)
+    return dk, dv, col
+
+
+@triton.jit
+def _dkdv_steps_mn(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_n, lo, hi, T, qk_scale, stride_qt,
+                   stride_vt, HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr,
+                   BLOCK_DV: tl.constexpr, INNER: tl.constexpr, MASK: tl.constexpr, BIAS: tl.constexpr,
+                   PRECISION: tl.constexpr):
+    """TEMPORARY (A/B on the GPU): :func:`_dkdv_steps` in the query-rows orientation, as before."""
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     for start_m in range(lo, hi, INNER):
@@ -209,6 +235,33 @@ def _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_n, lo, hi, 
         dk += tl.dot(tl.trans(dz.to(q.dtype)), q, input_precision=PRECISION)  # [BN, BD]
         col += tl.sum(dz, axis=0)
     return dk, dv, col
+
+
+@triton.jit
+def _dkdv_pick(DKDV: tl.constexpr, dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_n, lo, hi, T, qk_scale,
+               stride_qt, stride_vt, HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr,
+               BLOCK_DV: tl.constexpr, INNER: tl.constexpr, MASK: tl.constexpr, BIAS: tl.constexpr,
+               PRECISION: tl.constexpr):
+    """TEMPORARY (A/B on the GPU): ``DKDV`` "kt" -> :func:`_dkdv_steps`, "mn" -> :func:`_dkdv_steps_mn`."""
+    if DKDV == "kt":
+        dk, dv, col = _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_n, lo, hi, T, qk_scale,
+                                  stride_qt, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER, MASK, BIAS,
+                                  PRECISION)
+    else:
+        dk, dv, col = _dkdv_steps_mn(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_n, lo, hi, T, qk_scale,
+                                     stride_qt, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER, MASK, BIAS,
+                                     PRECISION)
+    return dk, dv, col
+
+
+@triton.jit
+def _bwd_tile(q, k, v, do, lse, delta, bias_arg, offs_m, offs_n, T, qk_scale,
+              MASK: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr):
+    """One (query block, key block) tile in the query-rows orientation: ``(p, dz)``, both ``[BM, BN]``
+    fp32, from ``q [BM, BD]``, ``k [BN, BD]``, ``v [BN, BDV]``, ``do [BM, BDV]`` (:func:`_bwd_probs`)."""
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BM, BN], log2 units
+    dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # [BM, BN]
+    return _bwd_probs(s, dp, lse[:, None], delta[:, None], bias_arg, offs_m[:, None], offs_n[None, :], T, MASK, BIAS)
 
 
 @triton.jit
@@ -233,7 +286,8 @@ def _dq_steps(dq, row, q, do, lse, delta, K, V, bias_arg, offs_m, lo, hi, T, qk_
 def _flash_bwd(Q, K, V, DO, LSE, DELTA, BIAS_ARG, DQ, DK, DV, DBR, DBC, T, qk_scale, scale,
                stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt,
                HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-               OUTER: tl.constexpr, INNER: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr):
+               OUTER: tl.constexpr, INNER: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr,
+               DKDV: tl.constexpr):
     """The backward pass of :func:`_flash_fwd`, FlashAttention-2's way: nothing ``T x T`` is stored.
 
     Grid ``(blocks of OUTER rows, BH, 2)``.  Programs with ``program_id(2) == 0`` own a block of
@@ -277,13 +331,13 @@ def _flash_bwd(Q, K, V, DO, LSE, DELTA, BIAS_ARG, DQ, DK, DV, DBR, DBC, T, qk_sc
         dv = tl.zeros([OUTER, BLOCK_DV], dtype=tl.float32)
         col = tl.zeros([OUTER], dtype=tl.float32)
         whole_end = (T // INNER) * INNER
-        dk, dv, col = _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_b, start, diag_end, T,
+        dk, dv, col = _dkdv_pick(DKDV, dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_b, start, diag_end, T,
                                   qk_scale, stride_qt, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER, True,
                                   BIAS, PRECISION)
-        dk, dv, col = _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_b, start + OUTER, whole_end,
+        dk, dv, col = _dkdv_pick(DKDV, dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_b, start + OUTER, whole_end,
                                   T, qk_scale, stride_qt, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER,
                                   False, BIAS, PRECISION)
-        dk, dv, col = _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_b,
+        dk, dv, col = _dkdv_pick(DKDV, dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_b,
                                   tl.maximum(whole_end, start + OUTER), T, T, qk_scale, stride_qt, stride_vt,
                                   HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER, True, BIAS, PRECISION)
         _store_rows(DK + bh * stride_kb, dk * scale, offs_b, offs_d, stride_kt, T, HEAD_DIM)
@@ -338,8 +392,10 @@ _BWD_CONFIGS = [
     triton.Config({"OUTER": o, "INNER": i}, num_warps=w, num_stages=2)
     for o, i, w in [(64, 64, 4), (128, 32, 4), (128, 32, 8), (128, 64, 8), (64, 32, 4), (128, 128, 8)]
 ]
+_DKDV = __import__("os").environ.get("PATHEDU_DKDV", "kt")  # TEMPORARY (A/B on the GPU): "mn" = the previous orientation
 _FP32_BWD_CONFIG = dict(OUTER=32, INNER=32, num_warps=4, num_stages=2)
-_flash_bwd_tuned = triton.autotune(_BWD_CONFIGS, key=["T", "HEAD_DIM", "HEAD_DV", "BIAS", "PRECISION"])(_flash_bwd)
+_flash_bwd_tuned = triton.autotune(_BWD_CONFIGS, key=["T", "HEAD_DIM", "HEAD_DV", "BIAS", "PRECISION", "DKDV"])(
+    _flash_bwd)
 
 
 # Tile shapes.  The interpreter's cost grows with the number of program
@@ -457,7 +513,7 @@ def _attention_bwd_launch(x: Flat, do, out, lse, scale: float, bias: str, bias_a
             dummy if rows is None else rows, dummy if cols is None else cols, n.T, scale * LOG2E, scale,
             x.q.stride(0), x.q.stride(1), x.k.stride(0), x.k.stride(1), x.v.stride(0), x.v.stride(1))
     meta = dict(HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=next_pow2(n.D), BLOCK_DV=next_pow2(n.Dv), BIAS=bias,
-                PRECISION=precision)
+                PRECISION=precision, DKDV=_DKDV)
     if _config is not None:
         _flash_bwd[(triton.cdiv(n.T, _config["OUTER"]), x.BH, 2)](*args, **_config, **meta)
     elif interpreting():  # few large programs: the interpreter's cost is per program

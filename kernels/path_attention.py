@@ -257,7 +257,9 @@ def _path_bwd(X, AD, V, DO, LSE, DELTA, C, DX, DAD, DV, DBR, DBC, T, LEVELS, qk_
     v_b = _load_rows(V, offs_b, offs_dv, stride_vt, T, HEAD_DV, True, CHECK_DV)  # [BT, BDV]
     lse_b = tl.load(LSE + offs_b, mask=offs_b < T, other=0.0)
     delta_b = tl.load(DELTA + offs_b, mask=offs_b < T, other=0.0)
-    p, dz = _bwd_probs(ad * qk_scale, v_b, do_b, lse_b, delta_b, bias_arg, offs_b, offs_b, T, True, BIAS, PRECISION)
+    dp = tl.dot(do_b, tl.trans(v_b), input_precision=PRECISION)  # [BT, BT]
+    p, dz = _bwd_probs(ad * qk_scale, dp, lse_b[:, None], delta_b[:, None], bias_arg, offs_b[:, None], offs_b[None, :],
+                       T, True, BIAS)
     if tl.program_id(2) == 0:
         dv = tl.dot(tl.trans(p.to(do_b.dtype)), do_b, input_precision=PRECISION)  # [BT, BDV]
         col = tl.sum(dz, axis=0)
