@@ -261,25 +261,30 @@ class Mixer(nn.Module):
         return self.o(o.to(x.dtype))  # x is fp32 under autocast too; the Linear casts as autocast says
 
     def _core(self, form: str, q, k, v, extra) -> torch.Tensor:
-        fn = _FUNCS[self.mixer][form]
+        args, kwargs = self.core_inputs(q, k, v, extra)
+        return _FUNCS[self.mixer][form](*args, **kwargs)
+
+    def core_inputs(self, q, k, v, extra) -> tuple[list, dict]:
+        """The positional and keyword arguments of the mechanism's function (any form) for heads ``q, k, v``
+        ``(B, H, T, Dh)`` and per-token quantities ``extra`` (``"w"``, ``"beta"``, ``"log_f"``), in its order."""
         m = self.mixer
         if m in ("nope", "linear"):
-            return fn(q, k, v)
+            return [q, k, v], {}
         if m == "alibi":
-            return fn(q, k, v, self.slopes)
+            return [q, k, v, self.slopes], {}
         if m == "retnet":
-            return fn(q, k, v, self.gammas)
+            return [q, k, v, self.gammas], {}
         if m == "rope":
-            return fn(q, k, v, base=self.rope_base)
+            return [q, k, v], {"base": self.rope_base}
         if m in ("fox", "gla"):
-            return fn(q, k, v, extra["log_f"])
+            return [q, k, v, extra["log_f"]], {}
         if m == "path":
-            return fn(q, k, v, extra["w"], extra["beta"])
+            return [q, k, v, extra["w"], extra["beta"]], {}
         if m == "pathfox":
-            return fn(q, k, v, extra["w"], extra["beta"], extra["log_f"])
+            return [q, k, v, extra["w"], extra["beta"], extra["log_f"]], {}
         if m == "deltanet":
-            return fn(q, k, v, extra["beta"])
-        return fn(q, k, v, extra["beta"], extra["log_f"])  # gated_deltanet
+            return [q, k, v, extra["beta"]], {}
+        return [q, k, v, extra["beta"], extra["log_f"]], {}  # gated_deltanet
 
 
 class Block(nn.Module):

@@ -145,7 +145,7 @@ def train(model: torch.nn.Module, sample: Callable[[int], tuple], *, steps: int,
           min_lr_ratio: float = 0.1, clip: float = 1.0, evaluate_fn: Callable | None = None,
           eval_every: int | None = None, log_every: int = 1, device=None, amp: bool | None = None,
           seed: int = 0, progress: bool = True, desc: str = "train", grad_check_every: int = 0,
-          time_limit_s: float | None = None) -> dict:
+          time_limit_s: float | None = None, stop_after: int | None = None) -> dict:
     """Train ``model`` for ``steps`` optimizer steps on batches ``sample(step) -> (inputs, targets)``.
 
     * AdamW (``lr``, ``betas``, ``weight_decay`` on matrices only: not on biases, norms, embeddings);
@@ -158,6 +158,8 @@ def train(model: torch.nn.Module, sample: Callable[[int], tuple], *, steps: int,
       on the step's batch (``model`` must be a :class:`pathedu.models.LM`), kept in ``"grad_checks"``.
     * ``time_limit_s`` (None: none): stop after the step that takes the training time (evaluations and
       checks not counted) past this many seconds, evaluate, and record ``"stopped_at"`` (steps done).
+    * ``stop_after`` (None: ``steps``): stop after that many steps of the ``steps``-step schedule, likewise
+      (e.g. to look at a model part-way through a run).
 
     Returns the history: ``{"step": [...], "loss": [...], "lr": [...], "grad_norm": [...]}`` every
     ``log_every`` steps, ``"eval": [{"step": s, **metrics}, ...]``, ``"wall_time_s"`` (the whole loop),
@@ -178,6 +180,9 @@ def train(model: torch.nn.Module, sample: Callable[[int], tuple], *, steps: int,
         raise ValueError(f"`grad_check_every` must be an int >= 0, got {grad_check_every!r}")
     if time_limit_s is not None and not time_limit_s > 0:
         raise ValueError(f"`time_limit_s` must be positive or None, got {time_limit_s!r}")
+    if stop_after is not None and (isinstance(stop_after, bool) or not isinstance(stop_after, int)
+                                   or not 1 <= stop_after <= steps):
+        raise ValueError(f"`stop_after` must be an int in 1..steps ({steps}) or None, got {stop_after!r}")
     device = torch.device(device) if device is not None else next(model.parameters()).device
     amp = _autocast_on(amp, device)
     torch.manual_seed(seed)
@@ -234,7 +239,8 @@ def train(model: torch.nn.Module, sample: Callable[[int], tuple], *, steps: int,
             m = run_eval(step + 1)
             if m is not None and "accuracy" in m:
                 bar.set_postfix(loss=f"{hist['loss'][-1]:.4f}", acc=f"{m['accuracy']:.3f}", refresh=False)
-        if time_limit_s is not None and step + 1 < steps and time.perf_counter() - start - eval_time > time_limit_s:
+        out_of_time = time_limit_s is not None and time.perf_counter() - start - eval_time > time_limit_s
+        if step + 1 < steps and (out_of_time or step + 1 == stop_after):
             done = step + 1
             if hist["step"][-1] != step:
                 hist["step"].append(step)

@@ -21,22 +21,25 @@ EVAL_SEED = 2 ** 40
 
 
 def train_run(mixer: str, seed: int, *, model_kwargs: dict, sample, evaluate_fn, config: dict, device,
-              progress: bool, desc: str, probe=None) -> dict:
+              progress: bool, desc: str, probe=None, stop_after: int | None = None, keep_model: bool = False) -> dict:
     """Seed, build ``mixer``'s model, train it; return ``{"n_params", "form", "final", "history",
     "train_time_s", "wall_time_s"}`` (``final``: the last evaluation), and ``"probe": probe(model)`` when a
-    ``probe`` is given (what the trained model does, e.g. :func:`beta_probe`)."""
+    ``probe`` is given (what the trained model does, e.g. :func:`beta_probe`); ``stop_after``: see
+    :func:`pathedu.train.train`; ``keep_model``: the model too, as ``"model"`` (not JSON: for a caller's use)."""
     torch.manual_seed(seed)
     model = build_model(mixer, **model_kwargs).to(device)
     hist = train(model, sample, steps=config["steps"], lr=config["lr"], weight_decay=config["weight_decay"],
                  warmup=config["warmup"], clip=config["clip"], evaluate_fn=evaluate_fn,
                  eval_every=config["eval_every"], log_every=config["log_every"], device=device, seed=seed,
                  progress=progress, desc=desc, amp=config.get("amp"),
-                 grad_check_every=config.get("grad_check_every", 0), time_limit_s=config.get("time_limit_s"))
+                 grad_check_every=config.get("grad_check_every", 0), time_limit_s=config.get("time_limit_s"),
+                 stop_after=stop_after)
     final = hist["eval"][-1] if hist["eval"] else {}
     return {"n_params": model.num_parameters(), "form": select_form(mixer, model_kwargs.get("form", "auto"),
                                                                        device=device, T=config.get("length", 0)),
             "final": final, "train_time_s": hist["train_time_s"], "wall_time_s": hist["wall_time_s"],
-            "history": hist, **({"probe": probe(model)} if probe is not None else {})}
+            "history": hist, **({"probe": probe(model)} if probe is not None else {}),
+            **({"model": model} if keep_model else {})}
 
 
 def beta_probe(tokens, device):

@@ -63,18 +63,28 @@ def run(config: dict, *, device, progress: bool = True):
 
         for seed in config["seeds"]:
             for mixer in config["mixers"]:
-                def sample(step, seed=seed, n_back=n_back):
-                    return tasks.mqrar(config["batch_size"], config["length"], n_keys=config["n_keys"],
-                                       n_back=n_back, vocab=config["vocab"], seed=data_seed(seed, step))
-
-                model_kwargs = dict(vocab=config["vocab"], d_model=config["d_model"], n_layers=config["n_layers"],
-                                    n_heads=config["n_heads"], mlp_ratio=config["mlp_ratio"], form=config["form"],
-                                    beta_max=config["beta_max"].get(mixer))
-                r = train_run(mixer, seed, model_kwargs=model_kwargs, sample=sample, evaluate_fn=evaluate_fn,
+                sample = sampler(config, seed, n_back)
+                r = train_run(mixer, seed, model_kwargs=model_kwargs(config, mixer), sample=sample,
+                              evaluate_fn=evaluate_fn,
                               probe=probe, config=config, device=device, progress=progress,
                               desc=f"mqrar N{n_back} {mixer} s{seed}")
                 runs.append({"n_back": n_back, "seed": seed, "mixer": mixer, **r})
     return runs, summarize(runs, config)
+
+
+def model_kwargs(config: dict, mixer: str) -> dict:
+    """The arguments of :func:`pathedu.models.build_model` for ``mixer`` under ``config``."""
+    return dict(vocab=config["vocab"], d_model=config["d_model"], n_layers=config["n_layers"],
+                n_heads=config["n_heads"], mlp_ratio=config["mlp_ratio"], form=config["form"],
+                beta_max=config["beta_max"].get(mixer))
+
+
+def sampler(config: dict, seed: int, n_back: int):
+    """Training batch ``step`` of run ``seed`` at ``n_back``: ``sample(step) -> (tokens, targets)``."""
+    def sample(step):
+        return tasks.mqrar(config["batch_size"], config["length"], n_keys=config["n_keys"], n_back=n_back,
+                           vocab=config["vocab"], seed=data_seed(seed, step))
+    return sample
 
 
 def summarize(runs, config) -> dict:

@@ -1,0 +1,158 @@
+r"""Where a kernel's gradient goes wrong inside a trained model: ``python -m pathedu.experiments.gradient_probe``.
+
+The MQRAR runs of PaTH at N = 2 collapse part-way through training, and :func:`pathedu.train.gradient_agreement`
+showed why in outline: the gradient the Triton kernels give drifts away from the float32 matrix form's as the
+model trains (``pathedu/data/exp_mqrar_path_N2_gradcheck.json``).  This probe says which input's gradient drifts.
+
+It trains the MQRAR model (the ``mqrar`` experiment's settings; ``--set`` changes any) for ``--at`` steps of its
+schedule, then runs one more training batch with every mixer's inputs captured: ``q, k, v`` and the per-token
+quantities as the kernel received them (bf16 ``q, k, v`` under autocast), and the gradient that reached the
+mixer's output.  For each layer and each input it compares the gradient of the Triton form on exactly those
+tensors with float64 autograd through the matrix form on the same values (the kernel's own error), and the
+float32 matrix form's with the same reference (how well conditioned the problem is).  Output:
+``pathedu/data/probe_mqrar_<mixer>.json`` (or ``--out``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+
+import torch
+
+__all__ = ["capture_mixer_inputs", "input_gradient_errors", "probe"]
+
+# The names of a mechanism's tensor arguments, in core_inputs' order (mixers whose arguments are all tensors).
+ARG_NAMES = {"fox": ("q", "k", "v", "log_f"), "path": ("q", "k", "v", "w", "beta"),
+             "pathfox": ("q", "k", "v", "w", "beta", "log_f")}
+
+
+def capture_mixer_inputs(model, inputs, targets, *, amp: bool | None = None) -> list[dict]:
+    """One forward and backward pass of ``model`` (a :class:`pathedu.models.LM`) on ``inputs, targets (B, T)``
+    that keeps, per layer, the tensors its mixer passed to the mechanism (``"args"``, detached, in
+    :meth:`pathedu.models.Mixer.core_inputs` order), the form that ran and the gradient of the loss with
+    respect to the mechanism's output (``"do"``).  Leaves no gradient behind."""
+    from ..models import LM
+    from ..train import _autocast_on, masked_loss
+
+    if not isinstance(model, LM):
+        raise TypeError(f"`model` must be a pathedu.models.LM, got {type(model).__name__}")
+    amp = _autocast_on(amp, inputs.device)
+    records = []
+
+    def wrap(mixer):
+        def core(form, q, k, v, extra):
+            args, kwargs = mixer.core_inputs(q, k, v, extra)
+            out = type(mixer)._core(mixer, form, q, k, v, extra)
+            rec = {"form": form, "args": [a.detach() for a in args], "kwargs": kwargs}
+            out.register_hook(lambda g, rec=rec: rec.__setitem__("do", g.detach()))
+            records.append(rec)
+            return out
+        return core
+
+    mixers = [blk.mixer for blk in model.blocks]
+    model.zero_grad(set_to_none=True)
+    try:
+        for m in mixers:
+            m._core = wrap(m)
+        with torch.autocast(device_type=inputs.device.type, dtype=torch.bfloat16, enabled=amp):
+            logits = model(inputs)
+        masked_loss(logits, targets).backward()
+    finally:
+        for m in mixers:
+            del m._core
+        model.zero_grad(set_to_none=True)
+    return records
+
+
+def _input_grads(fn, args, kwargs, do, dtype=None):
+    leaves = [a.to(dtype if dtype is not None else a.dtype).clone().requires_grad_() for a in args]
+    out = fn(*leaves, **kwargs)
+    return torch.autograd.grad(out, leaves, do.to(out.dtype))
+
+
+def input_gradient_errors(mixer: str, record: dict) -> dict:
+    """For one captured layer (:func:`capture_mixer_inputs`): per input name, the relative RMS and max error
+    of the Triton form's gradient (inputs as captured) and of the float32 matrix form's, both against float64
+    autograd through the matrix form on the same values, and the reference's RMS."""
+    from ..models import _FUNCS
+
+    if mixer not in ARG_NAMES:
+        raise ValueError(f"`mixer` must be one of {', '.join(ARG_NAMES)}, got {mixer!r}")
+    args, kwargs, do = record["args"], record["kwargs"], record["do"]
+    ref = _input_grads(_FUNCS[mixer]["matrix"], args, kwargs, do, torch.float64)
+    runs = {"triton": _input_grads(_FUNCS[mixer]["triton"], args, kwargs, do),
+            "matrix_fp32": _input_grads(_FUNCS[mixer]["matrix"], args, kwargs, do, torch.float32)}
+    out = {}
+    for i, name in enumerate(ARG_NAMES[mixer]):
+        r = ref[i]
+        rms = float(r.pow(2).mean().sqrt())
+        entry = {"ref_rms": rms}
+        for label, grads in runs.items():
+            err = grads[i].double() - r
+            entry[f"rel_rms_{label}"] = float(err.pow(2).mean().sqrt()) / max(rms, 1e-300)
+            entry[f"rel_max_{label}"] = float(err.abs().max()) / max(float(r.abs().max()), 1e-300)
+        out[name] = entry
+    return out
+
+
+def probe(config: dict, *, mixer: str = "path", n_back: int = 2, seed: int = 0, at: int = 800, device=None,
+          progress: bool = True) -> dict:
+    """Train ``mixer`` on MQRAR-``n_back`` for ``at`` steps of ``config``'s schedule, then
+    :func:`input_gradient_errors` for every layer on the next training batch; returns the record."""
+    from . import metadata
+    from ._common import beta_probe, train_run
+    from .mqrar import model_kwargs, sampler
+
+    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    sample = sampler(config, seed, n_back)
+    start = time.perf_counter()
+    r = train_run(mixer, seed, model_kwargs=model_kwargs(config, mixer), sample=sample, evaluate_fn=None,
+                  config=config, device=device, progress=progress, desc=f"probe {mixer} N{n_back} s{seed}",
+                  stop_after=at, keep_model=True, probe=beta_probe(sample(at)[0][:8], device))
+    model = r.pop("model")
+    x, y = (t.to(device) for t in sample(at))
+    layers = []
+    for rec in capture_mixer_inputs(model, x, y, amp=config.get("amp")):
+        layers.append({"form": rec["form"], "errors": input_gradient_errors(mixer, rec)})
+    return {"experiment": "gradient_probe", **metadata(device), "config": config, "mixer": mixer, "n_back": n_back,
+            "seed": seed, "at": at, "layers": layers, "probe": r.get("probe"), "history": r["history"],
+            "wall_time_s": time.perf_counter() - start}
+
+
+def main(argv=None) -> int:
+    from . import _ROOT, make_config
+    from .__main__ import _parse_set
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    p = argparse.ArgumentParser(prog="python -m pathedu.experiments.gradient_probe", description=__doc__.split("\n")[0])
+    p.add_argument("--mixer", default="path", choices=sorted(ARG_NAMES))
+    p.add_argument("--n-back", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--at", type=int, default=800, help="training steps before the probe (default 800)")
+    p.add_argument("--set", action="append", metavar="KEY=JSON", help="override an mqrar setting")
+    p.add_argument("--tiny", action="store_true", help="tiny sizes, on the CPU (tests)")
+    p.add_argument("--device")
+    p.add_argument("--out")
+    p.add_argument("--no-progress", action="store_true")
+    a = p.parse_args(argv)
+    config = make_config("mqrar", tiny=a.tiny, **_parse_set(a.set))
+    device = a.device or ("cpu" if a.tiny else None)
+    rec = probe(config, mixer=a.mixer, n_back=a.n_back, seed=a.seed, at=a.at, device=device,
+                progress=not a.no_progress)
+    rec["command"] = "python -m pathedu.experiments.gradient_probe " + " ".join(shlex.quote(x) for x in argv)
+    out = a.out or str(_ROOT / "data" / f"probe_mqrar_{a.mixer}.json")
+    with open(out, "w") as f:
+        json.dump(rec, f, indent=1)
+    for i, layer in enumerate(rec["layers"]):
+        for name, e in layer["errors"].items():
+            print(f"layer {i} d{name:6s} triton {e['rel_rms_triton']:.3e} (max {e['rel_max_triton']:.3e})  "
+                  f"fp32 matrix {e['rel_rms_matrix_fp32']:.3e}  ref rms {e['ref_rms']:.3e}")
+    print(f"written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
