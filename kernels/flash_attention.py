@@ -392,7 +392,7 @@ _BWD_CONFIGS = [
     triton.Config({"OUTER": o, "INNER": i}, num_warps=w, num_stages=2)
     for o, i, w in [(64, 64, 4), (128, 32, 4), (128, 32, 8), (128, 64, 8), (64, 32, 4), (128, 128, 8)]
 ]
-_DKDV = __import__("os").environ.get("PATHEDU_DKDV", "kt")  # TEMPORARY (A/B on the GPU): "mn" = the previous orientation
+_DKDV = "kt"  # TEMPORARY (A/B on the GPU, read at each launch): "mn" = the previous orientation
 _FP32_BWD_CONFIG = dict(OUTER=32, INNER=32, num_warps=4, num_stages=2)
 _flash_bwd_tuned = triton.autotune(_BWD_CONFIGS, key=["T", "HEAD_DIM", "HEAD_DV", "BIAS", "PRECISION", "DKDV"])(
     _flash_bwd)

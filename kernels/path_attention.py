@@ -460,6 +460,9 @@ def _bwd_kernel(x: Flat, c, out, lse, do, scale: float, block: int, prep: Prepar
     return dX, dad, dv, rows, cols
 
 
+_BWD_X_DTYPE = None  # TEMPORARY (diagnosis on the GPU): the meeting-point rows' dtype in the backward; None: the input's
+
+
 def _path_bwd_launch(x: Flat, w3, beta3, c, out, lse, do, scale: float, block: int, _config=None):
     """PaTH's backward pass on the forward's validated inputs, output and log-sum-exp; ``do``: ``(BH, T, Dv)``.
 
@@ -476,7 +479,7 @@ def _path_bwd_launch(x: Flat, w3, beta3, c, out, lse, do, scale: float, block: i
     """
     do = do.to(x.dtype).contiguous()
     prep = _bwd_prepare(x, w3, beta3, block)
-    X = carry_forward(prep.qt, prep.kt, prep.g, block, x.dtype)
+    X = carry_forward(prep.qt, prep.kt, prep.g, block, _BWD_X_DTYPE or x.dtype)
     dX, dad, dv, rows, cols = _bwd_kernel(x, c, out, lse, do, scale, block, prep, X, _config)
     del X
     dqt, dkt, dg = carry_backward(prep.qt, prep.kt, prep.g, block, dX, x.dtype)

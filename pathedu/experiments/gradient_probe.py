@@ -85,6 +85,13 @@ def input_gradient_errors(mixer: str, record: dict) -> dict:
     ref = _input_grads(_FUNCS[mixer]["matrix"], args, kwargs, do, torch.float64)
     runs = {"triton": _input_grads(_FUNCS[mixer]["triton"], args, kwargs, do),
             "matrix_fp32": _input_grads(_FUNCS[mixer]["matrix"], args, kwargs, do, torch.float32)}
+    if mixer != "fox":  # TEMPORARY (diagnosis): PaTH's backward with its meeting-point rows kept in fp32
+        from ..kernels import path_attention as _pa
+        _pa._BWD_X_DTYPE = torch.float32
+        try:
+            runs["triton_x_fp32"] = _input_grads(_FUNCS[mixer]["triton"], args, kwargs, do)
+        finally:
+            _pa._BWD_X_DTYPE = None
     out = {}
     for i, name in enumerate(ARG_NAMES[mixer]):
         r = ref[i]
@@ -149,6 +156,7 @@ def main(argv=None) -> int:
     for i, layer in enumerate(rec["layers"]):
         for name, e in layer["errors"].items():
             print(f"layer {i} d{name:6s} triton {e['rel_rms_triton']:.3e} (max {e['rel_max_triton']:.3e})  "
+                  f"X fp32 {e.get('rel_rms_triton_x_fp32', float('nan')):.3e}  "
                   f"fp32 matrix {e['rel_rms_matrix_fp32']:.3e}  ref rms {e['ref_rms']:.3e}")
     print(f"written to {out}")
     return 0

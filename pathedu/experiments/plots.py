@@ -11,6 +11,8 @@ that every number on the page comes from a file and none is typed by hand.
 * :func:`plot_flipflop_sparse`, :func:`plot_flipflop_history` -- the two flip-flop figures.
 * :func:`plot_word_problem`, :func:`plot_mqrar` -- the figures of the other two experiments
   (accuracy against depth and length; accuracy against N), for records of any size.
+* :func:`plot_histories`, :func:`plot_grad_checks` -- training curves of runs side by side, and how far
+  their gradient was from the float32 matrix form's along the way.
 * :func:`describe` -- the structure of a record, as lines of text (what a run stores).
 
 Errors are in percent; a split with no scored position (possible in ``--tiny`` runs) has
@@ -25,7 +27,7 @@ from . import default_out, get_module
 
 __all__ = ["LABELS", "SPLITS", "label", "load", "flipflop_rows", "format_flipflop_table", "fmt_percent",
            "eval_curves", "plot_flipflop_sparse", "plot_flipflop_history", "plot_word_problem", "plot_mqrar",
-           "describe"]
+           "plot_histories", "plot_grad_checks", "describe"]
 
 LABELS = {"nope": "NoPE", "alibi": "ALiBi", "fox": "FoX", "rope": "RoPE", "path": "PaTH", "pathfox": "PaTH-FoX",
           "linear": "linear", "retnet": "RetNet", "gla": "GLA", "deltanet": "DeltaNet",
@@ -304,6 +306,38 @@ def plot_histories(runs: list, keys=("loss", "grad_norm"), fig=None, smooth: int
             ax.set_yscale("log")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def plot_grad_checks(runs: list, fig=None):
+    """How far the gradient a run trained with was from the float32 matrix form's, along the run: for each
+    ``(label, run)`` whose history has ``"grad_checks"`` (:func:`pathedu.train.gradient_agreement`), the
+    relative error of the run's own gradient (solid) and of the matrix form under the same autocast (dashed),
+    log scale, beside the reference loss.  Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    runs = [(lab, r) for lab, r in runs if r["history"].get("grad_checks")]
+    if not runs:
+        raise ValueError("no run has gradient checks (train with grad_check_every > 0)")
+    if fig is None:
+        fig = plt.figure(figsize=(MAX_WIDTH_IN, 2.8))
+    ax_err, ax_loss = fig.subplots(1, 2)
+    for i, (lab, run) in enumerate(runs):
+        checks = run["history"]["grad_checks"]
+        steps = [c["step"] for c in checks]
+        color = f"C{i}"
+        ax_err.plot(steps, [c["rel_err_run"] for c in checks], color=color, lw=1.2, label=f"{lab}: kernels")
+        ax_err.plot(steps, [c["rel_err_matrix_amp"] for c in checks], color=color, lw=1, ls="--",
+                    label=f"{lab}: matrix form")
+        ax_loss.plot(steps, [c["loss_ref"] for c in checks], color=color, lw=1, label=lab)
+    ax_err.set_yscale("log")
+    ax_err.set_ylabel("|g - g_ref| / |g_ref|")
+    ax_loss.set_ylabel("loss (fp32 matrix form)")
+    for ax in (ax_err, ax_loss):
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    ax_err.legend(fontsize=6)
     fig.tight_layout()
     return fig
 
