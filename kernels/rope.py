@@ -5,9 +5,9 @@ absolute position once, then run the templates unchanged:
 
 * :func:`pathedu.rope.rope_triton` = :func:`rotary_attention` = the rotation
   followed by :func:`pathedu.kernels.flash_attention.attention`;
-* :func:`pathedu.rope.complex_triton` = :func:`rotary_linear_attention` = the
-  rotation followed by :func:`pathedu.kernels.linear_attention.chunked_linear_attention`
-  (the complex recurrence *is* linear attention on rotated q, k).
+* :func:`pathedu.rope.complex_triton` = :func:`rotary_linear_attention` =
+  :func:`pathedu.kernels.linear_attention.chunked_linear_attention` on rotated q, k
+  (the complex recurrence *is* linear attention on rotated q, k), rotated as each chunk is loaded.
 
 The composed entry points validate ``q, k, v`` once and call the internal,
 unvalidated launchers of both kernels (``_rotate_launch``, then
@@ -17,9 +17,10 @@ The other way, ``rotation="fused"``: both templates have a rotation hook
 (``ROTATE``) that turns q and k as they are loaded, with the same pieces
 (:func:`._pieces._rope_cos_sin`, :func:`._pieces._rope_shift`,
 :func:`._pieces._load_rotated`), so no rotated copy is written; the FlashAttention
-template turns each key tile once per query block.  Its first version was slower
-than the pre-pass on the H100 (``kernels/NOTES_flash.md``); the pre-pass stays the
-default, and the path whenever gradients are wanted.
+template turns each key tile once per query block.  Measured on the H100
+(``kernels/NOTES_flash.md``), the hook is the faster way on the linear side, where each chunk is
+turned once (``complex_triton``'s default), and the slower one on the FlashAttention side
+(``rope_triton`` keeps the pre-pass, which is also its path whenever gradients are wanted).
 
 One program owns ``BLOCK_T`` positions of one (batch, head) row of both ``q``
 and ``k``.  It computes, in fp32 and in registers,

@@ -451,9 +451,9 @@ def rope_triton(q, k, v, *, base: float = 10000.0, scale=None, pairing: str = "i
     fp32 angles and cos/sin computed in-kernel), then the unchanged FlashAttention
     template (:func:`pathedu.kernels.flash_attention.attention`); ``rotation="fused"``: the
     template's rotation hook turns q and k as it loads them instead (no pass through memory;
-    inference only: with gradients the pre-pass runs).  On an H100 the hook's first version (cos/sin per
-    key-tile entry) was 2.4-2.7x slower than the pre-pass (``pathedu/data/bench_rope.json``), hence the
-    default; the current one (angle addition) is not measured yet (``kernels/NOTES_flash.md``).
+    inference only: with gradients the pre-pass runs).  On an H100 the hook is 1.8-2.0x slower than the
+    pre-pass (``pathedu/data/bench_rope.json``: each key tile is turned once per query block), hence the
+    default (``kernels/NOTES_flash.md``).
 
     fp16/bf16/fp32, head dims 16..128 (even), fp32 accumulation.  Shapes and
     conventions as :func:`rope_naive`.  On a CPU it runs in Triton's interpreter
@@ -572,11 +572,12 @@ def complex_chunked(q, k, v, *, base: float = 10000.0, pairing: str = "interleav
     return out.to(q.dtype)
 
 
-def complex_triton(q, k, v, *, base: float = 10000.0, pairing: str = "interleaved", rotation: str = "prepass"):
-    """Triton: the rotation pre-pass (:func:`pathedu.kernels.rope.rotate_qk`) followed by plain
-    chunked linear attention (:func:`pathedu.kernels.linear_attention.chunked_linear_attention`);
-    ``rotation="fused"``: the template's rotation hook turns q and k as each chunk is loaded (its first
-    version measured on an H100 as fast as the pre-pass, not faster; ``kernels/NOTES_flash.md``).
+def complex_triton(q, k, v, *, base: float = 10000.0, pairing: str = "interleaved", rotation: str = "fused"):
+    """Triton: chunked linear attention (:func:`pathedu.kernels.linear_attention.chunked_linear_attention`)
+    whose rotation hook turns q and k by ``+Omega t`` as each chunk is loaded (``rotation="fused"``, the
+    default: 0.73-0.76x the time of the pre-pass on an H100, ``pathedu/data/bench_rope.json``), or
+    ``rotation="prepass"``: the rotation pre-pass (:func:`pathedu.kernels.rope.rotate_qk`) through memory,
+    then the plain template.
 
     This *is* the chapter's claim: the complex recurrence is linear attention on
     ``q, k`` rotated by ``+Omega t``.  fp16/bf16/fp32, head dims 16..128 (even),

@@ -79,7 +79,7 @@ def ops():
         return fn
 
     def complex_triton(q, k, v):
-        return lambda: rope.complex_triton(q, k, v, base=BASE, pairing=PAIRING)
+        return lambda: rope.complex_triton(q, k, v, base=BASE, pairing=PAIRING, rotation="prepass")
 
     def complex_triton_fused(q, k, v):
         return lambda: rope.complex_triton(q, k, v, base=BASE, pairing=PAIRING, rotation="fused")
