@@ -213,48 +213,6 @@ def _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_n, lo, hi, 
 
 
 @triton.jit
-def _dkdv_steps_mn(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_n, lo, hi, T, qk_scale, stride_qt,
-                   stride_vt, HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr,
-                   BLOCK_DV: tl.constexpr, INNER: tl.constexpr, MASK: tl.constexpr, BIAS: tl.constexpr,
-                   PRECISION: tl.constexpr):
-    """TEMPORARY (A/B on the GPU): :func:`_dkdv_steps` in the query-rows orientation, as before."""
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    for start_m in range(lo, hi, INNER):
-        offs_m = start_m + tl.arange(0, INNER)
-        q = _load_rows(Q, offs_m, offs_d, stride_qt, T, HEAD_DIM, MASK, BLOCK_D != HEAD_DIM)  # [BM, BD]
-        do = _load_rows(DO, offs_m, offs_dv, stride_vt, T, HEAD_DV, MASK, BLOCK_DV != HEAD_DV)  # [BM, BDV]
-        if MASK:
-            lse = tl.load(LSE + offs_m, mask=offs_m < T, other=0.0)
-            delta = tl.load(DELTA + offs_m, mask=offs_m < T, other=0.0)
-        else:
-            lse = tl.load(LSE + offs_m)
-            delta = tl.load(DELTA + offs_m)
-        p, dz = _bwd_tile(q, k, v, do, lse, delta, bias_arg, offs_m, offs_n, T, qk_scale, MASK, BIAS, PRECISION)
-        dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)  # [BN, BDV]
-        dk += tl.dot(tl.trans(dz.to(q.dtype)), q, input_precision=PRECISION)  # [BN, BD]
-        col += tl.sum(dz, axis=0)
-    return dk, dv, col
-
-
-@triton.jit
-def _dkdv_pick(DKDV: tl.constexpr, dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_n, lo, hi, T, qk_scale,
-               stride_qt, stride_vt, HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr,
-               BLOCK_DV: tl.constexpr, INNER: tl.constexpr, MASK: tl.constexpr, BIAS: tl.constexpr,
-               PRECISION: tl.constexpr):
-    """TEMPORARY (A/B on the GPU): ``DKDV`` "kt" -> :func:`_dkdv_steps`, "mn" -> :func:`_dkdv_steps_mn`."""
-    if DKDV == "kt":
-        dk, dv, col = _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_n, lo, hi, T, qk_scale,
-                                  stride_qt, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER, MASK, BIAS,
-                                  PRECISION)
-    else:
-        dk, dv, col = _dkdv_steps_mn(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_n, lo, hi, T, qk_scale,
-                                     stride_qt, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER, MASK, BIAS,
-                                     PRECISION)
-    return dk, dv, col
-
-
-@triton.jit
 def _bwd_tile(q, k, v, do, lse, delta, bias_arg, offs_m, offs_n, T, qk_scale,
               MASK: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr):
     """One (query block, key block) tile in the query-rows orientation: ``(p, dz)``, both ``[BM, BN]``
@@ -286,8 +244,7 @@ def _dq_steps(dq, row, q, do, lse, delta, K, V, bias_arg, offs_m, lo, hi, T, qk_
 def _flash_bwd(Q, K, V, DO, LSE, DELTA, BIAS_ARG, DQ, DK, DV, DBR, DBC, T, qk_scale, scale,
                stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt,
                HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-               OUTER: tl.constexpr, INNER: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr,
-               DKDV: tl.constexpr):
+               OUTER: tl.constexpr, INNER: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr):
     """The backward pass of :func:`_flash_fwd`, FlashAttention-2's way: nothing ``T x T`` is stored.
 
     Grid ``(blocks of OUTER rows, BH, 2)``.  Programs with ``program_id(2) == 0`` own a block of
@@ -331,13 +288,13 @@ def _flash_bwd(Q, K, V, DO, LSE, DELTA, BIAS_ARG, DQ, DK, DV, DBR, DBC, T, qk_sc
         dv = tl.zeros([OUTER, BLOCK_DV], dtype=tl.float32)
         col = tl.zeros([OUTER], dtype=tl.float32)
         whole_end = (T // INNER) * INNER
-        dk, dv, col = _dkdv_pick(DKDV, dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_b, start, diag_end, T,
+        dk, dv, col = _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_b, start, diag_end, T,
                                   qk_scale, stride_qt, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER, True,
                                   BIAS, PRECISION)
-        dk, dv, col = _dkdv_pick(DKDV, dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_b, start + OUTER, whole_end,
+        dk, dv, col = _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_b, start + OUTER, whole_end,
                                   T, qk_scale, stride_qt, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER,
                                   False, BIAS, PRECISION)
-        dk, dv, col = _dkdv_pick(DKDV, dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_b,
+        dk, dv, col = _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_b,
                                   tl.maximum(whole_end, start + OUTER), T, T, qk_scale, stride_qt, stride_vt,
                                   HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER, True, BIAS, PRECISION)
         _store_rows(DK + bh * stride_kb, dk * scale, offs_b, offs_d, stride_kt, T, HEAD_DIM)
@@ -392,10 +349,8 @@ _BWD_CONFIGS = [
     triton.Config({"OUTER": o, "INNER": i}, num_warps=w, num_stages=2)
     for o, i, w in [(64, 64, 4), (128, 32, 4), (128, 32, 8), (128, 64, 8), (64, 32, 4), (128, 128, 8)]
 ]
-_DKDV = "kt"  # TEMPORARY (A/B on the GPU, read at each launch): "mn" = the previous orientation
 _FP32_BWD_CONFIG = dict(OUTER=32, INNER=32, num_warps=4, num_stages=2)
-_flash_bwd_tuned = triton.autotune(_BWD_CONFIGS, key=["T", "HEAD_DIM", "HEAD_DV", "BIAS", "PRECISION", "DKDV"])(
-    _flash_bwd)
+_flash_bwd_tuned = triton.autotune(_BWD_CONFIGS, key=["T", "HEAD_DIM", "HEAD_DV", "BIAS", "PRECISION"])(_flash_bwd)
 
 
 # Tile shapes.  The interpreter's cost grows with the number of program
@@ -513,7 +468,7 @@ def _attention_bwd_launch(x: Flat, do, out, lse, scale: float, bias: str, bias_a
             dummy if rows is None else rows, dummy if cols is None else cols, n.T, scale * LOG2E, scale,
             x.q.stride(0), x.q.stride(1), x.k.stride(0), x.k.stride(1), x.v.stride(0), x.v.stride(1))
     meta = dict(HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=next_pow2(n.D), BLOCK_DV=next_pow2(n.Dv), BIAS=bias,
-                PRECISION=precision, DKDV=_DKDV)
+                PRECISION=precision)
     if _config is not None:
         _flash_bwd[(triton.cdiv(n.T, _config["OUTER"]), x.BH, 2)](*args, **_config, **meta)
     elif interpreting():  # few large programs: the interpreter's cost is per program

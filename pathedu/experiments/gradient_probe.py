@@ -85,13 +85,20 @@ def input_gradient_errors(mixer: str, record: dict) -> dict:
     ref = _input_grads(_FUNCS[mixer]["matrix"], args, kwargs, do, torch.float64)
     runs = {"triton": _input_grads(_FUNCS[mixer]["triton"], args, kwargs, do),
             "matrix_fp32": _input_grads(_FUNCS[mixer]["matrix"], args, kwargs, do, torch.float32)}
-    if mixer != "fox":  # TEMPORARY (diagnosis): PaTH's backward with its meeting-point rows kept in fp32
+    if mixer == "path":  # TEMPORARY (diagnosis): PaTH's kernel with one thing changed at a time
         from ..kernels import path_attention as _pa
-        _pa._BWD_X_DTYPE = torch.float32
+        _pa._BWD_X_DTYPE = torch.float32  # the backward's meeting-point rows kept in fp32
         try:
             runs["triton_x_fp32"] = _input_grads(_FUNCS[mixer]["triton"], args, kwargs, do)
         finally:
             _pa._BWD_X_DTYPE = None
+        for label, kw in (("triton_inner32_w4", {"_config": {"backward": {"INNER": 32, "num_warps": 4,
+                                                                          "num_stages": 1}}}),
+                          ("triton_block32", {"block": 32}), ("triton_block16", {"block": 16})):
+            try:
+                runs[label] = _input_grads(_pa.path_attention, args, {**kwargs, **kw}, do)
+            except Exception as exc:  # a variant that does not compile is recorded, not fatal
+                print(f"variant {label}: {type(exc).__name__}: {exc}", file=sys.stderr)
     out = {}
     for i, name in enumerate(ARG_NAMES[mixer]):
         r = ref[i]
@@ -106,9 +113,11 @@ def input_gradient_errors(mixer: str, record: dict) -> dict:
 
 
 def probe(config: dict, *, mixer: str = "path", n_back: int = 2, seed: int = 0, at: int = 800, device=None,
-          progress: bool = True) -> dict:
+          progress: bool = True, save_inputs: str | None = None, save_rows: int = 2) -> dict:
     """Train ``mixer`` on MQRAR-``n_back`` for ``at`` steps of ``config``'s schedule, then
-    :func:`input_gradient_errors` for every layer on the next training batch; returns the record."""
+    :func:`input_gradient_errors` for every layer on the next training batch; returns the record.
+    ``save_inputs``: a ``.pt`` file that receives every layer's captured tensors (the first ``save_rows``
+    sequences of the batch, on the CPU), to replay them elsewhere (e.g. in Triton's interpreter)."""
     from . import metadata
     from ._common import beta_probe, train_run
     from .mqrar import model_kwargs, sampler
@@ -122,7 +131,11 @@ def probe(config: dict, *, mixer: str = "path", n_back: int = 2, seed: int = 0, 
     model = r.pop("model")
     x, y = (t.to(device) for t in sample(at))
     layers = []
-    for rec in capture_mixer_inputs(model, x, y, amp=config.get("amp")):
+    captured = capture_mixer_inputs(model, x, y, amp=config.get("amp"))
+    if save_inputs:
+        torch.save([{"args": [a[:save_rows].cpu() for a in rec["args"]], "kwargs": rec["kwargs"],
+                     "do": rec["do"][:save_rows].cpu()} for rec in captured], save_inputs)
+    for rec in captured:
         layers.append({"form": rec["form"], "errors": input_gradient_errors(mixer, rec)})
     return {"experiment": "gradient_probe", **metadata(device), "config": config, "mixer": mixer, "n_back": n_back,
             "seed": seed, "at": at, "layers": layers, "probe": r.get("probe"), "history": r["history"],
@@ -143,21 +156,24 @@ def main(argv=None) -> int:
     p.add_argument("--tiny", action="store_true", help="tiny sizes, on the CPU (tests)")
     p.add_argument("--device")
     p.add_argument("--out")
+    p.add_argument("--save-inputs", help="a .pt file for the captured tensors of every layer (first --save-rows rows)")
+    p.add_argument("--save-rows", type=int, default=2)
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
     config = make_config("mqrar", tiny=a.tiny, **_parse_set(a.set))
     device = a.device or ("cpu" if a.tiny else None)
     rec = probe(config, mixer=a.mixer, n_back=a.n_back, seed=a.seed, at=a.at, device=device,
-                progress=not a.no_progress)
+                progress=not a.no_progress, save_inputs=a.save_inputs, save_rows=a.save_rows)
     rec["command"] = "python -m pathedu.experiments.gradient_probe " + " ".join(shlex.quote(x) for x in argv)
     out = a.out or str(_ROOT / "data" / f"probe_mqrar_{a.mixer}.json")
     with open(out, "w") as f:
         json.dump(rec, f, indent=1)
     for i, layer in enumerate(rec["layers"]):
         for name, e in layer["errors"].items():
-            print(f"layer {i} d{name:6s} triton {e['rel_rms_triton']:.3e} (max {e['rel_max_triton']:.3e})  "
-                  f"X fp32 {e.get('rel_rms_triton_x_fp32', float('nan')):.3e}  "
-                  f"fp32 matrix {e['rel_rms_matrix_fp32']:.3e}  ref rms {e['ref_rms']:.3e}")
+            others = "  ".join(f"{k[8:]} {v:.2e}" for k, v in e.items() if k.startswith("rel_rms_") and
+                               k not in ("rel_rms_triton", "rel_rms_matrix_fp32"))
+            print(f"layer {i} d{name:6s} triton {e['rel_rms_triton']:.2e} (max {e['rel_max_triton']:.2e})  "
+                  f"fp32 matrix {e['rel_rms_matrix_fp32']:.2e}  {others}")
     print(f"written to {out}")
     return 0
 
