@@ -94,7 +94,7 @@ def input_gradient_errors(mixer: str, record: dict) -> dict:
             _pa._BWD_X_DTYPE = None
         for label, kw in (("triton_inner32_w4", {"_config": {"backward": {"INNER": 32, "num_warps": 4,
                                                                           "num_stages": 1}}}),
-                          ("triton_block32", {"block": 32}), ("triton_block16", {"block": 16})):
+                          ("triton_block32", {"block": 32})):
             try:
                 runs[label] = _input_grads(_pa.path_attention, args, {**kwargs, **kw}, do)
             except Exception as exc:  # a variant that does not compile is recorded, not fatal
