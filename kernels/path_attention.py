@@ -70,7 +70,7 @@ import triton.language as tl
 
 from ..checks import check_scale, finite_condition, log_gate_condition, range_condition, require
 from ._launch import Flat, dot_precision, interpreting, next_pow2, per_token, prepare_qkv, wants_grad
-from .flash_attention import _bwd_probs, _dkdv_steps, _dq_steps, bwd_delta
+from .flash_attention import _bwd_probs, _dkdv_steps, _dq_steps
 from .path_carry import carry_backward, carry_forward
 from ._pieces import (LOG2E, _first_nonfinite, _load_rows, _no_nonfinite, _poison, _query_block, _softmax_fold,
                       _store_rows)
@@ -209,6 +209,68 @@ _GPU_CONFIGS = [
 ]
 _TUNE_KEY = ["HEAD_DIM", "HEAD_DV", "BLOCK_N", "UPDATE", "PRECISION", "GATED", "STORE_LSE"]
 _path_fwd_tuned = triton.autotune(_GPU_CONFIGS, key=_TUNE_KEY)(_path_fwd)
+
+
+@triton.jit
+def _path_bwd_stats(X, AD, V, DO, C, LSE, DELTA, T, LEVELS, qk_scale, stride_xl, stride_xb, stride_ab, stride_vb,
+                    stride_vt, HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr,
+                    BLOCK_DV: tl.constexpr, BT: tl.constexpr, INNER: tl.constexpr, BIAS: tl.constexpr,
+                    PRECISION: tl.constexpr):
+    """The backward's own softmax statistics, one UT block of queries per program (grid ``(blocks, BH)``).
+
+    :func:`_path_bwd` recomputes every logit from the meeting-point rows ``X`` and the in-block scores ``AD``:
+    a different order of products from the forward's scan, each rounded its own way.  Normalising them with the
+    forward's log-sum-exp is exact only in exact arithmetic: where logits are large (a trained model's sharp
+    attention), a logit off by ``delta`` turns ``p`` into ``p 2^delta`` and the rows stop summing to one
+    (measured: gradients 20-180% off float64 in a trained model, ``kernels/NOTES_path.md``).  So this pass
+    walks the same tiles as ``_path_bwd``'s query role, computes each logit the same way, and writes each
+    row's log-sum-exp (log2 units, ``LSE``) and ``delta = dO . O`` with ``O`` the output of those same logits
+    (``DELTA``): the backward then differentiates one consistent softmax."""
+    bh = tl.program_id(1).to(tl.int64)
+    start = tl.program_id(0) * BT
+    offs_b = start + tl.arange(0, BT)
+    cols = tl.arange(0, BT)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    CHECK_DV: tl.constexpr = BLOCK_DV != HEAD_DV
+    X += bh * stride_xb
+    V += bh * stride_vb
+    DO += bh * stride_vb
+    c_b = 0.0
+    if BIAS == "loggate":
+        C += bh * T
+        c_b = tl.load(C + offs_b, mask=offs_b < T, other=0.0)
+    m_i = tl.full([BT], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BT], dtype=tl.float32)
+    acc = tl.zeros([BT, BLOCK_DV], dtype=tl.float32)
+    # The diagonal tile, from the in-block scores, as _path_bwd's _bwd_probs sees it.
+    s = _load_rows(AD + bh * stride_ab + start * BT, cols, cols, BT, T - start, BT, True, False) * qk_scale
+    if BIAS == "loggate":
+        s += (c_b[:, None] - c_b[None, :]) * 1.4426950408889634
+    s = tl.where((offs_b[:, None] >= offs_b[None, :]) & (offs_b[:, None] < T), s, float("-inf"))
+    v_b = _load_rows(V, offs_b, offs_dv, stride_vt, T, HEAD_DV, True, CHECK_DV)  # [BT, BDV]
+    acc, m_i, l_i = _softmax_fold(acc, m_i, l_i, s, v_b, True, True, PRECISION)
+    # Every earlier block, at the level where it meets this one: whole key tiles, no mask.
+    XL = X
+    for lvl in range(0, LEVELS):
+        h = BT * (1 << lvl)
+        right = (start // h) % 2 == 1
+        hi = (start // h) * h
+        lo = tl.where(right, hi - h, hi)
+        q = _load_rows(XL, offs_b, offs_d, HEAD_DIM, T, HEAD_DIM, True, CHECK_D)  # [BT, BD]
+        for start_n in range(lo, hi, INNER):
+            offs_n = start_n + tl.arange(0, INNER)
+            k = _load_rows(XL, offs_n, offs_d, HEAD_DIM, T, HEAD_DIM, False, CHECK_D)  # [BN, BD]
+            v = _load_rows(V, offs_n, offs_dv, stride_vt, T, HEAD_DV, False, CHECK_DV)  # [BN, BDV]
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BT, BN], as _bwd_tile
+            if BIAS == "loggate":
+                s += (c_b[:, None] - tl.load(C + offs_n)[None, :]) * 1.4426950408889634
+            acc, m_i, l_i = _softmax_fold(acc, m_i, l_i, s, v, False, False, PRECISION)
+        XL += stride_xl
+    do = _load_rows(DO, offs_b, offs_dv, stride_vt, T, HEAD_DV, True, CHECK_DV).to(tl.float32)
+    tl.store(LSE + bh * T + offs_b, m_i + tl.log2(l_i), mask=offs_b < T)
+    tl.store(DELTA + bh * T + offs_b, tl.sum(do * (acc / l_i[:, None]), 1), mask=offs_b < T)
 
 
 @triton.jit
@@ -422,11 +484,29 @@ def _bwd_prepare(x: Flat, w3, beta3, block: int) -> Prepared:
                     update_dtype=torch.float32, keep_inverse=True, precision=prep_precision(x.dtype))
 
 
-def _bwd_kernel(x: Flat, c, out, lse, do, scale: float, block: int, prep: Prepared, X, _config=None):
-    """The pre-pass ``delta`` and one launch of :func:`_path_bwd`: ``dX`` (fp32, shaped like ``X``),
-    ``dÃ`` (fp32, like ``prep.ad``), ``dv`` and the row and column sums of ``dz`` (None without a gate)."""
+def _bwd_stats(x: Flat, c, do, scale: float, block: int, prep: Prepared, X, inner: int):
+    """:func:`_path_bwd_stats`: the backward's own log-sum-exp and ``delta`` (fp32 ``(BH, T)`` each)."""
     n = x.n
-    delta = bwd_delta(out, do)
+    lse = torch.empty(x.BH, n.T, dtype=torch.float32, device=x.device)
+    delta = torch.empty_like(lse)
+    levels = X.shape[0]
+    meta = dict(HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=next_pow2(n.D), BLOCK_DV=next_pow2(n.Dv), BT=block, INNER=inner,
+                BIAS="none" if c is None else "loggate", PRECISION=dot_precision(x.dtype))
+    if not interpreting():
+        meta.update(num_warps=4, num_stages=2)
+    _path_bwd_stats[(triton.cdiv(n.T, block), x.BH)](
+        X, prep.ad, x.v, do, lse if c is None else c, lse, delta, n.T, levels, scale * LOG2E,
+        X.stride(0) if levels else 0, X.stride(1) if levels else 0, prep.ad.stride(0), x.v.stride(0),
+        x.v.stride(1), **meta)
+    return lse, delta
+
+
+def _bwd_kernel(x: Flat, c, do, scale: float, block: int, prep: Prepared, X, _config=None):
+    """The backward's own softmax statistics (:func:`_bwd_stats`) and one launch of :func:`_path_bwd`:
+    ``dX`` (fp32, shaped like ``X``), ``dÃ`` (fp32, like ``prep.ad``), ``dv`` and the row and column sums of
+    ``dz`` (None without a gate)."""
+    n = x.n
+    lse, delta = _bwd_stats(x, c, do, scale, block, prep, X, inner=min(32, block))
     levels = X.shape[0]
     # fp32, as every gradient the carries' backward reads.  (It was suspected of the 1.7e-2 error of w's and
     # beta's bf16 gradients at T = 16384 with reflections; measured, a bf16 dX gave the same: NOTES_path.md, 7.)
@@ -460,18 +540,22 @@ def _bwd_kernel(x: Flat, c, out, lse, do, scale: float, block: int, prep: Prepar
     return dX, dad, dv, rows, cols
 
 
-_BWD_X_DTYPE = None  # TEMPORARY (diagnosis on the GPU): the meeting-point rows' dtype in the backward; None: the input's
+# The meeting-point rows are kept in fp32 whatever the input dtype: a trained model's logits reach hundreds (log2
+# units), where rounding a carried row to bf16 moves a logit by tenths and a probability by tens of percent
+# (kernels/NOTES_path.md, section 8).  None: the input's dtype (measured beside it by the gradient probe).
+_BWD_X_DTYPE = torch.float32
 
 
-def _path_bwd_launch(x: Flat, w3, beta3, c, out, lse, do, scale: float, block: int, _config=None):
-    """PaTH's backward pass on the forward's validated inputs, output and log-sum-exp; ``do``: ``(BH, T, Dv)``.
+def _path_bwd_launch(x: Flat, w3, beta3, c, do, scale: float, block: int, _config=None):
+    """PaTH's backward pass on the forward's validated inputs; ``do``: ``(BH, T, Dv)``.
 
-    Five launches (or groups of launches), nothing stored from the forward but ``out`` and ``lse``:
+    Five launches (or groups of launches), nothing stored from the forward but its inputs:
 
     1. the preparation pass again (:func:`_bwd_prepare`): ``q~, k~, Ã, G`` in fp32 and each block's inverse;
     2. the carries to the meeting points (:func:`.path_carry.carry_forward`, one launch per level);
-    3. FlashAttention's backward on every pair of blocks (:func:`_path_bwd`): ``dX``, ``dÃ``, ``dV`` and the
-       gate's row and column sums;
+    3. the softmax statistics of the logits as the backward computes them (:func:`_path_bwd_stats`: each row's
+       log-sum-exp and ``delta``), then FlashAttention's backward on every pair of blocks (:func:`_path_bwd`):
+       ``dX``, ``dÃ``, ``dV`` and the gate's row and column sums;
     4. the reversed carries (:func:`.path_carry.carry_backward`): ``dq~, dk~, dG``;
     5. the preparation pass's backward (:func:`.ut_prepare.ut_prepare_backward`): ``dq, dk, dw, dbeta``.
 
@@ -480,7 +564,7 @@ def _path_bwd_launch(x: Flat, w3, beta3, c, out, lse, do, scale: float, block: i
     do = do.to(x.dtype).contiguous()
     prep = _bwd_prepare(x, w3, beta3, block)
     X = carry_forward(prep.qt, prep.kt, prep.g, block, _BWD_X_DTYPE or x.dtype)
-    dX, dad, dv, rows, cols = _bwd_kernel(x, c, out, lse, do, scale, block, prep, X, _config)
+    dX, dad, dv, rows, cols = _bwd_kernel(x, c, do, scale, block, prep, X, _config)
     del X
     dqt, dkt, dg = carry_backward(prep.qt, prep.kt, prep.g, block, dX, x.dtype)
     del dX
@@ -493,7 +577,7 @@ class _PathAttention(torch.autograd.Function):
 
     Inputs: the flattened ``q, k, v`` of a :class:`._launch.Flat` (``flat``), fp32 ``w3, beta3`` and the
     cumulative log gate ``c`` (or None), then ``scale, block, update`` and the tuning dict.  Saves the
-    inputs, the output and the log-sum-exp (``O(T)`` per head) and recomputes everything else.
+    inputs and recomputes everything else, the softmax statistics included (:func:`_path_bwd_stats`).
     ``dc = rows - cols``: ``c_i`` enters row ``i``'s logits, ``-c_j`` column ``j``'s.
     """
 
@@ -502,18 +586,17 @@ class _PathAttention(torch.autograd.Function):
         cfg = dict(cfg)
         ctx.bwd_config = cfg.pop("backward", None)
         x = Flat(flat.n, q3, k3, v3, flat.dtype, flat.like)
-        lse = torch.empty(x.BH, x.n.T, dtype=torch.float32, device=x.device)
-        out = _path_launch(x, w3, beta3, scale, block, update, cfg, c, lse=lse)
-        ctx.save_for_backward(q3, k3, v3, w3, beta3, c, out, lse)
+        out = _path_launch(x, w3, beta3, scale, block, update, cfg, c)
+        ctx.save_for_backward(q3, k3, v3, w3, beta3, c)
         ctx.flat, ctx.scale, ctx.block = flat, scale, block
         return out
 
     @staticmethod
     def backward(ctx, do):
-        q3, k3, v3, w3, beta3, c, out, lse = ctx.saved_tensors
+        q3, k3, v3, w3, beta3, c = ctx.saved_tensors
         x = Flat(ctx.flat.n, q3, k3, v3, ctx.flat.dtype, ctx.flat.like)
         if x.empty_input:
             return (torch.zeros_like(q3), torch.zeros_like(k3), torch.zeros_like(v3), torch.zeros_like(w3),
                     torch.zeros_like(beta3), None if c is None else torch.zeros_like(c)) + (None,) * 5
-        grads = _path_bwd_launch(x, w3, beta3, c, out, lse, do, ctx.scale, ctx.block, ctx.bwd_config)
+        grads = _path_bwd_launch(x, w3, beta3, c, do, ctx.scale, ctx.block, ctx.bwd_config)
         return grads + (None,) * 5

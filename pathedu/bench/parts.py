@@ -123,9 +123,9 @@ def _path_backward_parts(q, k, v, bench):
     times["backward 2: carries to the meeting points"] = bench(lambda: carry_forward(prep.qt, prep.kt, prep.g, block,
                                                                                     x.dtype))
     X = carry_forward(prep.qt, prep.kt, prep.g, block, x.dtype)
-    times["backward 3: _path_bwd (with delta)"] = bench(lambda: _bwd_kernel(x, None, out, lse, do, scale, block,
-                                                                             prep, X))
-    dX, dad, *_ = _bwd_kernel(x, None, out, lse, do, scale, block, prep, X)
+    times["backward 3: _path_bwd (with its own log-sum-exp and delta)"] = bench(
+        lambda: _bwd_kernel(x, None, do, scale, block, prep, X))
+    dX, dad, *_ = _bwd_kernel(x, None, do, scale, block, prep, X)
     del X
     times["backward 4: reversed carries"] = bench(lambda: carry_backward(prep.qt, prep.kt, prep.g, block, dX,
                                                                           x.dtype))

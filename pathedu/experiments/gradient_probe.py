@@ -87,11 +87,12 @@ def input_gradient_errors(mixer: str, record: dict) -> dict:
             "matrix_fp32": _input_grads(_FUNCS[mixer]["matrix"], args, kwargs, do, torch.float32)}
     if mixer == "path":  # TEMPORARY (diagnosis): PaTH's kernel with one thing changed at a time
         from ..kernels import path_attention as _pa
-        _pa._BWD_X_DTYPE = torch.float32  # the backward's meeting-point rows kept in fp32
+        saved = _pa._BWD_X_DTYPE
+        _pa._BWD_X_DTYPE = None  # the backward's meeting-point rows in the input's dtype (bf16), as before
         try:
-            runs["triton_x_fp32"] = _input_grads(_FUNCS[mixer]["triton"], args, kwargs, do)
+            runs["triton_x_input_dtype"] = _input_grads(_FUNCS[mixer]["triton"], args, kwargs, do)
         finally:
-            _pa._BWD_X_DTYPE = None
+            _pa._BWD_X_DTYPE = saved
         for label, kw in (("triton_inner32_w4", {"_config": {"backward": {"INNER": 32, "num_warps": 4,
                                                                           "num_stages": 1}}}),
                           ("triton_block32", {"block": 32})):
