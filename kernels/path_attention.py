@@ -245,12 +245,12 @@ def _path_bwd_stats(X, AD, V, DO, C, LSE, DELTA, T, LEVELS, qk_scale, stride_xl,
     l_i = tl.zeros([BT], dtype=tl.float32)
     acc = tl.zeros([BT, BLOCK_DV], dtype=tl.float32)
     # The diagonal tile, from the in-block scores, as _path_bwd's _bwd_probs sees it.
-    s = _load_rows(AD + bh * stride_ab + start * BT, cols, cols, BT, T - start, BT, True, False) * qk_scale
+    s_d = _load_rows(AD + bh * stride_ab + start * BT, cols, cols, BT, T - start, BT, True, False) * qk_scale
     if BIAS == "loggate":
-        s += (c_b[:, None] - c_b[None, :]) * 1.4426950408889634
-    s = tl.where((offs_b[:, None] >= offs_b[None, :]) & (offs_b[:, None] < T), s, float("-inf"))
+        s_d += (c_b[:, None] - c_b[None, :]) * 1.4426950408889634
+    s_d = tl.where((offs_b[:, None] >= offs_b[None, :]) & (offs_b[:, None] < T), s_d, float("-inf"))
     v_b = _load_rows(V, offs_b, offs_dv, stride_vt, T, HEAD_DV, True, CHECK_DV)  # [BT, BDV]
-    acc, m_i, l_i = _softmax_fold(acc, m_i, l_i, s, v_b, True, True, PRECISION)
+    acc, m_i, l_i = _softmax_fold(acc, m_i, l_i, s_d, v_b, True, True, PRECISION)
     # Every earlier block, at the level where it meets this one: whole key tiles, no mask.
     XL = X
     for lvl in range(0, LEVELS):
@@ -263,10 +263,11 @@ def _path_bwd_stats(X, AD, V, DO, C, LSE, DELTA, T, LEVELS, qk_scale, stride_xl,
             offs_n = start_n + tl.arange(0, INNER)
             k = _load_rows(XL, offs_n, offs_d, HEAD_DIM, T, HEAD_DIM, False, CHECK_D)  # [BN, BD]
             v = _load_rows(V, offs_n, offs_dv, stride_vt, T, HEAD_DV, False, CHECK_DV)  # [BN, BDV]
-            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BT, BN], as _bwd_tile
+            # (a new name: a tile of INNER keys is not the diagonal tile's shape, and Triton types loop variables)
+            s_n = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BT, BN], as _bwd_tile
             if BIAS == "loggate":
-                s += (c_b[:, None] - tl.load(C + offs_n)[None, :]) * 1.4426950408889634
-            acc, m_i, l_i = _softmax_fold(acc, m_i, l_i, s, v, False, False, PRECISION)
+                s_n += (c_b[:, None] - tl.load(C + offs_n)[None, :]) * 1.4426950408889634
+            acc, m_i, l_i = _softmax_fold(acc, m_i, l_i, s_n, v, False, False, PRECISION)
         XL += stride_xl
     do = _load_rows(DO, offs_b, offs_dv, stride_vt, T, HEAD_DV, True, CHECK_DV).to(tl.float32)
     tl.store(LSE + bh * T + offs_b, m_i + tl.log2(l_i), mask=offs_b < T)
