@@ -306,3 +306,20 @@ def test_gradient_probe_compares_each_input_of_each_layer(tmp_path):
             assert e["rel_rms_triton"] < 1e-4 and e["rel_rms_matrix_fp32"] < 1e-4 and e["ref_rms"] > 0
     with pytest.raises(ValueError, match="`mixer`"):
         gradient_probe.input_gradient_errors("rope", {"args": [], "kwargs": {}, "do": None})
+
+
+def test_path_stages_compare_a_run_with_itself(tmp_path):
+    """The stage-by-stage diagnostic of PaTH's kernels (CPU, interpreter): stages of a small case compared with
+    themselves are 0 apart, chained and isolated, for every stage."""
+    from pathedu.experiments import path_stages
+
+    torch.manual_seed(0)
+    q, k, v, do = (torch.randn(1, 2, 40, 16) for _ in range(4))
+    w = F.normalize(torch.randn(1, 2, 40, 16), dim=-1)
+    beta = 2 * torch.rand(1, 2, 40)
+    args = [q, k, v, w, beta]
+    mine = path_stages.stages(args, do, "cpu")
+    assert set(mine) == {k for group in path_stages._GROUPS for k in group}
+    lines = path_stages.compare(args, do, mine)
+    numbers = [float(tok) for line in lines for tok in line.split() if tok[:1].isdigit()]
+    assert len(numbers) == 18 + 11 and max(numbers) == 0.0

@@ -9,6 +9,7 @@ positions, gates in log space, products over ``s = j+1 .. i``.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import matplotlib
 
@@ -211,6 +212,8 @@ def ch08_mqrar(out) -> None:
     assert min(acc["fox", 1] + acc["pathfox", 1] + acc["pathfox", 2]) > 0.95 and acc["fox", 2][0] > 0.85
     assert max(acc["rope", 1] + acc["rope", 2]) < 0.1 and max(acc["path", 2]) < 0.2 and len(acc["path", 2]) == 3
     assert max(a for (m, n), v in acc.items() if n >= 3 for a in v) < 0.1  # the slide's bullets
+    fixed = plots.load("mqrar", path=Path(plots.__file__).parents[1] / "data" / "exp_mqrar_path_N2_fixed.json")
+    assert len(fixed["runs"]) == 2 and min(r["final"]["accuracy"] for r in fixed["runs"]) > 0.5
     fig, ax = plt.subplots(figsize=(6, 3.6))
     plots.plot_mqrar(record, ax=ax)
     _save(fig, out)

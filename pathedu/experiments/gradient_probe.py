@@ -1,8 +1,9 @@
 r"""Where a kernel's gradient goes wrong inside a trained model: ``python -m pathedu.experiments.gradient_probe``.
 
-The MQRAR runs of PaTH at N = 2 collapse part-way through training, and :func:`pathedu.train.gradient_agreement`
-showed why in outline: the gradient the Triton kernels give drifts away from the float32 matrix form's as the
-model trains (``pathedu/data/exp_mqrar_path_N2_gradcheck.json``).  This probe says which input's gradient drifts.
+The MQRAR runs of PaTH at N = 2 collapsed part-way through training, and :func:`pathedu.train.gradient_agreement`
+showed why in outline: the gradient the Triton kernels gave drifted away from the float32 matrix form's as the
+model trained (``pathedu/data/exp_mqrar_path_N2_gradcheck.json``).  This probe says which layer's and which
+input's gradient drifts (it located the bug of ``kernels/NOTES_path.md``, section 8).
 
 It trains the MQRAR model (the ``mqrar`` experiment's settings; ``--set`` changes any) for ``--at`` steps of its
 schedule, then runs one more training batch with every mixer's inputs captured: ``q, k, v`` and the per-token
@@ -85,7 +86,7 @@ def input_gradient_errors(mixer: str, record: dict) -> dict:
     ref = _input_grads(_FUNCS[mixer]["matrix"], args, kwargs, do, torch.float64)
     runs = {"triton": _input_grads(_FUNCS[mixer]["triton"], args, kwargs, do),
             "matrix_fp32": _input_grads(_FUNCS[mixer]["matrix"], args, kwargs, do, torch.float32)}
-    if mixer == "path":  # TEMPORARY (diagnosis): PaTH's kernel with one thing changed at a time
+    if mixer == "path":  # PaTH's kernel with one thing changed at a time, beside the default
         from ..kernels import path_attention as _pa
         saved = _pa._BWD_X_DTYPE
         _pa._BWD_X_DTYPE = None  # the backward's meeting-point rows in the input's dtype (bf16), as before

@@ -13,11 +13,11 @@ The defaults with ``--jobs 8`` (16 runs, two per process) took 9 minutes at comm
 ``pathedu/data/exp_mqrar.json``.  On a T4 expect several times longer (not measured).
 
 What the committed runs show (chapter 8): FoX and PaTH-FoX recall at N = 1 and 2 and nothing at N = 3 and 4;
-RoPE learns nothing at any N in 2000 steps; PaTH learns N = 1, but at N = 2 every seed (0, 1, 2) first rises
-and then collapses while its gradient norm grows (clipped at 1).  Two runs of seed 0 beside them
-(``exp_mqrar_path_N2_lr3e-4.json``: lr 3e-4; ``exp_mqrar_path_N2_matrix.json``: the PyTorch matrix form
-instead of the Triton kernels) did not collapse in 2000 steps; which of the learning rate, the kernels or
-chance explains it is not settled (one seed each).
+RoPE learns nothing at any N in 2000 steps; PaTH learns N = 1, and at N = 2 every seed of the committed series
+collapsed.  Measured during training (``--set grad_check_every=50``) and per layer
+(:mod:`pathedu.experiments.gradient_probe`), the cause was PaTH's kernel backward, which normalised its
+recomputed logits with the forward's statistics; with that fixed (``exp_mqrar_path_N2_fixed.json``) PaTH learns
+N = 2.  The committed series' PaTH and PaTH-FoX rows predate the fix.
 The default mixers are the softmax side (rope, fox, path, pathfox); the linear duals at the same
 size, the price of a fixed-size state, are a second command:
 ``python -m pathedu.experiments mqrar --mixers linear gla deltanet gated_deltanet --out ...``.
