@@ -54,7 +54,9 @@ boundary between the halves of the smallest dyadic node holding both (:func:`pat
 queries are carried left to it and keys right to it (:mod:`.path_carry`), and :func:`_path_bwd` runs the
 FlashAttention template's backward steps on those rectangles; the carries' reverse and the preparation
 pass's backward (:func:`.ut_prepare.ut_prepare_backward`) bring the gradients back to ``q, k, w, beta``.
-Only the output and the log-sum-exp are kept from the forward.  kernels/NOTES_path.md, section 7.
+Only the inputs are kept from the forward: the backward normalises its own recomputed logits
+(:func:`_path_bwd_stats`), since they are rounded differently from the scan's.  kernels/NOTES_path.md,
+sections 7 and 8.
 
 **Non-finite inputs.**  The diagonal region folds through
 :func:`._pieces._masked_dot`, and every mask of the preparation pass is a select:
