@@ -224,7 +224,7 @@ def _path_bwd_stats(X, AD, V, DO, C, LSE, DELTA, T, LEVELS, qk_scale, stride_xl,
     a different order of products from the forward's scan, each rounded its own way.  Normalising them with the
     forward's log-sum-exp is exact only in exact arithmetic: where logits are large (a trained model's sharp
     attention), a logit off by ``delta`` turns ``p`` into ``p 2^delta`` and the rows stop summing to one
-    (measured: gradients 20-180% off float64 in a trained model, ``kernels/NOTES_path.md``).  So this pass
+    (measured: gradients 20-300% off float64 in a trained model, ``kernels/NOTES_path.md``).  So this pass
     walks the same tiles as ``_path_bwd``'s query role, computes each logit the same way, and writes each
     row's log-sum-exp (log2 units, ``LSE``) and ``delta = dO . O`` with ``O`` the output of those same logits
     (``DELTA``): the backward then differentiates one consistent softmax."""
