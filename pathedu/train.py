@@ -13,6 +13,7 @@ of the batch.  Make ``sample`` deterministic in ``step`` (e.g. ``seed = base + s
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from typing import Callable
@@ -100,8 +101,6 @@ def evaluate(model, inputs: torch.Tensor, targets: torch.Tensor, *, batch_size: 
 def _grads(model, inputs, targets, *, amp: bool, form: str | None = None) -> tuple[torch.Tensor, float]:
     """Every parameter's gradient of the masked loss on one batch, flattened into one fp32 vector (zeros
     where a parameter gets none), and the loss; ``form``: run every mixer in that form (None: their own)."""
-    import contextlib
-
     from .models import forced_form
 
     model.zero_grad(set_to_none=True)
@@ -131,9 +130,9 @@ def gradient_agreement(model, inputs: torch.Tensor, targets: torch.Tensor, *, am
     amp = _autocast_on(amp, device)
     ref, loss_ref = _grads(model, inputs, targets, amp=False, form=reference_form)
     out = {"loss_ref": loss_ref, "grad_norm_ref": float(ref.norm())}
+    denom = max(out["grad_norm_ref"], 1e-30)
     for name, form in (("run", None), ("matrix_amp", reference_form)):
         g, loss = _grads(model, inputs, targets, amp=amp, form=form)
-        denom = max(float(ref.norm()), 1e-30)
         out[f"loss_{name}"] = loss
         out[f"rel_err_{name}"] = float((g - ref).norm()) / denom
         out[f"cos_{name}"] = float(torch.dot(g, ref)) / max(float(g.norm()) * denom, 1e-30)
@@ -229,25 +228,22 @@ def train(model: torch.nn.Module, sample: Callable[[int], tuple], *, steps: int,
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
-        if step % log_every == 0 or step == steps - 1:
+        # Stopping early (time limit, stop_after): the step is logged, and evaluated once, after the loop.
+        out_of_time = time_limit_s is not None and time.perf_counter() - start - eval_time > time_limit_s
+        stop = step + 1 < steps and (out_of_time or step + 1 == stop_after)
+        if step % log_every == 0 or step == steps - 1 or stop:
             hist["step"].append(step)
             hist["loss"].append(float(loss.detach()))
             hist["lr"].append(cur_lr)
             hist["grad_norm"].append(float(gnorm))
             bar.set_postfix(loss=f"{hist['loss'][-1]:.4f}", refresh=False)
+        if stop:
+            done = step + 1
+            break
         if (step + 1) % eval_every == 0 and step + 1 < steps:
             m = run_eval(step + 1)
             if m is not None and "accuracy" in m:
                 bar.set_postfix(loss=f"{hist['loss'][-1]:.4f}", acc=f"{m['accuracy']:.3f}", refresh=False)
-        out_of_time = time_limit_s is not None and time.perf_counter() - start - eval_time > time_limit_s
-        if step + 1 < steps and (out_of_time or step + 1 == stop_after):
-            done = step + 1
-            if hist["step"][-1] != step:
-                hist["step"].append(step)
-                hist["loss"].append(float(loss.detach()))
-                hist["lr"].append(cur_lr)
-                hist["grad_norm"].append(float(gnorm))
-            break
     bar.close()
     run_eval(done)
     wall = time.perf_counter() - start

@@ -323,3 +323,19 @@ def test_path_stages_compare_a_run_with_itself(tmp_path):
     lines = path_stages.compare(args, do, mine)
     numbers = [float(tok) for line in lines for tok in line.split() if tok[:1].isdigit()]
     assert len(numbers) == 18 + 11 and max(numbers) == 0.0
+
+
+def test_stopping_on_an_evaluation_step_evaluates_once():
+    """``stop_after`` landing on an evaluation step: that step is logged and evaluated once, after the loop."""
+    from pathedu.models import build_model
+    from pathedu.tasks import mqrar
+    from pathedu.train import train
+
+    torch.manual_seed(0)
+    model = build_model("rope", vocab=16, d_model=16, n_layers=1, n_heads=2, form="matrix")
+    x, y = mqrar(2, 16, n_keys=4, n_back=1, vocab=16, seed=0)
+    calls = []
+    hist = train(model, lambda step: (x, y), steps=6, eval_every=2, stop_after=4, progress=False,
+                 evaluate_fn=lambda m: calls.append(1) or {"accuracy": 0.0})
+    assert [e["step"] for e in hist["eval"]] == [2, 4] and len(calls) == 2
+    assert hist["stopped_at"] == 4 and hist["step"][-1] == 3
