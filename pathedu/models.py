@@ -60,7 +60,6 @@ Parameter count (:func:`parameter_count`, equal to ``sum(p.numel())``), with ``d
 from __future__ import annotations
 
 import contextlib
-
 import math
 import numbers
 from dataclasses import dataclass

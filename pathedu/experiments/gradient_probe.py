@@ -78,6 +78,7 @@ def input_gradient_errors(mixer: str, record: dict) -> dict:
     """For one captured layer (:func:`capture_mixer_inputs`): per input name, the relative RMS and max error
     of the Triton form's gradient (inputs as captured) and of the float32 matrix form's, both against float64
     autograd through the matrix form on the same values, and the reference's RMS."""
+    from ..bench._common import rel_max, rel_rms
     from ..models import _FUNCS
 
     if mixer not in ARG_NAMES:
@@ -103,13 +104,10 @@ def input_gradient_errors(mixer: str, record: dict) -> dict:
                 print(f"variant {label}: {type(exc).__name__}: {exc}", file=sys.stderr)
     out = {}
     for i, name in enumerate(ARG_NAMES[mixer]):
-        r = ref[i]
-        rms = float(r.pow(2).mean().sqrt())
-        entry = {"ref_rms": rms}
+        entry = {"ref_rms": float(ref[i].pow(2).mean().sqrt())}
         for label, grads in runs.items():
-            err = grads[i].double() - r
-            entry[f"rel_rms_{label}"] = float(err.pow(2).mean().sqrt()) / max(rms, 1e-300)
-            entry[f"rel_max_{label}"] = float(err.abs().max()) / max(float(r.abs().max()), 1e-300)
+            entry[f"rel_rms_{label}"] = rel_rms(grads[i], ref[i])
+            entry[f"rel_max_{label}"] = rel_max(grads[i], ref[i])
         out[name] = entry
     return out
 
@@ -126,12 +124,12 @@ def probe(config: dict, *, mixer: str = "path", n_back: int = 2, seed: int = 0, 
 
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     sample = sampler(config, seed, n_back)
+    x, y = (t.to(device) for t in sample(at))  # the batch after the last step trained: the probe's
     start = time.perf_counter()
     r = train_run(mixer, seed, model_kwargs=model_kwargs(config, mixer), sample=sample, evaluate_fn=None,
                   config=config, device=device, progress=progress, desc=f"probe {mixer} N{n_back} s{seed}",
-                  stop_after=at, keep_model=True, probe=beta_probe(sample(at)[0][:8], device))
+                  stop_after=at, keep_model=True, probe=beta_probe(x[:8], device))
     model = r.pop("model")
-    x, y = (t.to(device) for t in sample(at))
     layers = []
     captured = capture_mixer_inputs(model, x, y, amp=config.get("amp"))
     if save_inputs:
