@@ -154,28 +154,37 @@ def _flash_fwd(Q, K, V, O, BIAS_ARG, LSE, T, qk_scale, log2_base,
 
 
 @triton.jit
-def _bwd_probs(s, dp, lse, delta, bias_arg, m, n, T, MASK: tl.constexpr, BIAS: tl.constexpr):
-    """``(p, dz)`` of one backward tile, fp32, from its logits without the bias ``s`` (log2 units) and
-    ``dp = dO v^T``, both in one orientation: ``[BM, BN]`` (queries along rows) or ``[BN, BM]`` (keys
-    along rows, what :func:`_dkdv_steps` uses).  ``lse``, ``delta`` and the query positions ``m`` are
-    broadcast along the key axis and the key positions ``n`` along the query axis: ``[BM, 1]`` and
-    ``[1, BN]`` in the first orientation, ``[1, BM]`` and ``[BN, 1]`` in the second.
-
-    The probabilities are recomputed from the saved log-sum-exp, ``p = 2^(s + b - lse)``, with
-    the whole bias ``b = g(i) - g(j)`` (no per-block reference here: each tile is on its own), and
-    ``dz = p * (dp - delta)`` is the gradient of the natural-log logit, ``delta_i = dO_i . O_i``.
-    ``MASK``: the tile straddles the diagonal or the end of the sequence; hidden entries are
-    selected away (``p = 0``), never multiplied by 0.  PaTH's backward passes its own ``s``.
-    """
+def _bwd_logits(s, bias_arg, m, n, T, MASK: tl.constexpr, BIAS: tl.constexpr):
+    """A backward tile's logits (log2 units): the scores ``s`` plus the whole bias ``b = g(i) - g(j)`` (no
+    per-block reference here: each tile is on its own), and ``-inf`` where the tile hides an entry (``MASK``:
+    the tile straddles the diagonal or the end of the sequence; selected away, never multiplied by 0).
+    Orientation and broadcasting as :func:`_bwd_probs`.  PaTH's statistics pass
+    (:func:`.path_attention._path_bwd_stats`) normalises these same logits: the two must agree bit for bit,
+    so both call this."""
     if BIAS == "alibi":
         s += bias_arg * (n - m).to(tl.float32)  # -slope (i - j) log2(e)
     elif BIAS == "loggate":
         c_m = tl.load(bias_arg + m, mask=m < T, other=0.0)
         c_n = tl.load(bias_arg + n, mask=n < T, other=0.0)
         s += (c_m - c_n) * 1.4426950408889634  # c_i - c_j: the difference first, then the scale
-    p = tl.exp2(s - lse)
     if MASK:
-        p = tl.where((m >= n) & (m < T), p, 0.0)
+        s = tl.where((m >= n) & (m < T), s, float("-inf"))
+    return s
+
+
+@triton.jit
+def _bwd_probs(s, dp, lse, delta, bias_arg, m, n, T, MASK: tl.constexpr, BIAS: tl.constexpr):
+    """``(p, dz)`` of one backward tile, fp32, from its scores ``s`` (logits without the bias, log2 units) and
+    ``dp = dO v^T``, both in one orientation: ``[BM, BN]`` (queries along rows) or ``[BN, BM]`` (keys
+    along rows, what :func:`_dkdv_steps` uses).  ``lse``, ``delta`` and the query positions ``m`` are
+    broadcast along the key axis and the key positions ``n`` along the query axis: ``[BM, 1]`` and
+    ``[1, BN]`` in the first orientation, ``[1, BM]`` and ``[BN, 1]`` in the second.
+
+    The probabilities are recomputed from the saved log-sum-exp, ``p = 2^(logit - lse)`` with the logits of
+    :func:`_bwd_logits` (hidden entries give 0), and ``dz = p * (dp - delta)`` is the gradient of the
+    natural-log logit, ``delta_i = dO_i . O_i``.  PaTH's backward passes its own ``s``.
+    """
+    p = tl.exp2(_bwd_logits(s, bias_arg, m, n, T, MASK, BIAS) - lse)
     return p, p * (dp - delta)
 
 

@@ -72,7 +72,7 @@ import triton.language as tl
 
 from ..checks import check_scale, finite_condition, log_gate_condition, range_condition, require
 from ._launch import Flat, dot_precision, interpreting, next_pow2, per_token, prepare_qkv, wants_grad
-from .flash_attention import _bwd_probs, _dkdv_steps, _dq_steps
+from .flash_attention import _bwd_logits, _bwd_probs, _dkdv_steps, _dq_steps
 from .path_carry import carry_backward, carry_forward
 from ._pieces import (LOG2E, _first_nonfinite, _load_rows, _no_nonfinite, _poison, _query_block, _softmax_fold,
                       _store_rows)
@@ -214,6 +214,22 @@ _path_fwd_tuned = triton.autotune(_GPU_CONFIGS, key=_TUNE_KEY)(_path_fwd)
 
 
 @triton.jit
+def _ut_program(BT: tl.constexpr):
+    """A backward program's head and UT block: ``(bh, start, offs_b)`` for grid ``(blocks of BT, BH, ...)``."""
+    bh = tl.program_id(1).to(tl.int64)
+    start = tl.program_id(0) * BT
+    return bh, start, start + tl.arange(0, BT)
+
+
+@triton.jit
+def _diagonal_scores(AD, bh, start, stride_ab, T, BT: tl.constexpr):
+    """The in-block scores ``Ã`` of the UT block at ``start`` (rows: its queries, columns: its keys),
+    ``[BT, BT]``; rows past ``T`` read as 0."""
+    cols = tl.arange(0, BT)
+    return _load_rows(AD + bh * stride_ab + start * BT, cols, cols, BT, T - start, BT, True, False)
+
+
+@triton.jit
 def _path_bwd_stats(X, AD, V, DO, C, LSE, DELTA, T, LEVELS, qk_scale, stride_xl, stride_xb, stride_ab, stride_vb,
                     stride_vt, HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr,
                     BLOCK_DV: tl.constexpr, BT: tl.constexpr, INNER: tl.constexpr, BIAS: tl.constexpr,
@@ -228,10 +244,7 @@ def _path_bwd_stats(X, AD, V, DO, C, LSE, DELTA, T, LEVELS, qk_scale, stride_xl,
     walks the same tiles as ``_path_bwd``'s query role, computes each logit the same way, and writes each
     row's log-sum-exp (log2 units, ``LSE``) and ``delta = dO . O`` with ``O`` the output of those same logits
     (``DELTA``): the backward then differentiates one consistent softmax."""
-    bh = tl.program_id(1).to(tl.int64)
-    start = tl.program_id(0) * BT
-    offs_b = start + tl.arange(0, BT)
-    cols = tl.arange(0, BT)
+    bh, start, offs_b = _ut_program(BT)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
@@ -239,18 +252,16 @@ def _path_bwd_stats(X, AD, V, DO, C, LSE, DELTA, T, LEVELS, qk_scale, stride_xl,
     X += bh * stride_xb
     V += bh * stride_vb
     DO += bh * stride_vb
-    c_b = 0.0
+    bias_arg = 0.0
     if BIAS == "loggate":
-        C += bh * T
-        c_b = tl.load(C + offs_b, mask=offs_b < T, other=0.0)
+        bias_arg = C + bh * T
     m_i = tl.full([BT], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BT], dtype=tl.float32)
     acc = tl.zeros([BT, BLOCK_DV], dtype=tl.float32)
-    # The diagonal tile, from the in-block scores, as _path_bwd's _bwd_probs sees it.
-    s_d = _load_rows(AD + bh * stride_ab + start * BT, cols, cols, BT, T - start, BT, True, False) * qk_scale
-    if BIAS == "loggate":
-        s_d += (c_b[:, None] - c_b[None, :]) * 1.4426950408889634
-    s_d = tl.where((offs_b[:, None] >= offs_b[None, :]) & (offs_b[:, None] < T), s_d, float("-inf"))
+    # Each logit as _path_bwd's _bwd_probs computes it (_bwd_logits); first the diagonal tile, from the in-block
+    # scores.
+    s_d = _diagonal_scores(AD, bh, start, stride_ab, T, BT) * qk_scale
+    s_d = _bwd_logits(s_d, bias_arg, offs_b[:, None], offs_b[None, :], T, True, BIAS)  # [BT, BT]
     v_b = _load_rows(V, offs_b, offs_dv, stride_vt, T, HEAD_DV, True, CHECK_DV)  # [BT, BDV]
     acc, m_i, l_i = _softmax_fold(acc, m_i, l_i, s_d, v_b, True, True, PRECISION)
     # Every earlier block, at the level where it meets this one: whole key tiles, no mask.
@@ -267,8 +278,7 @@ def _path_bwd_stats(X, AD, V, DO, C, LSE, DELTA, T, LEVELS, qk_scale, stride_xl,
             v = _load_rows(V, offs_n, offs_dv, stride_vt, T, HEAD_DV, False, CHECK_DV)  # [BN, BDV]
             # (a new name: a tile of INNER keys is not the diagonal tile's shape, and Triton types loop variables)
             s_n = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BT, BN], as _bwd_tile
-            if BIAS == "loggate":
-                s_n += (c_b[:, None] - tl.load(C + offs_n)[None, :]) * 1.4426950408889634
+            s_n = _bwd_logits(s_n, bias_arg, offs_b[:, None], offs_n[None, :], T, False, BIAS)
             acc, m_i, l_i = _softmax_fold(acc, m_i, l_i, s_n, v, False, False, PRECISION)
         XL += stride_xl
     do = _load_rows(DO, offs_b, offs_dv, stride_vt, T, HEAD_DV, True, CHECK_DV).to(tl.float32)
@@ -299,10 +309,7 @@ def _path_bwd(X, AD, V, DO, LSE, DELTA, C, DX, DAD, DV, DBR, DBC, T, LEVELS, qk_
     written by exactly one program.  ``X``, ``DX``: ``(L, BH, T_pad, D)``; ``V``, ``DO``, ``DV``:
     ``(BH, T, Dv)``; ``C``: the cumulative log gate (``BIAS == "loggate"``, PaTH-FoX).
     """
-    bh = tl.program_id(1).to(tl.int64)
-    start = tl.program_id(0) * BT
-    offs_b = start + tl.arange(0, BT)
-    cols = tl.arange(0, BT)
+    bh, start, offs_b = _ut_program(BT)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
@@ -317,7 +324,7 @@ def _path_bwd(X, AD, V, DO, LSE, DELTA, C, DX, DAD, DV, DBR, DBC, T, LEVELS, qk_
     if BIAS == "loggate":
         bias_arg = C + bh * T
     # The diagonal tile, from the in-block scores (rows: this block's queries, columns: its keys).
-    ad = _load_rows(AD + bh * stride_ab + start * BT, cols, cols, BT, T - start, BT, True, False)  # [BT, BT]
+    ad = _diagonal_scores(AD, bh, start, stride_ab, T, BT)  # [BT, BT]
     do_b = _load_rows(DO, offs_b, offs_dv, stride_vt, T, HEAD_DV, True, CHECK_DV)  # [BT, BDV]
     v_b = _load_rows(V, offs_b, offs_dv, stride_vt, T, HEAD_DV, True, CHECK_DV)  # [BT, BDV]
     lse_b = tl.load(LSE + offs_b, mask=offs_b < T, other=0.0)
@@ -351,7 +358,7 @@ def _path_bwd(X, AD, V, DO, LSE, DELTA, C, DX, DAD, DV, DBR, DBC, T, LEVELS, qk_
         if BIAS != "none":
             tl.store(DBC + bh * T + offs_b, col, mask=offs_b < T)
     else:
-        _store_rows(DAD + bh * stride_ab + start * BT, dz * scale, cols, cols, BT, T - start, BT)
+        _store_rows(DAD + bh * stride_ab + start * BT, dz * scale, tl.arange(0, BT), tl.arange(0, BT), BT, T - start, BT)
         row = tl.sum(dz, axis=1)
         XL = X
         DXL = DX
