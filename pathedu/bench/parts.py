@@ -8,7 +8,7 @@ share it) is two passes: the UT preparation pass (:class:`pathedu.kernels.ut_pre
 (``_linear_fwd``, its ``"householder"`` hook, with and without the scalar decay).  PaTH and PaTH-FoX
 are the same preparation pass and a scan; the scan's time is the total minus the preparation's
 (``scan = total - prepare``, derived, not timed apart).  PaTH's forward + backward is timed step by step
-(subject ``path_backward``: the forward that keeps the log-sum-exp and the backward's five steps).  RoPE's
+(subject ``path_backward``: the forward and the backward's steps, the meeting points in each storage dtype).  RoPE's
 rotation pre-pass (subject ``rope``) is timed beside a plain copy of q and k, its memory floor.  Each part
 is timed on its own with ``triton.testing.do_bench`` (median), on the inputs of :mod:`pathedu.bench.path` and
 :mod:`pathedu.bench.pathfox`, beside the whole ops of flash-linear-attention when it is installed.
@@ -98,10 +98,12 @@ def _path_parts(q, k, v, bench):
 
 def _path_backward_parts(q, k, v, bench):
     """PaTH's forward + backward (``path_triton``; q, k, v, w, beta require grad), step by step, in ms: the
-    forward that keeps the log-sum-exp, then the backward's five steps
-    (:func:`pathedu.kernels.path_attention._path_bwd_launch`), beside fla's forward + backward."""
+    forward, then the backward's steps (:func:`pathedu.kernels.path_attention._path_bwd_launch`), beside fla's
+    forward + backward.  The meeting-point rows ``X`` are timed in each storage dtype (fp32, the default since
+    the statistics fix; fp16; bf16, the input's): steps 2 and 3 and the whole forward + backward once per dtype,
+    step 3 split into the statistics pass and the rest."""
+    from ..kernels import path_attention as pa
     from ..kernels._launch import per_token, prepare_qkv
-    from ..kernels.path_attention import _bwd_kernel, _bwd_prepare, _path_launch, path_attention
     from ..kernels.path_carry import carry_backward, carry_forward
     from ..kernels.ut_prepare import check_block, ut_prepare_backward
     from .path import path_inputs
@@ -111,22 +113,27 @@ def _path_backward_parts(q, k, v, bench):
     w3, beta3 = per_token(w, "w", x, extra=(x.n.D,)), per_token(beta, "beta", x)
     block = check_block(None, x.n.D)
     scale = x.n.D ** -0.5
-    lse = torch.empty(x.BH, x.n.T, dtype=torch.float32, device=q.device)
-    out = _path_launch(x, w3, beta3, scale, block, "dense", {}, lse=lse)
+    inner = min(32, block)  # the statistics pass's tile, as _bwd_kernel launches it
+    out = pa._path_launch(x, w3, beta3, scale, block, "dense", {})
     do = torch.randn_like(out)
+    default = pa._BWD_X_DTYPE or x.dtype
     # Each step on the previous one's outputs; what a step no longer needs is freed (T = 8192 at B = H = 32
     # keeps about 30 GB of fp32 intermediates alive at the peak).
-    times = {"forward with log-sum-exp": bench(lambda: _path_launch(x, w3, beta3, scale, block, "dense", {},
-                                                                    lse=lse))}
-    times["backward 1: preparation pass (keeps the inverses)"] = bench(lambda: _bwd_prepare(x, w3, beta3, block))
-    prep = _bwd_prepare(x, w3, beta3, block)
-    times["backward 2: carries to the meeting points"] = bench(lambda: carry_forward(prep.qt, prep.kt, prep.g, block,
-                                                                                    x.dtype))
-    X = carry_forward(prep.qt, prep.kt, prep.g, block, x.dtype)
-    times["backward 3: _path_bwd (with its own log-sum-exp and delta)"] = bench(
-        lambda: _bwd_kernel(x, None, do, scale, block, prep, X))
-    dX, dad, *_ = _bwd_kernel(x, None, do, scale, block, prep, X)
-    del X
+    times = {"forward": bench(lambda: pa._path_launch(x, w3, beta3, scale, block, "dense", {}))}
+    times["backward 1: preparation pass (keeps the inverses)"] = bench(lambda: pa._bwd_prepare(x, w3, beta3, block))
+    prep = pa._bwd_prepare(x, w3, beta3, block)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        tag = f"X {str(dtype).removeprefix('torch.')}" + (", the default" if dtype == default else "")
+        times[f"backward 2: carries to the meeting points ({tag})"] = bench(
+            lambda: carry_forward(prep.qt, prep.kt, prep.g, block, dtype))
+        X = carry_forward(prep.qt, prep.kt, prep.g, block, dtype)
+        times[f"backward 3a: _path_bwd_stats ({tag})"] = bench(
+            lambda: pa._bwd_stats(x, None, do, scale, block, prep, X, inner))
+        times[f"backward 3: statistics + _path_bwd ({tag})"] = bench(
+            lambda: pa._bwd_kernel(x, None, do, scale, block, prep, X))
+        if dtype == default:
+            dX, dad, *_ = pa._bwd_kernel(x, None, do, scale, block, prep, X)
+        del X
     times["backward 4: reversed carries"] = bench(lambda: carry_backward(prep.qt, prep.kt, prep.g, block, dX,
                                                                           x.dtype))
     dqt, dkt, dg = carry_backward(prep.qt, prep.kt, prep.g, block, dX, x.dtype)
@@ -141,9 +148,16 @@ def _path_backward_parts(q, k, v, bench):
     def fwd_bwd():
         for t in leaves:
             t.grad = None
-        path_attention(*leaves).backward(g)
+        pa.path_attention(*leaves).backward(g)
 
-    times["path_triton forward+backward (total)"] = bench(fwd_bwd)
+    saved = pa._BWD_X_DTYPE
+    try:
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            pa._BWD_X_DTYPE = dtype
+            tag = f"X {str(dtype).removeprefix('torch.')}" + (", the default" if dtype == default else "")
+            times[f"path_triton forward+backward (total, {tag})"] = bench(fwd_bwd)
+    finally:
+        pa._BWD_X_DTYPE = saved
     if importlib.util.find_spec("fla") is not None:
         from fla.ops.path_attn import parallel_path_attn
 

@@ -90,9 +90,12 @@ def input_gradient_errors(mixer: str, record: dict) -> dict:
     if mixer == "path":  # PaTH's kernel with one thing changed at a time, beside the default
         from ..kernels import path_attention as _pa
         saved = _pa._BWD_X_DTYPE
-        _pa._BWD_X_DTYPE = None  # the backward's meeting-point rows in the input's dtype (bf16), as before
+        # The backward's meeting-point rows in the input's dtype (bf16: as before the fix), and in fp16 (as many
+        # mantissa bits as the tf32 products that read the fp32 rows, and half their bytes).
         try:
-            runs["triton_x_input_dtype"] = _input_grads(_FUNCS[mixer]["triton"], args, kwargs, do)
+            for label, x_dtype in (("triton_x_input_dtype", None), ("triton_x_fp16", torch.float16)):
+                _pa._BWD_X_DTYPE = x_dtype
+                runs[label] = _input_grads(_FUNCS[mixer]["triton"], args, kwargs, do)
         finally:
             _pa._BWD_X_DTYPE = saved
         for label, kw in (("triton_inner32_w4", {"_config": {"backward": {"INNER": 32, "num_warps": 4,
