@@ -106,6 +106,19 @@ def test_tiny_records_draw_and_describe(tiny):
         plots.plot_mqrar(tiny["word_problem"])
 
 
+def test_two_mqrar_records_share_one_axis(tiny):
+    """Chapter 8 draws the unaffected mixers of one series and the rerun ones of another on one axis: each call
+    draws only the mixers asked for, tagged in the legend; a mixer the record did not run is refused."""
+    rec = tiny["mqrar"]
+    first, second = rec["config"]["mixers"][:1], rec["config"]["mixers"][1:]
+    fig = plots.plot_mqrar(rec, mixers=first)
+    plots.plot_mqrar(rec, ax=fig.axes[0], mixers=second, tag=", again")
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert legend == [f"{plots.label(m)} (mean)" for m in first] + [f"{plots.label(m)}, again (mean)" for m in second]
+    with pytest.raises(ValueError, match="`mixers`"):
+        plots.plot_mqrar(rec, mixers=["stickbreaking"])
+
+
 def test_a_record_round_trips_through_json(tmp_path, tiny):
     path = tmp_path / "exp_mqrar.json"
     path.write_text(json.dumps(tiny["mqrar"]))

@@ -249,9 +249,11 @@ def plot_word_problem(record: dict, fig=None):
     return fig
 
 
-def plot_mqrar(record: dict, ax=None):
+def plot_mqrar(record: dict, ax=None, *, mixers=None, tag: str = ""):
     """MQRAR-N: accuracy (%) against N: every run a dot, the mean over seeds a line, one colour per mixer
-    (the dots are spread a little sideways so that mixers do not hide each other).  Returns the figure."""
+    (the dots are spread a little sideways so that mixers do not hide each other).  ``mixers``: draw only
+    these (default: all the record ran); ``tag``: appended to each legend entry, to tell two records drawn
+    on one ``ax`` apart.  Returns the figure."""
     import matplotlib.pyplot as plt
 
     record = _check_record(record, "mqrar")
@@ -259,16 +261,20 @@ def plot_mqrar(record: dict, ax=None):
         fig, ax = plt.subplots(figsize=(5.0, 3.0))
     else:
         fig = ax.figure
-    mixers = list(record["summary"]["accuracy"])
-    for i, (mixer, by_n) in enumerate(record["summary"]["accuracy"].items()):
-        dx = 0.06 * (i - (len(mixers) - 1) / 2)
+    summary = record["summary"]["accuracy"]
+    if mixers is not None and not set(mixers) <= set(summary):
+        raise ValueError(f"`mixers` must be among the record's {list(summary)}, got {list(mixers)}")
+    shown = list(summary) if mixers is None else list(mixers)
+    for i, mixer in enumerate(shown):
+        by_n = summary[mixer]
+        dx = 0.06 * (i - (len(shown) - 1) / 2)
         pts = [(int(n) + dx, 100 * s["mean"]) for n, s in by_n.items() if s["mean"] is not None]
         if pts:
-            ax.plot(*zip(*sorted(pts)), "-", color=_color(mixer), label=f"{label(mixer)} (mean)")
+            ax.plot(*zip(*sorted(pts)), "-", color=_color(mixer), label=f"{label(mixer)}{tag} (mean)")
         runs = [r for r in record["runs"] if r["mixer"] == mixer and r["final"].get("accuracy") is not None]
         ax.plot([r["n_back"] + dx for r in runs], [100 * r["final"]["accuracy"] for r in runs], "o", ms=3.5,
                 color=_color(mixer), alpha=0.7)
-    ax.set_xticks(sorted({int(n) for by_n in record["summary"]["accuracy"].values() for n in by_n}))
+    ax.set_xticks(sorted({int(n) for m in shown for n in summary[m]}))
     ax.set_xlabel("N (the N-th most recent assignment)")
     ax.set_ylabel("accuracy (%)")
     ax.set_ylim(0, 105)
