@@ -104,6 +104,12 @@ def _cope_fwd(Q, K, V, QE, O, T, P, scale,
               stride_ob, stride_ot,
               HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
               BLOCK: tl.constexpr, PRECISION: tl.constexpr):
+    """CoPE's forward, one program per (block of ``BLOCK`` queries, head), heaviest first: grid
+    ``(cdiv(T, BLOCK), BH)``.
+
+    ``Q, K: (BH, T, D)``, ``V, O: (BH, T, Dv)``, ``QE = Q E^T: (BH, T, P)`` fp32.  The diagonal tile first, then
+    key blocks right to left, carrying each row's sum of gates (:func:`_cope_tile`); the module docstring has
+    the counts and the interpolation."""
     bh, start_m, offs_m = _query_block(BLOCK)  # heaviest query blocks first
     K += bh * stride_kb
     V += bh * stride_vb

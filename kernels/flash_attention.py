@@ -108,6 +108,12 @@ def _flash_fwd(Q, K, V, O, BIAS_ARG, LSE, T, qk_scale, log2_base,
                HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr,
                STORE_LSE: tl.constexpr, ROTATE: tl.constexpr):
+    """The template's forward, one program per (block of ``BLOCK_M`` queries, head): grid ``(cdiv(T, BLOCK_M), BH)``.
+
+    ``Q, K: (BH, T, D)``, ``V, O: (BH, T, Dv)`` (strided); ``BIAS_ARG``: per-head ALiBi slopes ``(BH,)`` or the
+    cumulative log gates ``(BH, T)`` fp32; ``LSE``: ``(BH, T)`` fp32, written with ``STORE_LSE``.  The query block
+    is loaded once (turned by ``ROTATE``), then :func:`_attend` folds the key blocks left of it unmasked and the
+    diagonal blocks masked; the module docstring has the hooks and the base-2 logits."""
     bh, start_m, offs_m = _query_block(BLOCK_M)  # heaviest query blocks first
     K += bh * stride_kb
     V += bh * stride_vb

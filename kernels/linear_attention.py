@@ -134,6 +134,12 @@ def _linear_fwd(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
                 HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                 CHUNK: tl.constexpr, GATE: tl.constexpr, DECAY: tl.constexpr, PRECISION: tl.constexpr,
                 BLOCK_DC: tl.constexpr, ROTATE: tl.constexpr):
+    """The chunked template's forward, one program per (block of ``BLOCK_DV`` value channels, head): grid
+    ``(cdiv(Dv, BLOCK_DV), BH)``; the state ``H = S^T [BD, BDV]`` stays in registers for the whole sequence.
+
+    ``Q, K: (BH, T, D)``, ``V, O: (BH, T, Dv)``; ``LOG_F``: ``(BH, T)`` (``DECAY``) or ``(BH, T, D)``
+    (``GATE == "channel"``); ``AD, GM``: the preparation pass's in-chunk scores and chunk transitions
+    (``GATE == "householder"``).  The module docstring has the hooks and the chunk equations."""
     bh = tl.program_id(1).to(tl.int64)
     offs_c = tl.arange(0, CHUNK)
     offs_d = tl.arange(0, BLOCK_D)

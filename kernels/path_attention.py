@@ -120,6 +120,14 @@ def _path_fwd(QT, QN, KT, AD, GM, WC, NU, V, O, C, LSE, T, qk_scale,
               HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
               R: tl.constexpr, BLOCK_N: tl.constexpr, UPDATE: tl.constexpr, PRECISION: tl.constexpr,
               GATED: tl.constexpr, STORE_LSE: tl.constexpr):
+    """PaTH's main pass, one program per (block of ``R * BLOCK_N`` queries, head), heaviest first: grid
+    ``(cdiv(T, BLOCK_M), BH)``.
+
+    ``QT, KT, WC, NU: (BH, T_pad, D)`` and ``AD, GM`` from the preparation pass (:mod:`.ut_prepare`), ``QN`` the
+    queries' norms, ``V, O: (BH, T, Dv)``, ``C``: cumulative log gates ``(BH, T)`` (``GATED``), ``LSE``:
+    ``(BH, T)`` (``STORE_LSE``).  The diagonal blocks from ``Ã``, then key blocks right to left with the
+    carried query updated after each (``UPDATE``: dense ``G`` or compact ``W, -U``); the module docstring has
+    the scan and its precision."""
     BLOCK_M: tl.constexpr = R * BLOCK_N
     bh, start_m, offs_m = _query_block(BLOCK_M)  # heaviest query blocks first, as in the template
     rows = tl.arange(0, BLOCK_M)
