@@ -195,6 +195,9 @@ def ch08_word_problem(out) -> None:
     assert record is not None and record["device_type"] == "cuda"  # the committed GPU runs, not a tiny one
     least = {m: e["20"]["min_layers_by_seed"] for m, e in record["summary"]["groups"]["A5"].items()}
     assert least == {"rope": {"0": None, "1": None}, "path": {"0": 3, "1": None}}  # the slide's bullets
+    data = Path(plots.__file__).parents[1] / "data"
+    fixed = plots.load("word_problem", path=data / "exp_word_problem_path_fixed.json")
+    assert fixed["summary"]["groups"]["A5"]["path"]["20"]["min_layers_by_seed"] == {"0": 3, "1": 4}
     fig = plt.figure(figsize=(8, 3.6))
     plots.plot_word_problem(record, fig=fig)
     _save(fig, out)
@@ -211,11 +214,16 @@ def ch08_mqrar(out) -> None:
         acc.setdefault((r["mixer"], r["n_back"]), []).append(r["final"]["accuracy"])
     assert min(acc["fox", 1] + acc["pathfox", 1] + acc["pathfox", 2]) > 0.95 and acc["fox", 2][0] > 0.85
     assert max(acc["rope", 1] + acc["rope", 2]) < 0.1 and max(acc["path", 2]) < 0.2 and len(acc["path", 2]) == 3
-    assert max(a for (m, n), v in acc.items() if n >= 3 for a in v) < 0.1  # the slide's bullets
-    fixed = plots.load("mqrar", path=Path(plots.__file__).parents[1] / "data" / "exp_mqrar_path_N2_fixed.json")
-    assert len(fixed["runs"]) == 2 and min(r["final"]["accuracy"] for r in fixed["runs"]) > 0.5
+    assert max(a for (m, n), v in acc.items() if n >= 3 for a in v) < 0.1  # the series before the fix
+    fixed = plots.load("mqrar", path=Path(plots.__file__).parents[1] / "data" / "exp_mqrar_fixed.json")
+    after = {}
+    for r in fixed["runs"]:
+        after.setdefault((r["mixer"], r["n_back"]), []).append(r["final"]["accuracy"])
+    assert min(after["path", 1] + after["pathfox", 1]) > 0.95 and min(after["path", 2]) > 0.5  # the slide's bullets
+    assert min(after["path", 3]) > 0.1 and max(after["path", 4] + after["pathfox", 4]) < 0.1
     fig, ax = plt.subplots(figsize=(6, 3.6))
-    plots.plot_mqrar(record, ax=ax)
+    plots.plot_mqrar(record, ax=ax, mixers=["rope", "fox"])
+    plots.plot_mqrar(fixed, ax=ax, tag=", fixed")
     _save(fig, out)
 
 
