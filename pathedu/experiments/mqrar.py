@@ -8,7 +8,9 @@ assignment (:func:`pathedu.tasks.mqrar`); accuracy is over those positions of fr
 Our sizes: 480 value ids (``vocab = 512``), batch 32, 2000 steps, lr 1e-3, one seed by default.
 
 Time on one H100 (measured, bf16 autocast, Triton forms; ``python -m pathedu.experiments.timing mqrar``):
-a step takes 12-13 ms (rope), 9 ms (fox), 25 ms (path), 27 ms (pathfox), 16 ms (linear, matrix form) alone.
+a step takes 12-13 ms (rope), 9 ms (fox), 25 ms (path), 27 ms (pathfox), 16 ms (linear, matrix form) alone
+(PaTH's before its backward fix, which made its forward + backward 15-67% slower: ``kernels/NOTES_path.md``, 8).
+Eight processes of PaTH runs on one H100 after the fix: about 1940 of 2000 steps in 440 s each.
 The defaults with ``--jobs 8`` (16 runs, two per process) took 9 minutes at commit a1bbd2b; the record is
 ``pathedu/data/exp_mqrar.json``.  On a T4 expect several times longer (not measured).
 
@@ -16,8 +18,9 @@ What the committed runs show (chapter 8): FoX and PaTH-FoX recall at N = 1 and 2
 RoPE learns nothing at any N in 2000 steps; PaTH learns N = 1, and at N = 2 every seed of the committed series
 collapsed.  Measured during training (``--set grad_check_every=50``) and per layer
 (:mod:`pathedu.experiments.gradient_probe`), the cause was PaTH's kernel backward, which normalised its
-recomputed logits with the forward's statistics; with that fixed (``exp_mqrar_path_N2_fixed.json``) PaTH learns
-N = 2.  The committed series' PaTH and PaTH-FoX rows predate the fix.
+recomputed logits with the forward's statistics; with that fixed PaTH learns N = 2 with every seed and begins N = 3
+(``exp_mqrar_fixed.json``: PaTH and PaTH-FoX, N = 1-4, three seeds).  The first series' PaTH and PaTH-FoX rows
+(``exp_mqrar.json``) predate the fix.
 The default mixers are the softmax side (rope, fox, path, pathfox); the linear duals at the same
 size, the price of a fixed-size state, are a second command:
 ``python -m pathedu.experiments mqrar --mixers linear gla deltanet gated_deltanet --out ...``.
