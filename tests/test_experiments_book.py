@@ -115,8 +115,11 @@ def test_two_mqrar_records_share_one_axis(tiny):
     plots.plot_mqrar(rec, ax=fig.axes[0], mixers=second, tag=", again")
     legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert legend == [f"{plots.label(m)} (mean)" for m in first] + [f"{plots.label(m)}, again (mean)" for m in second]
+    plt.close(fig)
+    open_before = plt.get_fignums()
     with pytest.raises(ValueError, match="`mixers`"):
         plots.plot_mqrar(rec, mixers=["stickbreaking"])
+    assert plt.get_fignums() == open_before, "a refused call draws nothing"
 
 
 def test_a_record_round_trips_through_json(tmp_path, tiny):

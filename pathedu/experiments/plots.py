@@ -257,13 +257,13 @@ def plot_mqrar(record: dict, ax=None, *, mixers=None, tag: str = ""):
     import matplotlib.pyplot as plt
 
     record = _check_record(record, "mqrar")
+    summary = record["summary"]["accuracy"]
+    if mixers is not None and not set(mixers) <= set(summary):
+        raise ValueError(f"`mixers` must be among the record's {list(summary)}, got {list(mixers)}")
     if ax is None:
         fig, ax = plt.subplots(figsize=(5.0, 3.0))
     else:
         fig = ax.figure
-    summary = record["summary"]["accuracy"]
-    if mixers is not None and not set(mixers) <= set(summary):
-        raise ValueError(f"`mixers` must be among the record's {list(summary)}, got {list(mixers)}")
     shown = list(summary) if mixers is None else list(mixers)
     for i, mixer in enumerate(shown):
         by_n = summary[mixer]
