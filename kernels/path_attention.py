@@ -66,6 +66,8 @@ positions ``>= t`` only.  Inputs are validated once, at :func:`path_attention`
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
@@ -366,7 +368,8 @@ def _path_bwd(X, AD, V, DO, LSE, DELTA, C, DX, DAD, DV, DBR, DBC, T, LEVELS, qk_
         if BIAS != "none":
             tl.store(DBC + bh * T + offs_b, col, mask=offs_b < T)
     else:
-        _store_rows(DAD + bh * stride_ab + start * BT, dz * scale, tl.arange(0, BT), tl.arange(0, BT), BT, T - start, BT)
+        _store_rows(DAD + bh * stride_ab + start * BT, dz * scale, tl.arange(0, BT), tl.arange(0, BT), BT, T - start,
+                    BT)  # dÃ, [BT, BT]
         row = tl.sum(dz, axis=1)
         XL = X
         DXL = DX
@@ -502,8 +505,10 @@ def _bwd_prepare(x: Flat, w3, beta3, block: int) -> Prepared:
                     update_dtype=torch.float32, keep_inverse=True, precision=prep_precision(x.dtype))
 
 
-def _bwd_stats(x: Flat, c, do, scale: float, block: int, prep: Prepared, X, inner: int):
-    """:func:`_path_bwd_stats`: the backward's own log-sum-exp and ``delta`` (fp32 ``(BH, T)`` each)."""
+def _bwd_stats(x: Flat, c, do, scale: float, block: int, prep: Prepared, X):
+    """:func:`_path_bwd_stats`: the backward's own log-sum-exp and ``delta`` (fp32 ``(BH, T)`` each), in key tiles of
+    at most 32 rows."""
+    inner = min(32, block)
     n = x.n
     lse = torch.empty(x.BH, n.T, dtype=torch.float32, device=x.device)
     delta = torch.empty_like(lse)
@@ -524,7 +529,7 @@ def _bwd_kernel(x: Flat, c, do, scale: float, block: int, prep: Prepared, X, _co
     ``dX`` (fp32, shaped like ``X``), ``dÃ`` (fp32, like ``prep.ad``), ``dv`` and the row and column sums of
     ``dz`` (None without a gate)."""
     n = x.n
-    lse, delta = _bwd_stats(x, c, do, scale, block, prep, X, inner=min(32, block))
+    lse, delta = _bwd_stats(x, c, do, scale, block, prep, X)
     levels = X.shape[0]
     # fp32, as every gradient the carries' backward reads.  (It was suspected of the 1.7e-2 error of w's and
     # beta's bf16 gradients at T = 16384 with reflections; measured, a bf16 dX gave the same: NOTES_path.md, 7.)
@@ -564,6 +569,23 @@ def _bwd_kernel(x: Flat, c, do, scale: float, block: int, prep: Prepared, X, _co
 _BWD_X_DTYPE = torch.float32
 
 
+def _stored_x_dtype(input_dtype):
+    """The dtype the backward keeps its meeting-point rows in, for inputs of ``input_dtype``."""
+    return _BWD_X_DTYPE or input_dtype
+
+
+@contextlib.contextmanager
+def meeting_point_dtype(dtype):
+    """Within the block, the backward keeps its meeting-point rows in ``dtype`` (None: the input's) instead of
+    :data:`_BWD_X_DTYPE`: for measuring the alternatives (``pathedu.bench.parts``, the gradient probe)."""
+    global _BWD_X_DTYPE
+    saved, _BWD_X_DTYPE = _BWD_X_DTYPE, dtype
+    try:
+        yield
+    finally:
+        _BWD_X_DTYPE = saved
+
+
 def _path_bwd_launch(x: Flat, w3, beta3, c, do, scale: float, block: int, _config=None):
     """PaTH's backward pass on the forward's validated inputs; ``do``: ``(BH, T, Dv)``.
 
@@ -581,7 +603,7 @@ def _path_bwd_launch(x: Flat, w3, beta3, c, do, scale: float, block: int, _confi
     """
     do = do.to(x.dtype).contiguous()
     prep = _bwd_prepare(x, w3, beta3, block)
-    X = carry_forward(prep.qt, prep.kt, prep.g, block, _BWD_X_DTYPE or x.dtype)
+    X = carry_forward(prep.qt, prep.kt, prep.g, block, _stored_x_dtype(x.dtype))
     dX, dad, dv, rows, cols = _bwd_kernel(x, c, do, scale, block, prep, X, _config)
     del X
     dqt, dkt, dg = carry_backward(prep.qt, prep.kt, prep.g, block, dX, x.dtype)

@@ -106,6 +106,17 @@ def test_tiny_records_draw_and_describe(tiny):
         plots.plot_mqrar(tiny["word_problem"])
 
 
+def test_mqrar_accuracies_list_every_run_by_mixer_and_n(tiny):
+    rec = tiny["mqrar"]
+    acc = plots.mqrar_accuracies(rec)
+    cfg = rec["config"]
+    assert set(acc) == {(m, n) for m in cfg["mixers"] for n in cfg["n_backs"]}
+    assert all(len(v) == len(cfg["seeds"]) for v in acc.values())
+    assert sorted(a for v in acc.values() for a in v) == sorted(r["final"]["accuracy"] for r in rec["runs"])
+    with pytest.raises(ValueError, match="`record` is from experiment"):
+        plots.mqrar_accuracies(tiny["word_problem"])
+
+
 def test_two_mqrar_records_share_one_axis(tiny):
     """Chapter 8 draws the unaffected mixers of one series and the rerun ones of another on one axis: each call
     draws only the mixers asked for, tagged in the legend; a mixer the record did not run is refused."""

@@ -209,16 +209,12 @@ def ch08_mqrar(out) -> None:
 
     record = plots.load("mqrar")
     assert record is not None and record["device_type"] == "cuda"
-    acc = {}
-    for r in record["runs"]:
-        acc.setdefault((r["mixer"], r["n_back"]), []).append(r["final"]["accuracy"])
+    acc = plots.mqrar_accuracies(record)
     assert min(acc["fox", 1] + acc["pathfox", 1] + acc["pathfox", 2]) > 0.95 and acc["fox", 2][0] > 0.85
     assert max(acc["rope", 1] + acc["rope", 2]) < 0.1 and max(acc["path", 2]) < 0.2 and len(acc["path", 2]) == 3
     assert max(a for (m, n), v in acc.items() if n >= 3 for a in v) < 0.1  # the series before the fix
     fixed = plots.load("mqrar", path=Path(plots.__file__).parents[1] / "data" / "exp_mqrar_fixed.json")
-    after = {}
-    for r in fixed["runs"]:
-        after.setdefault((r["mixer"], r["n_back"]), []).append(r["final"]["accuracy"])
+    after = plots.mqrar_accuracies(fixed)
     assert min(after["path", 1] + after["pathfox", 1]) > 0.95 and min(after["path", 2]) > 0.5  # the slide's bullets
     assert min(after["path", 3]) > 0.1 and max(after["path", 4] + after["pathfox", 4]) < 0.1
     fig, ax = plt.subplots(figsize=(6, 3.6))

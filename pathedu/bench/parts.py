@@ -96,6 +96,10 @@ def _path_parts(q, k, v, bench):
     return out
 
 
+# The storage dtypes of PaTH's meeting-point rows that the backward's parts are timed with.
+_X_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
 def _path_backward_parts(q, k, v, bench):
     """PaTH's forward + backward (``path_triton``; q, k, v, w, beta require grad), step by step, in ms: the
     forward, then the backward's steps (:func:`pathedu.kernels.path_attention._path_bwd_launch`), beside fla's
@@ -113,22 +117,25 @@ def _path_backward_parts(q, k, v, bench):
     w3, beta3 = per_token(w, "w", x, extra=(x.n.D,)), per_token(beta, "beta", x)
     block = check_block(None, x.n.D)
     scale = x.n.D ** -0.5
-    inner = min(32, block)  # the statistics pass's tile, as _bwd_kernel launches it
     out = pa._path_launch(x, w3, beta3, scale, block, "dense", {})
     do = torch.randn_like(out)
-    default = pa._BWD_X_DTYPE or x.dtype
+    default = pa._stored_x_dtype(x.dtype)
+
+    def tagged(dtype):  # the meeting points' dtype, as the parts' names show it
+        return f"X {str(dtype).removeprefix('torch.')}" + (", the default" if dtype == default else "")
+
     # Each step on the previous one's outputs; what a step no longer needs is freed (T = 8192 at B = H = 32
     # keeps about 30 GB of fp32 intermediates alive at the peak).
     times = {"forward": bench(lambda: pa._path_launch(x, w3, beta3, scale, block, "dense", {}))}
     times["backward 1: preparation pass (keeps the inverses)"] = bench(lambda: pa._bwd_prepare(x, w3, beta3, block))
     prep = pa._bwd_prepare(x, w3, beta3, block)
-    for dtype in (torch.float32, torch.float16, torch.bfloat16):
-        tag = f"X {str(dtype).removeprefix('torch.')}" + (", the default" if dtype == default else "")
+    for dtype in _X_DTYPES:
+        tag = tagged(dtype)
         times[f"backward 2: carries to the meeting points ({tag})"] = bench(
             lambda: carry_forward(prep.qt, prep.kt, prep.g, block, dtype))
         X = carry_forward(prep.qt, prep.kt, prep.g, block, dtype)
         times[f"backward 3a: _path_bwd_stats ({tag})"] = bench(
-            lambda: pa._bwd_stats(x, None, do, scale, block, prep, X, inner))
+            lambda: pa._bwd_stats(x, None, do, scale, block, prep, X))
         times[f"backward 3: statistics + _path_bwd ({tag})"] = bench(
             lambda: pa._bwd_kernel(x, None, do, scale, block, prep, X))
         if dtype == default:
@@ -150,14 +157,9 @@ def _path_backward_parts(q, k, v, bench):
             t.grad = None
         pa.path_attention(*leaves).backward(g)
 
-    saved = pa._BWD_X_DTYPE
-    try:
-        for dtype in (torch.float32, torch.float16, torch.bfloat16):
-            pa._BWD_X_DTYPE = dtype
-            tag = f"X {str(dtype).removeprefix('torch.')}" + (", the default" if dtype == default else "")
-            times[f"path_triton forward+backward (total, {tag})"] = bench(fwd_bwd)
-    finally:
-        pa._BWD_X_DTYPE = saved
+    for dtype in _X_DTYPES:
+        with pa.meeting_point_dtype(dtype):
+            times[f"path_triton forward+backward (total, {tagged(dtype)})"] = bench(fwd_bwd)
     if importlib.util.find_spec("fla") is not None:
         from fla.ops.path_attn import parallel_path_attn
 

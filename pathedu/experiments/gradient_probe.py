@@ -89,15 +89,11 @@ def input_gradient_errors(mixer: str, record: dict) -> dict:
             "matrix_fp32": _input_grads(_FUNCS[mixer]["matrix"], args, kwargs, do, torch.float32)}
     if mixer == "path":  # PaTH's kernel with one thing changed at a time, beside the default
         from ..kernels import path_attention as _pa
-        saved = _pa._BWD_X_DTYPE
         # The backward's meeting-point rows in the input's dtype (bf16: as before the fix), and in fp16 (as many
         # mantissa bits as the tf32 products that read the fp32 rows, and half their bytes).
-        try:
-            for label, x_dtype in (("triton_x_input_dtype", None), ("triton_x_fp16", torch.float16)):
-                _pa._BWD_X_DTYPE = x_dtype
+        for label, x_dtype in (("triton_x_input_dtype", None), ("triton_x_fp16", torch.float16)):
+            with _pa.meeting_point_dtype(x_dtype):
                 runs[label] = _input_grads(_FUNCS[mixer]["triton"], args, kwargs, do)
-        finally:
-            _pa._BWD_X_DTYPE = saved
         for label, kw in (("triton_inner32_w4", {"_config": {"backward": {"INNER": 32, "num_warps": 4,
                                                                           "num_stages": 1}}}),
                           ("triton_block32", {"block": 32})):

@@ -49,7 +49,7 @@ def stages(args, do, device) -> dict:
     out = pa._path_launch(x, w3, beta3, scale, block, "dense" if n.D <= 2 * block else "ut", {}, None, lse=lse)
     do3 = do.to(x.device).reshape(x.BH, n.T, n.Dv).to(x.dtype).contiguous()
     prep = pa._bwd_prepare(x, w3, beta3, block)
-    X = carry_forward(prep.qt, prep.kt, prep.g, block, pa._BWD_X_DTYPE or x.dtype)
+    X = carry_forward(prep.qt, prep.kt, prep.g, block, pa._stored_x_dtype(x.dtype))
     dX, dad, dv, _, _ = pa._bwd_kernel(x, None, do3, scale, block, prep, X)
     dqt, dkt, dg = carry_backward(prep.qt, prep.kt, prep.g, block, dX, x.dtype)
     dq, dk, dw, dbeta = ut_prepare_backward(x.q, x.k, w3, beta3, prep, dqt, dkt, dad, dg)

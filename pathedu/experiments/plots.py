@@ -26,8 +26,8 @@ from pathlib import Path
 from . import default_out, get_module
 
 __all__ = ["LABELS", "SPLITS", "label", "load", "flipflop_rows", "format_flipflop_table", "fmt_percent",
-           "eval_curves", "plot_flipflop_sparse", "plot_flipflop_history", "plot_word_problem", "plot_mqrar",
-           "plot_histories", "plot_grad_checks", "describe"]
+           "eval_curves", "plot_flipflop_sparse", "plot_flipflop_history", "plot_word_problem", "mqrar_accuracies",
+           "plot_mqrar", "plot_histories", "plot_grad_checks", "describe"]
 
 LABELS = {"nope": "NoPE", "alibi": "ALiBi", "fox": "FoX", "rope": "RoPE", "path": "PaTH", "pathfox": "PaTH-FoX",
           "linear": "linear", "retnet": "RetNet", "gla": "GLA", "deltanet": "DeltaNet",
@@ -247,6 +247,15 @@ def plot_word_problem(record: dict, fig=None):
     axes[-1].legend(fontsize=7, loc="best")
     fig.tight_layout()
     return fig
+
+
+def mqrar_accuracies(record: dict) -> dict:
+    """``{(mixer, N): [final accuracy of each run, in the record's order]}`` of an MQRAR record."""
+    record = _check_record(record, "mqrar")
+    out = {}
+    for r in record["runs"]:
+        out.setdefault((r["mixer"], r["n_back"]), []).append(r["final"]["accuracy"])
+    return out
 
 
 def plot_mqrar(record: dict, ax=None, *, mixers=None, tag: str = ""):
