@@ -204,7 +204,11 @@ def _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_n, lo, hi, 
     The tile is computed transposed, keys along rows (``s^T = k q^T``, ``[BN, BM]``), as Triton's
     fused-attention tutorial does: then ``p^T`` and ``dz^T`` are already the left operands of
     ``dV += p^T dO`` and ``dK += dz^T Q``, and the column sums of ``dz`` are row sums.  Every transpose
-    falls on a tile loaded from memory (a view of its shared-memory copy), none on a computed one."""
+    falls on a tile loaded from memory (a view of its shared-memory copy), none on a computed one.
+
+    The gradient products ``dz^T Q`` (here) and ``dz K`` (:func:`_dq_steps`) run in ``dO``'s dtype.  It is
+    the rows' own everywhere but in PaTH's backward, whose meeting-point rows are fp16 beside bf16 gradients:
+    a trained layer's ``dz`` can sit below fp16's normal range (6.1e-5), where bf16 keeps fp32's."""
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     for start_m in range(lo, hi, INNER):
@@ -222,7 +226,8 @@ def _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_n, lo, hi, 
         p_t, dz_t = _bwd_probs(s_t, dp_t, lse[None, :], delta[None, :], bias_arg, offs_m[None, :], offs_n[:, None],
                                T, MASK, BIAS)
         dv += tl.dot(p_t.to(do.dtype), do, input_precision=PRECISION)  # [BN, BDV]
-        dk += tl.dot(dz_t.to(q.dtype), q, input_precision=PRECISION)  # [BN, BD]
+        # In dO's dtype, not the rows': PaTH's fp16 meeting points beside bf16 gradients (a no-op elsewhere).
+        dk += tl.dot(dz_t.to(do.dtype), q.to(do.dtype), input_precision=PRECISION)  # [BN, BD]
         col += tl.sum(dz_t, axis=1)
     return dk, dv, col
 
@@ -250,7 +255,7 @@ def _dq_steps(dq, row, q, do, lse, delta, K, V, bias_arg, offs_m, lo, hi, T, qk_
         k = _load_rows(K, offs_n, offs_d, stride_kt, T, HEAD_DIM, MASK, BLOCK_D != HEAD_DIM)  # [BN, BD]
         v = _load_rows(V, offs_n, offs_dv, stride_vt, T, HEAD_DV, MASK, BLOCK_DV != HEAD_DV)  # [BN, BDV]
         p, dz = _bwd_tile(q, k, v, do, lse, delta, bias_arg, offs_m, offs_n, T, qk_scale, MASK, BIAS, PRECISION)
-        dq += tl.dot(dz.to(k.dtype), k, input_precision=PRECISION)  # [BM, BD]
+        dq += tl.dot(dz.to(do.dtype), k.to(do.dtype), input_precision=PRECISION)  # [BM, BD], as in _dkdv_steps
         row += tl.sum(dz, axis=1)
     return dq, row
 

@@ -563,21 +563,26 @@ def _bwd_kernel(x: Flat, c, do, scale: float, block: int, prep: Prepared, X, _co
     return dX, dad, dv, rows, cols
 
 
-# The meeting-point rows are kept in fp32 whatever the input dtype: a trained model's logits reach hundreds (log2
-# units), where rounding a carried row to bf16 moves a logit by tenths and a probability by tens of percent
-# (kernels/NOTES_path.md, section 8).  None: the input's dtype (measured beside it by the gradient probe).
-_BWD_X_DTYPE = torch.float32
+# The meeting-point rows: fp32 for fp32 inputs, fp16 for 16-bit ones.  A trained model's logits reach hundreds (log2
+# units), where a row rounded to bf16 moves a logit by tenths and a probability by tens of percent; fp16 keeps the
+# 10 mantissa bits of the tf32 products that read fp32 rows, in half their bytes and at the tensor cores' full
+# rate (kernels/NOTES_path.md, section 8).  The rows are carried by reflections (norm <= 1), so they stay within
+# the queries' and keys' own range.  An override for every input dtype (meeting_point_dtype); None: the rule above.
+_BWD_X_DTYPE = None
 
 
 def _stored_x_dtype(input_dtype):
     """The dtype the backward keeps its meeting-point rows in, for inputs of ``input_dtype``."""
-    return _BWD_X_DTYPE or input_dtype
+    if _BWD_X_DTYPE is not None:
+        return _BWD_X_DTYPE
+    return torch.float32 if input_dtype == torch.float32 else torch.float16
 
 
 @contextlib.contextmanager
 def meeting_point_dtype(dtype):
-    """Within the block, the backward keeps its meeting-point rows in ``dtype`` (None: the input's) instead of
-    :data:`_BWD_X_DTYPE`: for measuring the alternatives (``pathedu.bench.parts``, the gradient probe)."""
+    """Within the block, the backward keeps its meeting-point rows in ``dtype`` whatever the inputs' (None: the
+    default of :func:`_stored_x_dtype`): for measuring the alternatives (``pathedu.bench.parts``, the gradient
+    probe)."""
     global _BWD_X_DTYPE
     saved, _BWD_X_DTYPE = _BWD_X_DTYPE, dtype
     try:

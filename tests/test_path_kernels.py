@@ -373,6 +373,32 @@ def test_backward_tiles_fit_the_schedule():
     assert sorted(c.num_warps for c in _warps_that_compile(_UT_BWD_CONFIGS, {}, HEAD_DIM=64)) == [4, 8]
 
 
+def test_backward_keeps_gradients_below_fp16s_range():
+    """The backward's gradient products run in dO's dtype, not in the meeting-point rows': the rows are fp16 for
+    16-bit inputs, and a trained layer's gradients can sit far below fp16's normal range (RMS 1.8e-7 measured,
+    kernels/NOTES_path.md, section 8).  Rows forced to fp16 beside gradients of 1e-7 (fp32 here: the CPU runs
+    16-bit inputs in fp32): the gradients must match float64 as closely as with gradients of 1 (products of dz
+    rounded to fp16 flushed most of them to zero)."""
+    from pathedu.kernels.path_attention import meeting_point_dtype, path_attention
+
+    torch.manual_seed(0)
+    T, D = 100, 32
+    q, k, v = (torch.randn(1, 2, T, D) for _ in range(3))
+    w = torch.nn.functional.normalize(torch.randn(1, 2, T, D), dim=-1)
+    beta = 2 * torch.rand(1, 2, T)
+    do = torch.randn(1, 2, T, D)
+    l64 = [a.double().requires_grad_() for a in (q, k, v, w, beta)]
+    want = torch.autograd.grad(path.path_matrix(*l64), l64, do.double())
+    errs = {}
+    for tiny in (1.0, 1e-7):
+        leaves = [a.clone().requires_grad_() for a in (q, k, v, w, beta)]
+        with meeting_point_dtype(torch.float16):
+            got = torch.autograd.grad(path_attention(*leaves), leaves, do * tiny)
+        errs[tiny] = [float((a.double() / tiny - b).norm() / b.norm()) for a, b in zip(got, want)]
+    for name, e1, e_tiny in zip(("q", "k", "v", "w", "beta"), errs[1.0], errs[1e-7]):
+        assert 0 < e1 < 5e-3 and e_tiny < 1.5 * e1 + 1e-6, (name, e1, e_tiny)
+
+
 def test_backward_normalises_its_own_logits():
     """The backward recomputes PaTH's logits in another order than the forward's scan; normalised by the
     forward's log-sum-exp, a small difference between the two became a large error in the gradients once

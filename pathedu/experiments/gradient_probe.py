@@ -89,9 +89,9 @@ def input_gradient_errors(mixer: str, record: dict) -> dict:
             "matrix_fp32": _input_grads(_FUNCS[mixer]["matrix"], args, kwargs, do, torch.float32)}
     if mixer == "path":  # PaTH's kernel with one thing changed at a time, beside the default
         from ..kernels import path_attention as _pa
-        # The backward's meeting-point rows in the input's dtype (bf16: as before the fix), and in fp16 (as many
-        # mantissa bits as the tf32 products that read the fp32 rows, and half their bytes).
-        for label, x_dtype in (("triton_x_input_dtype", None), ("triton_x_fp16", torch.float16)):
+        # The backward's meeting-point rows in fp32 (the default for 16-bit inputs from the statistics fix until
+        # fp16 replaced it) and in bf16 (as before the fix); the default ("triton") keeps them in fp16.
+        for label, x_dtype in (("triton_x_fp32", torch.float32), ("triton_x_bf16", torch.bfloat16)):
             with _pa.meeting_point_dtype(x_dtype):
                 runs[label] = _input_grads(_FUNCS[mixer]["triton"], args, kwargs, do)
         for label, kw in (("triton_inner32_w4", {"_config": {"backward": {"INNER": 32, "num_warps": 4,
