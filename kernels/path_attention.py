@@ -240,6 +240,28 @@ def _diagonal_scores(AD, bh, start, stride_ab, T, BT: tl.constexpr):
 
 
 @triton.jit
+def _query_levels(start, lvl, BT: tl.constexpr):
+    """The keys that the query block at ``start`` meets at level ``lvl``: ``(lo, hi, right)``.  Keys
+    ``[lo, hi)`` are the left half of the block's dyadic node when the block is in its right half (``right``),
+    else the range is empty.  :func:`_path_bwd_stats` and :func:`_path_bwd`'s query role walk these same tiles:
+    the statistics are only right for the logits they are used with."""
+    h = BT * (1 << lvl)  # tokens in a half at this level
+    right = (start // h) % 2 == 1
+    hi = (start // h) * h  # the boundary between the halves
+    return tl.where(right, hi - h, hi), hi, right
+
+
+@triton.jit
+def _key_levels(start, lvl, T, BT: tl.constexpr):
+    """The queries that the key block at ``start`` meets at level ``lvl``: ``(lo, hi, left)``, the right half of
+    its dyadic node (cut at ``T``) when the block is in the left half (``left``), else empty."""
+    h = BT * (1 << lvl)
+    left = (start // h) % 2 == 0
+    lo = (start // (2 * h)) * (2 * h) + h  # the boundary: the right half's first query
+    return lo, tl.maximum(tl.where(left, tl.minimum(lo + h, T), lo), lo), left
+
+
+@triton.jit
 def _path_bwd_stats(X, AD, V, DO, C, LSE, DELTA, T, LEVELS, qk_scale, stride_xl, stride_xb, stride_ab, stride_vb,
                     stride_vt, HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr,
                     BLOCK_DV: tl.constexpr, BT: tl.constexpr, INNER: tl.constexpr, BIAS: tl.constexpr,
@@ -277,10 +299,7 @@ def _path_bwd_stats(X, AD, V, DO, C, LSE, DELTA, T, LEVELS, qk_scale, stride_xl,
     # Every earlier block, at the level where it meets this one: whole key tiles, no mask.
     XL = X
     for lvl in range(0, LEVELS):
-        h = BT * (1 << lvl)
-        right = (start // h) % 2 == 1
-        hi = (start // h) * h
-        lo = tl.where(right, hi - h, hi)
+        lo, hi, _ = _query_levels(start, lvl, BT)  # the tiles of _path_bwd's query role
         q = _load_rows(XL, offs_b, offs_d, HEAD_DIM, T, HEAD_DIM, True, CHECK_D)  # [BT, BD]
         for start_n in range(lo, hi, INNER):
             offs_n = start_n + tl.arange(0, INNER)
@@ -348,10 +367,7 @@ def _path_bwd(X, AD, V, DO, LSE, DELTA, C, DX, DAD, DV, DBR, DBC, T, LEVELS, qk_
         XL = X  # level lvl's rows of X and dX
         DXL = DX
         for lvl in range(0, LEVELS):
-            h = BT * (1 << lvl)  # tokens in a half at this level
-            left = (start // h) % 2 == 0
-            lo = (start // (2 * h)) * (2 * h) + h  # the boundary: the right half's first query
-            hi = tl.maximum(tl.where(left, tl.minimum(lo + h, T), lo), lo)  # empty unless J is in a left half
+            lo, hi, left = _key_levels(start, lvl, T, BT)
             whole = lo + ((hi - lo) // INNER) * INNER
             k = _load_rows(XL, offs_b, offs_d, HEAD_DIM, T, HEAD_DIM, True, CHECK_D)  # [BT, BD], at the boundary
             dk = tl.zeros([BT, BLOCK_D], dtype=tl.float32)
@@ -374,10 +390,7 @@ def _path_bwd(X, AD, V, DO, LSE, DELTA, C, DX, DAD, DV, DBR, DBC, T, LEVELS, qk_
         XL = X
         DXL = DX
         for lvl in range(0, LEVELS):
-            h = BT * (1 << lvl)
-            right = (start // h) % 2 == 1
-            hi = (start // h) * h  # the boundary: keys [hi - h, hi) when I is in a right half
-            lo = tl.where(right, hi - h, hi)
+            lo, hi, right = _query_levels(start, lvl, BT)
             q = _load_rows(XL, offs_b, offs_d, HEAD_DIM, T, HEAD_DIM, True, CHECK_D)  # [BT, BD], at the boundary
             dq = tl.zeros([BT, BLOCK_D], dtype=tl.float32)
             dq, row = _dq_steps(dq, row, q, do_b, lse_b, delta_b, XL, V, bias_arg, offs_b, lo, hi, T, qk_scale,
