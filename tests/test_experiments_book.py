@@ -133,6 +133,28 @@ def test_two_mqrar_records_share_one_axis(tiny):
     assert plt.get_fignums() == open_before, "a refused call draws nothing"
 
 
+def test_combine_keeps_the_selected_runs_and_recomputes_the_summary(tiny):
+    """Chapter 8 reads runs of several series side by side: ``combine`` keeps exactly the selected runs, says how
+    many came from each part, and summarises them as the experiment does; mixed experiments are refused."""
+    from pathedu.experiments import word_problem
+
+    rec = tiny["word_problem"]
+    first = rec["config"]["mixers"][0]
+    view = plots.combine([rec, rec], select=[lambda r: r["mixer"] == first, lambda r: r["mixer"] != first])
+    assert sorted(map(json.dumps, view["runs"])) == sorted(map(json.dumps, rec["runs"]))
+    assert [s["runs"] for s in view["sources"]] == [sum(r["mixer"] == first for r in rec["runs"]),
+                                                    sum(r["mixer"] != first for r in rec["runs"])]
+    assert view["summary"] == word_problem.summarize(view["runs"], view["config"]) == rec["summary"]
+    only = plots.combine([rec], select=[lambda r: r["mixer"] == first])
+    assert set(only["summary"]["groups"][rec["config"]["groups"][0]]) == {first}
+    with pytest.raises(ValueError, match="`record` is from experiment"):
+        plots.combine([rec, tiny["mqrar"]])
+    with pytest.raises(ValueError, match="`select`"):
+        plots.combine([rec], select=[None, None])
+    with pytest.raises(ValueError, match="`parts`"):
+        plots.combine([])
+
+
 def test_a_record_round_trips_through_json(tmp_path, tiny):
     path = tmp_path / "exp_mqrar.json"
     path.write_text(json.dumps(tiny["mqrar"]))

@@ -188,18 +188,22 @@ def ch07_six(out) -> None:
 
 
 def ch08_word_problem(out) -> None:
-    """A5 at length 20 from the committed GPU record: accuracy against depth, every run a dot."""
+    """A5 at length 20 from the committed GPU records: accuracy against depth, every run a dot; RoPE from the first
+    series, PaTH with the fixed backward, FoX and DeltaNet from a third call (as chapter 8's last word-problem
+    figure, both seeds where two ran)."""
     from pathedu.experiments import plots
 
     record = plots.load("word_problem")
     assert record is not None and record["device_type"] == "cuda"  # the committed GPU runs, not a tiny one
-    least = {m: e["20"]["min_layers_by_seed"] for m, e in record["summary"]["groups"]["A5"].items()}
-    assert least == {"rope": {"0": None, "1": None}, "path": {"0": 3, "1": None}}  # the slide's bullets
     data = Path(plots.__file__).parents[1] / "data"
     fixed = plots.load("word_problem", path=data / "exp_word_problem_path_fixed.json")
-    assert fixed["summary"]["groups"]["A5"]["path"]["20"]["min_layers_by_seed"] == {"0": 3, "1": 4}
+    fox_delta = plots.load("word_problem", path=data / "exp_word_problem_fox_deltanet.json")
+    four = plots.combine([record, fixed, fox_delta], select=[lambda r: r["mixer"] == "rope", None, None])
+    least = {m: e["20"]["min_layers_by_seed"] for m, e in four["summary"]["groups"]["A5"].items()}
+    assert least == {"rope": {"0": None, "1": None}, "path": {"0": 3, "1": 4}, "fox": {"0": None},
+                     "deltanet": {"0": 3}}  # the slide's bullets
     fig = plt.figure(figsize=(8, 3.6))
-    plots.plot_word_problem(record, fig=fig)
+    plots.plot_word_problem(four, fig=fig)
     _save(fig, out)
 
 

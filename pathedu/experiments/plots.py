@@ -61,6 +61,35 @@ def load(name: str, path=None) -> dict | None:
     return json.loads(path.read_text())
 
 
+def combine(parts, *, select=None) -> dict:
+    """A record to read and plot, not to commit: the runs of several committed records of one experiment whose
+    settings differ in a run constraint (e.g. ``time_limit_s``), which :func:`pathedu.experiments.merge_records`
+    refuses.  ``parts``: records; ``select``: one predicate per part (a run -> bool; None keeps every run), e.g.
+    the runs of one mixer from a series whose other mixers were rerun.  The summary is recomputed over the kept
+    runs with the first part's other settings (threshold, metric) and the grid of the kept runs; ``sources`` says
+    how many runs came from each part, with its commit and command."""
+    parts = list(parts)
+    if not parts:
+        raise ValueError("`parts` is empty: nothing to combine")
+    name = parts[0].get("experiment") if isinstance(parts[0], dict) else None
+    for part in parts:
+        _check_record(part, name)
+    select = [None] * len(parts) if select is None else list(select)
+    if len(select) != len(parts):
+        raise ValueError(f"`select` must have one entry per part ({len(parts)}), got {len(select)}")
+    runs, sources = [], []
+    for part, keep in zip(parts, select):
+        kept = [r for r in part["runs"] if keep is None or keep(r)]
+        runs += kept
+        sources.append({"commit": part.get("commit"), "command": part.get("command"), "runs": len(kept)})
+    mod = get_module(name)
+    config = dict(parts[0]["config"])
+    for key, field in mod.GRID.items():  # the grid of the kept runs (seeds, mixers, ...), in their order
+        config[key] = list(dict.fromkeys(r[field] for r in runs))
+    return {"experiment": name, "config": config, "runs": runs, "sources": sources,
+            "summary": mod.summarize(runs, config)}
+
+
 def _check_record(record, experiment: str) -> dict:
     if not isinstance(record, dict) or "runs" not in record or "config" not in record:
         raise ValueError("`record` must be an experiment record (a dict with 'config' and 'runs')")

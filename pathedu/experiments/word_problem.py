@@ -138,7 +138,7 @@ def run(config: dict, *, device, progress: bool = True):
 
 def summarize(runs, config) -> dict:
     """Per group, mixer and length: accuracy by depth (stats over seeds) and the smallest depth reaching
-    the threshold, per seed."""
+    the threshold, per seed that ran there (``None``: no depth that ran reached it)."""
     metric, thr = config["metric"], config["threshold"]
     out = {"metric": metric, "threshold": thr, "total_train_steps": len(runs) * config["steps"], "groups": {}}
     for group in config["groups"]:
@@ -150,7 +150,7 @@ def summarize(runs, config) -> dict:
                 by_depth = {str(d): stats([r["final"][metric] for r in sel if r["n_layers"] == d])
                             for d in config["layers"]}
                 min_layers = {}
-                for seed in config["seeds"]:
+                for seed in dict.fromkeys(r["seed"] for r in sel):  # seeds that ran here (None: none reached)
                     ok = [r["n_layers"] for r in sel if r["seed"] == seed and (r["final"][metric] or 0) >= thr]
                     min_layers[str(seed)] = min(ok) if ok else None
                 m[str(length)] = {"accuracy_by_layers": by_depth, "min_layers_by_seed": min_layers}
