@@ -232,6 +232,18 @@ def _ut_program(BT: tl.constexpr):
 
 
 @triton.jit
+def _path_bwd_program(X, V, DO, C, T, stride_xb, stride_vb, BT: tl.constexpr, BIAS: tl.constexpr):
+    """The head shared by :func:`_path_bwd_stats` and :func:`_path_bwd`: the program's head and UT block
+    (:func:`_ut_program`), ``X``, ``V``, ``DO`` moved to that head, and the gate argument of
+    :func:`.flash_attention._bwd_logits` (the head's cumulative log gate, or 0 without one)."""
+    bh, start, offs_b = _ut_program(BT)
+    bias_arg = 0.0
+    if BIAS == "loggate":
+        bias_arg = C + bh * T
+    return bh, start, offs_b, X + bh * stride_xb, V + bh * stride_vb, DO + bh * stride_vb, bias_arg
+
+
+@triton.jit
 def _diagonal_scores(AD, bh, start, stride_ab, T, BT: tl.constexpr):
     """The in-block scores ``Ã`` of the UT block at ``start`` (rows: its queries, columns: its keys),
     ``[BT, BT]``; rows past ``T`` read as 0."""
@@ -276,17 +288,11 @@ def _path_bwd_stats(X, AD, V, DO, C, LSE, DELTA, T, LEVELS, qk_scale, stride_xl,
     walks the same tiles as ``_path_bwd``'s query role, computes each logit the same way, and writes each
     row's log-sum-exp (log2 units, ``LSE``) and ``delta = dO . O`` with ``O`` the output of those same logits
     (``DELTA``): the backward then differentiates one consistent softmax."""
-    bh, start, offs_b = _ut_program(BT)
+    bh, start, offs_b, X, V, DO, bias_arg = _path_bwd_program(X, V, DO, C, T, stride_xb, stride_vb, BT, BIAS)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
     CHECK_DV: tl.constexpr = BLOCK_DV != HEAD_DV
-    X += bh * stride_xb
-    V += bh * stride_vb
-    DO += bh * stride_vb
-    bias_arg = 0.0
-    if BIAS == "loggate":
-        bias_arg = C + bh * T
     m_i = tl.full([BT], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BT], dtype=tl.float32)
     acc = tl.zeros([BT, BLOCK_DV], dtype=tl.float32)
@@ -338,20 +344,14 @@ def _path_bwd(X, AD, V, DO, LSE, DELTA, C, DX, DAD, DV, DBR, DBC, T, LEVELS, qk_
     written by exactly one program.  ``X``, ``DX``: ``(L, BH, T_pad, D)``; ``V``, ``DO``, ``DV``:
     ``(BH, T, Dv)``; ``C``: the cumulative log gate (``BIAS == "loggate"``, PaTH-FoX).
     """
-    bh, start, offs_b = _ut_program(BT)
+    bh, start, offs_b, X, V, DO, bias_arg = _path_bwd_program(X, V, DO, C, T, stride_xb, stride_vb, BT, BIAS)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
     CHECK_DV: tl.constexpr = BLOCK_DV != HEAD_DV
-    X += bh * stride_xb
     DX += bh * stride_xb
-    V += bh * stride_vb
-    DO += bh * stride_vb
     LSE += bh * T
     DELTA += bh * T
-    bias_arg = 0.0
-    if BIAS == "loggate":
-        bias_arg = C + bh * T
     # The diagonal tile, from the in-block scores (rows: this block's queries, columns: its keys).
     ad = _diagonal_scores(AD, bh, start, stride_ab, T, BT)  # [BT, BT]
     do_b = _load_rows(DO, offs_b, offs_dv, stride_vt, T, HEAD_DV, True, CHECK_DV)  # [BT, BDV]
