@@ -37,6 +37,11 @@ Choices, following the papers:
   convolution; ``w_conv=K`` (path, pathfox) adds one: causal, depthwise, filter size ``K``, no
   activation, PyTorch's default initialisation (our choices), before the normalisation.  The default
   ``w_conv=0`` leaves it out.
+* ``short_conv=K`` (any mixer; 0, the default, leaves it out): a causal depthwise convolution of filter size
+  ``K`` followed by SiLU on each of the ``q``, ``k``, ``v`` projections, as the DeltaNet, Gated DeltaNet and GLA
+  implementations do by default (flash-linear-attention's ``ShortConvolution``, size 4).  It lets a token see the
+  few before it without any attention: on recall tasks, a value can carry its key.  The linear side normalises
+  ``q`` and ``k`` after it.
 * The linear side L2-normalises ``q`` and ``k`` per head (DeltaNet needs unit keys for
   ``I - beta k k^T`` to be a contraction; the others get the same for a fair comparison) and puts a
   per-head RMSNorm on the mixer output (as in GLA / DeltaNet implementations), since
@@ -55,7 +60,8 @@ Parameter count (:func:`parameter_count`, equal to ``sum(p.numel())``), with ``d
     vocab*d + d*out_vocab + 2d                                        (embedding, LM head, final LN)
     + n_layers * (4d + (2 d h + h + d) + 4 d HD + extra)             (2 LNs, MLP, q k v o)
     extra: fox 'd*H + H'; path 'd*HD + d*H + H' (+ 'HD*K' with w_conv=K); pathfox both; deltanet 'd*H + H';
-           gated_deltanet '2 (d*H + H)'; gla '16 d + 16 HD + HD'; linear-side output norm '+ head_dim'.
+           gated_deltanet '2 (d*H + H)'; gla '16 d + 16 HD + HD'; linear-side output norm '+ head_dim';
+           short_conv=K '3 HD K'.
 """
 from __future__ import annotations
 
@@ -162,6 +168,17 @@ def _pos_int(x, name: str, minimum: int = 1) -> int:
     return int(x)
 
 
+def _causal_depthwise(channels: int, size: int) -> nn.Conv1d:
+    """A causal depthwise convolution of filter ``size`` (no bias): padded ``size - 1`` on the left by
+    :func:`_convolve`, so position ``t`` sees ``t - size + 1 .. t``; PyTorch's default initialisation."""
+    return nn.Conv1d(channels, channels, kernel_size=size, groups=channels, bias=False, padding=size - 1)
+
+
+def _convolve(conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
+    """``conv`` along the tokens of ``x (B, T, C)``, keeping the first ``T`` outputs (the causal ones)."""
+    return conv(x.transpose(1, 2))[..., : x.shape[1]].transpose(1, 2)
+
+
 class Mixer(nn.Module):
     """Multi-head token mixer: ``(B, T, d_model) -> (B, T, d_model)``, causal.
 
@@ -171,7 +188,8 @@ class Mixer(nn.Module):
     """
 
     def __init__(self, mixer: str, d_model: int, n_heads: int, head_dim: int, *, beta_max: float | None = None,
-                 form: str = "auto", matrix_max_T: int = 1024, rope_base: float = 10000.0, w_conv: int = 0):
+                 form: str = "auto", matrix_max_T: int = 1024, rope_base: float = 10000.0, w_conv: int = 0,
+                 short_conv: int = 0):
         super().__init__()
         self.mixer = _check_mixer(mixer)
         select_form(mixer, form)  # validates form
@@ -202,8 +220,9 @@ class Mixer(nn.Module):
         self.keep_extra, self.kept = False, {}
         if spec.w:
             self.w = nn.Linear(d_model, HD, bias=False)
-            if w_conv:  # causal depthwise: pad K - 1 on the left, so position t sees t-K+1 .. t
-                self.w_conv = nn.Conv1d(HD, HD, kernel_size=w_conv, groups=HD, bias=False, padding=w_conv - 1)
+            if w_conv:
+                self.w_conv = _causal_depthwise(HD, w_conv)
+        self.qkv_conv = _causal_depthwise(3 * HD, short_conv) if short_conv else None
         if mixer in LINEAR_MIXERS:
             self.head_norm = nn.RMSNorm(head_dim, eps=1e-6)
         if mixer == "alibi":
@@ -229,7 +248,11 @@ class Mixer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
         form = select_form(self.mixer, self.form, device=x.device, T=T, matrix_max_T=self.matrix_max_T)
-        q, k, v = (self._heads(p(x), B, T) for p in (self.q, self.k, self.v))
+        if self.qkv_conv is None:
+            q, k, v = (self._heads(p(x), B, T) for p in (self.q, self.k, self.v))
+        else:  # one depthwise convolution over the three projections side by side, then SiLU
+            qkv = F.silu(_convolve(self.qkv_conv, torch.cat([p(x) for p in (self.q, self.k, self.v)], -1)))
+            q, k, v = (self._heads(t, B, T) for t in qkv.chunk(3, dim=-1))
         extra = {}
         # Per-token quantities in fp32 whatever the autocast state.
         if self.f is not None:
@@ -241,8 +264,8 @@ class Mixer(nn.Module):
             extra["beta"] = (self.beta_max * torch.sigmoid(self.b(x).float())).transpose(1, 2)  # (B, H, T)
         if self.w is not None:
             w = self.w(x).float()
-            if self.w_conv is not None:  # (B, T, HD) -> (B, HD, T): convolve along T, keep the first T outputs
-                w = self.w_conv(w.transpose(1, 2))[..., :T].transpose(1, 2)
+            if self.w_conv is not None:
+                w = _convolve(self.w_conv, w)
             extra["w"] = F.normalize(self._heads(w, B, T), dim=-1)
         if self.head_norm is not None:  # linear side: unit q and k per head
             q, k = F.normalize(q.float(), dim=-1), F.normalize(k.float(), dim=-1)
@@ -369,13 +392,15 @@ def _resolve(mixer, vocab, d_model, n_layers, n_heads, head_dim, out_vocab, mlp_
 
 def build_model(mixer: str, *, vocab: int, d_model: int, n_layers: int, n_heads: int, head_dim: int | None = None,
                 out_vocab: int | None = None, mlp_ratio: int = 4, beta_max: float | None = None,
-                form: str = "auto", matrix_max_T: int = 1024, rope_base: float = 10000.0, w_conv: int = 0) -> LM:
+                form: str = "auto", matrix_max_T: int = 1024, rope_base: float = 10000.0, w_conv: int = 0,
+                short_conv: int = 0) -> LM:
     """A decoder-only :class:`LM` with ``n_layers`` pre-norm blocks of the mixer ``mixer`` (:data:`MIXERS`).
 
     ``vocab``: input ids; ``out_vocab`` (default ``vocab``): logits; ``head_dim`` (default
     ``d_model // n_heads``); ``mlp_ratio``: MLP width / ``d_model``; ``beta_max``: ``beta = beta_max
     sigma(.)`` (default 2 for path/pathfox, 1 for deltanet/gated_deltanet); ``w_conv``: filter size of a
-    causal short convolution on PaTH's ``w`` (0: none; path and pathfox only); ``form``: one of
+    causal short convolution on PaTH's ``w`` (0: none; path and pathfox only); ``short_conv``: filter size of a
+    causal short convolution (+ SiLU) on ``q``, ``k``, ``v`` (0: none; any mixer); ``form``: one of
     :data:`FORMS` (:func:`select_form`).  The Triton kernels need ``head_dim`` in 16..128.
     Seed with ``torch.manual_seed`` before calling for reproducible weights.  Parameter count:
     :func:`parameter_count` (module docstring).
@@ -389,18 +414,21 @@ def build_model(mixer: str, *, vocab: int, d_model: int, n_layers: int, n_heads:
     if w_conv and not _SPECS[mixer].w:
         with_w = ", ".join(m for m in MIXERS if _SPECS[m].w)
         raise ValueError(f"`w_conv` only applies to the mixers with a w ({with_w}); got mixer {mixer!r}")
+    short_conv = _pos_int(short_conv, "short_conv", minimum=0)
     return LM(mixer, vocab=vocab, d_model=d_model, n_layers=n_layers, n_heads=n_heads, head_dim=head_dim,
               out_vocab=out_vocab, mlp_ratio=mlp_ratio, beta_max=beta_max, form=form, matrix_max_T=matrix_max_T,
-              rope_base=rope_base, w_conv=w_conv)
+              rope_base=rope_base, w_conv=w_conv, short_conv=short_conv)
 
 
 def parameter_count(mixer: str, *, vocab: int, d_model: int, n_layers: int, n_heads: int, head_dim: int | None = None,
-                    out_vocab: int | None = None, mlp_ratio: int = 4, w_conv: int = 0, **_ignored) -> int:
+                    out_vocab: int | None = None, mlp_ratio: int = 4, w_conv: int = 0, short_conv: int = 0,
+                    **_ignored) -> int:
     """The number of parameters of :func:`build_model` with the same arguments, from the formula in
     the module docstring (no model is built)."""
     mixer, vocab, d, L, H, Dh, out_vocab, r = _resolve(mixer, vocab, d_model, n_layers, n_heads, head_dim,
                                                        out_vocab, mlp_ratio)
     w_conv = _pos_int(w_conv, "w_conv", minimum=0)
+    short_conv = _pos_int(short_conv, "short_conv", minimum=0)
     HD, h = H * Dh, r * d
     spec = _SPECS[mixer]
     extra = 0
@@ -414,6 +442,7 @@ def parameter_count(mixer: str, *, vocab: int, d_model: int, n_layers: int, n_he
         extra += d * HD + HD * w_conv
     if mixer in LINEAR_MIXERS:
         extra += Dh
+    extra += 3 * HD * short_conv
     per_layer = 4 * d + (2 * d * h + h + d) + 4 * d * HD + extra
     return vocab * d + d * out_vocab + 2 * d + L * per_layer
 

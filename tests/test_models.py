@@ -1,6 +1,7 @@
 """pathedu.models: every mixer's model on the PyTorch forms (CPU): shapes, gradients, causality, plumbing."""
 import pytest
 import torch
+import torch.nn.functional as F
 
 from pathedu import models
 from pathedu.models import LINEAR_MIXERS, MIXERS, build_model, parameter_count, select_form
@@ -174,6 +175,42 @@ def test_w_conv_is_refused_where_there_is_no_w():
         build_model("rope", **SIZES, w_conv=3)
     with pytest.raises(ValueError, match="`w_conv` must be >= 0"):
         build_model("path", **SIZES, w_conv=-1)
+
+
+@pytest.mark.parametrize("mixer", ["deltanet", "gla", "rope"])
+def test_qkv_short_convolution_is_causal_counted_and_silu_of_a_filter(mixer):
+    """``short_conv=4``: a causal depthwise convolution and SiLU on q, k, v (any mixer).  A future token must not
+    reach earlier logits through it, its weights are counted, and with the identity filter each projection is
+    SiLU of itself: the mixer sees exactly ``silu(q), silu(k), silu(v)``."""
+    torch.manual_seed(0)
+    model = build_model(mixer, **SIZES, out_vocab=7, short_conv=4).eval()
+    assert model.num_parameters() == parameter_count(mixer, **SIZES, out_vocab=7, short_conv=4)
+    assert model.num_parameters() - parameter_count(mixer, **SIZES, out_vocab=7) == (
+        SIZES["n_layers"] * 3 * SIZES["d_model"] * 4)  # 3 HD K per layer (HD = d_model here)
+    a = torch.randint(0, 11, (2, 24), generator=torch.Generator().manual_seed(4))
+    b = a.clone()
+    b[:, 13] = (a[:, 13] + 1) % 11
+    with torch.no_grad():
+        la, lb = model(a), model(b)
+        assert torch.allclose(la[:, :13], lb[:, :13], rtol=0, atol=1e-6)
+        assert not torch.allclose(la[:, 13:], lb[:, 13:], rtol=0, atol=1e-6)
+        mixer_mod = model.blocks[0].mixer
+        mixer_mod.qkv_conv.weight.zero_()
+        mixer_mod.qkv_conv.weight[..., -1] = 1.0  # the identity filter
+        x = torch.randn(2, 24, SIZES["d_model"])
+        seen = {}
+        mixer_mod._core = lambda form, q, k, v, extra: seen.update(q=q, k=k, v=v) or v
+        mixer_mod(x)
+        heads = {n: mixer_mod._heads(F.silu(getattr(mixer_mod, n)(x)), 2, 24) for n in "qkv"}
+        if mixer in models.LINEAR_MIXERS:  # the linear side normalises q and k after the convolution
+            heads["q"], heads["k"] = F.normalize(heads["q"], dim=-1), F.normalize(heads["k"], dim=-1)
+        for n in "qkv":
+            assert torch.allclose(seen[n].float(), heads[n], rtol=0, atol=1e-6), n
+
+
+def test_short_conv_refuses_a_negative_size():
+    with pytest.raises(ValueError, match="`short_conv` must be >= 0"):
+        build_model("deltanet", **SIZES, short_conv=-1)
 
 
 def test_per_token_quantities_reads_what_each_layer_chose():

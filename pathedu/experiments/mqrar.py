@@ -40,6 +40,7 @@ DEFAULTS = {
     "d_model": 256, "n_layers": 2, "n_heads": 2, "mlp_ratio": 4,
     "n_keys": 32, "vocab": 512, "length": 768,
     "beta_max": {},
+    "short_conv": {},  # mixer -> filter size of the short convolution on q, k, v (pathedu.models; none by default)
     "batch_size": 32, "steps": 2000, "lr": 1e-3, "weight_decay": 0.1, "warmup": 200, "clip": 1.0,
     "eval_n": 256, "eval_batch_size": 64, "eval_every": 500, "log_every": 10,
     "form": "auto",
@@ -79,7 +80,7 @@ def model_kwargs(config: dict, mixer: str) -> dict:
     """The arguments of :func:`pathedu.models.build_model` for ``mixer`` under ``config``."""
     return dict(vocab=config["vocab"], d_model=config["d_model"], n_layers=config["n_layers"],
                 n_heads=config["n_heads"], mlp_ratio=config["mlp_ratio"], form=config["form"],
-                beta_max=config["beta_max"].get(mixer))
+                beta_max=config["beta_max"].get(mixer), short_conv=config.get("short_conv", {}).get(mixer, 0))
 
 
 def sampler(config: dict, seed: int, n_back: int):
