@@ -151,6 +151,26 @@ def test_parts_of_a_series_merge_into_one_record(tmp_path):
         merge_records([parts[0], other])
 
 
+def test_per_mixer_settings_merge_where_the_parts_ran_the_same():
+    """A per-mixer setting (``short_conv``) is compared only for the mixers the parts ran: a part whose dict also
+    names a mixer it did not run merges, and the merged dict covers both parts; the same mixer with two values,
+    or with a value in one part and none (the default) in the other, refuses."""
+    from pathedu.experiments import make_config, merge_records, run_experiment
+
+    def part(mixers, short_conv, n_backs=(1,)):
+        cfg = make_config("mqrar", tiny=True, mixers=list(mixers), n_backs=list(n_backs), short_conv=short_conv)
+        return run_experiment("mqrar", config=cfg, device="cpu", out=False, progress=False)
+
+    a = part(["rope"], {"rope": 2})
+    b = part(["fox"], {"rope": 3, "fox": 2})  # names rope, which it did not run
+    merged = merge_records([a, b])
+    assert merged["config"]["short_conv"] == {"rope": 2, "fox": 2} and merged["config"]["mixers"] == ["rope", "fox"]
+    with pytest.raises(ValueError, match="short_conv"):
+        merge_records([a, part(["rope"], {"rope": 3}, n_backs=(2,))])
+    with pytest.raises(ValueError, match="short_conv"):
+        merge_records([a, part(["rope"], {}, n_backs=(2,))])
+
+
 def test_word_problem_curriculum_length():
     from pathedu.experiments.word_problem import curriculum_length
     c = {"curriculum_start": 2, "curriculum_steps": 10}

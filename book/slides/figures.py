@@ -227,5 +227,25 @@ def ch08_mqrar(out) -> None:
     _save(fig, out)
 
 
+def ch08_mqrar_conv(out) -> None:
+    """MQRAR-N with the short convolution on q, k, v, every mixer (seed 0), from the committed GPU records."""
+    from pathedu.experiments import plots
+
+    data = Path(plots.__file__).parents[1] / "data"
+    soft = plots.load("mqrar", path=data / "exp_mqrar_softmax_conv.json")
+    lin = plots.load("mqrar", path=data / "exp_mqrar_linear_conv.json")
+    acc = {**plots.mqrar_accuracies(soft), **plots.mqrar_accuracies(lin)}
+    assert round(acc["rope", 3][0], 2) == 0.63 and round(acc["fox", 3][0], 2) == 0.75  # the slide's bullets
+    assert round(acc["path", 3][0], 2) == 1.0 and round(acc["deltanet", 3][0], 2) == 0.98
+    assert round(acc["path", 4][0], 3) == 0.996 and round(acc["deltanet", 4][0], 2) == 0.41
+    assert min(acc[m, n][0] for m in ("rope", "fox", "path", "pathfox", "deltanet", "gated_deltanet")
+               for n in (1, 2)) > 0.99
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    plots.plot_mqrar(soft, ax=ax)
+    plots.plot_mqrar(lin, ax=ax)
+    _save(fig, out)
+
+
 FIGURES = {f.__name__: f for f in (ch01_decay, ch02_decay, ch03_gates, ch04_kernel, ch05_rectangle,
-                                    ch06_split, ch07_six, ch08_word_problem, ch08_mqrar)}
+                                    ch06_split, ch07_six, ch08_word_problem, ch08_mqrar,
+                                    ch08_mqrar_conv)}

@@ -127,25 +127,45 @@ def write_record(record: dict, out=None) -> dict:
     return record
 
 
+# Settings that map a mixer to a value (e.g. {"deltanet": 2.0}): two parts agree on one if they agree for the
+# mixers they both ran; a mixer that a part did not run is not compared.
+PER_MIXER = ("beta_max", "short_conv")
+
+
 def merge_records(records: list[dict]) -> dict:
     """One record from the parts of a series: the same experiment and settings, run for different values of
     the settings that enumerate its runs (the module's ``GRID``: seeds, mixers, and e.g. the word problems'
-    lengths and depths).  Every run of every part is kept in order; ``parts`` keeps each part's command,
-    commit, device, versions and wall time; the summary is recomputed over all runs."""
+    lengths and depths); per-mixer settings (:data:`PER_MIXER`) must agree for the mixers the parts ran, and
+    the merged record's cover them all.  Every run of every part is kept in order; ``parts`` keeps each
+    part's command, commit, device, versions and wall time; the summary is recomputed over all runs."""
     if not records:
         raise ValueError("`records` is empty: nothing to merge")
     name = records[0]["experiment"]
     mod = get_module(name)
     varying = tuple(mod.GRID)
-    base = {k: v for k, v in records[0]["config"].items() if k not in varying}
+
+    def split(record):  # (settings that must be equal, per-mixer settings restricted to the mixers it ran)
+        ran = set(record["config"].get("mixers", ()))
+        rest = {k: v for k, v in record["config"].items() if k not in varying}
+        per = {k: {m: x for m, x in rest.pop(k).items() if m in ran}
+               for k in PER_MIXER if isinstance(rest.get(k), dict)}
+        return rest, per, ran
+
+    base, per_mixer, ran0 = split(records[0])
+    ran_so_far = set(ran0)
     for r in records[1:]:
         if r["experiment"] != name:
             raise ValueError(f"cannot merge experiment {r['experiment']!r} into {name!r}")
-        other = {k: v for k, v in r["config"].items() if k not in varying}
-        if other != base:
-            diff = sorted(k for k in set(base) | set(other) if base.get(k) != other.get(k))
-            raise ValueError(f"the parts differ in settings other than {', '.join(varying)}: {diff}")
-    config = dict(records[0]["config"])
+        other, per, ran = split(r)
+        diff = {k for k in set(base) | set(other) if base.get(k) != other.get(k)}
+        diff |= {k for k in set(per_mixer) | set(per)  # a mixer both ran must have the same value (absent: default)
+                 for m in ran & ran_so_far if per_mixer.get(k, {}).get(m) != per.get(k, {}).get(m)}
+        if diff:
+            raise ValueError(f"the parts differ in settings other than {', '.join(varying)}: {sorted(diff)}")
+        for k, v in per.items():
+            per_mixer[k] = {**per_mixer.get(k, {}), **v}
+        ran_so_far |= ran
+    config = dict(records[0]["config"], **per_mixer)
     for key in varying:
         config[key] = list(dict.fromkeys(x for r in records for x in r["config"][key]))
     runs = [run for r in records for run in r["runs"]]
