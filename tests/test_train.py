@@ -171,6 +171,24 @@ def test_per_mixer_settings_merge_where_the_parts_ran_the_same():
         merge_records([a, part(["rope"], {}, n_backs=(2,))])
 
 
+@pytest.mark.parametrize("name", ["flipflop", "word_problem", "mqrar"])
+def test_every_experiment_passes_its_short_convolution_to_the_model(name):
+    """``short_conv`` (a filter size per mixer) reaches the models of every experiment: the named mixer's run has
+    3 HD K more parameters than the same run without it, the other mixer's run none."""
+    from pathedu.experiments import make_config, run_experiment
+
+    def n_params(sc):
+        cfg = make_config(name, tiny=True, short_conv=sc, steps=1)
+        return {r["mixer"]: r["n_params"] for r in run_experiment(name, config=cfg, device="cpu", out=False,
+                                                                  progress=False)["runs"]}
+
+    cfg = make_config(name, tiny=True)
+    first, second = cfg["mixers"][:2]
+    plain, conv = n_params({}), n_params({first: 2})
+    layers = max(cfg.get("layers", [cfg.get("n_layers", 1)]))
+    assert conv[first] - plain[first] == layers * 3 * cfg["d_model"] * 2 and conv[second] == plain[second]
+
+
 def test_word_problem_curriculum_length():
     from pathedu.experiments.word_problem import curriculum_length
     c = {"curriculum_start": 2, "curriculum_steps": 10}

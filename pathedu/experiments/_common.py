@@ -20,6 +20,12 @@ def data_seed(seed: int, step: int) -> int:
 EVAL_SEED = 2 ** 40
 
 
+def short_conv(config: dict, mixer: str) -> int:
+    """The filter size of ``mixer``'s short convolution on q, k, v under ``config`` (its ``short_conv`` setting maps
+    mixers to sizes; a mixer it does not name, or a config without it, gets none: 0)."""
+    return config.get("short_conv", {}).get(mixer, 0)
+
+
 def train_run(mixer: str, seed: int, *, model_kwargs: dict, sample, evaluate_fn, config: dict, device,
               progress: bool, desc: str, probe=None, stop_after: int | None = None, keep_model: bool = False) -> dict:
     """Seed, build ``mixer``'s model, train it; return ``{"n_params", "form", "final", "history",

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from .. import tasks
 from ..train import lm_targets
-from ._common import EVAL_SEED, beta_probe, data_seed, eval_split, stats, train_run
+from ._common import EVAL_SEED, beta_probe, data_seed, eval_split, short_conv, stats, train_run
 
 # The runs: the product of these settings, in run()'s loop order (setting -> field of a run's record).
 GRID = {"seeds": "seed", "mixers": "mixer"}
@@ -41,6 +41,7 @@ DEFAULTS = {
     "grad_check_every": 0,  # >0: compare the step's gradient with the fp32 matrix form's every that many steps
     "time_limit_s": None,  # per run: stop (and evaluate) once training has taken this long
     "w_conv": 0,  # PaTH's short convolution on w (filter size; 0: none), for path and pathfox only
+    "short_conv": {},  # mixer -> filter size of the short convolution on q, k, v (none by default)
 }
 TINY = {"seeds": [0], "d_model": 32, "length": 32, "batch_size": 4, "steps": 4, "warmup": 1, "eval_n": 8,
         "eval_batch_size": 8, "eval_every": 2, "log_every": 1}
@@ -84,7 +85,8 @@ def run(config: dict, *, device, progress: bool = True):
                 return _batch(config["batch_size"], config["length"], config["p_ignore"], data_seed(seed, step),
                               config["loss"])
 
-            kwargs = {**model_kwargs, "w_conv": config["w_conv"] if mixer in ("path", "pathfox") else 0}
+            kwargs = {**model_kwargs, "w_conv": config["w_conv"] if mixer in ("path", "pathfox") else 0,
+                      "short_conv": short_conv(config, mixer)}
             r = train_run(mixer, seed, model_kwargs=kwargs, sample=sample, evaluate_fn=evaluate_fn, probe=probe,
                           config=config, device=device, progress=progress, desc=f"flipflop {mixer} s{seed}")
             runs.append({"seed": seed, "mixer": mixer, **r})

@@ -34,7 +34,7 @@ finished DeltaNet's 2000 steps in 330 s and Gated DeltaNet's in 380 s.
 from __future__ import annotations
 
 from .. import tasks
-from ._common import EVAL_SEED, beta_probe, data_seed, eval_split, stats, train_run
+from ._common import EVAL_SEED, beta_probe, data_seed, eval_split, short_conv, stats, train_run
 
 # The runs: the product of these settings, in run()'s loop order (setting -> field of a run's record).
 GRID = {"n_backs": "n_back", "seeds": "seed", "mixers": "mixer"}
@@ -86,7 +86,7 @@ def model_kwargs(config: dict, mixer: str) -> dict:
     """The arguments of :func:`pathedu.models.build_model` for ``mixer`` under ``config``."""
     return dict(vocab=config["vocab"], d_model=config["d_model"], n_layers=config["n_layers"],
                 n_heads=config["n_heads"], mlp_ratio=config["mlp_ratio"], form=config["form"],
-                beta_max=config["beta_max"].get(mixer), short_conv=config.get("short_conv", {}).get(mixer, 0))
+                beta_max=config["beta_max"].get(mixer), short_conv=short_conv(config, mixer))
 
 
 def sampler(config: dict, seed: int, n_back: int):

@@ -51,7 +51,7 @@ of layers that reach 90% is a statement about this budget, not about the mechani
 from __future__ import annotations
 
 from .. import tasks
-from ._common import EVAL_SEED, data_seed, eval_split, stats, train_run
+from ._common import EVAL_SEED, data_seed, eval_split, short_conv, stats, train_run
 
 # The runs: the product of these settings, in run()'s loop order (setting -> field of a run's record).
 GRID = {"groups": "group", "lengths": "length", "seeds": "seed", "mixers": "mixer", "layers": "n_layers"}
@@ -62,6 +62,7 @@ DEFAULTS = {
     "layers": [1, 2, 3, 4],
     "mixers": ["rope", "path"],
     "beta_max": {"deltanet": 2.0, "gated_deltanet": 2.0},
+    "short_conv": {},  # mixer -> filter size of the short convolution on q, k, v (none by default)
     "generators": {"A5": list(tasks.A5_PAPER_GENERATORS), "S5": ["(1 2)", "(1 2 3 4 5)"]},
     "seeds": [0],
     "d_model": 128, "n_heads": 2, "mlp_ratio": 4,
@@ -127,7 +128,8 @@ def run(config: dict, *, device, progress: bool = True):
 
                         model_kwargs = dict(vocab=G, d_model=config["d_model"], n_layers=n_layers,
                                             n_heads=config["n_heads"], mlp_ratio=config["mlp_ratio"],
-                                            form=config["form"], beta_max=config["beta_max"].get(mixer))
+                                            form=config["form"], beta_max=config["beta_max"].get(mixer),
+                                            short_conv=short_conv(config, mixer))
                         r = train_run(mixer, seed, model_kwargs=model_kwargs, sample=sample,
                                       evaluate_fn=evaluate_fn, config={**config, "length": length}, device=device,
                                       progress=progress, desc=f"{group} L{length} {mixer} x{n_layers} s{seed}")
