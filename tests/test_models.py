@@ -148,6 +148,17 @@ def test_triton_form_matches_matrix(mixer):
     assert all(torch.isfinite(p.grad).all() for p in b.parameters())
 
 
+def _causal_logits(model, t: int = 13):
+    """``(a, logits(a), logits(b))`` for a random sequence ``a`` and ``b``, the same with token ``t`` changed,
+    after checking that the logits before ``t`` do not move (no future token reaches them)."""
+    a = torch.randint(0, 11, (2, 24), generator=torch.Generator().manual_seed(4))
+    b = a.clone()
+    b[:, t] = (a[:, t] + 1) % 11
+    la, lb = model(a), model(b)
+    assert torch.allclose(la[:, :t], lb[:, :t], rtol=0, atol=1e-6)
+    return a, la, lb
+
+
 @pytest.mark.parametrize("mixer", ["path", "pathfox"])
 def test_w_short_convolution_is_causal_counted_and_changes_w(mixer):
     """``w_conv=3``: PaTH's short convolution on w's projection.  A future token must not reach earlier
@@ -156,12 +167,8 @@ def test_w_short_convolution_is_causal_counted_and_changes_w(mixer):
     model = build_model(mixer, **SIZES, out_vocab=7, w_conv=3).eval()
     assert model.num_parameters() == parameter_count(mixer, **SIZES, out_vocab=7, w_conv=3)
     assert model.num_parameters() > parameter_count(mixer, **SIZES, out_vocab=7)
-    a = torch.randint(0, 11, (2, 24), generator=torch.Generator().manual_seed(4))
-    b = a.clone()
-    b[:, 13] = (a[:, 13] + 1) % 11
     with torch.no_grad():
-        la, lb = model(a), model(b)
-        assert torch.allclose(la[:, :13], lb[:, :13], rtol=0, atol=1e-6)
+        a, _, _ = _causal_logits(model)
         for blk in model.blocks:
             blk.mixer.w_conv.weight.zero_()
             blk.mixer.w_conv.weight[..., -1] = 1.0  # the identity filter: w as without the convolution
@@ -187,12 +194,8 @@ def test_qkv_short_convolution_is_causal_counted_and_silu_of_a_filter(mixer):
     assert model.num_parameters() == parameter_count(mixer, **SIZES, out_vocab=7, short_conv=4)
     assert model.num_parameters() - parameter_count(mixer, **SIZES, out_vocab=7) == (
         SIZES["n_layers"] * 3 * SIZES["d_model"] * 4)  # 3 HD K per layer (HD = d_model here)
-    a = torch.randint(0, 11, (2, 24), generator=torch.Generator().manual_seed(4))
-    b = a.clone()
-    b[:, 13] = (a[:, 13] + 1) % 11
     with torch.no_grad():
-        la, lb = model(a), model(b)
-        assert torch.allclose(la[:, :13], lb[:, :13], rtol=0, atol=1e-6)
+        _, la, lb = _causal_logits(model)
         assert not torch.allclose(la[:, 13:], lb[:, 13:], rtol=0, atol=1e-6)
         mixer_mod = model.blocks[0].mixer
         mixer_mod.qkv_conv.weight.zero_()
