@@ -580,7 +580,9 @@ def _bwd_kernel(x: Flat, c, do, scale: float, block: int, prep: Prepared, X, _co
 # units), where a row rounded to bf16 moves a logit by tenths and a probability by tens of percent; fp16 keeps the
 # 10 mantissa bits of the tf32 products that read fp32 rows, in half their bytes and at the tensor cores' full
 # rate (kernels/NOTES_path.md, section 8).  The rows are carried by reflections (norm <= 1), so they stay within
-# the queries' and keys' own range.  An override for every input dtype (meeting_point_dtype); None: the rule above.
+# the queries' and keys' own range.  The gradient products run in dO's dtype (flash_attention._dkdv_steps): bf16
+# for bf16 inputs; for fp16 inputs fp16, as in any fp16 attention backward (train with a scaled loss).
+# An override for every input dtype (meeting_point_dtype); None: the rule above.
 _BWD_X_DTYPE = None
 
 
