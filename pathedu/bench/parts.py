@@ -103,9 +103,10 @@ _X_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 def _path_backward_parts(q, k, v, bench):
     """PaTH's forward + backward (``path_triton``; q, k, v, w, beta require grad), step by step, in ms: the
     forward, then the backward's steps (:func:`pathedu.kernels.path_attention._path_bwd_launch`), beside fla's
-    forward + backward.  The meeting-point rows ``X`` are timed in each storage dtype (fp32, the default since
-    the statistics fix; fp16; bf16, the input's): steps 2 and 3 and the whole forward + backward once per dtype,
-    step 3 split into the statistics pass and the rest."""
+    forward + backward.  The meeting-point rows ``X`` are timed in each storage dtype (fp32; fp16, the default for
+    16-bit inputs, :func:`pathedu.kernels.path_attention._stored_x_dtype`; bf16): steps 2 and 3 and the whole
+    forward + backward once per dtype, step 3 split into the statistics pass and the rest; the later steps read
+    the default's ``dX``."""
     from ..kernels import path_attention as pa
     from ..kernels._launch import per_token, prepare_qkv
     from ..kernels.path_carry import carry_backward, carry_forward

@@ -151,8 +151,7 @@ def merge_records(records: list[dict]) -> dict:
                for k in PER_MIXER if isinstance(rest.get(k), dict)}
         return rest, per, ran
 
-    base, per_mixer, ran0 = split(records[0])
-    ran_so_far = set(ran0)
+    base, per_mixer, ran_so_far = split(records[0])
     for r in records[1:]:
         if r["experiment"] != name:
             raise ValueError(f"cannot merge experiment {r['experiment']!r} into {name!r}")
