@@ -106,6 +106,37 @@ def test_tiny_records_draw_and_describe(tiny):
         plots.plot_mqrar(tiny["word_problem"])
 
 
+def test_min_layers_reads_the_fewest_depth_per_seed_and_draws_none_above_the_deepest(tiny):
+    """A record whose accuracies are set by hand: at length 6 rope needs 2 layers and path 1; at length 12
+    rope reaches the threshold at no depth (drawn as an open marker on the "none" row), path needs 2."""
+    from pathedu.experiments import word_problem
+
+    rec = tiny["word_problem"]
+    acc = {("rope", 6, 1): 0.5, ("rope", 6, 2): 0.95, ("path", 6, 1): 0.91, ("path", 6, 2): 0.99,
+           ("rope", 12, 1): 0.2, ("rope", 12, 2): 0.89, ("path", 12, 1): 0.3, ("path", 12, 2): 0.9}
+    runs = []
+    for r in rec["runs"]:
+        for length in (6, 12):
+            runs.append({**r, "length": length,
+                         "final": {**r["final"], "accuracy": acc[r["mixer"], length, r["n_layers"]]}})
+    config = {**rec["config"], "lengths": [6, 12]}
+    made = {**rec, "config": config, "runs": runs, "summary": word_problem.summarize(runs, config)}
+    table = plots.min_layers(made)
+    assert {k: v["seeds"] for k, v in table.items()} == {
+        ("S3", "rope", 6): {0: 2}, ("S3", "rope", 12): {0: None}, ("S3", "path", 6): {0: 1},
+        ("S3", "path", 12): {0: 2}}
+    assert all(v["tried"] == [1, 2] and v["max_tried"] == 2 for v in table.values())
+    fig = plots.plot_min_layers(made)
+    ax = fig.axes[0]
+    open_markers = [line for line in ax.lines if line.get_marker() == "o" and line.get_markerfacecolor() == "none"
+                    and len(line.get_ydata())]
+    assert len(open_markers) == 1 and list(open_markers[0].get_ydata()) == [3]  # rope at 12: none of 1-2
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["1", "2", "none"]
+    assert _width_ok(fig)
+    with pytest.raises(ValueError, match="`record` is from experiment"):
+        plots.min_layers(tiny["mqrar"])
+
+
 def test_mqrar_accuracies_list_every_run_by_mixer_and_n(tiny):
     rec = tiny["mqrar"]
     acc = plots.mqrar_accuracies(rec)

@@ -11,6 +11,8 @@ that every number on the page comes from a file and none is typed by hand.
 * :func:`plot_flipflop_sparse`, :func:`plot_flipflop_history` -- the two flip-flop figures.
 * :func:`plot_word_problem`, :func:`plot_mqrar` -- the figures of the other two experiments
   (accuracy against depth and length; accuracy against N), for records of any size.
+* :func:`min_layers`, :func:`plot_min_layers` -- the fewest layers reaching the threshold against the word
+  length (the PaTH paper's Fig. 2).
 * :func:`plot_histories`, :func:`plot_grad_checks` -- training curves of runs side by side, and how far
   their gradient was from the float32 matrix form's along the way.
 * :func:`describe` -- the structure of a record, as lines of text (what a run stores).
@@ -26,7 +28,8 @@ from pathlib import Path
 from . import default_out, get_module
 
 __all__ = ["LABELS", "SPLITS", "label", "load", "flipflop_rows", "format_flipflop_table", "fmt_percent",
-           "eval_curves", "plot_flipflop_sparse", "plot_flipflop_history", "plot_word_problem", "mqrar_accuracies",
+           "eval_curves", "plot_flipflop_sparse", "plot_flipflop_history", "plot_word_problem", "min_layers",
+           "plot_min_layers", "mqrar_accuracies",
            "plot_mqrar", "plot_histories", "plot_grad_checks", "describe"]
 
 LABELS = {"nope": "NoPE", "alibi": "ALiBi", "fox": "FoX", "rope": "RoPE", "path": "PaTH", "pathfox": "PaTH-FoX",
@@ -273,6 +276,72 @@ def plot_word_problem(record: dict, fig=None):
         ax.set_xlabel("layers")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(f"{metric.replace('_', ' ')} (%)")
+    axes[-1].legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    return fig
+
+
+def min_layers(record: dict) -> dict:
+    """The fewest layers reaching the record's threshold, per ``(group, mixer, length)``: a dict with ``seeds``
+    (seed -> the depth, or ``None`` when no depth that ran reached it), ``tried`` (the depths that ran, for
+    every seed) and ``max_tried``.  Lengths are ints, in increasing order."""
+    record = _check_record(record, "word_problem")
+    out = {}
+    for group, by_mixer in record["summary"]["groups"].items():
+        for mixer, by_length in by_mixer.items():
+            for length in sorted(by_length, key=int):
+                sel = [r for r in record["runs"]
+                       if r["group"] == group and r["mixer"] == mixer and str(r["length"]) == str(length)]
+                if not sel:
+                    continue
+                seeds = by_length[length]["min_layers_by_seed"]
+                tried = sorted({r["n_layers"] for r in sel})
+                out[group, mixer, int(length)] = {"seeds": {int(s): d for s, d in seeds.items()}, "tried": tried,
+                                                  "max_tried": max(tried)}
+    return out
+
+
+def plot_min_layers(record: dict, fig=None):
+    """The PaTH paper's Fig. 2 read of the word problem: for each group, the fewest layers reaching the threshold
+    against the word length, one colour per mixer; every seed a dot (jittered), the mean over seeds a line.  A
+    seed for which no depth that ran reached the threshold is drawn one above the deepest model tried, as an
+    open marker on the row labelled "none".  Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    table = min_layers(record)
+    groups = list(dict.fromkeys(g for g, _, _ in table))
+    top = max((e["max_tried"] for e in table.values()), default=1) + 1
+    if fig is None:
+        fig = plt.figure(figsize=(MAX_WIDTH_IN, 2.8))
+    axes = fig.subplots(1, max(1, len(groups)), sharey=True, squeeze=False)[0]
+    for ax, group in zip(axes, groups):
+        mixers = list(dict.fromkeys(m for g, m, _ in table if g == group))
+        shifts = dict(zip(mixers, _jitter(len(mixers), 0.6)))
+        lengths = sorted({n for g, _, n in table if g == group})
+        for mixer in mixers:
+            xs, means = [], []
+            for n in lengths:
+                entry = table.get((group, mixer, n))
+                if entry is None:
+                    continue
+                vals = [top if d is None else d for d in entry["seeds"].values()]
+                x = n + shifts[mixer]
+                solved = [v for v in vals if v != top]
+                ax.plot([x] * len(solved), solved, "o", ms=5, color=_color(mixer), alpha=0.8)
+                ax.plot([x] * (len(vals) - len(solved)), [top] * (len(vals) - len(solved)), "o", ms=5,
+                        mfc="none", color=_color(mixer), alpha=0.8)
+                xs.append(x)
+                means.append(sum(vals) / len(vals))
+            ax.plot(xs, means, "-", color=_color(mixer), lw=1.2, label=label(mixer))
+        ax.set_xticks(lengths)
+        ax.set_title(group, fontsize=10)
+        ax.set_xlabel("word length")
+        ax.grid(alpha=0.3)
+    axes[0].set_yticks(range(1, top + 1))
+    axes[0].set_yticklabels([str(d) for d in range(1, top)] + ["none"])
+    axes[0].set_ylim(0.5, top + 0.5)
+    metric = record["summary"].get("metric", "accuracy").replace("_", " ")
+    axes[0].set_ylabel(f"fewest layers, {metric} >= {100 * record['summary']['threshold']:.0f}%", fontsize=8)
     axes[-1].legend(fontsize=7, loc="best")
     fig.tight_layout()
     return fig
