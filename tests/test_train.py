@@ -171,6 +171,25 @@ def test_per_mixer_settings_merge_where_the_parts_ran_the_same():
         merge_records([a, part(["rope"], {}, n_backs=(2,))])
 
 
+def test_parts_with_different_time_limits_merge_only_when_no_run_was_stopped():
+    """A time limit that stopped no run changed no result: parts that differ only in it merge (the merged record
+    keeps the largest limit); once a part has a run the limit cut short, they refuse."""
+    from pathedu.experiments import make_config, merge_records, run_experiment
+
+    def part(seed, limit):
+        cfg = make_config("flipflop", tiny=True, seeds=[seed], mixers=["rope"], time_limit_s=limit)
+        return run_experiment("flipflop", config=cfg, device="cpu", out=False, progress=False)
+
+    a, b = part(0, 450), part(1, 470)
+    assert all(r["history"]["stopped_at"] == r["history"]["steps"] for p_ in (a, b) for r in p_["runs"])
+    merged = merge_records([a, b])
+    assert merged["config"]["time_limit_s"] == 470 and merged["config"]["seeds"] == [0, 1]
+    assert merge_records([a, part(2, None)])["config"]["time_limit_s"] is None
+    b["runs"][0]["history"]["stopped_at"] -= 1  # as if the limit had cut it
+    with pytest.raises(ValueError, match="time_limit_s"):
+        merge_records([a, b])
+
+
 @pytest.mark.parametrize("name", ["flipflop", "word_problem", "mqrar"])
 def test_every_experiment_passes_its_short_convolution_to_the_model(name):
     """``short_conv`` (a filter size per mixer) reaches the models of every experiment: the named mixer's run has

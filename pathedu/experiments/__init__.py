@@ -131,12 +131,21 @@ def write_record(record: dict, out=None) -> dict:
 # mixers they both ran; a mixer that a part did not run is not compared.
 PER_MIXER = ("beta_max", "short_conv")
 
+# Constraints on how long a run may train: parts may differ in one where it stopped none of their runs early
+# (every run did all its steps), since then it changed no result; the merged record keeps the largest value.
+RUN_LIMITS = ("time_limit_s",)
+
+
+def _all_finished(record: dict) -> bool:
+    return all(r.get("history", {}).get("stopped_at") == r.get("history", {}).get("steps") for r in record["runs"])
+
 
 def merge_records(records: list[dict]) -> dict:
     """One record from the parts of a series: the same experiment and settings, run for different values of
     the settings that enumerate its runs (the module's ``GRID``: seeds, mixers, and e.g. the word problems'
     lengths and depths); per-mixer settings (:data:`PER_MIXER`) must agree for the mixers the parts ran, and
-    the merged record's cover them all.  Every run of every part is kept in order; ``parts`` keeps each
+    the merged record's cover them all.  A run limit (:data:`RUN_LIMITS`, e.g. ``time_limit_s``) may differ
+    between parts whose runs all did every step.  Every run of every part is kept in order; ``parts`` keeps each
     part's command, commit, device, versions and wall time; the summary is recomputed over all runs."""
     if not records:
         raise ValueError("`records` is empty: nothing to merge")
@@ -152,11 +161,14 @@ def merge_records(records: list[dict]) -> dict:
         return rest, per, ran
 
     base, per_mixer, ran_so_far = split(records[0])
+    finished = all(_all_finished(r) for r in records)
     for r in records[1:]:
         if r["experiment"] != name:
             raise ValueError(f"cannot merge experiment {r['experiment']!r} into {name!r}")
         other, per, ran = split(r)
         diff = {k for k in set(base) | set(other) if base.get(k) != other.get(k)}
+        if finished:  # a limit that stopped no run changed no result
+            diff -= set(RUN_LIMITS)
         diff |= {k for k in set(per_mixer) | set(per)  # a mixer both ran must have the same value (absent: default)
                  for m in ran & ran_so_far if per_mixer.get(k, {}).get(m) != per.get(k, {}).get(m)}
         if diff:
@@ -165,6 +177,10 @@ def merge_records(records: list[dict]) -> dict:
             per_mixer[k] = {**per_mixer.get(k, {}), **v}
         ran_so_far |= ran
     config = dict(records[0]["config"], **per_mixer)
+    for key in RUN_LIMITS:
+        values = {r["config"].get(key) for r in records}
+        if len(values) > 1:  # only when no run was stopped (above): the largest limit, None meaning none
+            config[key] = None if None in values else max(values)
     for key in varying:
         config[key] = list(dict.fromkeys(x for r in records for x in r["config"][key]))
     runs = [run for r in records for run in r["runs"]]
