@@ -42,6 +42,8 @@ validated once, at :func:`attention` (see :mod:`._launch`).
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -197,9 +199,12 @@ def _bwd_probs(s, dp, lse, delta, bias_arg, m, n, T, MASK: tl.constexpr, BIAS: t
 @triton.jit
 def _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_n, lo, hi, T, qk_scale, stride_qt, stride_vt,
                 HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                INNER: tl.constexpr, MASK: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr):
+                INNER: tl.constexpr, MASK: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr,
+                DQA, DBRA, ATOMIC_DQ: tl.constexpr):
     """Fold the query tiles ``[lo, hi)`` (``INNER`` rows each) into one key block's ``dK`` (unscaled),
-    ``dV`` and column sums of ``dz``.
+    ``dV`` and column sums of ``dz``.  With ``ATOMIC_DQ``, also add each tile's share of ``dQ``
+    (``dz k``, unscaled, fp32, rows of ``HEAD_DIM``) into ``DQA`` and its row sums of ``dz`` into ``DBRA``
+    with atomic adds: FlashAttention-2's single pass (five tile products instead of seven).
 
     The tile is computed transposed, keys along rows (``s^T = k q^T``, ``[BN, BM]``), as Triton's
     fused-attention tutorial does: then ``p^T`` and ``dz^T`` are already the left operands of
@@ -229,6 +234,12 @@ def _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_n, lo, hi, 
         # In dO's dtype, not the rows': PaTH's fp16 meeting points beside bf16 gradients (a no-op elsewhere).
         dk += tl.dot(dz_t.to(do.dtype), q.to(do.dtype), input_precision=PRECISION)  # [BN, BD]
         col += tl.sum(dz_t, axis=1)
+        if ATOMIC_DQ:
+            dq = tl.dot(tl.trans(dz_t.to(do.dtype)), k.to(do.dtype), input_precision=PRECISION)  # [BM, BD]
+            ptrs = DQA + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+            tl.atomic_add(ptrs, dq, mask=(offs_m[:, None] < T) & (offs_d[None, :] < HEAD_DIM), sem="relaxed")
+            if BIAS != "none":
+                tl.atomic_add(DBRA + offs_m, tl.sum(dz_t, axis=0), mask=offs_m < T, sem="relaxed")
     return dk, dv, col
 
 
@@ -264,7 +275,8 @@ def _dq_steps(dq, row, q, do, lse, delta, K, V, bias_arg, offs_m, lo, hi, T, qk_
 def _flash_bwd(Q, K, V, DO, LSE, DELTA, BIAS_ARG, DQ, DK, DV, DBR, DBC, T, qk_scale, scale,
                stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt,
                HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-               OUTER: tl.constexpr, INNER: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr):
+               OUTER: tl.constexpr, INNER: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr,
+               ATOMIC_DQ: tl.constexpr):
     """The backward pass of :func:`_flash_fwd`, FlashAttention-2's way: nothing ``T x T`` is stored.
 
     Grid ``(blocks of OUTER rows, BH, 2)``.  Programs with ``program_id(2) == 0`` own a block of
@@ -279,6 +291,9 @@ def _flash_bwd(Q, K, V, DO, LSE, DELTA, BIAS_ARG, DQ, DK, DV, DBR, DBC, T, qk_sc
     ``DO`` those of ``V``.  The bias's gradient is assembled from the sums on the host: a logit's
     bias ``g(i) - g(j)`` gets ``dz_ij`` through ``g(i)`` (row sums, ``DBR``) and ``-dz_ij`` through
     ``g(j)`` (column sums, ``DBC``), both ``(BH, T)`` fp32.
+
+    ``ATOMIC_DQ``: grid ``(blocks, BH, 1)``, the key role alone; it adds ``dQ`` (unscaled) and the row sums
+    into the zeroed fp32 ``DQ`` ``(BH, T, HEAD_DIM)`` and ``DBR`` with atomic adds (:func:`_dkdv_steps`).
     """
     bh = tl.program_id(1).to(tl.int64)
     start = tl.program_id(0) * OUTER
@@ -308,15 +323,18 @@ def _flash_bwd(Q, K, V, DO, LSE, DELTA, BIAS_ARG, DQ, DK, DV, DBR, DBC, T, qk_sc
         dv = tl.zeros([OUTER, BLOCK_DV], dtype=tl.float32)
         col = tl.zeros([OUTER], dtype=tl.float32)
         whole_end = (T // INNER) * INNER
+        DQA = DQ + bh * T * HEAD_DIM  # with ATOMIC_DQ: this head's fp32 accumulator
+        DBRA = DBR + bh * T
         dk, dv, col = _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_b, start, diag_end, T,
                                   qk_scale, stride_qt, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER, True,
-                                  BIAS, PRECISION)
+                                  BIAS, PRECISION, DQA, DBRA, ATOMIC_DQ)
         dk, dv, col = _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_b, start + OUTER, whole_end,
                                   T, qk_scale, stride_qt, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER,
-                                  False, BIAS, PRECISION)
+                                  False, BIAS, PRECISION, DQA, DBRA, ATOMIC_DQ)
         dk, dv, col = _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_b,
                                   tl.maximum(whole_end, start + OUTER), T, T, qk_scale, stride_qt, stride_vt,
-                                  HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER, True, BIAS, PRECISION)
+                                  HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER, True, BIAS, PRECISION, DQA, DBRA,
+                                  ATOMIC_DQ)
         _store_rows(DK + bh * stride_kb, dk * scale, offs_b, offs_d, stride_kt, T, HEAD_DIM)
         _store_rows(DV + bh * stride_vb, dv, offs_b, offs_dv, stride_vt, T, HEAD_DV)
         if BIAS != "none":
@@ -370,7 +388,16 @@ _BWD_CONFIGS = [
     for o, i, w in [(64, 64, 4), (128, 32, 4), (128, 32, 8), (128, 64, 8), (64, 32, 4), (128, 128, 8)]
 ]
 _FP32_BWD_CONFIG = dict(OUTER=32, INNER=32, num_warps=4, num_stages=2)
-_flash_bwd_tuned = triton.autotune(_BWD_CONFIGS, key=["T", "HEAD_DIM", "HEAD_DV", "BIAS", "PRECISION"])(_flash_bwd)
+_BWD_KEY = ["T", "HEAD_DIM", "HEAD_DV", "BIAS", "PRECISION"]
+_flash_bwd_tuned = triton.autotune(_BWD_CONFIGS, key=_BWD_KEY)(_flash_bwd)
+# The single-pass variant accumulates with atomic adds: every config the autotuner tries, and the chosen one's
+# final launch, must start from zeroed accumulators.
+_flash_bwd_atomic_tuned = triton.autotune(_BWD_CONFIGS, key=_BWD_KEY, reset_to_zero=["DQ", "DBR"])(_flash_bwd)
+
+ATOMIC_DQ = os.environ.get("PATHEDU_ATOMIC_DQ", "0") == "1"
+"""Whether the template's backward takes FlashAttention-2's single pass (dQ by atomic adds, five tile products
+per pair of tiles) instead of two roles without atomics (seven).  An experiment's switch (issue 9): read at
+each call; ``PATHEDU_ATOMIC_DQ=1`` sets it for a whole process."""
 
 
 # Tile shapes.  The interpreter's cost grows with the number of program
@@ -467,38 +494,51 @@ def _attention_launch(x: Flat, scale: float, bias: str = "none", bias_arg=None, 
     return out
 
 
-def _attention_bwd_launch(x: Flat, do, out, lse, scale: float, bias: str, bias_arg, _config=None):
+def _attention_bwd_launch(x: Flat, do, out, lse, scale: float, bias: str, bias_arg, _config=None,
+                          atomic_dq=None):
     """The backward kernel on the forward's validated inputs ``x``, its output ``out`` and
     log-sum-exp ``lse``; ``do``: ``(BH, T, Dv)``.  Returns ``dq, dk, dv`` (compute dtype) and
     the row and column sums of ``dz`` (fp32 ``(BH, T)``; None without a bias).  ``_config``:
-    fixed tiles (``OUTER``, ``INNER``, ...) instead of the defaults (tests)."""
+    fixed tiles (``OUTER``, ``INNER``, ...) instead of the defaults (tests).  ``atomic_dq``: the
+    single pass with atomic adds (default :data:`ATOMIC_DQ`)."""
     n = x.n
+    atomic = ATOMIC_DQ if atomic_dq is None else bool(atomic_dq)
     do = do.to(x.dtype).contiguous()
-    dq, dk, dv = torch.empty_like(x.q), torch.empty_like(x.k), torch.empty_like(x.v)
+    dk, dv = torch.empty_like(x.k), torch.empty_like(x.v)
     rows = cols = None
     if bias != "none":
-        rows = torch.empty(x.BH, n.T, dtype=torch.float32, device=x.device)
-        cols = torch.empty_like(rows)
+        rows = (torch.zeros if atomic else torch.empty)(x.BH, n.T, dtype=torch.float32, device=x.device)
+        cols = torch.empty(x.BH, n.T, dtype=torch.float32, device=x.device)
     if x.empty_input:
-        return dq.zero_(), dk.zero_(), dv.zero_(), rows, cols
+        return torch.zeros_like(x.q), dk.zero_(), dv.zero_(), rows, cols
+    # The atomic pass adds into an fp32 accumulator (and row sums, a real buffer even without a bias, since the
+    # autotuner zeroes it between trials); the two-role pass writes dQ once, in the inputs' dtype.
+    dq = torch.zeros(x.BH, n.T, n.D, dtype=torch.float32, device=x.device) if atomic else torch.empty_like(x.q)
     delta = bwd_delta(out, do)
     precision = dot_precision(x.dtype)
     dummy = delta
+    if atomic and rows is None:
+        dummy_rows = torch.zeros(x.BH, n.T, dtype=torch.float32, device=x.device)
+    else:
+        dummy_rows = dummy if rows is None else rows
     args = (x.q, x.k, x.v, do, lse, delta, dummy if bias_arg is None else bias_arg, dq, dk, dv,
-            dummy if rows is None else rows, dummy if cols is None else cols, n.T, scale * LOG2E, scale,
+            dummy_rows, dummy if cols is None else cols, n.T, scale * LOG2E, scale,
             x.q.stride(0), x.q.stride(1), x.k.stride(0), x.k.stride(1), x.v.stride(0), x.v.stride(1))
     meta = dict(HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=next_pow2(n.D), BLOCK_DV=next_pow2(n.Dv), BIAS=bias,
-                PRECISION=precision)
+                PRECISION=precision, ATOMIC_DQ=atomic)
+    roles = 1 if atomic else 2
     if _config is not None:
-        _flash_bwd[(triton.cdiv(n.T, _config["OUTER"]), x.BH, 2)](*args, **_config, **meta)
+        _flash_bwd[(triton.cdiv(n.T, _config["OUTER"]), x.BH, roles)](*args, **_config, **meta)
     elif interpreting():  # few large programs: the interpreter's cost is per program
         block = 32 if n.T <= 32 else 64
-        _flash_bwd[(triton.cdiv(n.T, block), x.BH, 2)](*args, OUTER=block, INNER=block, **meta)
+        _flash_bwd[(triton.cdiv(n.T, block), x.BH, roles)](*args, OUTER=block, INNER=block, **meta)
     elif precision == "ieee":
-        _flash_bwd[(triton.cdiv(n.T, _FP32_BWD_CONFIG["OUTER"]), x.BH, 2)](*args, **_FP32_BWD_CONFIG, **meta)
+        _flash_bwd[(triton.cdiv(n.T, _FP32_BWD_CONFIG["OUTER"]), x.BH, roles)](*args, **_FP32_BWD_CONFIG, **meta)
     else:
-        grid = lambda META: (triton.cdiv(n.T, META["OUTER"]), x.BH, 2)  # noqa: E731
-        _flash_bwd_tuned[grid](*args, **meta)
+        grid = lambda META: (triton.cdiv(n.T, META["OUTER"]), x.BH, roles)  # noqa: E731
+        (_flash_bwd_atomic_tuned if atomic else _flash_bwd_tuned)[grid](*args, **meta)
+    if atomic:
+        dq = (dq * scale).to(x.dtype)
     return dq, dk, dv, rows, cols
 
 

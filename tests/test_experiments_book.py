@@ -135,6 +135,16 @@ def test_min_layers_reads_the_fewest_depth_per_seed_and_draws_none_above_the_dee
     assert _width_ok(fig)
     with pytest.raises(ValueError, match="`record` is from experiment"):
         plots.min_layers(tiny["mqrar"])
+    # The last position alone: path at length 6 reaches the threshold there with 2 layers only.
+    last = {("path", 6, 1): 0.5, ("path", 6, 2): 0.95}
+    for r in runs:
+        r["final"]["last_accuracy"] = last.get((r["mixer"], r["length"], r["n_layers"]), 0.1)
+    by_last = plots.min_layers(made, metric="last_accuracy")
+    assert by_last["S3", "path", 6]["seeds"] == {0: 2} and by_last["S3", "rope", 6]["seeds"] == {0: None}
+    assert "last accuracy" in plots.plot_min_layers(made, metric="last_accuracy").axes[0].get_ylabel()
+    plt.close("all")
+    with pytest.raises(ValueError, match="`metric`"):
+        plots.min_layers(made, metric="loss")
 
 
 def test_mqrar_accuracies_list_every_run_by_mixer_and_n(tiny):

@@ -281,13 +281,24 @@ def plot_word_problem(record: dict, fig=None):
     return fig
 
 
-def min_layers(record: dict) -> dict:
+def _word_summary(record: dict, metric=None) -> dict:
+    """The record's summary, recomputed when ``metric`` (``accuracy`` or ``last_accuracy``) is not its own."""
+    record = _check_record(record, "word_problem")
+    if metric is None or metric == record["summary"].get("metric"):
+        return record["summary"]
+    if metric not in ("accuracy", "last_accuracy"):
+        raise ValueError(f"`metric` must be 'accuracy' or 'last_accuracy', got {metric!r}")
+    return get_module("word_problem").summarize(record["runs"], {**record["config"], "metric": metric})
+
+
+def min_layers(record: dict, metric=None) -> dict:
     """The fewest layers reaching the record's threshold, per ``(group, mixer, length)``: a dict with ``seeds``
     (seed -> the depth, or ``None`` when no depth that ran reached it), ``tried`` (the depths that ran, for
-    every seed) and ``max_tried``.  Lengths are ints, in increasing order."""
-    record = _check_record(record, "word_problem")
+    every seed) and ``max_tried``.  Lengths are ints, in increasing order.  ``metric``: ``accuracy`` (every
+    position) or ``last_accuracy`` (the last one); default the record's."""
+    summary = _word_summary(record, metric)
     out = {}
-    for group, by_mixer in record["summary"]["groups"].items():
+    for group, by_mixer in summary["groups"].items():
         for mixer, by_length in by_mixer.items():
             for length in sorted(by_length, key=int):
                 sel = [r for r in record["runs"]
@@ -301,14 +312,15 @@ def min_layers(record: dict) -> dict:
     return out
 
 
-def plot_min_layers(record: dict, fig=None):
+def plot_min_layers(record: dict, fig=None, *, metric=None):
     """The PaTH paper's Fig. 2 read of the word problem: for each group, the fewest layers reaching the threshold
     against the word length, one colour per mixer; every seed a dot (jittered), the mean over seeds a line.  A
     seed for which no depth that ran reached the threshold is drawn one above the deepest model tried, as an
-    open marker on the row labelled "none".  Returns the figure."""
+    open marker on the row labelled "none".  ``metric`` as in :func:`min_layers`.  Returns the figure."""
     import matplotlib.pyplot as plt
 
-    table = min_layers(record)
+    summary = _word_summary(record, metric)
+    table = min_layers(record, metric)
     groups = list(dict.fromkeys(g for g, _, _ in table))
     top = max((e["max_tried"] for e in table.values()), default=1) + 1
     if fig is None:
@@ -340,8 +352,8 @@ def plot_min_layers(record: dict, fig=None):
     axes[0].set_yticks(range(1, top + 1))
     axes[0].set_yticklabels([str(d) for d in range(1, top)] + ["none"])
     axes[0].set_ylim(0.5, top + 0.5)
-    metric = record["summary"].get("metric", "accuracy").replace("_", " ")
-    axes[0].set_ylabel(f"fewest layers, {metric} >= {100 * record['summary']['threshold']:.0f}%", fontsize=8)
+    name = summary.get("metric", "accuracy").replace("_", " ")
+    axes[0].set_ylabel(f"fewest layers, {name} >= {100 * summary['threshold']:.0f}%", fontsize=8)
     axes[-1].legend(fontsize=7, loc="best")
     fig.tight_layout()
     return fig
