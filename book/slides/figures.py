@@ -207,6 +207,28 @@ def ch08_word_problem(out) -> None:
     _save(fig, out)
 
 
+def ch08_min_layers(out) -> None:
+    """The fewest layers reaching 90% (all positions) against the word length, A5 and S5, seed 0 (chapter 8's
+    Fig. 2 reading): the length series beside A5 at 20 from the three series of the slide before."""
+    from pathedu.experiments import plots
+
+    data = Path(plots.__file__).parents[1] / "data"
+    record = plots.load("word_problem")
+    lengths = plots.load("word_problem", path=data / "exp_word_problem_lengths.json")
+    fixed = plots.load("word_problem", path=data / "exp_word_problem_path_fixed.json")
+    fox_delta = plots.load("word_problem", path=data / "exp_word_problem_fox_deltanet.json")
+    grid = plots.combine([lengths, record, fixed, fox_delta],
+                         select=[None, lambda r: r["mixer"] == "rope" and r["seed"] == 0, lambda r: r["seed"] == 0,
+                                 None])
+    least = {k: v["seeds"][0] for k, v in plots.min_layers(grid).items()}
+    assert [least["A5", m, n] for m in ("path", "rope", "fox", "deltanet") for n in (10, 20)] == \
+        [2, 3, 3, None, 3, None, 3, 3]  # the slide's bullets
+    assert all(least["S5", m, 10] == 2 for m in ("rope", "fox", "path", "deltanet"))
+    fig = plt.figure(figsize=(8, 3.6))
+    plots.plot_min_layers(grid, fig=fig)
+    _save(fig, out)
+
+
 def ch08_mqrar(out) -> None:
     """MQRAR-N from the committed GPU record: accuracy against N, every run a dot."""
     from pathedu.experiments import plots
@@ -247,5 +269,5 @@ def ch08_mqrar_conv(out) -> None:
 
 
 FIGURES = {f.__name__: f for f in (ch01_decay, ch02_decay, ch03_gates, ch04_kernel, ch05_rectangle,
-                                    ch06_split, ch07_six, ch08_word_problem, ch08_mqrar,
+                                    ch06_split, ch07_six, ch08_word_problem, ch08_min_layers, ch08_mqrar,
                                     ch08_mqrar_conv)}

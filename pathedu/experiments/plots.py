@@ -272,6 +272,7 @@ def plot_word_problem(record: dict, fig=None):
                     ax.plot([r["n_layers"] for r in runs], [100 * r["final"][metric] for r in runs], "o", ms=3.5,
                             color=_color(mixer), alpha=0.7)
         ax.axhline(100 * record["summary"]["threshold"], color="k", lw=0.8, alpha=0.5)
+        ax.set_xticks(sorted({r["n_layers"] for r in record["runs"] if r["group"] == group}))
         ax.set_title(group, fontsize=10)
         ax.set_xlabel("layers")
         ax.grid(alpha=0.3)

@@ -49,7 +49,9 @@ What the committed runs show (chapter 8): A5 at length 20, seed 0, the fewest la
 (with the fixed backward; 4 with seed 1) and for DeltaNet with ``beta`` in (0, 2), none of 1-4 for RoPE and FoX
 (``exp_word_problem.json``, ``exp_word_problem_path_fixed.json``, ``exp_word_problem_fox_deltanet.json``).  Most
 runs were still improving at the last evaluation, so the depths are a statement about this budget, not about
-the mechanisms' limits.  Not yet run: S5, other lengths.
+the mechanisms' limits.  At length 10 as well (``exp_word_problem_lengths.json``, seed 0): A5 needs 2 layers with
+PaTH and 3 with RoPE, FoX and DeltaNet; S5 (words over (1 2) and (1 2 3 4 5)) 2 with every mixer at length 10 and,
+at length 20, 3 with RoPE, PaTH and DeltaNet and none of 1-4 with FoX.  Runs of one seed: seeds 1-2 not run.
 """
 from __future__ import annotations
 
