@@ -394,10 +394,25 @@ _flash_bwd_tuned = triton.autotune(_BWD_CONFIGS, key=_BWD_KEY)(_flash_bwd)
 # final launch, must start from zeroed accumulators.
 _flash_bwd_atomic_tuned = triton.autotune(_BWD_CONFIGS, key=_BWD_KEY, reset_to_zero=["DQ", "DBR"])(_flash_bwd)
 
-ATOMIC_DQ = os.environ.get("PATHEDU_ATOMIC_DQ", "0") == "1"
-"""Whether the template's backward takes FlashAttention-2's single pass (dQ by atomic adds, five tile products
-per pair of tiles) instead of two roles without atomics (seven).  An experiment's switch (issue 9): read at
-each call; ``PATHEDU_ATOMIC_DQ=1`` sets it for a whole process."""
+ATOMIC_DQ = {"1": True, "0": False}.get(os.environ.get("PATHEDU_ATOMIC_DQ", "auto"))
+"""Which pass the template's backward takes: FlashAttention-2's single pass (dQ by atomic adds, five tile products
+per pair of tiles: ``True``), two roles without atomics (seven: ``False``), or, ``None`` (the default), the one
+measured faster for the case (:func:`single_pass`).  Read at each call; ``PATHEDU_ATOMIC_DQ=1`` / ``0`` sets it
+for a whole process (how the benchmarks compare the two)."""
+
+# Measured on an H100 (B = H = 32, D = 64, bf16, forward + backward, kernels/NOTES_flash.md): without a bias the
+# single pass is faster from T = 4096 (1.29 / 1.25x SDPA at 4096 / 8192 against 1.31 / 1.31x) and slower below
+# (1.28 / 1.32x at 1024 / 2048 against 1.11 / 1.21x: half the programs, and the atomics' traffic); with FoX's gate
+# it is slower at every T (1.91-1.95x against 1.43-1.51x).
+SINGLE_PASS_MIN_T = 4096
+
+
+def single_pass(bias: str, T: int) -> bool:
+    """Whether the backward of a ``bias`` (``"none"``, ``"alibi"``, ``"loggate"``) attention over ``T`` tokens takes
+    the single pass: :data:`ATOMIC_DQ` when set, else no bias and ``T >= SINGLE_PASS_MIN_T``."""
+    if ATOMIC_DQ is not None:
+        return ATOMIC_DQ
+    return bias == "none" and T >= SINGLE_PASS_MIN_T
 
 
 # Tile shapes.  The interpreter's cost grows with the number of program
@@ -500,9 +515,9 @@ def _attention_bwd_launch(x: Flat, do, out, lse, scale: float, bias: str, bias_a
     log-sum-exp ``lse``; ``do``: ``(BH, T, Dv)``.  Returns ``dq, dk, dv`` (compute dtype) and
     the row and column sums of ``dz`` (fp32 ``(BH, T)``; None without a bias).  ``_config``:
     fixed tiles (``OUTER``, ``INNER``, ...) instead of the defaults (tests).  ``atomic_dq``: the
-    single pass with atomic adds (default :data:`ATOMIC_DQ`)."""
+    single pass with atomic adds or not (default :func:`single_pass`)."""
     n = x.n
-    atomic = ATOMIC_DQ if atomic_dq is None else bool(atomic_dq)
+    atomic = single_pass(bias, n.T) if atomic_dq is None else bool(atomic_dq)
     do = do.to(x.dtype).contiguous()
     dk, dv = torch.empty_like(x.k), torch.empty_like(x.v)
     rows = cols = None

@@ -80,6 +80,12 @@ def main(argv=None) -> int:
     meta = run_meta("python -m pathedu.bench " + " ".join(argv if argv is not None else sys.argv[1:]))
     meta.update(dtype=a.dtype, sizes=dict(B=a.B, H=a.H, D=a.D, T=a.T), causal=True,
                 pass_="forward+backward" if a.backward else "forward", timer="triton.testing.do_bench, median ms")
+    if a.backward:
+        from ..kernels import flash_attention
+
+        # which pass the FlashAttention template's backward took (PATHEDU_ATOMIC_DQ or the measured default)
+        meta["template_backward"] = {True: "single pass (atomic dQ)", False: "two roles"}.get(
+            flash_attention.ATOMIC_DQ, f"auto: single pass without a bias from T = {flash_attention.SINGLE_PASS_MIN_T}")
     out = a.out or str(DATA_DIR / f"bench_{a.chapter}{'_fwdbwd' if a.backward else ''}.json")
     rows = []
     for T in tqdm(a.T, desc="sequence lengths"):
