@@ -1,7 +1,8 @@
 r"""Training: an ordinary PyTorch loop, and the accuracy the experiments report.
 
 :func:`train` runs AdamW with a linear warm-up then cosine decay of the learning rate,
-gradient-norm clipping, bf16 autocast on CUDA only (fp32 on the CPU), a tqdm progress bar
+gradient-norm clipping, bf16 autocast on GPUs with native bf16 (fp32 on the CPU and on older GPUs such
+as the T4), a tqdm progress bar
 (``progress=False`` hides it) and an evaluation every ``eval_every`` steps and at the end.
 
 Data come from a function ``sample(step) -> (inputs, targets)``: ``inputs (B, T)`` long
@@ -63,10 +64,14 @@ def accuracy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[int, int]:
 
 
 def _autocast_on(amp, device: torch.device) -> bool:
-    """``amp`` (bf16 autocast) resolved: None means on CUDA only."""
+    """``amp`` (bf16 autocast) resolved: None means on a CUDA GPU with native bf16 (compute capability 8.0 and up:
+    A100, H100, ...), fp32 elsewhere: the CPU, and GPUs such as Colab's T4, whose bf16 is emulated and which the
+    Triton kernels' bf16 tiles do not target."""
     if amp is not None and not isinstance(amp, bool):
-        raise ValueError(f"`amp` must be True, False or None (bf16 autocast on CUDA only), got {amp!r}")
-    return device.type == "cuda" if amp is None else amp
+        raise ValueError(f"`amp` must be True, False or None (bf16 autocast where the GPU has bf16), got {amp!r}")
+    if amp is not None:
+        return amp
+    return device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False)
 
 
 @torch.no_grad()
@@ -149,7 +154,7 @@ def train(model: torch.nn.Module, sample: Callable[[int], tuple], *, steps: int,
 
     * AdamW (``lr``, ``betas``, ``weight_decay`` on matrices only: not on biases, norms, embeddings);
       learning rate :func:`lr_at` (``warmup`` default ``steps // 10``); gradients clipped to norm ``clip``.
-    * ``amp`` (default: CUDA only): bf16 autocast for the forward pass.
+    * ``amp`` (default: GPUs with native bf16, compute capability 8.0+): bf16 autocast for the forward pass.
     * ``evaluate_fn(model) -> dict`` every ``eval_every`` steps (default ``steps // 10``) and after the
       last step.
     * ``seed``: ``torch.manual_seed(seed)`` before the first step.

@@ -398,3 +398,18 @@ def test_stopping_on_an_evaluation_step_evaluates_once():
                  evaluate_fn=lambda m: calls.append(1) or {"accuracy": 0.0})
     assert [e["step"] for e in hist["eval"]] == [2, 4] and len(calls) == 2
     assert hist["stopped_at"] == 4 and hist["step"][-1] == 3
+
+
+def test_autocast_only_where_the_gpu_has_native_bf16(monkeypatch):
+    """amp=None: bf16 autocast on a CUDA device whose bf16 is native (compute capability 8.0+), fp32 on the CPU
+    and on GPUs such as Colab's T4 (bf16 emulated); True / False are kept; anything else names `amp`."""
+    from pathedu.train import _autocast_on
+
+    cuda = torch.device("cuda")
+    for native in (True, False):
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True, n=native: n)
+        assert _autocast_on(None, cuda) is native
+        assert _autocast_on(True, cuda) is True and _autocast_on(False, cuda) is False
+    assert _autocast_on(None, torch.device("cpu")) is False
+    with pytest.raises(ValueError, match="`amp`"):
+        _autocast_on("bf16", cuda)

@@ -37,7 +37,7 @@ DEFAULTS = {
     "batch_size": 32, "steps": 3000, "lr": 1e-3, "weight_decay": 0.1, "warmup": 300, "clip": 1.0,
     "eval_n": 512, "eval_batch_size": 128, "eval_every": 1000, "log_every": 10,
     "form": "auto",
-    "amp": None,  # bf16 autocast: None = on CUDA only; false = fp32 throughout (e.g. to rule out rounding)
+    "amp": None,  # bf16 autocast: None = on GPUs with native bf16; false = fp32 throughout (e.g. to rule out rounding)
     "grad_check_every": 0,  # >0: compare the step's gradient with the fp32 matrix form's every that many steps
     "time_limit_s": None,  # per run: stop (and evaluate) once training has taken this long
     "w_conv": 0,  # PaTH's short convolution on w (filter size; 0: none), for path and pathfox only

@@ -12,7 +12,10 @@ a step takes 12-13 ms (rope), 9 ms (fox), 25 ms (path), 27 ms (pathfox), 16 ms (
 (PaTH's before its backward fix, which made its forward + backward 15-67% slower: ``kernels/NOTES_path.md``, 8).
 Eight processes of PaTH runs on one H100 after the fix: about 1940 of 2000 steps in 440 s each.
 The defaults with ``--jobs 8`` (16 runs, two per process) took 9 minutes at commit a1bbd2b; the record is
-``pathedu/data/exp_mqrar.json``.  On a T4 expect several times longer (not measured).
+``pathedu/data/exp_mqrar.json``.  On Colab's T4 (not measured): the runs train in fp32 there
+(no native bf16, :func:`pathedu.train.train`), and two CPU cores allow no parallel processes, so expect at least
+the sum of the runs' single-process times, which ``python -m pathedu.experiments.timing NAME`` estimates on the
+machine at hand.
 
 What the committed runs show (chapter 8): FoX and PaTH-FoX recall at N = 1 and 2 and nothing at N = 3 and 4;
 RoPE learns nothing at any N in 2000 steps; PaTH learns N = 1, and at N = 2 every seed of the committed series
@@ -50,7 +53,7 @@ DEFAULTS = {
     "batch_size": 32, "steps": 2000, "lr": 1e-3, "weight_decay": 0.1, "warmup": 200, "clip": 1.0,
     "eval_n": 256, "eval_batch_size": 64, "eval_every": 500, "log_every": 10,
     "form": "auto",
-    "amp": None,  # bf16 autocast: None = on CUDA only; false = fp32 throughout (e.g. to rule out rounding)
+    "amp": None,  # bf16 autocast: None = on GPUs with native bf16; false = fp32 throughout (e.g. to rule out rounding)
     "grad_check_every": 0,  # >0: compare the step's gradient with the fp32 matrix form's every that many steps
     "time_limit_s": None,  # per run: stop (and evaluate) once training has taken this long
 }

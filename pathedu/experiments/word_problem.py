@@ -43,7 +43,10 @@ Time on one H100 (measured, commit a1bbd2b): alone, a step takes 6-9 ms at 1 lay
 4-layer PaTH models trained at once in eight processes took 43-51 ms a step each, about five times the
 throughput of one.  The defaults with ``--jobs 8`` (one run per process) took 9 minutes (the slowest run, path
 at 4 layers, 515 s).  So: ``python -m pathedu.experiments word_problem --jobs
-8``.  On a T4 expect several times longer (not measured).
+8``.  On Colab's T4 (not measured): the runs train in fp32 there
+(no native bf16, :func:`pathedu.train.train`), and two CPU cores allow no parallel processes, so expect at least
+the sum of the runs' single-process times, which ``python -m pathedu.experiments.timing NAME`` estimates on the
+machine at hand.
 
 What the committed runs show (chapter 8): A5 at length 20, seed 0, the fewest layers reaching 90% are 3 for PaTH
 (with the fixed backward; 4 with seed 1) and for DeltaNet with ``beta`` in (0, 2), none of 1-4 for RoPE and FoX
@@ -76,7 +79,7 @@ DEFAULTS = {
     "eval_n": 512, "eval_batch_size": 512, "eval_every": 1000, "log_every": 10,
     "threshold": 0.9, "metric": "accuracy",
     "form": "auto",
-    "amp": None,  # bf16 autocast: None = on CUDA only; false = fp32 throughout (e.g. to rule out rounding)
+    "amp": None,  # bf16 autocast: None = on GPUs with native bf16; false = fp32 throughout (e.g. to rule out rounding)
     "grad_check_every": 0,  # >0: compare the step's gradient with the fp32 matrix form's every that many steps
     "time_limit_s": None,  # per run: stop (and evaluate) once training has taken this long
 }
