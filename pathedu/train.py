@@ -76,16 +76,19 @@ def _autocast_on(amp, device: torch.device) -> bool:
 
 @torch.no_grad()
 def evaluate(model, inputs: torch.Tensor, targets: torch.Tensor, *, batch_size: int = 64, device=None,
-             amp: bool | None = None) -> dict:
+             amp: bool | None = None, per_position: bool = False) -> dict:
     """Accuracy of ``model`` on fixed data, in batches: ``{"accuracy", "error", "correct", "scored",
-    "loss"}``; also ``"last_accuracy"``, the accuracy at the last position alone (when scored there).
-    ``inputs, targets (N, T)`` on the CPU; moved to ``device`` batch by batch."""
+    "loss"}``; also ``"last_accuracy"``, the accuracy at the last position alone (when scored there), and with
+    ``per_position``, ``"position_accuracy"``: a list of ``T`` accuracies, one per position (None where nothing
+    is scored).  ``inputs, targets (N, T)`` on the CPU; moved to ``device`` batch by batch."""
     device = torch.device(device) if device is not None else next(model.parameters()).device
     amp = _autocast_on(amp, device)
     was_training = model.training
     model.eval()
     correct = scored = last_c = last_n = 0
     loss_sum = 0.0
+    pos_c = torch.zeros(inputs.shape[-1], dtype=torch.long)
+    pos_n = torch.zeros_like(pos_c)
     for s in range(0, inputs.shape[0], batch_size):
         x, y = inputs[s:s + batch_size].to(device), targets[s:s + batch_size].to(device)
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
@@ -96,11 +99,18 @@ def evaluate(model, inputs: torch.Tensor, targets: torch.Tensor, *, batch_size: 
             loss_sum += float(masked_loss(logits, y)) * n
         lc, ln = accuracy(logits[:, -1:], y[:, -1:])
         last_c, last_n = last_c + lc, last_n + ln
+        if per_position:
+            keep = y != IGNORE
+            pos_c += ((logits.argmax(-1) == y) & keep).sum(0).cpu()
+            pos_n += keep.sum(0).cpu()
     model.train(was_training)
     acc = correct / scored if scored else float("nan")
-    return {"accuracy": acc, "error": 1 - acc, "correct": correct, "scored": scored,
-            "loss": loss_sum / scored if scored else float("nan"),
-            "last_accuracy": last_c / last_n if last_n else float("nan")}
+    out = {"accuracy": acc, "error": 1 - acc, "correct": correct, "scored": scored,
+           "loss": loss_sum / scored if scored else float("nan"),
+           "last_accuracy": last_c / last_n if last_n else float("nan")}
+    if per_position:
+        out["position_accuracy"] = [int(c) / int(n) if n else None for c, n in zip(pos_c, pos_n)]
+    return out
 
 
 def _grads(model, inputs, targets, *, amp: bool, form: str | None = None) -> tuple[torch.Tensor, float]:

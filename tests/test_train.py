@@ -130,6 +130,7 @@ def test_word_problem_tiny(tmp_path):
     data = json.loads(out.read_text())
     runs = data["runs"]
     assert len(runs) == 4 and {r["n_layers"] for r in runs} == {1, 2}
+    assert all(len(r["final"]["position_accuracy"]) == data["config"]["lengths"][0] for r in runs)
     summary = data["summary"]["groups"]["S3"]["path"]["6"]
     assert set(summary) == {"accuracy_by_layers", "min_layers_by_seed"}
 
@@ -413,3 +414,20 @@ def test_autocast_only_where_the_gpu_has_native_bf16(monkeypatch):
     assert _autocast_on(None, torch.device("cpu")) is False
     with pytest.raises(ValueError, match="`amp`"):
         _autocast_on("bf16", cuda)
+
+
+def test_accuracy_per_position_adds_up_to_the_totals():
+    """evaluate(per_position=True): one accuracy per position over its scored entries (None where none is
+    scored); weighted by the scored counts they give the overall accuracy, and the last one is last_accuracy."""
+    torch.manual_seed(0)
+    model = build_model("rope", vocab=5, d_model=16, n_layers=1, n_heads=2)
+    x, y = lm_targets(*tasks.flipflop(24, 12, p_ignore=0.5, seed=3))
+    y[:, 0] = IGNORE  # a position with nothing scored
+    y[:, -1] = torch.randint(0, 5, (24,), generator=torch.Generator().manual_seed(1))
+    m = evaluate(model, x, y, batch_size=10, per_position=True)
+    pos = m["position_accuracy"]
+    assert len(pos) == x.shape[1] and pos[0] is None
+    counts = (y != IGNORE).sum(0).tolist()
+    assert sum(a * n for a, n in zip(pos, counts) if a is not None) == pytest.approx(m["correct"])
+    assert pos[-1] == pytest.approx(m["last_accuracy"])
+    assert "position_accuracy" not in evaluate(model, x, y)

@@ -68,10 +68,12 @@ def beta_probe(tokens, device):
     return probe
 
 
-def eval_split(model, inputs, targets, *, device, config: dict) -> dict:
+def eval_split(model, inputs, targets, *, device, config: dict, per_position: bool = False) -> dict:
     """:func:`pathedu.train.evaluate` in batches of ``config["eval_batch_size"]``, with the training's
-    ``config["amp"]``; NaN metrics (nothing scored) become None."""
-    m = evaluate(model, inputs, targets, batch_size=config["eval_batch_size"], device=device, amp=config.get("amp"))
+    ``config["amp"]`` (and its accuracy per position with ``per_position``); NaN metrics (nothing scored) become
+    None."""
+    m = evaluate(model, inputs, targets, batch_size=config["eval_batch_size"], device=device, amp=config.get("amp"),
+                 per_position=per_position)
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in m.items()}
 
 

@@ -6,7 +6,8 @@ The words are drawn from ``generators`` and their inverses: by default, per grou
 A5 3-cycles ``(1 2 3), (1 2 4), (1 2 5)`` and, for S5, the transposition ``(1 2)`` and the 5-cycle
 ``(1 2 3 4 5)`` (a dict ``{group: [...]}``; a list applies to every group; ``None``, or a group missing
 from the dict, draws tokens uniform over the whole group, as in Merrill et al.).  ``accuracy`` is over
-every position of fresh words of the same length, ``last_accuracy`` over the last position alone.
+every position of fresh words of the same length, ``last_accuracy`` over the last position alone, and
+``position_accuracy`` position by position (recorded since the length series; the earlier records lack it).
 The summary gives, for each group, mixer, seed and length, the smallest depth whose ``metric``
 reaches ``threshold`` (``None``: no depth tried did).
 
@@ -123,8 +124,8 @@ def run(config: dict, *, device, progress: bool = True):
             gens = generators_for(config, group)
             ev = tasks.word_problem(group, config["eval_n"], length, seed=EVAL_SEED + length, generators=gens)
 
-            def evaluate_fn(model, ev=ev):
-                return eval_split(model, *ev, device=device, config=config)
+            def evaluate_fn(model, ev=ev):  # words are short: keep the accuracy of every position
+                return eval_split(model, *ev, device=device, config=config, per_position=True)
 
             for seed in config["seeds"]:
                 for mixer in config["mixers"]:
