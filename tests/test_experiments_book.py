@@ -223,10 +223,19 @@ def _prefix(table, tokens):
     return labels
 
 
+def _fewest(acc, threshold):
+    out = torch.zeros(acc.shape[0], dtype=torch.long)
+    for row in range(acc.shape[0]):
+        reached = [j + 1 for j in range(acc.shape[1]) if acc[row, j] >= threshold]
+        out[row] = reached[0] if reached else 0
+    return out
+
+
 @pytest.mark.parametrize("check, right, wrongs", [
     (ch08.check_flipflop_answers, _answers, ch08._FLIPFLOP_WRONG),
     (ch08.check_prefix_products, _prefix, ch08._WORD_WRONG),
-], ids=["flipflop", "prefix"])
+    (ch08.check_fewest_layers, _fewest, ch08._LAYERS_WRONG),
+], ids=["flipflop", "prefix", "fewest"])
 def test_checks_accept_the_solution_and_name_each_known_mistake(check, right, wrongs, capsys):
     assert check(right)
     for fn, message in wrongs:

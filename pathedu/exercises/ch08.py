@@ -17,6 +17,10 @@ Exercises:
    table (``table[a, b]`` = index of ``p_a o p_b``, ``p_b`` applied first) and ``tokens (n, length)``,
    return the prefix products, ``labels[:, t] = table[tokens[:, t], labels[:, t-1]]`` from the
    identity (:func:`pathedu.tasks.word_problem_labels`).
+3. :func:`check_fewest_layers`: the reading of the paper's Fig. 2.  From ``acc (cases, depths)``, the accuracy of
+   models of 1, 2, ... layers (one row per task, mixer and length), return ``(cases,)`` long: the fewest layers
+   whose accuracy is at least ``threshold``, 0 where no depth reaches it (:func:`pathedu.experiments.plots.min_layers`
+   reads the committed records the same way).
 
 ``hint(n, level=1)`` prints a hint for exercise ``n``: level 1 a nudge, 2 the structure, 3 the recipe.
 """
@@ -27,7 +31,7 @@ import torch
 from .. import tasks
 from ._grader import Exercises, Verdict, check_function
 
-__all__ = ["check_flipflop_answers", "check_prefix_products", "hint"]
+__all__ = ["check_flipflop_answers", "check_prefix_products", "check_fewest_layers", "hint"]
 
 EXERCISES = Exercises("ch08", {
     1: ("Walk along the sequence one instruction/bit pair at a time and keep one thing in memory. Which pairs "
@@ -42,6 +46,12 @@ EXERCISES = Exercises("ch08", {
         "cur (n,) starts at the identity, index 0; for each t, one table lookup combines the new element "
         "tokens[:, t] with cur; labels (n, length) long holds cur after each step.",
         "cur = zeros(n, long); for t in range(length): cur = table[tokens[:, t], cur]; labels[:, t] = cur."),
+    3: ("For each row, which depths are good enough, and which of those is the answer? What does a row with none "
+        "return?",
+        "ok = acc >= threshold, (cases, depths) bool; column j is depth j + 1. The answer is the first True "
+        "column of each row, plus one; rows without a True get 0.",
+        "ok = acc >= threshold; first = ok.long().argmax(dim=1) (the first maximum: the first True); "
+        "return torch.where(ok.any(dim=1), first + 1, 0)."),
 })
 hint = EXERCISES.hint
 
@@ -168,3 +178,69 @@ def check_prefix_products(prefix_products) -> Verdict:
     """
     return check_function("prefix products", prefix_products, _word_reference, _word_inputs, trials=3, rtol=0.0,
                           wrong_variants=_WORD_WRONG)
+
+
+# ---------------------------------------------------------------------------
+# Exercise 3: the fewest layers that solve a task
+# ---------------------------------------------------------------------------
+
+THRESHOLD = 0.9
+
+
+def _layers_inputs(seed):
+    """Accuracies on a grid of 0.05 with the threshold itself among them (a ">" answer then differs), rows where
+    no depth reaches it, and rows that dip below it again after reaching it (the deepest is not the fewest)."""
+    g = torch.Generator().manual_seed(830 + seed)
+    cases, depths = [(12, 4), (9, 6), (15, 3)][seed % 3]
+    acc = torch.randint(10, 21, (cases, depths), generator=g).double() / 20
+    acc[0] = 0.5
+    acc[1, :] = THRESHOLD
+    acc[2] = torch.linspace(0.95, 0.6, depths, dtype=torch.float64)
+    return acc, THRESHOLD
+
+
+def _layers_reference(acc, threshold):
+    ok = acc >= threshold
+    return torch.where(ok.any(dim=1), ok.long().argmax(dim=1) + 1, 0)
+
+
+def _layers_with(acc, threshold, *, strict=False, deepest=False, best=False, zero_based=False, none=0):
+    ok = acc > threshold if strict else acc >= threshold
+    depth = torch.arange(1, acc.shape[1] + 1)
+    if best:
+        pick = acc.argmax(dim=1) + 1
+    elif deepest:
+        pick = torch.where(ok, depth, 0).max(dim=1).values
+    else:
+        pick = torch.where(ok, depth, acc.shape[1] + 1).min(dim=1).values
+    pick = pick - 1 if zero_based else pick
+    return torch.where(ok.any(dim=1), pick, none)
+
+
+_LAYERS_WRONG = [
+    (lambda acc, thr: _layers_with(acc, thr, strict=True),
+     "A model whose accuracy equals the threshold reaches it: compare with >=, not >."),
+    (lambda acc, thr: _layers_with(acc, thr, deepest=True),
+     "You returned the deepest model that reaches the threshold: the figure asks for the fewest layers."),
+    (lambda acc, thr: _layers_with(acc, thr, best=True),
+     "You returned the depth with the best accuracy: a shallower model that already reaches the threshold is "
+     "the answer."),
+    (lambda acc, thr: _layers_with(acc, thr, zero_based=True),
+     "Your depths are one short: column 0 is a model of one layer."),
+    (lambda acc, thr: _layers_with(acc, thr, none=acc.shape[1] + 1),
+     "Rows where no depth reaches the threshold should be 0 (none), not one more than the deepest."),
+    (lambda acc, thr: _layers_with(acc, thr, none=-1),
+     "Rows where no depth reaches the threshold should be 0 (none), not -1."),
+]
+
+
+@EXERCISES.check(3)
+def check_fewest_layers(fewest_layers) -> Verdict:
+    """Exercise 3: ``fewest_layers(acc, threshold) -> depths``.
+
+    ``acc (cases, depths)`` float: column ``j`` is the accuracy of the model with ``j + 1`` layers;
+    ``threshold`` a float.  ``depths (cases,)`` long: per row, the smallest ``j + 1`` with
+    ``acc[row, j] >= threshold``, and 0 where there is none.
+    """
+    return check_function("fewest layers", fewest_layers, _layers_reference, _layers_inputs, trials=3, rtol=0.0,
+                          wrong_variants=_LAYERS_WRONG)
