@@ -57,10 +57,16 @@ def lm_targets(tokens: torch.Tensor, mask: torch.Tensor):
     return inputs, targets
 
 
+def _hits(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(right, scored)``, bool like ``targets``: the argmax prediction is the target, at a scored position."""
+    scored = targets != IGNORE
+    return (logits.argmax(-1) == targets) & scored, scored
+
+
 def accuracy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[int, int]:
     """``(correct, scored)``: argmax predictions equal to ``targets`` at the scored positions."""
-    keep = targets != IGNORE
-    return int((logits.argmax(-1)[keep] == targets[keep]).sum()), int(keep.sum())
+    right, scored = _hits(logits, targets)
+    return int(right.sum()), int(scored.sum())
 
 
 def _autocast_on(amp, device: torch.device) -> bool:
@@ -85,25 +91,21 @@ def evaluate(model, inputs: torch.Tensor, targets: torch.Tensor, *, batch_size: 
     amp = _autocast_on(amp, device)
     was_training = model.training
     model.eval()
-    correct = scored = last_c = last_n = 0
     loss_sum = 0.0
-    pos_c = torch.zeros(inputs.shape[-1], dtype=torch.long)
+    pos_c = torch.zeros(inputs.shape[-1], dtype=torch.long)  # right and scored answers per position
     pos_n = torch.zeros_like(pos_c)
     for s in range(0, inputs.shape[0], batch_size):
         x, y = inputs[s:s + batch_size].to(device), targets[s:s + batch_size].to(device)
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
             logits = model(x)
-        c, n = accuracy(logits, y)
-        correct, scored = correct + c, scored + n
-        if n:
-            loss_sum += float(masked_loss(logits, y)) * n
-        lc, ln = accuracy(logits[:, -1:], y[:, -1:])
-        last_c, last_n = last_c + lc, last_n + ln
-        if per_position:
-            keep = y != IGNORE
-            pos_c += ((logits.argmax(-1) == y) & keep).sum(0).cpu()
-            pos_n += keep.sum(0).cpu()
+        right, scored = _hits(logits, y)
+        pos_c += right.sum(0).cpu()
+        pos_n += scored.sum(0).cpu()
+        if scored.any():
+            loss_sum += float(masked_loss(logits, y)) * int(scored.sum())
     model.train(was_training)
+    correct, scored = int(pos_c.sum()), int(pos_n.sum())
+    last_c, last_n = int(pos_c[-1]), int(pos_n[-1])
     acc = correct / scored if scored else float("nan")
     out = {"accuracy": acc, "error": 1 - acc, "correct": correct, "scored": scored,
            "loss": loss_sum / scored if scored else float("nan"),

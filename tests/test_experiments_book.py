@@ -147,6 +147,15 @@ def test_min_layers_reads_the_fewest_depth_per_seed_and_draws_none_above_the_dee
         plots.min_layers(made, metric="loss")
 
 
+def test_the_committed_word_problem_grid_has_every_seed0_run_once():
+    """plots.word_problem_grid: A5 and S5 at lengths 10 and 20, four mixers, depths 1-4, seed 0: one run each."""
+    grid = plots.word_problem_grid()
+    keys = [(r["group"], r["length"], r["mixer"], r["n_layers"]) for r in grid["runs"]]
+    assert sorted(keys) == sorted((g, n, m, d) for g in ("A5", "S5") for n in (10, 20)
+                                  for m in ("rope", "fox", "path", "deltanet") for d in (1, 2, 3, 4))
+    assert {r["seed"] for r in grid["runs"]} == {0} and [s["runs"] for s in grid["sources"]] == [48, 4, 4, 8]
+
+
 def test_mqrar_accuracies_list_every_run_by_mixer_and_n(tiny):
     rec = tiny["mqrar"]
     acc = plots.mqrar_accuracies(rec)

@@ -209,17 +209,10 @@ def ch08_word_problem(out) -> None:
 
 def ch08_min_layers(out) -> None:
     """The fewest layers reaching 90% (all positions) against the word length, A5 and S5, seed 0 (chapter 8's
-    Fig. 2 reading): the length series beside A5 at 20 from the three series of the slide before."""
+    Fig. 2 reading): :func:`pathedu.experiments.plots.word_problem_grid`."""
     from pathedu.experiments import plots
 
-    data = Path(plots.__file__).parents[1] / "data"
-    record = plots.load("word_problem")
-    lengths = plots.load("word_problem", path=data / "exp_word_problem_lengths.json")
-    fixed = plots.load("word_problem", path=data / "exp_word_problem_path_fixed.json")
-    fox_delta = plots.load("word_problem", path=data / "exp_word_problem_fox_deltanet.json")
-    grid = plots.combine([lengths, record, fixed, fox_delta],
-                         select=[None, lambda r: r["mixer"] == "rope" and r["seed"] == 0, lambda r: r["seed"] == 0,
-                                 None])
+    grid = plots.word_problem_grid()
     least = {k: v["seeds"][0] for k, v in plots.min_layers(grid).items()}
     assert [least["A5", m, n] for m in ("path", "rope", "fox", "deltanet") for n in (10, 20)] == \
         [2, 3, 3, None, 3, None, 3, 3]  # the slide's bullets

@@ -12,7 +12,7 @@ that every number on the page comes from a file and none is typed by hand.
 * :func:`plot_word_problem`, :func:`plot_mqrar` -- the figures of the other two experiments
   (accuracy against depth and length; accuracy against N), for records of any size.
 * :func:`min_layers`, :func:`plot_min_layers` -- the fewest layers reaching the threshold against the word
-  length (the PaTH paper's Fig. 2).
+  length (the PaTH paper's Fig. 2); :func:`word_problem_grid` -- the committed seed-0 runs they read.
 * :func:`plot_histories`, :func:`plot_grad_checks` -- training curves of runs side by side, and how far
   their gradient was from the float32 matrix form's along the way.
 * :func:`describe` -- the structure of a record, as lines of text (what a run stores).
@@ -29,7 +29,7 @@ from . import default_out, get_module
 
 __all__ = ["LABELS", "SPLITS", "label", "load", "flipflop_rows", "format_flipflop_table", "fmt_percent",
            "eval_curves", "plot_flipflop_sparse", "plot_flipflop_history", "plot_word_problem", "min_layers",
-           "plot_min_layers", "mqrar_accuracies",
+           "plot_min_layers", "word_problem_grid", "mqrar_accuracies",
            "plot_mqrar", "plot_histories", "plot_grad_checks", "describe"]
 
 LABELS = {"nope": "NoPE", "alibi": "ALiBi", "fox": "FoX", "rope": "RoPE", "path": "PaTH", "pathfox": "PaTH-FoX",
@@ -91,6 +91,19 @@ def combine(parts, *, select=None) -> dict:
         config[key] = list(dict.fromkeys(r[field] for r in runs))
     return {"experiment": name, "config": config, "runs": runs, "sources": sources,
             "summary": mod.summarize(runs, config)}
+
+
+def word_problem_grid() -> dict:
+    """Chapter 8's seed-0 word-problem grid, read from the committed records with :func:`combine`: A5 at length 10
+    and S5 at lengths 10 and 20 (``exp_word_problem_lengths.json``), and A5 at length 20 from three series: RoPE
+    from the first (``exp_word_problem.json``), PaTH with the fixed backward (``exp_word_problem_path_fixed.json``),
+    FoX and DeltaNet (``exp_word_problem_fox_deltanet.json``).  Four mixers, one to four layers."""
+    data = default_out("word_problem").parent
+    parts = [load("word_problem", path=data / name) for name in (
+        "exp_word_problem_lengths.json", "exp_word_problem.json", "exp_word_problem_path_fixed.json",
+        "exp_word_problem_fox_deltanet.json")]
+    return combine(parts, select=[None, lambda r: r["mixer"] == "rope" and r["seed"] == 0, lambda r: r["seed"] == 0,
+                                  None])
 
 
 def _check_record(record, experiment: str) -> dict:
@@ -320,7 +333,6 @@ def plot_min_layers(record: dict, fig=None, *, metric=None):
     open marker on the row labelled "none".  ``metric`` as in :func:`min_layers`.  Returns the figure."""
     import matplotlib.pyplot as plt
 
-    summary = _word_summary(record, metric)
     table = min_layers(record, metric)
     groups = list(dict.fromkeys(g for g, _, _ in table))
     top = max((e["max_tried"] for e in table.values()), default=1) + 1
@@ -353,8 +365,8 @@ def plot_min_layers(record: dict, fig=None, *, metric=None):
     axes[0].set_yticks(range(1, top + 1))
     axes[0].set_yticklabels([str(d) for d in range(1, top)] + ["none"])
     axes[0].set_ylim(0.5, top + 0.5)
-    name = summary.get("metric", "accuracy").replace("_", " ")
-    axes[0].set_ylabel(f"fewest layers, {name} >= {100 * summary['threshold']:.0f}%", fontsize=8)
+    name = (metric or record["summary"].get("metric", "accuracy")).replace("_", " ")
+    axes[0].set_ylabel(f"fewest layers, {name} >= {100 * record['summary']['threshold']:.0f}%", fontsize=8)
     axes[-1].legend(fontsize=7, loc="best")
     fig.tight_layout()
     return fig
