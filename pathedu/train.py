@@ -71,8 +71,8 @@ def accuracy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[int, int]:
 
 def _autocast_on(amp, device: torch.device) -> bool:
     """``amp`` (bf16 autocast) resolved: None means on a CUDA GPU with native bf16 (compute capability 8.0 and up:
-    A100, H100, ...), fp32 elsewhere: the CPU, and GPUs such as Colab's T4, whose bf16 is emulated and which the
-    Triton kernels' bf16 tiles do not target."""
+    A100, H100, ...), fp32 elsewhere: the CPU, and GPUs without it such as Colab's T4 (where bf16 would be emulated;
+    the kernels were never run there)."""
     if amp is not None and not isinstance(amp, bool):
         raise ValueError(f"`amp` must be True, False or None (bf16 autocast where the GPU has bf16), got {amp!r}")
     if amp is not None:
