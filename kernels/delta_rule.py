@@ -43,14 +43,22 @@ DeltaNet's ``w = k``).  Inputs are validated once, at the entry points below
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from ..checks import finite_condition, log_gate_condition, range_condition, require
 from ._launch import per_token, prepare_qkv
 from .linear_attention import _linear_launch
-from .ut_prepare import BETA_WHY, Prepared, check_block, prep_precision
+from .ut_prepare import BETA_WHY, Prepared, WYPrepared, check_block, prep_precision
 
-__all__ = ["chunked_householder", "chunked_delta_rule"]
+__all__ = ["chunked_householder", "chunked_delta_rule", "WY_DTYPE"]
+
+# The dtype in which DeltaNet's WY factors W and U~ travel from the preparation pass to the chunk loop:
+# "fp32", or "input" (the dtype of q, k, v, as fla stores them).  Environment: PATHEDU_WY_DTYPE.
+WY_DTYPE = os.environ.get("PATHEDU_WY_DTYPE", "fp32")
+if WY_DTYPE not in ("fp32", "input"):
+    raise ValueError(f"PATHEDU_WY_DTYPE must be 'fp32' or 'input', got {WY_DTYPE!r}")
 
 
 def _run(q, k, v, w, beta, log_f=None, *, delta: bool, chunk):
@@ -64,18 +72,23 @@ def _run(q, k, v, w, beta, log_f=None, *, delta: bool, chunk):
             None if log_f3 is None else log_gate_condition(log_f3, "log_f"))
     if x.empty_input:
         return x.result(x.new_output(n.Dv))
-    prep, precision = _prepare(x, w3, beta3, chunk, delta=delta)
-    return x.result(_linear_launch(x, "householder", log_f3, chunk=chunk, prep=prep, precision=precision))
+    prep, precision = _prepare(x, w3, beta3, chunk, delta=delta, log_f3=log_f3)
+    gate = "delta" if delta else "householder"
+    return x.result(_linear_launch(x, gate, log_f3, chunk=chunk, prep=prep, precision=precision))
 
 
-def _prepare(x, w3, beta3, chunk: int, *, delta: bool):
-    """The preparation pass of the chunked kernel on validated inputs: ``(Prepared, precision)``, the
-    precision also being the one of the state's products (see :func:`._pieces._dot`).  Factors in fp32;
-    ``delta``: DeltaNet's ``w = k`` and values ``beta v``."""
+def _prepare(x, w3, beta3, chunk: int, *, delta: bool, log_f3=None):
+    """The preparation pass of the chunked kernel on validated inputs: ``(factors, precision)``, the
+    precision also being the one of the state's products (see :func:`._pieces._dot`).  DeltaNet
+    (``delta``): the WY factors :class:`.ut_prepare.WYPrepared` (gated by ``log_f3`` when given, stored in
+    ``WY_DTYPE``); the Householder RNN: the UT factors :class:`.ut_prepare.Prepared` (gate-free, fp32)."""
     precision = prep_precision(x.dtype)
     f32 = torch.float32
+    if delta:
+        dtype = f32 if WY_DTYPE == "fp32" else x.dtype
+        return WYPrepared(x.k, x.v, beta3, log_f3, x.n.T, chunk, dtype=dtype, precision=precision), precision
     prep = Prepared(x.q, x.k, w3, beta3, x.n.T, chunk, q_dtype=f32, k_dtype=f32, update_dtype=f32,
-                    w_is_k=delta, value_beta=delta, precision=precision)
+                    precision=precision)
     return prep, precision
 
 

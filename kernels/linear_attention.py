@@ -198,6 +198,14 @@ def _linear_fwd(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
                            HEAD_DIM, CHECK_D, CHECK_D)  # [BD, BD]
             o = _dot(q, H, PRECISION)
             h = H + _dot(g, H, PRECISION)  # P^T H
+        elif GATE == "delta":
+            # V holds U~ (A V), AD the rows of W (A diag(e^b) K): the pseudo-values U = U~ - W S^T given
+            # the state, then the plain template with U in place of V.
+            s = tl.where(causal, tl.dot(q, tl.trans(k), input_precision=PRECISION), 0.0)  # [C, C]
+            wc = _load_rows(AD + bh * stride_ab, offs_t, offs_d, stride_at, T, HEAD_DIM, True, CHECK_D)  # [C, BD]
+            v -= _dot(wc.to(tl.float32), H, PRECISION)  # [C, BDV]
+            o = _dot(q, H, PRECISION)
+            h = H
         else:
             s = tl.where(causal, tl.dot(q, tl.trans(k), input_precision=PRECISION), 0.0)
             o = tl.dot(q, H, input_precision=PRECISION)
@@ -210,7 +218,7 @@ def _linear_fwd(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
             s = s * decay
             h = h * tl.exp(b_last)
             k = k * tl.exp(b_last - b)[:, None]
-        if GATE == "householder":
+        if GATE == "householder" or GATE == "delta":
             o += _dot(s, v, PRECISION)
             H = h + _dot(tl.trans(k), v, PRECISION)  # H <- P^T H + K~^T V
         else:
@@ -314,8 +322,8 @@ def _linear_launch(x: Flat, gate: str, log_f3=None, *, chunk: int = 64, prep=Non
     out = x.new_output(n.Dv)
     if x.empty_input:
         return out
-    q3, k3, ad, gm = x.q, x.k, x.q, x.q  # dummy pointers for the hooks that do not read them
-    decay = gate == "scalar" or (gate == "householder" and log_f3 is not None)
+    q3, k3, v3, ad, gm = x.q, x.k, x.v, x.q, x.q  # dummy pointers for the hooks that do not read them
+    decay = gate == "scalar" or (gate in ("householder", "delta") and log_f3 is not None)
     transition = "none" if gate == "scalar" else gate
     if rotate is not None and gate not in ("none", "scalar"):
         raise ValueError(f"the rotation hook runs with the 'none' and 'scalar' gates, not {gate!r}")
@@ -323,13 +331,15 @@ def _linear_launch(x: Flat, gate: str, log_f3=None, *, chunk: int = 64, prep=Non
         chunk = CHANNEL_CHUNK
     elif gate == "householder":
         q3, k3, ad, gm = prep.qt, prep.kt, prep.ad, prep.g
+    elif gate == "delta":
+        v3, ad = prep.u, prep.w
     precision = dot_precision(x.dtype) if precision is None else precision
     block_d = next_pow2(n.D)
     block_dv = min(next_pow2(n.Dv), 64)
     grid = (triton.cdiv(n.Dv, block_dv), x.BH)
     rotate_hook, log2_base = rotate_args(rotate)
-    _linear_fwd[grid](q3, k3, x.v, out, x.q if log_f3 is None else log_f3, ad, gm, n.T, log2_base,
-                      q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), x.v.stride(0), x.v.stride(1),
+    _linear_fwd[grid](q3, k3, v3, out, x.q if log_f3 is None else log_f3, ad, gm, n.T, log2_base,
+                      q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), v3.stride(0), v3.stride(1),
                       out.stride(0), out.stride(1), ad.stride(0), ad.stride(1), gm.stride(0), gm.stride(1),
                       HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=block_d, BLOCK_DV=block_dv,
                       CHUNK=chunk, GATE=transition, DECAY=decay, PRECISION=precision, BLOCK_DC=min(block_d, 32),

@@ -73,11 +73,14 @@ def _unit_lower_inverse(nt, rows, BT: tl.constexpr):
 
 
 @triton.jit
-def _ut_diag_inverse(K, W, BETA, X, T, stride_kb, stride_kt, stride_wb, stride_wt, stride_xb, stride_xt,
-                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, W_IS_K: tl.constexpr):
+def _ut_diag_inverse(K, W, BETA, LOG_F, X, T, stride_kb, stride_kt, stride_wb, stride_wt, stride_xb, stride_xt,
+                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, W_IS_K: tl.constexpr,
+                     GATED: tl.constexpr):
     """First half of the triangular inverse: ``(I + N_bb)^{-1}`` for one ``SUB x SUB`` diagonal block.
 
-    ``N = strictLower(D_beta W W^T)`` of the enclosing ``BT`` block.  The block's
+    ``N = strictLower(D_beta W W^T)`` of the enclosing ``BT`` block, or with ``GATED`` (Gated DeltaNet's WY
+    factors, :func:`_wy_prepare`) ``N_ij = beta_i (w_i . w_j) exp(sum_{r=j+1..i} log_f[r])`` (``LOG_F``:
+    ``(BH, T)`` fp32; the sums are differences of a prefix sum over this small block).  The block's
     inverse goes to rows ``[s, s + SUB)``, columns ``[c, c + SUB)`` of ``X``
     (``(BH, T_pad, BT)``, ``c`` = the block's offset inside its ``BT`` block); the
     rest of ``X`` is left alone.  Everything is exact fp32, and the small tiles
@@ -97,6 +100,9 @@ def _ut_diag_inverse(K, W, BETA, X, T, stride_kb, stride_kt, stride_wb, stride_w
         w = _finite_or_zero(w)  # DeltaNet's w = k: see the module docstring
     beta = tl.load(BETA + bh * T + start + rows, mask=rows < T - start, other=0.0)
     gram = tl.dot(w, tl.trans(w), input_precision="ieee")
+    if GATED:  # N^T[r, c] gets exp(b_c - b_r), c > r: masked before exp, so every exponent is <= 0
+        b = tl.cumsum(tl.load(LOG_F + bh * T + start + rows, mask=rows < T - start, other=0.0), axis=0)
+        gram = gram * tl.exp(tl.where(rows[:, None] < rows[None, :], b[None, :] - b[:, None], float("-inf")))
     nt = tl.where(rows[:, None] < rows[None, :], gram * beta[None, :], 0.0)  # N_bb^T
     x = _unit_lower_inverse(nt, rows, SUB)
     col = start % BT
@@ -206,6 +212,65 @@ def _ut_prepare(Q, K, W, BETA, QT, QN, KT, AD, GM, WC, NU, INV, T,
         tl.store(NU + offs_p, nu.to(NU.dtype.element_ty), mask=mask_p)
     tl.debug_barrier()  # every thread has read its part of the diagonal inverses before Ã overwrites them
     tl.store(p_ad, intra)
+
+
+@triton.jit
+def _wy_prepare(K, V, BETA, LOG_F, AD, WW, WU, T, stride_kb, stride_kt, stride_vb, stride_vt, stride_ab, stride_at,
+                stride_wb, stride_wt, stride_ub, stride_ut,
+                HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                BT: tl.constexpr, GATED: tl.constexpr, PRECISION: tl.constexpr):
+    """DeltaNet's WY factors for block ``J`` (``BT`` tokens ``[s, e]``): ``W = A diag(e^b) K`` and ``U~ = A V``.
+
+    ``A = (I + N)^{-1} D_beta`` with ``N_ij = beta_i (k_i . k_j) Gamma_ij`` for ``j < i``, ``Gamma_ij =
+    exp(b_i - b_j)`` and ``b`` the prefix sum of ``log_f`` from the block start (``GATED``; else ``Gamma = 1``,
+    ``b = 0``): :func:`pathedu.pathfox.gated_deltanet_chunked` line by line.  On entry ``AD`` holds the
+    ``SUB x SUB`` diagonal inverses (:func:`_ut_diag_inverse` with ``W_IS_K``); they are merged here as in
+    :func:`_ut_prepare`.  Writes rows ``[s, s + BT)`` of ``WW`` (``(BH, T_pad, HEAD_DIM)``) and ``WU``
+    (``(BH, T_pad, HEAD_DV)``), in their dtypes.
+
+    Non-finite inputs: the transitions use ``k`` with NaN/inf replaced by 0 (as :func:`_ut_prepare` does
+    for ``w = k``), and ``U~`` is formed from the finite values only, its rows at or after a channel's
+    first non-finite value set to NaN: so the chunk loop's bookkeeping on ``U~`` finds a non-finite
+    value at the same row as it would on ``V``, and no earlier row sees it through ``0 * NaN``.
+    """
+    blk = tl.program_id(0)
+    start = blk * BT
+    bh = tl.program_id(1).to(tl.int64)
+    rows = tl.arange(0, BT)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    left = T - start
+    k = _load_rows(K + bh * stride_kb + start * stride_kt, rows, offs_d, stride_kt, left, HEAD_DIM, True,
+                   BLOCK_D != HEAD_DIM).to(tl.float32)
+    k = _rn(_finite_or_zero(k), PRECISION)  # [BT, BD]: every product below sees the same k
+    v = _load_rows(V + bh * stride_vb + start * stride_vt, rows, offs_dv, stride_vt, left, HEAD_DV, True,
+                   BLOCK_DV != HEAD_DV).to(tl.float32)  # [BT, BDV]
+    beta = tl.load(BETA + bh * T + start + rows, mask=rows < left, other=0.0)  # [BT]
+    strict = rows[:, None] > rows[None, :]
+
+    p_ad = AD + bh * stride_ab + (start + rows[:, None]) * stride_at + rows[None, :]
+    x = tl.load(p_ad, mask=rows[:, None] // SUB == rows[None, :] // SUB, other=0.0)  # [BT, BT] diagonal inverses
+    gram = _dot(k, tl.trans(k), PRECISION)  # [BT, BT]
+    if GATED:
+        b = tl.cumsum(tl.load(LOG_F + bh * T + start + rows, mask=rows < left, other=0.0), axis=0)  # [BT]
+        gram = gram * tl.exp(tl.where(strict, b[:, None] - b[None, :], float("-inf")))  # every exponent <= 0
+        k = k * tl.exp(b)[:, None]
+    n = tl.where(strict, beta[:, None] * gram, 0.0)
+    if BT >= 32:
+        x = _merge(x, n, rows, 32, PRECISION)
+    if BT >= 64:
+        x = _merge(x, n, rows, 64, PRECISION)
+    if BT >= 128:
+        x = _merge(x, n, rows, 128, PRECISION)
+    a = x * beta[None, :]  # A = (I + N)^{-1} D_beta, [BT, BT]
+
+    finite = tl.abs(v) < float("inf")
+    first = tl.min(tl.where(finite, BT, rows[:, None]), axis=0)  # [BDV]: a channel's first non-finite row
+    u = _dot(a, tl.where(finite, v, 0.0), PRECISION)  # [BT, BDV]
+    u = tl.where(rows[:, None] >= first[None, :], float("nan"), u)
+    w = _dot(a, k, PRECISION)  # [BT, BD]
+    _store_rows(WW + bh * stride_wb + start * stride_wt, w, rows, offs_d, stride_wt, BT, HEAD_DIM)
+    _store_rows(WU + bh * stride_ub + start * stride_ut, u, rows, offs_dv, stride_ut, BT, HEAD_DV)
 
 
 @triton.jit
@@ -374,6 +439,52 @@ def ut_prepare_backward(q3, k3, w3, beta3, prep: "Prepared", dqt, dkt, dad, dg):
     return dq, dk, dw, dbeta
 
 
+def invert_diagonal_blocks(k3, w3, beta3, log_f3, x, T: int, block: int, *, w_is_k: bool) -> None:
+    """Launch :func:`_ut_diag_inverse`: the ``SUB x SUB`` diagonal blocks of ``(I + N)^{-1}`` into ``x``
+    (``(BH, T_pad, block)`` fp32); ``log_f3`` (``(BH, T)`` fp32) or None: the gated ``N`` of DeltaNet's WY form."""
+    D = k3.shape[-1]
+    _ut_diag_inverse[(x.shape[1] // SUB.value, k3.shape[0])](
+        k3, w3, beta3, x if log_f3 is None else log_f3, x, T, k3.stride(0), k3.stride(1), w3.stride(0),
+        w3.stride(1), x.stride(0), x.stride(1), HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=block, W_IS_K=w_is_k,
+        GATED=log_f3 is not None, num_warps=1, num_stages=1)
+
+
+class WYPrepared:
+    """DeltaNet's WY factors for ``BH`` heads, chunks of ``block`` tokens (two launches:
+    :func:`_ut_diag_inverse`, then :func:`_wy_prepare`): ``w: (BH, T_pad, D)`` (``A diag(e^b) K``) and
+    ``u: (BH, T_pad, Dv)`` (``A V``), both in ``dtype``; ``T_pad`` is ``T`` rounded up to a multiple of
+    ``block``.  ``log_f3``: ``(BH, T)`` fp32 log gates (Gated DeltaNet) or None."""
+
+    def __init__(self, k3, v3, beta3, log_f3, T: int, block: int, *, dtype, precision: str):
+        BH, _, D = k3.shape
+        Dv = v3.shape[-1]
+        T_pad = triton.cdiv(max(T, 1), block) * block
+        self.block, self.T_pad = block, T_pad
+        self.w = torch.empty(BH, T_pad, D, dtype=dtype, device=k3.device)
+        self.u = torch.empty(BH, T_pad, Dv, dtype=dtype, device=k3.device)
+        self._inv = torch.empty(BH, T_pad, block, dtype=torch.float32, device=k3.device)
+        self._args = (k3, v3, beta3, log_f3, T)
+        self._precision = precision
+        self.invert_diagonal_blocks()
+        self.prepare()
+
+    def invert_diagonal_blocks(self) -> None:
+        """The first launch (a method of its own so that :mod:`pathedu.bench.parts` can time it apart)."""
+        k3, _, beta3, log_f3, T = self._args
+        invert_diagonal_blocks(k3, k3, beta3, log_f3, self._inv, T, self.block, w_is_k=True)
+
+    def prepare(self) -> None:
+        """The second launch: merges the diagonal inverses, writes ``w`` and ``u``."""
+        k3, v3, beta3, log_f3, T = self._args
+        D, Dv = k3.shape[-1], v3.shape[-1]
+        _wy_prepare[(self.T_pad // self.block, k3.shape[0])](
+            k3, v3, beta3, self._inv if log_f3 is None else log_f3, self._inv, self.w, self.u, T,
+            k3.stride(0), k3.stride(1), v3.stride(0), v3.stride(1), self._inv.stride(0), self._inv.stride(1),
+            self.w.stride(0), self.w.stride(1), self.u.stride(0), self.u.stride(1),
+            HEAD_DIM=D, HEAD_DV=Dv, BLOCK_D=next_pow2(D), BLOCK_DV=next_pow2(Dv), BT=self.block,
+            GATED=log_f3 is not None, PRECISION=self._precision, num_warps=4, num_stages=1)
+
+
 class Prepared:
     """The preparation pass's outputs for ``BH`` heads (two launches: :func:`_ut_diag_inverse`,
     then :func:`_ut_prepare`).
@@ -412,10 +523,7 @@ class Prepared:
         """The first launch: the ``SUB x SUB`` diagonal blocks of ``(I + N)^{-1}``, into ``ad``
         (a method of its own so that :mod:`pathedu.bench.parts` can time it apart)."""
         _, k3, w3, beta3, T, D = self._args
-        _ut_diag_inverse[(self.T_pad // SUB.value, k3.shape[0])](
-            k3, w3, beta3, self.ad, T, k3.stride(0), k3.stride(1), w3.stride(0), w3.stride(1),
-            self.ad.stride(0), self.ad.stride(1), HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=self.block,
-            W_IS_K=self._flags["W_IS_K"], num_warps=1, num_stages=1)
+        invert_diagonal_blocks(k3, w3, beta3, None, self.ad, T, self.block, w_is_k=self._flags["W_IS_K"])
 
     def prepare(self) -> None:
         """The second launch: merges the diagonal inverses and writes every factor (reads ``ad``

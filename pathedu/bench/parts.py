@@ -2,10 +2,10 @@
 
     python -m pathedu.bench.parts [--T 1024 8192] [--out FILE]
 
-The chunked DeltaNet kernel (chapter 5; Gated DeltaNet and the gated Householder RNN of chapter 6
-share it) is two passes: the UT preparation pass (:class:`pathedu.kernels.ut_prepare.Prepared`:
-``_ut_diag_inverse``, then ``_ut_prepare``) and the chunk loop of the linear template
-(``_linear_fwd``, its ``"householder"`` hook, with and without the scalar decay).  PaTH and PaTH-FoX
+The chunked DeltaNet kernel (chapter 5; Gated DeltaNet of chapter 6 shares it) is two passes: the WY
+preparation pass (:class:`pathedu.kernels.ut_prepare.WYPrepared`: ``_ut_diag_inverse``, then
+``_wy_prepare``) and the chunk loop of the linear template (``_linear_fwd``, its ``"delta"`` hook, with
+and without the scalar decay).  PaTH and PaTH-FoX
 are the same preparation pass and a scan; the scan's time is the total minus the preparation's
 (``scan = total - prepare``, derived, not timed apart).  PaTH's forward + backward is timed step by step
 (subject ``path_backward``: the forward and the backward's steps, the meeting points in each storage dtype).  RoPE's
@@ -42,17 +42,19 @@ def _delta_parts(q, k, v, bench):
     beta3, log_f3 = per_token(beta, "beta", x), per_token(log_f, "log_f", x)
     chunk = check_block(None, x.n.D)
 
-    def prepared():  # as chunked_delta_rule makes it
-        return _prepare(x, x.k, beta3, chunk, delta=True)[0]
+    def prepared(gate=None):  # as chunked_delta_rule makes it
+        return _prepare(x, x.k, beta3, chunk, delta=True, log_f3=gate)[0]
 
     prep, precision = _prepare(x, x.k, beta3, chunk, delta=True)
+    prep_g = prepared(log_f3)
     out = {
         "prepare (both launches)": bench(prepared),
         "prepare: _ut_diag_inverse": bench(prep.invert_diagonal_blocks),
-        "prepare: _ut_prepare": bench(prep.prepare),
-        "chunk loop, no gate": bench(lambda: _linear_launch(x, "householder", chunk=chunk, prep=prep,
+        "prepare: _wy_prepare": bench(prep.prepare),
+        "prepare, gated (both launches)": bench(lambda: prepared(log_f3)),
+        "chunk loop, no gate": bench(lambda: _linear_launch(x, "delta", chunk=chunk, prep=prep,
                                                             precision=precision)),
-        "chunk loop, scalar decay": bench(lambda: _linear_launch(x, "householder", log_f3, chunk=chunk, prep=prep,
+        "chunk loop, scalar decay": bench(lambda: _linear_launch(x, "delta", log_f3, chunk=chunk, prep=prep_g,
                                                                  precision=precision)),
         "deltanet_triton (total)": bench(lambda: chunked_delta_rule(qn, kn, v, beta)),
         "gated_deltanet_triton (total)": bench(lambda: chunked_delta_rule(qn, kn, v, beta, log_f=log_f)),
