@@ -11,13 +11,14 @@ Two templates that every chapter extends through hooks instead of copying:
 * :mod:`.linear_attention`: chunked linear attention with a carried state and a
   gate hook: none (chapter 1), a per-token scalar gate (RetNet, Mamba2), a
   per-channel gate (GLA) (chapters 2 and 3), or a Householder transition
-  (the Householder RNN and DeltaNet, chapter 5, driven by :mod:`.delta_rule`).
+  (the Householder RNN in the UT form, DeltaNet in the WY form, chapter 5, driven by :mod:`.delta_rule`).
 
 Chapter 5 adds :mod:`.path_attention` (PaTH: a preparation pass with per-block
 UT factors, then the FlashAttention loop scanning key blocks right to left with
 the query carried through each block's Householder product) and
-:mod:`.delta_rule` (chunked DeltaNet / Householder RNN: the same preparation
-pass, then the linear template's ``"householder"`` hook); see
+:mod:`.delta_rule` (chunked Householder RNN: the same preparation pass, then the linear
+template's ``"householder"`` hook; chunked DeltaNet: a lighter preparation pass of WY factors, then
+the ``"delta"`` hook); see
 ``kernels/NOTES_path.md`` for their design and timings (``kernels/NOTES_flash.md``: the
 FlashAttention template's backward pass).  PaTH's backward meets every pair of blocks at a
 boundary of a dyadic tree: :mod:`.path_carry` carries queries and keys there (and back, for
@@ -40,7 +41,8 @@ Where the shared pieces live:
   ``_masked_dot``, the product that keeps a NaN or inf of a hidden (future) key
   out of earlier rows.
 * :mod:`.ut_prepare`: the UT preparation pass (``Prepared``), shared by PaTH and
-  the Householder / DeltaNet hook.
+  the Householder hook, and DeltaNet's WY pass (``WYPrepared``); both start from the same
+  diagonal inverses.
 * :mod:`._launch`: the validation boundary.  Each public entry point validates
   every argument once (shapes, dtypes, devices; values with one host
   synchronisation) and refuses meta tensors; the kernels without a backward pass

@@ -1,45 +1,53 @@
-r"""Chunked Householder RNN and DeltaNet: the linear-attention template with a UT-transformed gate.
+r"""Chunked Householder RNN and DeltaNet: the linear-attention template with a Householder-like gate.
 
 The Householder RNN (PaTH's linear dual) and DeltaNet are ::
 
     S_t = S_{t-1} H_t + v_t k_t^T,                 H_t = I - beta_t w_t w_t^T,   o_t = S_t q_t
     S_t = S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T                      (DeltaNet: w = k, values beta v)
 
-(``S_t`` is ``Dv x D``; no scale, no normalisation).  They run on the
-linear-attention template itself (:mod:`.linear_attention`, its ``"householder"``
-gate hook): one program owns one (batch, head) and a block of ``BLOCK_DV`` value
-channels and walks the sequence chunk by chunk with the state ``H = S^T``
-(``D x BLOCK_DV``, fp32) in registers.  What the scalar gate did with ``exp`` of
-cumulative log gates, the Householder gate does with the chunk's UT factors
-(:func:`pathedu.path.householder_chunked` line by line)::
+(``S_t`` is ``Dv x D``; no scale, no normalisation).  Both run on the linear-attention template
+(:mod:`.linear_attention`): one program owns one (batch, head) and a block of ``BLOCK_DV`` value
+channels and walks the sequence chunk by chunk with the state ``H = S^T`` (``D x BLOCK_DV``, fp32)
+in registers.  A preparation pass first makes, for all chunks in parallel, what the chunk loop
+needs from each chunk's triangular inverse (which keeps the inverse off the sequential loop).
+The two recurrences use it differently.
+
+DeltaNet: the WY form (:func:`pathedu.path.deltanet_chunked`, the ``"delta"`` hook).  The
+transition and the write share ``k``, so a chunk's writes are pseudo-values ``U``, the values
+corrected by what the state already predicts, and one triangular system gives them::
+
+    A_c = (I + strictLower(diag(beta) K_c K_c^T))^{-1} diag(beta)        (C x C)
+    W_c = A_c K_c,   U~_c = A_c V_c                                      (preparation pass, :class:`.ut_prepare.WYPrepared`)
+    U_c = U~_c - W_c H,   O_c = Q_c H + (Q_c K_c^T * M) U_c,   H <- H + K_c^T U_c      (chunk loop)
+
+With a scalar gate (Gated DeltaNet, chapter 6) the decay enters the inverse, ``W_c`` carries
+``e^{b}`` and the template's ``DECAY`` hook does the rest
+(:func:`pathedu.pathfox.gated_deltanet_chunked`).  The pass writes two ``T x D`` tensors where the
+UT form below writes four (``q~``, ``k~``, ``Ã``, ``G``), and the loop reads the raw q and k: this is
+flash-linear-attention's factorisation.
+
+The Householder RNN (``w`` apart from ``k``): the UT form (:func:`pathedu.path.householder_chunked`,
+the ``"householder"`` hook), with, for chunk ``[s, e]`` and its UT factor ``A_c``::
 
     O_c = Q~_c H + Ã_c V_c                           (inter-chunk + intra-chunk)
     H  <- P_c^T H + K~_c^T V_c = H + G_c H + K~_c^T V_c,      G_c = P_c^T - I = -W_c^T A_c W_c
 
-with, for chunk ``[s, e]`` and its UT factor ``A_c`` (``U_c = A_c W_c``):
 ``q~_i = H_s ... H_i q_i``, ``k~_j = H_e ... H_{j+1} k_j``,
 ``Ã_ij = k_j^T H_{j+1} ... H_i q_i`` (j <= i, masked UT form) and
 ``P_c = H_s ... H_e = I - W_c^T A_c^T W_c``, whose transpose minus the
-identity is kept as one dense ``D x D`` matrix ``G_c`` (one product with the
-state instead of the two of the compact form ``W_c^T (U_c H)``, the same FLOPs
-at ``D = 2C`` and fewer below).  These are exactly what PaTH's
-preparation pass makes, so they come from the same kernels
-(:class:`.ut_prepare.Prepared`: ``_ut_diag_inverse`` then ``_ut_prepare``),
-run first for all chunks in parallel, which keeps the triangular inverse off
-the sequential chunk loop.  DeltaNet
-runs it with ``w = k`` and folds ``beta_j`` into column ``j`` of Ã and row
-``j`` of k~ (the values ``beta_j v_j``).
+identity is kept as one dense ``D x D`` matrix ``G_c``.  These are exactly what PaTH's
+preparation pass makes, so they come from the same kernels (:class:`.ut_prepare.Prepared`).
+With a write ``v k^T`` apart from the transition's ``w``, the WY trick does not apply: the
+pseudo-values would need ``S w_t`` and ``k_t`` both.
 
-Work is ``O(T C D)`` in matrix products plus the state update's two products
-(``G_c H`` and ``K~_c^T V_c``) per chunk; the state never leaves the chip.  Prepared factors are fp32; products
-are tf32 for 16-bit inputs with operands rounded to nearest (the state is
-multiplied by ``I + G_c`` chunk after chunk, and the tensor cores' truncation
-would shrink it a little every time), and about fp32 for fp32 inputs
-(three tf32 products on a GPU, exact in the interpreter); see
-:func:`._pieces._dot`.  A NaN or inf in ``q``, ``k`` or ``v`` at position ``t``
-changes outputs at positions ``>= t`` only (:mod:`.ut_prepare` says how, for
-DeltaNet's ``w = k``).  Inputs are validated once, at the entry points below
-(see :mod:`._launch`).
+Both preparation passes start from the same ``16 x 16`` diagonal inverses (``_ut_diag_inverse``).
+Prepared factors are fp32 (DeltaNet's: ``WY_DTYPE``); products are tf32 for 16-bit inputs with
+operands rounded to nearest (the state is multiplied by ``I - K^T W`` or ``I + G_c`` chunk after
+chunk, and the tensor cores' truncation would shrink it a little every time), and about fp32 for
+fp32 inputs (three tf32 products on a GPU, exact in the interpreter); see :func:`._pieces._dot`.
+A NaN or inf in ``q``, ``k`` or ``v`` at position ``t`` changes outputs at positions ``>= t`` only
+(:mod:`.ut_prepare` says how, for DeltaNet's ``w = k``).  Inputs are validated once, at the entry
+points below (see :mod:`._launch`).
 """
 from __future__ import annotations
 
@@ -100,7 +108,7 @@ def chunked_householder(q, k, v, w, beta, *, log_f=None, chunk=None):
     RNN).  Shapes: ``q, k, w: (..., T, D)``, ``v: (..., T, Dv)``, ``beta, log_f: (..., T)``
     -> ``(..., T, Dv)``; ``D, Dv`` in 16..128; any T.  fp16/bf16/fp32 ``q, k, v``
     (the output has their dtype), ``w`` (finite) and ``beta`` (in [0, 2]) used in
-    fp32; fp32 state.  Unrolled: ``o_i = sum_{j<=i} (k_j^T H_{j+1} ... H_i q_i) v_j``
+    fp32; fp32 state; the UT form (module docstring).  Unrolled: ``o_i = sum_{j<=i} (k_j^T H_{j+1} ... H_i q_i) v_j``
     (smallest index on the left).  ``chunk`` in {16, 32, 64, 128} (``None``: 64 for
     ``D <= 64``, else 32).  Every argument is validated here (values with one host
     synchronisation); no input may require grad while grad mode is on.
@@ -115,6 +123,6 @@ def chunked_delta_rule(q, k, v, beta, *, log_f=None, chunk=None):
     transition is a contraction only for ``beta_t |k_t|^2`` in [0, 2]).  Shapes:
     ``q, k: (..., T, D)``, ``v: (..., T, Dv)``, ``beta: (..., T)`` in [0, 2] ->
     ``(..., T, Dv)``; ``a_t`` (Gated DeltaNet), dtypes, sizes and validation as
-    :func:`chunked_householder` (``beta`` used in fp32).
+    :func:`chunked_householder` (``beta`` used in fp32).  The WY form (module docstring).
     """
     return _run(q, k, v, None, beta, log_f, delta=True, chunk=chunk)

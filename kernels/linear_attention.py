@@ -74,6 +74,16 @@ per-token scalar, and ``GATE`` picks the transition itself:
   would shrink it a little every time).  With ``DECAY`` on top this is chapter 6's
   gated Householder RNN and Gated DeltaNet: the UT factors stay gate-free.
 
+* ``"delta"``: DeltaNet's transition ``S_t = S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T`` in the
+  WY form (:mod:`.delta_rule`).  ``V`` holds the preparation pass's ``U~ = A V`` and ``AD`` its
+  ``W = A K`` (:class:`.ut_prepare.WYPrepared`); the hook turns them into the pseudo-values given
+  the state, and the rest is the ungated template with ``U`` in place of ``V``::
+
+      U_c = U~_c - W_c H,   O_c = Q_c H + (Q_c K_c^T * M) U_c,   H <- H + K_c^T U_c
+
+  With ``DECAY`` this is Gated DeltaNet; the decay then also sits inside ``A`` and ``W``
+  (the preparation pass's ``log_f``), since DeltaNet's correction reads the decayed state.
+
 RoPE (chapter 4's complex recurrence) is a third hook, ``ROTATE``: q and k are turned by
 their positions as each chunk is loaded (:func:`._pieces._load_rotated`, channels in pair
 order), so the rotation costs no pass through memory; every tile is loaded once anyway.
@@ -139,7 +149,8 @@ def _linear_fwd(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
 
     ``Q, K: (BH, T, D)``, ``V, O: (BH, T, Dv)``; ``LOG_F``: ``(BH, T)`` (``DECAY``) or ``(BH, T, D)``
     (``GATE == "channel"``); ``AD, GM``: the preparation pass's in-chunk scores and chunk transitions
-    (``GATE == "householder"``).  The module docstring has the hooks and the chunk equations."""
+    (``GATE == "householder"``), or ``AD``: the rows of DeltaNet's ``W`` and ``V``: its ``U~``
+    (``GATE == "delta"``).  The module docstring has the hooks and the chunk equations."""
     bh = tl.program_id(1).to(tl.int64)
     offs_c = tl.arange(0, CHUNK)
     offs_d = tl.arange(0, BLOCK_D)
@@ -316,7 +327,8 @@ def _linear_launch(x: Flat, gate: str, log_f3=None, *, chunk: int = 64, prep=Non
     ``(BH, T, D)``) or ``"householder"`` (``prep``: the :class:`.ut_prepare.Prepared`
     factors of chunks of ``chunk`` tokens, read in place of ``q`` and ``k``; with
     ``log_f3`` (fp32 ``(BH, T)``) the transition is ``a_t H_t``, chapter 6's gated
-    Householder RNN and Gated DeltaNet).
+    Householder RNN), or ``"delta"`` (``prep``: the :class:`.ut_prepare.WYPrepared` factors, read in
+    place of ``v``; with ``log_f3``, made with the same gate: Gated DeltaNet).
     """
     n = x.n
     out = x.new_output(n.Dv)

@@ -1,6 +1,7 @@
 r"""The UT preparation pass, shared by PaTH attention (:mod:`.path_attention`) and the chunked
-Householder RNN / DeltaNet (the ``"householder"`` gate of :mod:`.linear_attention`, driven by
-:mod:`.delta_rule`).
+Householder RNN (the ``"householder"`` gate of :mod:`.linear_attention`, driven by
+:mod:`.delta_rule`), and DeltaNet's lighter WY pass (:func:`_wy_prepare`, :class:`WYPrepared`: only
+``W = A K`` and ``U~ = A V``, for the ``"delta"`` gate).
 
 For every block of ``BT`` tokens ``[s, e]``, all blocks in parallel, from the block's UT
 factor ``A = (I + N)^{-1} D_beta``, ``N = strictLower(D_beta W W^T)`` (``BT x BT``,

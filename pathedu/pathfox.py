@@ -626,10 +626,10 @@ def gated_deltanet_chunked(q, k, v, beta, log_f, *, chunk: int = 64, initial_sta
 def gated_deltanet_triton(q, k, v, beta, log_f):
     """Gated DeltaNet in Triton: :func:`pathedu.kernels.delta_rule.chunked_delta_rule` with ``log_f``.
 
-    The kernel of :func:`gated_householder_triton` with ``w = k`` and values ``beta * v``
-    (its factors are gate-free; the decay enters only through the scalar hook, never
-    through the triangular solve as in :func:`gated_deltanet_chunked`: the two
-    factorisations agree, the kernel's needs no ``exp`` inside the inverse).
+    :func:`gated_deltanet_chunked` in a kernel: the WY factors with the decay inside the
+    triangular solve (the preparation pass), then the linear template's ``"delta"`` hook with
+    its scalar ``DECAY`` hook on top.  (:func:`gated_householder_triton` keeps its UT factors
+    gate-free instead; both factorisations agree.)
     fp16/bf16/fp32 ``q, k, v``; ``beta`` (in [0, 2]) and ``log_f`` (<= 0) used in fp32;
     head dims 16..128.  Shapes as :func:`gated_deltanet_naive`.
     """
