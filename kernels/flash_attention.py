@@ -200,12 +200,11 @@ def _bwd_probs(s, dp, lse, delta, bias_arg, m, n, T, MASK: tl.constexpr, BIAS: t
 def _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_n, lo, hi, T, qk_scale, stride_qt, stride_vt,
                 HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                 INNER: tl.constexpr, MASK: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr,
-                DQA, ATOMIC_DQ: tl.constexpr):
+                DQA, DBRA, ATOMIC_DQ: tl.constexpr):
     """Fold the query tiles ``[lo, hi)`` (``INNER`` rows each) into one key block's ``dK`` (unscaled),
     ``dV`` and column sums of ``dz``.  With ``ATOMIC_DQ``, also add each tile's share of ``dQ``
-    (``dz k``, unscaled, fp32, rows of ``HEAD_DIM``) into ``DQA`` with atomic adds: FlashAttention-2's single
-    pass (five tile products instead of seven).  It needs no row sums: every row of ``dz`` sums to zero
-    (``sum_j p_ij (dp_ij - delta_i) = delta_i - delta_i``), as softmax ignores a constant added to a row.
+    (``dz k``, unscaled, fp32, rows of ``HEAD_DIM``) into ``DQA`` and its row sums of ``dz`` into ``DBRA``
+    with atomic adds: FlashAttention-2's single pass (five tile products instead of seven).
 
     The tile is computed transposed, keys along rows (``s^T = k q^T``, ``[BN, BM]``), as Triton's
     fused-attention tutorial does: then ``p^T`` and ``dz^T`` are already the left operands of
@@ -239,6 +238,8 @@ def _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_n, lo, hi, 
             dq = tl.dot(tl.trans(dz_t.to(do.dtype)), k.to(do.dtype), input_precision=PRECISION)  # [BM, BD]
             ptrs = DQA + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
             tl.atomic_add(ptrs, dq, mask=(offs_m[:, None] < T) & (offs_d[None, :] < HEAD_DIM), sem="relaxed")
+            if BIAS != "none":
+                tl.atomic_add(DBRA + offs_m, tl.sum(dz_t, axis=0), mask=offs_m < T, sem="relaxed")
     return dk, dv, col
 
 
@@ -291,9 +292,8 @@ def _flash_bwd(Q, K, V, DO, LSE, DELTA, BIAS_ARG, DQ, DK, DV, DBR, DBC, T, qk_sc
     bias ``g(i) - g(j)`` gets ``dz_ij`` through ``g(i)`` (row sums, ``DBR``) and ``-dz_ij`` through
     ``g(j)`` (column sums, ``DBC``), both ``(BH, T)`` fp32.
 
-    ``ATOMIC_DQ``: grid ``(blocks, BH, 1)``, the key role alone; it adds ``dQ`` (unscaled) into the zeroed fp32
-    ``DQ`` ``(BH, T, HEAD_DIM)`` with atomic adds (:func:`_dkdv_steps`) and leaves ``DBR`` alone: the row sums of
-    ``dz`` are zero.
+    ``ATOMIC_DQ``: grid ``(blocks, BH, 1)``, the key role alone; it adds ``dQ`` (unscaled) and the row sums
+    into the zeroed fp32 ``DQ`` ``(BH, T, HEAD_DIM)`` and ``DBR`` with atomic adds (:func:`_dkdv_steps`).
     """
     bh = tl.program_id(1).to(tl.int64)
     start = tl.program_id(0) * OUTER
@@ -324,15 +324,17 @@ def _flash_bwd(Q, K, V, DO, LSE, DELTA, BIAS_ARG, DQ, DK, DV, DBR, DBC, T, qk_sc
         col = tl.zeros([OUTER], dtype=tl.float32)
         whole_end = (T // INNER) * INNER
         DQA = DQ + bh * T * HEAD_DIM  # with ATOMIC_DQ: this head's fp32 accumulator
+        DBRA = DBR + bh * T
         dk, dv, col = _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_b, start, diag_end, T,
                                   qk_scale, stride_qt, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER, True,
-                                  BIAS, PRECISION, DQA, ATOMIC_DQ)
+                                  BIAS, PRECISION, DQA, DBRA, ATOMIC_DQ)
         dk, dv, col = _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_b, start + OUTER, whole_end,
                                   T, qk_scale, stride_qt, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER,
-                                  False, BIAS, PRECISION, DQA, ATOMIC_DQ)
+                                  False, BIAS, PRECISION, DQA, DBRA, ATOMIC_DQ)
         dk, dv, col = _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_b,
                                   tl.maximum(whole_end, start + OUTER), T, T, qk_scale, stride_qt, stride_vt,
-                                  HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER, True, BIAS, PRECISION, DQA, ATOMIC_DQ)
+                                  HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER, True, BIAS, PRECISION, DQA, DBRA,
+                                  ATOMIC_DQ)
         _store_rows(DK + bh * stride_kb, dk * scale, offs_b, offs_d, stride_kt, T, HEAD_DIM)
         _store_rows(DV + bh * stride_vb, dv, offs_b, offs_dv, stride_vt, T, HEAD_DV)
         if BIAS != "none":
@@ -390,7 +392,7 @@ _BWD_KEY = ["T", "HEAD_DIM", "HEAD_DV", "BIAS", "PRECISION"]
 _flash_bwd_tuned = triton.autotune(_BWD_CONFIGS, key=_BWD_KEY)(_flash_bwd)
 # The single-pass variant accumulates with atomic adds: every config the autotuner tries, and the chosen one's
 # final launch, must start from zeroed accumulators.
-_flash_bwd_atomic_tuned = triton.autotune(_BWD_CONFIGS, key=_BWD_KEY, reset_to_zero=["DQ"])(_flash_bwd)
+_flash_bwd_atomic_tuned = triton.autotune(_BWD_CONFIGS, key=_BWD_KEY, reset_to_zero=["DQ", "DBR"])(_flash_bwd)
 
 ATOMIC_DQ = {"1": True, "0": False}.get(os.environ.get("PATHEDU_ATOMIC_DQ", "auto"))
 """Which pass the template's backward takes: FlashAttention-2's single pass (dQ by atomic adds, five tile products
@@ -519,18 +521,23 @@ def _attention_bwd_launch(x: Flat, do, out, lse, scale: float, bias: str, bias_a
     do = do.to(x.dtype).contiguous()
     dk, dv = torch.empty_like(x.k), torch.empty_like(x.v)
     rows = cols = None
-    if bias != "none":  # the single pass leaves the row sums at their exact value, zero
+    if bias != "none":
         rows = (torch.zeros if atomic else torch.empty)(x.BH, n.T, dtype=torch.float32, device=x.device)
         cols = torch.empty(x.BH, n.T, dtype=torch.float32, device=x.device)
     if x.empty_input:
         return torch.zeros_like(x.q), dk.zero_(), dv.zero_(), rows, cols
-    # The single pass adds into a zeroed fp32 accumulator; the two roles write dQ once, in the inputs' dtype.
+    # The atomic pass adds into an fp32 accumulator (and row sums, a real buffer even without a bias, since the
+    # autotuner zeroes it between trials); the two-role pass writes dQ once, in the inputs' dtype.
     dq = torch.zeros(x.BH, n.T, n.D, dtype=torch.float32, device=x.device) if atomic else torch.empty_like(x.q)
     delta = bwd_delta(out, do)
     precision = dot_precision(x.dtype)
     dummy = delta
+    if atomic and rows is None:
+        dummy_rows = torch.zeros(x.BH, n.T, dtype=torch.float32, device=x.device)
+    else:
+        dummy_rows = dummy if rows is None else rows
     args = (x.q, x.k, x.v, do, lse, delta, dummy if bias_arg is None else bias_arg, dq, dk, dv,
-            dummy if rows is None else rows, dummy if cols is None else cols, n.T, scale * LOG2E, scale,
+            dummy_rows, dummy if cols is None else cols, n.T, scale * LOG2E, scale,
             x.q.stride(0), x.q.stride(1), x.k.stride(0), x.k.stride(1), x.v.stride(0), x.v.stride(1))
     meta = dict(HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=next_pow2(n.D), BLOCK_DV=next_pow2(n.Dv), BIAS=bias,
                 PRECISION=precision, ATOMIC_DQ=atomic)

@@ -373,10 +373,10 @@ def _path_bwd(X, AD, V, DO, LSE, DELTA, C, DX, DAD, DV, DBR, DBC, T, LEVELS, qk_
             dk = tl.zeros([BT, BLOCK_D], dtype=tl.float32)
             dk, dv, col = _dkdv_steps(dk, dv, col, k, v_b, XL, DO, LSE, DELTA, bias_arg, offs_b, lo, whole, T,
                                       qk_scale, HEAD_DIM, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER,
-                                      False, BIAS, PRECISION, DXL, False)
+                                      False, BIAS, PRECISION, DXL, DBC, False)
             dk, dv, col = _dkdv_steps(dk, dv, col, k, v_b, XL, DO, LSE, DELTA, bias_arg, offs_b, whole, hi, T,
                                       qk_scale, HEAD_DIM, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER,
-                                      True, BIAS, PRECISION, DXL, False)
+                                      True, BIAS, PRECISION, DXL, DBC, False)
             _store_rows(DXL, dk * scale, offs_b, offs_d, HEAD_DIM, tl.where(left, T, 0), HEAD_DIM)
             XL += stride_xl  # the next level (pointer steps: L * BH * T * D can pass 2^31)
             DXL += stride_xl
