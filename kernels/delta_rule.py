@@ -67,6 +67,9 @@ __all__ = ["chunked_householder", "chunked_delta_rule", "WY_DTYPE"]
 WY_DTYPE = os.environ.get("PATHEDU_WY_DTYPE", "fp32")
 if WY_DTYPE not in ("fp32", "input"):
     raise ValueError(f"PATHEDU_WY_DTYPE must be 'fp32' or 'input', got {WY_DTYPE!r}")
+# Whether the WY pass makes its diagonal inverses in the same launch (True) or in a launch of its own (False).
+# Environment: PATHEDU_WY_FUSED=1/0 (TEMPORARY: for the A/B timing; the faster one becomes the only one).
+WY_FUSED = os.environ.get("PATHEDU_WY_FUSED", "0") == "1"
 
 
 def _run(q, k, v, w, beta, log_f=None, *, delta: bool, chunk):
@@ -94,7 +97,9 @@ def _prepare(x, w3, beta3, chunk: int, *, delta: bool, log_f3=None):
     f32 = torch.float32
     if delta:
         dtype = f32 if WY_DTYPE == "fp32" else x.dtype
-        return WYPrepared(x.k, x.v, beta3, log_f3, x.n.T, chunk, dtype=dtype, precision=precision), precision
+        prep = WYPrepared(x.k, x.v, beta3, log_f3, x.n.T, chunk, dtype=dtype, precision=precision,
+                          fused_inverse=WY_FUSED)
+        return prep, precision
     prep = Prepared(x.q, x.k, w3, beta3, x.n.T, chunk, q_dtype=f32, k_dtype=f32, update_dtype=f32,
                     precision=precision)
     return prep, precision
