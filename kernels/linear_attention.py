@@ -212,7 +212,7 @@ def _linear_fwd(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
         elif GATE == "delta":
             # V holds U~ (A V), AD the rows of W (A diag(e^b) K): the pseudo-values U = U~ - W S^T given
             # the state, then the plain template with U in place of V.
-            s = tl.where(causal, tl.dot(q, tl.trans(k), input_precision=PRECISION), 0.0)  # [C, C]
+            s = tl.where(causal, _dot(q, tl.trans(k), PRECISION), 0.0)  # [C, C]
             wc = _load_rows(AD + bh * stride_ab, offs_t, offs_d, stride_at, T, HEAD_DIM, True, CHECK_D)  # [C, BD]
             v -= _dot(wc.to(tl.float32), H, PRECISION)  # [C, BDV]
             o = _dot(q, H, PRECISION)

@@ -36,6 +36,8 @@ position ``j`` on already sees the non-finite ``k_j`` through ``k~_j`` and Ã).
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -494,7 +496,8 @@ class WYPrepared:
             k3.stride(0), k3.stride(1), v3.stride(0), v3.stride(1), self._inv.stride(0), self._inv.stride(1),
             self.w.stride(0), self.w.stride(1), self.u.stride(0), self.u.stride(1),
             HEAD_DIM=D, HEAD_DV=Dv, BLOCK_D=next_pow2(D), BLOCK_DV=next_pow2(Dv), BT=self.block,
-            GATED=log_f3 is not None, PRECISION=self._precision, INVERT=self._fused, num_warps=4, num_stages=1)
+            GATED=log_f3 is not None, PRECISION=self._precision, INVERT=self._fused,
+            num_warps=int(os.environ.get("PATHEDU_WY_WARPS", "4")), num_stages=1)  # TEMPORARY knob (A/B timing)
 
 
 class Prepared:
