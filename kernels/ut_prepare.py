@@ -36,8 +36,6 @@ position ``j`` on already sees the non-finite ``k_j`` through ``k~_j`` and Ã).
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -112,6 +110,23 @@ def _ut_diag_inverse(K, W, BETA, LOG_F, X, T, stride_kb, stride_kt, stride_wb, s
         stride_wt = stride_kt
     _diag_block_inverse(W + bh * stride_wb, BETA + bh * T, LOG_F + bh * T, X + bh * stride_xb, tl.program_id(0) * SUB,
                         T, stride_wt, stride_xt, HEAD_DIM, BLOCK_D, BT, W_IS_K, GATED)
+
+
+@triton.jit
+def _block_diagonal_inverse(n, BT: tl.constexpr):
+    """The block-diagonal part of ``(I + N)^{-1}`` on ``SUB x SUB`` blocks, from the strictly lower ``N``
+    (``BT x BT``): forward substitution on all ``BT / SUB`` diagonal blocks at once, as ``[NB, SUB, SUB]``
+    tiles, row ``i`` of every block in the same step (``X_i = e_i - sum_{j<i} N_ij X_j``)."""
+    NB: tl.constexpr = BT // SUB
+    r = tl.arange(0, SUB)
+    blk = tl.arange(0, NB)
+    same = blk[:, None, None, None] == blk[None, None, :, None]  # [NB, 1, NB, 1]: a diagonal block
+    nb = tl.sum(tl.where(same, tl.reshape(n, [NB, SUB, NB, SUB]), 0.0), axis=2)  # [NB, SUB, SUB]: N's blocks
+    x = tl.where(r[None, :, None] == r[None, None, :], 1.0, 0.0) + tl.zeros([NB, SUB, SUB], dtype=tl.float32)
+    for i in range(1, SUB):
+        n_i = tl.sum(tl.where(r[None, :, None] == i, nb, 0.0), axis=1)  # [NB, SUB]: row i of each block's N
+        x = tl.where(r[None, :, None] == i, x - tl.sum(n_i[:, :, None] * x, axis=1)[:, None, :], x)
+    return tl.reshape(tl.where(same, x[:, :, None, :], 0.0), [BT, BT])
 
 
 @triton.jit
@@ -230,8 +245,8 @@ def _wy_prepare(K, V, BETA, LOG_F, AD, WW, WU, T, stride_kb, stride_kt, stride_v
     exp(b_i - b_j)`` and ``b`` the prefix sum of ``log_f`` from the block start (``GATED``; else ``Gamma = 1``,
     ``b = 0``): :func:`pathedu.pathfox.gated_deltanet_chunked` line by line.  On entry ``AD`` holds the
     ``SUB x SUB`` diagonal inverses (:func:`_ut_diag_inverse` with ``W_IS_K``), or with ``INVERT`` this
-    program makes them first (:func:`_diag_block_inverse`, one launch fewer); they are merged here as in
-    :func:`_ut_prepare`.  Writes rows ``[s, s + BT)`` of ``WW`` (``(BH, T_pad, HEAD_DIM)``) and ``WU``
+    program makes them from its own ``N`` (:func:`_block_diagonal_inverse`, one launch fewer); they are
+    merged here as in :func:`_ut_prepare`.  Writes rows ``[s, s + BT)`` of ``WW`` (``(BH, T_pad, HEAD_DIM)``) and ``WU``
     (``(BH, T_pad, HEAD_DV)``), in their dtypes.
 
     Non-finite inputs: the transitions use ``k`` with NaN/inf replaced by 0 (as :func:`_ut_prepare` does
@@ -254,19 +269,17 @@ def _wy_prepare(K, V, BETA, LOG_F, AD, WW, WU, T, stride_kb, stride_kt, stride_v
     beta = tl.load(BETA + bh * T + start + rows, mask=rows < left, other=0.0)  # [BT]
     strict = rows[:, None] > rows[None, :]
 
-    if INVERT:
-        for m in tl.static_range(0, BT, SUB):
-            _diag_block_inverse(K + bh * stride_kb, BETA + bh * T, LOG_F + bh * T, AD + bh * stride_ab, start + m,
-                                T, stride_kt, stride_at, HEAD_DIM, BLOCK_D, BT, True, GATED)
-        tl.debug_barrier()  # every thread's part of the diagonal inverses is stored before any thread loads them
-    p_ad = AD + bh * stride_ab + (start + rows[:, None]) * stride_at + rows[None, :]
-    x = tl.load(p_ad, mask=rows[:, None] // SUB == rows[None, :] // SUB, other=0.0)  # [BT, BT] diagonal inverses
     gram = _dot(k, tl.trans(k), PRECISION)  # [BT, BT]
     if GATED:
         b = tl.cumsum(tl.load(LOG_F + bh * T + start + rows, mask=rows < left, other=0.0), axis=0)  # [BT]
         gram = gram * tl.exp(tl.where(strict, b[:, None] - b[None, :], float("-inf")))  # every exponent <= 0
         k = k * tl.exp(b)[:, None]
-    n = tl.where(strict, beta[:, None] * gram, 0.0)
+    n = tl.where(strict, beta[:, None] * gram, 0.0)  # [BT, BT]
+    if INVERT:  # the diagonal blocks' inverses here, all BT / SUB blocks at once
+        x = _block_diagonal_inverse(n, BT)
+    else:
+        p_ad = AD + bh * stride_ab + (start + rows[:, None]) * stride_at + rows[None, :]
+        x = tl.load(p_ad, mask=rows[:, None] // SUB == rows[None, :] // SUB, other=0.0)  # [BT, BT]
     if BT >= 32:
         x = _merge(x, n, rows, 32, PRECISION)
     if BT >= 64:
@@ -497,7 +510,7 @@ class WYPrepared:
             self.w.stride(0), self.w.stride(1), self.u.stride(0), self.u.stride(1),
             HEAD_DIM=D, HEAD_DV=Dv, BLOCK_D=next_pow2(D), BLOCK_DV=next_pow2(Dv), BT=self.block,
             GATED=log_f3 is not None, PRECISION=self._precision, INVERT=self._fused,
-            num_warps=int(os.environ.get("PATHEDU_WY_WARPS", "4")), num_stages=1)  # TEMPORARY knob (A/B timing)
+            num_warps=4, num_stages=1)
 
 
 class Prepared:
