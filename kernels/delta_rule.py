@@ -41,7 +41,8 @@ With a write ``v k^T`` apart from the transition's ``w``, the WY trick does not 
 pseudo-values would need ``S w_t`` and ``k_t`` both.
 
 Both preparation passes start from the same ``16 x 16`` diagonal inverses (``_ut_diag_inverse``).
-Prepared factors are fp32 (DeltaNet's: ``WY_DTYPE``); products are tf32 for 16-bit inputs with
+Prepared factors are fp32 (kernels/NOTES_path.md, section 9: input-dtype factors were at most 9% faster and
+less accurate); products are tf32 for 16-bit inputs with
 operands rounded to nearest (the state is multiplied by ``I - K^T W`` or ``I + G_c`` chunk after
 chunk, and the tensor cores' truncation would shrink it a little every time), and about fp32 for
 fp32 inputs (three tf32 products on a GPU, exact in the interpreter); see :func:`._pieces._dot`.
@@ -51,8 +52,6 @@ points below (see :mod:`._launch`).
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
 from ..checks import finite_condition, log_gate_condition, range_condition, require
@@ -60,16 +59,8 @@ from ._launch import per_token, prepare_qkv
 from .linear_attention import _linear_launch
 from .ut_prepare import BETA_WHY, Prepared, WYPrepared, check_block, prep_precision
 
-__all__ = ["chunked_householder", "chunked_delta_rule", "WY_DTYPE"]
+__all__ = ["chunked_householder", "chunked_delta_rule"]
 
-# The dtype in which DeltaNet's WY factors W and U~ travel from the preparation pass to the chunk loop:
-# "fp32", or "input" (the dtype of q, k, v, as fla stores them).  Environment: PATHEDU_WY_DTYPE.
-WY_DTYPE = os.environ.get("PATHEDU_WY_DTYPE", "fp32")
-if WY_DTYPE not in ("fp32", "input"):
-    raise ValueError(f"PATHEDU_WY_DTYPE must be 'fp32' or 'input', got {WY_DTYPE!r}")
-# Whether the WY pass makes its diagonal inverses in the same launch (True) or in a launch of its own (False).
-# Environment: PATHEDU_WY_FUSED=1/0 (TEMPORARY: for the A/B timing; the faster one becomes the only one).
-WY_FUSED = os.environ.get("PATHEDU_WY_FUSED", "0") == "1"
 
 
 def _run(q, k, v, w, beta, log_f=None, *, delta: bool, chunk):
@@ -91,15 +82,12 @@ def _run(q, k, v, w, beta, log_f=None, *, delta: bool, chunk):
 def _prepare(x, w3, beta3, chunk: int, *, delta: bool, log_f3=None):
     """The preparation pass of the chunked kernel on validated inputs: ``(factors, precision)``, the
     precision also being the one of the state's products (see :func:`._pieces._dot`).  DeltaNet
-    (``delta``): the WY factors :class:`.ut_prepare.WYPrepared` (gated by ``log_f3`` when given, stored in
-    ``WY_DTYPE``); the Householder RNN: the UT factors :class:`.ut_prepare.Prepared` (gate-free, fp32)."""
+    (``delta``): the WY factors :class:`.ut_prepare.WYPrepared` (gated by ``log_f3`` when given, fp32);
+    the Householder RNN: the UT factors :class:`.ut_prepare.Prepared` (gate-free, fp32)."""
     precision = prep_precision(x.dtype)
     f32 = torch.float32
     if delta:
-        dtype = f32 if WY_DTYPE == "fp32" else x.dtype
-        prep = WYPrepared(x.k, x.v, beta3, log_f3, x.n.T, chunk, dtype=dtype, precision=precision,
-                          fused_inverse=WY_FUSED)
-        return prep, precision
+        return WYPrepared(x.k, x.v, beta3, log_f3, x.n.T, chunk, dtype=f32, precision=precision), precision
     prep = Prepared(x.q, x.k, w3, beta3, x.n.T, chunk, q_dtype=f32, k_dtype=f32, update_dtype=f32,
                     precision=precision)
     return prep, precision

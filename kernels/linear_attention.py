@@ -99,8 +99,6 @@ entry point (:mod:`._launch`).
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -349,7 +347,7 @@ def _linear_launch(x: Flat, gate: str, log_f3=None, *, chunk: int = 64, prep=Non
         v3, ad = prep.u, prep.w
     precision = dot_precision(x.dtype) if precision is None else precision
     block_d = next_pow2(n.D)
-    block_dv = min(next_pow2(n.Dv), int(os.environ.get("PATHEDU_LIN_BLOCK_DV", "64")))  # TEMPORARY knob (A/B)
+    block_dv = min(next_pow2(n.Dv), 64)  # 32 measured slower (NOTES_path section 9): the state loop is the long pole
     grid = (triton.cdiv(n.Dv, block_dv), x.BH)
     rotate_hook, log2_base = rotate_args(rotate)
     _linear_fwd[grid](q3, k3, v3, out, x.q if log_f3 is None else log_f3, ad, gm, n.T, log2_base,
@@ -358,6 +356,5 @@ def _linear_launch(x: Flat, gate: str, log_f3=None, *, chunk: int = 64, prep=Non
                       HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=block_d, BLOCK_DV=block_dv,
                       CHUNK=chunk, GATE=transition, DECAY=decay, PRECISION=precision, BLOCK_DC=min(block_d, 32),
                       ROTATE=rotate_hook,
-                      num_warps=int(os.environ.get("PATHEDU_LIN_WARPS", "4")),  # TEMPORARY knob (A/B)
-                      num_stages=1 if interpreting() else 2)
+                      num_warps=4, num_stages=1 if interpreting() else 2)
     return out

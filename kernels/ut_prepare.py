@@ -74,59 +74,40 @@ def _unit_lower_inverse(nt, rows, BT: tl.constexpr):
 
 
 @triton.jit
-def _diag_block_inverse(W, BETA, LOG_F, X, start, T, stride_wt, stride_xt, HEAD_DIM: tl.constexpr,
-                        BLOCK_D: tl.constexpr, BT: tl.constexpr, W_IS_K: tl.constexpr, GATED: tl.constexpr):
-    """``(I + N_bb)^{-1}`` of the ``SUB x SUB`` diagonal block of rows ``[start, start + SUB)`` into ``X``:
-    rows ``start + r``, columns ``start % BT + c`` (``W``, ``LOG_F``, ``X`` point at this head's rows, ``BETA`` at
-    this head's ``(T,)``).  ``N = strictLower(D_beta W W^T)``, or with ``GATED`` ``N_ij = beta_i (w_i . w_j)
-    exp(sum_{r=j+1..i} log_f[r])`` (the sums: differences of a prefix sum over this small block).  Exact fp32."""
-    rows = tl.arange(0, SUB)
-    offs_d = tl.arange(0, BLOCK_D)
-    w = _load_rows(W + start * stride_wt, rows, offs_d, stride_wt, T - start, HEAD_DIM, True,
-                   BLOCK_D != HEAD_DIM).to(tl.float32)
-    if W_IS_K:
-        w = _finite_or_zero(w)  # DeltaNet's w = k: see the module docstring
-    beta = tl.load(BETA + start + rows, mask=rows < T - start, other=0.0)
-    gram = tl.dot(w, tl.trans(w), input_precision="ieee")
-    if GATED:  # N^T[r, c] gets exp(b_c - b_r), c > r: masked before exp, so every exponent is <= 0
-        b = tl.cumsum(tl.load(LOG_F + start + rows, mask=rows < T - start, other=0.0), axis=0)
-        gram = gram * tl.exp(tl.where(rows[:, None] < rows[None, :], b[None, :] - b[:, None], float("-inf")))
-    nt = tl.where(rows[:, None] < rows[None, :], gram * beta[None, :], 0.0)  # N_bb^T
-    x = _unit_lower_inverse(nt, rows, SUB)
-    tl.store(X + (start + rows[:, None]) * stride_xt + start % BT + rows[None, :], x)
-
-
-@triton.jit
 def _ut_diag_inverse(K, W, BETA, LOG_F, X, T, stride_kb, stride_kt, stride_wb, stride_wt, stride_xb, stride_xt,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, W_IS_K: tl.constexpr,
                      GATED: tl.constexpr):
-    """First half of the triangular inverse: :func:`_diag_block_inverse` for one ``SUB x SUB`` diagonal block
-    per program, into ``X`` (``(BH, T_pad, BT)``; the rest of ``X`` is left alone).  The small tiles (one warp
-    per program) keep many programs on each multiprocessor."""
+    """First half of the triangular inverse: ``(I + N_bb)^{-1}`` for one ``SUB x SUB`` diagonal block.
+
+    ``N = strictLower(D_beta W W^T)`` of the enclosing ``BT`` block, or with ``GATED`` (Gated DeltaNet's WY
+    factors, :func:`_wy_prepare`) ``N_ij = beta_i (w_i . w_j) exp(sum_{r=j+1..i} log_f[r])`` (``LOG_F``:
+    ``(BH, T)`` fp32; the sums are differences of a prefix sum over this small block).  The block's
+    inverse goes to rows ``[s, s + SUB)``, columns ``[c, c + SUB)`` of ``X``
+    (``(BH, T_pad, BT)``, ``c`` = the block's offset inside its ``BT`` block); the
+    rest of ``X`` is left alone.  Everything is exact fp32, and the small tiles
+    (one warp per program) keep many programs on each multiprocessor.
+    """
+    start = tl.program_id(0) * SUB
     bh = tl.program_id(1).to(tl.int64)
+    rows = tl.arange(0, SUB)
+    offs_d = tl.arange(0, BLOCK_D)
     if W_IS_K:
         W = K
         stride_wb = stride_kb
         stride_wt = stride_kt
-    _diag_block_inverse(W + bh * stride_wb, BETA + bh * T, LOG_F + bh * T, X + bh * stride_xb, tl.program_id(0) * SUB,
-                        T, stride_wt, stride_xt, HEAD_DIM, BLOCK_D, BT, W_IS_K, GATED)
-
-
-@triton.jit
-def _block_diagonal_inverse(n, BT: tl.constexpr):
-    """The block-diagonal part of ``(I + N)^{-1}`` on ``SUB x SUB`` blocks, from the strictly lower ``N``
-    (``BT x BT``): forward substitution on all ``BT / SUB`` diagonal blocks at once, as ``[NB, SUB, SUB]``
-    tiles, row ``i`` of every block in the same step (``X_i = e_i - sum_{j<i} N_ij X_j``)."""
-    NB: tl.constexpr = BT // SUB
-    r = tl.arange(0, SUB)
-    blk = tl.arange(0, NB)
-    same = blk[:, None, None, None] == blk[None, None, :, None]  # [NB, 1, NB, 1]: a diagonal block
-    nb = tl.sum(tl.where(same, tl.reshape(n, [NB, SUB, NB, SUB]), 0.0), axis=2)  # [NB, SUB, SUB]: N's blocks
-    x = tl.where(r[None, :, None] == r[None, None, :], 1.0, 0.0) + tl.zeros([NB, SUB, SUB], dtype=tl.float32)
-    for i in range(1, SUB):
-        n_i = tl.sum(tl.where(r[None, :, None] == i, nb, 0.0), axis=1)  # [NB, SUB]: row i of each block's N
-        x = tl.where(r[None, :, None] == i, x - tl.sum(n_i[:, :, None] * x, axis=1)[:, None, :], x)
-    return tl.reshape(tl.where(same, x[:, :, None, :], 0.0), [BT, BT])
+    w = _load_rows(W + bh * stride_wb + start * stride_wt, rows, offs_d, stride_wt, T - start, HEAD_DIM,
+                   True, BLOCK_D != HEAD_DIM).to(tl.float32)
+    if W_IS_K:
+        w = _finite_or_zero(w)  # DeltaNet's w = k: see the module docstring
+    beta = tl.load(BETA + bh * T + start + rows, mask=rows < T - start, other=0.0)
+    gram = tl.dot(w, tl.trans(w), input_precision="ieee")
+    if GATED:  # N^T[r, c] gets exp(b_c - b_r), c > r: masked before exp, so every exponent is <= 0
+        b = tl.cumsum(tl.load(LOG_F + bh * T + start + rows, mask=rows < T - start, other=0.0), axis=0)
+        gram = gram * tl.exp(tl.where(rows[:, None] < rows[None, :], b[None, :] - b[:, None], float("-inf")))
+    nt = tl.where(rows[:, None] < rows[None, :], gram * beta[None, :], 0.0)  # N_bb^T
+    x = _unit_lower_inverse(nt, rows, SUB)
+    col = start % BT
+    tl.store(X + bh * stride_xb + (start + rows[:, None]) * stride_xt + col + rows[None, :], x)
 
 
 @triton.jit
@@ -238,15 +219,14 @@ def _ut_prepare(Q, K, W, BETA, QT, QN, KT, AD, GM, WC, NU, INV, T,
 def _wy_prepare(K, V, BETA, LOG_F, AD, WW, WU, T, stride_kb, stride_kt, stride_vb, stride_vt, stride_ab, stride_at,
                 stride_wb, stride_wt, stride_ub, stride_ut,
                 HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                BT: tl.constexpr, GATED: tl.constexpr, PRECISION: tl.constexpr, INVERT: tl.constexpr):
+                BT: tl.constexpr, GATED: tl.constexpr, PRECISION: tl.constexpr):
     """DeltaNet's WY factors for block ``J`` (``BT`` tokens ``[s, e]``): ``W = A diag(e^b) K`` and ``U~ = A V``.
 
     ``A = (I + N)^{-1} D_beta`` with ``N_ij = beta_i (k_i . k_j) Gamma_ij`` for ``j < i``, ``Gamma_ij =
     exp(b_i - b_j)`` and ``b`` the prefix sum of ``log_f`` from the block start (``GATED``; else ``Gamma = 1``,
     ``b = 0``): :func:`pathedu.pathfox.gated_deltanet_chunked` line by line.  On entry ``AD`` holds the
-    ``SUB x SUB`` diagonal inverses (:func:`_ut_diag_inverse` with ``W_IS_K``), or with ``INVERT`` this
-    program makes them from its own ``N`` (:func:`_block_diagonal_inverse`, one launch fewer); they are
-    merged here as in :func:`_ut_prepare`.  Writes rows ``[s, s + BT)`` of ``WW`` (``(BH, T_pad, HEAD_DIM)``) and ``WU``
+    ``SUB x SUB`` diagonal inverses (:func:`_ut_diag_inverse` with ``W_IS_K``); they are merged here as in
+    :func:`_ut_prepare`.  Writes rows ``[s, s + BT)`` of ``WW`` (``(BH, T_pad, HEAD_DIM)``) and ``WU``
     (``(BH, T_pad, HEAD_DV)``), in their dtypes.
 
     Non-finite inputs: the transitions use ``k`` with NaN/inf replaced by 0 (as :func:`_ut_prepare` does
@@ -275,11 +255,8 @@ def _wy_prepare(K, V, BETA, LOG_F, AD, WW, WU, T, stride_kb, stride_kt, stride_v
         gram = gram * tl.exp(tl.where(strict, b[:, None] - b[None, :], float("-inf")))  # every exponent <= 0
         k = k * tl.exp(b)[:, None]
     n = tl.where(strict, beta[:, None] * gram, 0.0)  # [BT, BT]
-    if INVERT:  # the diagonal blocks' inverses here, all BT / SUB blocks at once
-        x = _block_diagonal_inverse(n, BT)
-    else:
-        p_ad = AD + bh * stride_ab + (start + rows[:, None]) * stride_at + rows[None, :]
-        x = tl.load(p_ad, mask=rows[:, None] // SUB == rows[None, :] // SUB, other=0.0)  # [BT, BT]
+    p_ad = AD + bh * stride_ab + (start + rows[:, None]) * stride_at + rows[None, :]
+    x = tl.load(p_ad, mask=rows[:, None] // SUB == rows[None, :] // SUB, other=0.0)  # [BT, BT] diagonal inverses
     if BT >= 32:
         x = _merge(x, n, rows, 32, PRECISION)
     if BT >= 64:
@@ -477,11 +454,9 @@ class WYPrepared:
     """DeltaNet's WY factors for ``BH`` heads, chunks of ``block`` tokens (two launches:
     :func:`_ut_diag_inverse`, then :func:`_wy_prepare`): ``w: (BH, T_pad, D)`` (``A diag(e^b) K``) and
     ``u: (BH, T_pad, Dv)`` (``A V``), both in ``dtype``; ``T_pad`` is ``T`` rounded up to a multiple of
-    ``block``.  ``log_f3``: ``(BH, T)`` fp32 log gates (Gated DeltaNet) or None.  ``fused_inverse``: the
-    second kernel makes the diagonal inverses itself (one launch)."""
+    ``block``.  ``log_f3``: ``(BH, T)`` fp32 log gates (Gated DeltaNet) or None."""
 
-    def __init__(self, k3, v3, beta3, log_f3, T: int, block: int, *, dtype, precision: str,
-                 fused_inverse: bool = False):
+    def __init__(self, k3, v3, beta3, log_f3, T: int, block: int, *, dtype, precision: str):
         BH, _, D = k3.shape
         Dv = v3.shape[-1]
         T_pad = triton.cdiv(max(T, 1), block) * block
@@ -490,9 +465,8 @@ class WYPrepared:
         self.u = torch.empty(BH, T_pad, Dv, dtype=dtype, device=k3.device)
         self._inv = torch.empty(BH, T_pad, block, dtype=torch.float32, device=k3.device)
         self._args = (k3, v3, beta3, log_f3, T)
-        self._precision, self._fused = precision, fused_inverse
-        if not fused_inverse:
-            self.invert_diagonal_blocks()
+        self._precision = precision
+        self.invert_diagonal_blocks()
         self.prepare()
 
     def invert_diagonal_blocks(self) -> None:
@@ -509,8 +483,7 @@ class WYPrepared:
             k3.stride(0), k3.stride(1), v3.stride(0), v3.stride(1), self._inv.stride(0), self._inv.stride(1),
             self.w.stride(0), self.w.stride(1), self.u.stride(0), self.u.stride(1),
             HEAD_DIM=D, HEAD_DV=Dv, BLOCK_D=next_pow2(D), BLOCK_DV=next_pow2(Dv), BT=self.block,
-            GATED=log_f3 is not None, PRECISION=self._precision, INVERT=self._fused,
-            num_warps=4, num_stages=1)
+            GATED=log_f3 is not None, PRECISION=self._precision, num_warps=4, num_stages=1)
 
 
 class Prepared:

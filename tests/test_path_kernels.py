@@ -210,6 +210,38 @@ def test_prepared_factors_match_their_definitions():
 # The linear side: chunked Householder RNN and DeltaNet
 # ---------------------------------------------------------------------------
 
+@pytest.mark.parametrize("gated", [False, True], ids=["ungated", "gated"])
+def test_wy_factors_match_their_definitions(gated):
+    """DeltaNet's preparation pass: per chunk W = A diag(e^b) K and U~ = A V with A = (I + N)^{-1} diag(beta),
+    N_ij = beta_i (k_i . k_j) e^{b_i - b_j} (j < i), b the chunk-local prefix sum of log_f; rows past T are zero;
+    a NaN in v reaches the rows of U~ at or after it, in its channel only."""
+    from pathedu.kernels.ut_prepare import WYPrepared
+
+    T, D, Dv, block = 40, 16, 8, 16
+    _, k, v = rand_qkv((1,), T, D, Dv, seed=20)
+    k = unit(k)
+    _, beta = transitions((1,), T, D, seed=21)
+    log_f = -torch.rand(1, T, dtype=torch.float64, generator=torch.Generator().manual_seed(22)) * 3 if gated else None
+    v = v.clone()
+    v[0, 21, 3] = float("nan")
+    f32 = lambda x: None if x is None else x.float().contiguous()  # noqa: E731
+    p = WYPrepared(f32(k), f32(v), f32(beta), f32(log_f), T, block, dtype=torch.float32, precision="ieee")
+    assert p.T_pad == 48 and p.w.shape == (1, 48, D) and p.u.shape == (1, 48, Dv)
+    for s in range(0, T, block):
+        e = min(s + block, T)
+        kc, vc, bc = k[0, s:e], v[0, s:e], beta[0, s:e]
+        b = log_f[0, s:e].cumsum(0) if gated else torch.zeros(e - s, dtype=torch.float64)
+        gamma = torch.exp(b[:, None] - b[None, :]).tril(-1)
+        A = torch.linalg.inv(torch.eye(e - s, dtype=torch.float64) + bc[:, None] * (kc @ kc.T) * gamma) * bc
+        assert torch.allclose(p.w[0, s:e].double(), A @ (torch.exp(b)[:, None] * kc), atol=1e-5)
+        u_ref = A @ torch.nan_to_num(vc, nan=0.0)
+        u_ref[21 - s:, 3] = float("nan") if s <= 21 < e else u_ref[21 - s:, 3]
+        assert torch.allclose(p.u[0, s:e].double(), u_ref, atol=1e-5, equal_nan=True)
+    assert (p.w[0, T:] == 0).all() and (p.u[0, T:] == 0).all()
+    assert torch.isnan(p.u[0, 21:32, 3]).all() and torch.isfinite(p.u[0, :21]).all()
+    assert torch.isfinite(p.u[0, 32:T]).all()  # the next chunk does not inherit it: the state carries it there
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_householder_and_delta_match_float64(case, dtype):
