@@ -122,6 +122,20 @@ def _merge(x, n, rows, SIZE: tl.constexpr, PRECISION: tl.constexpr):
 
 
 @triton.jit
+def _merged_inverse(p_ad, n, rows, BT: tl.constexpr, PRECISION: tl.constexpr):
+    """``(I + N)^{-1}`` (``BT x BT``) from the ``SUB x SUB`` diagonal inverses at ``p_ad`` (a ``[BT, BT]`` tile of
+    pointers, as :func:`_ut_diag_inverse` left them) and the strictly lower ``N``: one :func:`_merge` per level."""
+    x = tl.load(p_ad, mask=rows[:, None] // SUB == rows[None, :] // SUB, other=0.0)
+    if BT >= 32:
+        x = _merge(x, n, rows, 32, PRECISION)
+    if BT >= 64:
+        x = _merge(x, n, rows, 64, PRECISION)
+    if BT >= 128:
+        x = _merge(x, n, rows, 128, PRECISION)
+    return x
+
+
+@triton.jit
 def _ut_prepare(Q, K, W, BETA, QT, QN, KT, AD, GM, WC, NU, INV, T,
                 stride_qb, stride_qt, stride_kb, stride_kt, stride_wb, stride_wt,
                 stride_pb, stride_pt, stride_nb, stride_ab, stride_at, stride_gb, stride_gj,
@@ -172,14 +186,8 @@ def _ut_prepare(Q, K, W, BETA, QT, QN, KT, AD, GM, WC, NU, INV, T,
 
     # The triangular inverse: SUB x SUB diagonal blocks from _ut_diag_inverse, merged here.
     p_ad = AD + bh * stride_ab + (start + rows[:, None]) * stride_at + rows[None, :]
-    x = tl.load(p_ad, mask=rows[:, None] // SUB == rows[None, :] // SUB, other=0.0)
     n = tl.where(rows[:, None] > rows[None, :], beta[:, None] * _dot(w, tl.trans(w), PRECISION), 0.0)
-    if BT >= 32:
-        x = _merge(x, n, rows, 32, PRECISION)
-    if BT >= 64:
-        x = _merge(x, n, rows, 64, PRECISION)
-    if BT >= 128:
-        x = _merge(x, n, rows, 128, PRECISION)
+    x = _merged_inverse(p_ad, n, rows, BT, PRECISION)
     a = x * beta[None, :]  # A = (I + N)^{-1} D_beta
     if STORE_INV:
         tl.store(INV + bh * stride_ab + (start + rows[:, None]) * stride_at + rows[None, :], x)
@@ -256,14 +264,7 @@ def _wy_prepare(K, V, BETA, LOG_F, AD, WW, WU, T, stride_kb, stride_kt, stride_v
         k = k * tl.exp(b)[:, None]
     n = tl.where(strict, beta[:, None] * gram, 0.0)  # [BT, BT]
     p_ad = AD + bh * stride_ab + (start + rows[:, None]) * stride_at + rows[None, :]
-    x = tl.load(p_ad, mask=rows[:, None] // SUB == rows[None, :] // SUB, other=0.0)  # [BT, BT] diagonal inverses
-    if BT >= 32:
-        x = _merge(x, n, rows, 32, PRECISION)
-    if BT >= 64:
-        x = _merge(x, n, rows, 64, PRECISION)
-    if BT >= 128:
-        x = _merge(x, n, rows, 128, PRECISION)
-    a = x * beta[None, :]  # A = (I + N)^{-1} D_beta, [BT, BT]
+    a = _merged_inverse(p_ad, n, rows, BT, PRECISION) * beta[None, :]  # A = (I + N)^{-1} D_beta, [BT, BT]
 
     finite = tl.abs(v) < float("inf")
     first = tl.min(tl.where(finite, BT, rows[:, None]), axis=0)  # [BDV]: a channel's first non-finite row
