@@ -62,7 +62,6 @@ from .ut_prepare import BETA_WHY, Prepared, WYPrepared, check_block, prep_precis
 __all__ = ["chunked_householder", "chunked_delta_rule"]
 
 
-
 def _run(q, k, v, w, beta, log_f=None, *, delta: bool, chunk):
     x = prepare_qkv(q, k, v)
     n = x.n

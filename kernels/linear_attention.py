@@ -72,7 +72,7 @@ per-token scalar, and ``GATE`` picks the transition itself:
   with products whose operands are rounded to nearest (:func:`._pieces._dot`: the
   state is multiplied by ``I + G_c`` chunk after chunk, and truncated tf32 operands
   would shrink it a little every time).  With ``DECAY`` on top this is chapter 6's
-  gated Householder RNN and Gated DeltaNet: the UT factors stay gate-free.
+  gated Householder RNN: the UT factors stay gate-free.
 
 * ``"delta"``: DeltaNet's transition ``S_t = S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T`` in the
   WY form (:mod:`.delta_rule`).  ``V`` holds the preparation pass's ``U~ = A V`` and ``AD`` its
@@ -231,7 +231,7 @@ def _linear_fwd(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
             k = k * tl.exp(b_last - b)[:, None]
         if GATE == "householder" or GATE == "delta":
             o += _dot(s, v, PRECISION)
-            H = h + _dot(tl.trans(k), v, PRECISION)  # H <- P^T H + K~^T V
+            H = h + _dot(tl.trans(k), v, PRECISION)  # H <- P^T H + K~^T V (householder), H + K^T U (delta)
         else:
             o += tl.dot(s, v, input_precision=PRECISION)
             H = h + tl.dot(tl.trans(k), v, input_precision=PRECISION)

@@ -139,9 +139,8 @@ def _merged_inverse(p_ad, n, rows, BT: tl.constexpr, PRECISION: tl.constexpr):
 def _ut_prepare(Q, K, W, BETA, QT, QN, KT, AD, GM, WC, NU, INV, T,
                 stride_qb, stride_qt, stride_kb, stride_kt, stride_wb, stride_wt,
                 stride_pb, stride_pt, stride_nb, stride_ab, stride_at, stride_gb, stride_gj,
-                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, W_IS_K: tl.constexpr,
-                VALUE_BETA: tl.constexpr, NORM_Q: tl.constexpr, STORE_UT: tl.constexpr, STORE_INV: tl.constexpr,
-                PRECISION: tl.constexpr):
+                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, NORM_Q: tl.constexpr,
+                STORE_UT: tl.constexpr, STORE_INV: tl.constexpr, PRECISION: tl.constexpr):
     """Per-block UT factors and boundary-adjusted q/k for block ``J`` (``BT`` tokens ``[s, e]``).
 
     On entry ``AD`` holds, on its ``SUB x SUB`` diagonal blocks, the inverses made
@@ -160,8 +159,6 @@ def _ut_prepare(Q, K, W, BETA, QT, QN, KT, AD, GM, WC, NU, INV, T,
     ``x^T G_J = (x^T W^T)(-U)``.  Rows past ``T`` get ``q = k = w = 0``, ``beta = 0``
     (``H = I``): all zeros out.
 
-    ``W_IS_K``: DeltaNet's transitions, ``w = k``.  ``VALUE_BETA``: DeltaNet's
-    values ``beta_j v_j``, folded into column ``j`` of Ã and row ``j`` of k~.
     ``NORM_Q``: store ``q~ / |q~|`` and the norms ``|q~|`` in ``QN`` (PaTH).  ``STORE_INV``: also the
     merged inverse ``(I + N)^{-1}`` in ``INV`` (laid out as ``AD``), for the backward pass.
     """
@@ -176,11 +173,8 @@ def _ut_prepare(Q, K, W, BETA, QT, QN, KT, AD, GM, WC, NU, INV, T,
                    True, CHECK_D).to(tl.float32)
     k = _load_rows(K + bh * stride_kb + start * stride_kt, rows, offs_d, stride_kt, left, HEAD_DIM,
                    True, CHECK_D).to(tl.float32)
-    if W_IS_K:
-        w = _finite_or_zero(k)
-    else:
-        w = _load_rows(W + bh * stride_wb + start * stride_wt, rows, offs_d, stride_wt, left, HEAD_DIM,
-                       True, CHECK_D).to(tl.float32)
+    w = _load_rows(W + bh * stride_wb + start * stride_wt, rows, offs_d, stride_wt, left, HEAD_DIM,
+                   True, CHECK_D).to(tl.float32)
     beta = tl.load(BETA + bh * T + start + rows, mask=rows < left, other=0.0)
     w = _rn(w, PRECISION)  # every product below sees the same (rounded) w
 
@@ -201,9 +195,6 @@ def _ut_prepare(Q, K, W, BETA, QT, QN, KT, AD, GM, WC, NU, INV, T,
     kt = k - _dot(tl.trans(_dot(a, wk, PRECISION)), w, PRECISION)  # k~_j = H_e ... H_{j+1} k_j
     nu = -_dot(a, w, PRECISION)  # -U, U = A W
     g = _dot(tl.trans(w), nu, PRECISION)  # G = -W^T A W
-    if VALUE_BETA:
-        intra = intra * beta[None, :]
-        kt = kt * beta[:, None]
 
     offs_p = (bh * stride_pb + start * stride_pt) + rows[:, None] * stride_pt + offs_d[None, :]
     mask_p = offs_d[None, :] < HEAD_DIM
@@ -499,7 +490,7 @@ class Prepared:
     """
 
     def __init__(self, q3, k3, w3, beta3, T, block, *, q_dtype, k_dtype, update_dtype,
-                 norm_q=False, w_is_k=False, value_beta=False, store_ut=False, keep_inverse=False,
+                 norm_q=False, store_ut=False, keep_inverse=False,
                  precision="ieee", num_warps=4):
         BH, _, D = q3.shape
         T_pad = triton.cdiv(max(T, 1), MAX_R * block) * MAX_R * block
@@ -513,10 +504,8 @@ class Prepared:
         self.wc = torch.empty(BH, T_pad, D, dtype=update_dtype, device=dev) if store_ut else self.g
         self.nu = torch.empty(BH, T_pad, D, dtype=update_dtype, device=dev) if store_ut else self.g
         self.inv = torch.empty_like(self.ad) if keep_inverse else self.ad
-        w3 = k3 if w_is_k else w3
         self._args = (q3, k3, w3, beta3, T, D)
-        self._flags = dict(W_IS_K=w_is_k, VALUE_BETA=value_beta, NORM_Q=norm_q, STORE_UT=store_ut,
-                           STORE_INV=keep_inverse, PRECISION=precision)
+        self._flags = dict(NORM_Q=norm_q, STORE_UT=store_ut, STORE_INV=keep_inverse, PRECISION=precision)
         self._num_warps = num_warps
         self.invert_diagonal_blocks()
         self.prepare()
@@ -525,7 +514,7 @@ class Prepared:
         """The first launch: the ``SUB x SUB`` diagonal blocks of ``(I + N)^{-1}``, into ``ad``
         (a method of its own so that :mod:`pathedu.bench.parts` can time it apart)."""
         _, k3, w3, beta3, T, D = self._args
-        invert_diagonal_blocks(k3, w3, beta3, None, self.ad, T, self.block, w_is_k=self._flags["W_IS_K"])
+        invert_diagonal_blocks(k3, w3, beta3, None, self.ad, T, self.block, w_is_k=False)
 
     def prepare(self) -> None:
         """The second launch: merges the diagonal inverses and writes every factor (reads ``ad``
