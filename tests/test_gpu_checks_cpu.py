@@ -145,3 +145,18 @@ def test_forward_backward_timing_step_finds_the_leaves_and_drops_their_grads():
     assert torch.equal(w.grad, first) and q.grad is None  # dropped, not accumulated; q is not in the graph
     with pytest.raises(RuntimeError, match="no grad_fn"):
         _with_backward(fn, fn().detach())
+
+
+def test_register_report_compiles_for_sm90_without_a_gpu():
+    """`python -m pathedu.bench.registers` compiles a kernel for an H100 on this CPU-only machine (in a process of its
+    own with Triton's interpreter off) and reads its registers and spills from the cubin."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "pathedu.bench.registers", "--kernels", "_ut_diag_inverse (DeltaNet)",
+                          "_linear_fwd (DeltaNet: delta)"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = {line[:48].strip(): line[48:].split() for line in out.stdout.splitlines()[1:]}
+    warps, regs, stack, fit = (int(x) for x in rows["_ut_diag_inverse (DeltaNet)"])
+    assert warps == 1 and 0 < regs <= 255 and stack >= 0 and fit == 65536 // (32 * regs)
+    assert int(rows["_linear_fwd (DeltaNet: delta)"][1]) <= 255
