@@ -29,10 +29,11 @@ in the interpreter (:func:`prep_precision`).  :class:`Prepared` runs both launch
 Non-finite inputs.  Every mask is a select (``tl.where``), never a multiply by 0, so a NaN
 or inf in ``q_i`` or ``k_j`` reaches only the rows and columns that use it (``q~_i``,
 ``k~_j``, row ``i`` and column ``j`` of Ã on and below the diagonal).  DeltaNet's
-transitions are built from ``k`` itself (``w = k``); there a non-finite ``k_j`` would
-poison the whole inverse through ``0 * NaN`` inside the products, so its non-finite
-entries are replaced by 0 *in w only* (``H_j`` is then wrong, but every output from
-position ``j`` on already sees the non-finite ``k_j`` through ``k~_j`` and Ã).
+transitions are built from ``k`` itself (``w = k``: :func:`_ut_diag_inverse` with ``W_IS_K``
+and :func:`_wy_prepare`); there a non-finite ``k_j`` would poison the whole inverse through
+``0 * NaN`` inside the products, so its non-finite entries are replaced by 0 in the
+transitions only (``H_j`` is then wrong, but every output from position ``j`` on already
+sees the non-finite ``k_j``: the chunk loop's in-chunk scores ``q_i . k_j`` and its state).
 """
 from __future__ import annotations
 
@@ -228,8 +229,8 @@ def _wy_prepare(K, V, BETA, LOG_F, AD, WW, WU, T, stride_kb, stride_kt, stride_v
     :func:`_ut_prepare`.  Writes rows ``[s, s + BT)`` of ``WW`` (``(BH, T_pad, HEAD_DIM)``) and ``WU``
     (``(BH, T_pad, HEAD_DV)``), in their dtypes.
 
-    Non-finite inputs: the transitions use ``k`` with NaN/inf replaced by 0 (as :func:`_ut_prepare` does
-    for ``w = k``), and ``U~`` is formed from the finite values only, its rows at or after a channel's
+    Non-finite inputs: the transitions use ``k`` with NaN/inf replaced by 0 (the module docstring says
+    why), and ``U~`` is formed from the finite values only, its rows at or after a channel's
     first non-finite value set to NaN: so the chunk loop's bookkeeping on ``U~`` finds a non-finite
     value at the same row as it would on ``V``, and no earlier row sees it through ``0 * NaN``.
     """
