@@ -44,8 +44,8 @@ Where the shared pieces live:
   the Householder hook, and DeltaNet's WY pass (``WYPrepared``); both start from the same
   diagonal inverses.
 * :mod:`._launch`: the validation boundary.  Each public entry point validates
-  every argument once (shapes, dtypes, devices; values with one host
-  synchronisation) and refuses meta tensors; the kernels without a backward pass
+  every argument once (shapes, dtypes, devices; values with one wait for
+  the check, after the kernels are queued) and refuses meta tensors; the kernels without a backward pass
   (the linear template and its DeltaNet hook) also refuse, while grad mode is on, inputs that
   require grad.  Internal ``_*_launch`` functions check nothing.
 

@@ -21,8 +21,10 @@ helpers; the chapters' ``*_triton`` forms call an entry point and validate nothi
 Value conditions (gates <= 0, ``beta`` in [0, 2], ...) are built as 0-dim device
 tensors (:mod:`pathedu.checks`: ``log_gate_condition``, ``range_condition``,
 ``finite_condition``) on the tensors the kernel will read, and read together with
-one :func:`pathedu.checks.require`: at most one host synchronisation per public
-call.  Nothing is copied for validation, and each input is copied at most once
+one :class:`pathedu.checks.checked_after` around the launch: the host waits once per
+public call, for the check only, after the kernels are queued behind it, so the
+device never idles for validation (a bad value raises ``ValueError`` and the output
+of the kernel that ran on it is discarded; the kernels are safe on any value).  Nothing is copied for validation, and each input is copied at most once
 (only when its dtype or layout must change).  Internal launchers (``_*_launch``)
 take what this module returns and check nothing again.
 """

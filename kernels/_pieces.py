@@ -202,12 +202,18 @@ def _no_nonfinite(BLOCK_DV: tl.constexpr):
 
 
 @triton.jit
+def _any_nonfinite(x):
+    """Whether the tile ``x`` holds a NaN or an infinity (one reduction)."""
+    return tl.min((tl.abs(x) < float("inf")).to(tl.int32)) == 0
+
+
+@triton.jit
 def _first_nonfinite(v, pos, bad):
     """Fold a value tile (one row per key, at positions ``pos``) into the packed per-channel
     positions ``bad`` of the first NaN, +inf and -inf key (see :func:`_no_nonfinite`)."""
     # One reduction tells whether the tile holds any NaN/inf (the usual answer: no, and the
     # three per-kind reductions below are skipped).
-    if tl.min((tl.abs(v) < float("inf")).to(tl.int32)) == 0:
+    if _any_nonfinite(v):
         at = pos[:, None]
         first_nan = tl.minimum(bad & 1023, tl.min(tl.where(v != v, at, _NONE), axis=0))
         first_pinf = tl.minimum((bad >> 10) & 1023, tl.min(tl.where(v == float("inf"), at, _NONE), axis=0))
@@ -234,6 +240,24 @@ def _poison(out, row_pos, bad):
                        tl.where(sees_pinf, float("inf"), tl.where(sees_ninf, float("-inf"), 0.0)))
         out = out + add
     return out
+
+
+@triton.jit
+def _poison_rows(O, V, stride_ot, stride_vt, n_rows, DV: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """:func:`_poison` for ``BLOCK_R`` output rows already stored at ``O`` whose last keys, the rows at ``V``, were
+    multiplied by :func:`_masked_dot`: row ``i`` sees value rows ``0..i``.  Read in slices of 16 rows and only
+    when some value is NaN or inf, so that the caller's registers are not needed: its tiles are dead by now."""
+    cols = tl.arange(0, BLOCK_DV)
+    bad = _no_nonfinite(BLOCK_DV)
+    for r in range(0, BLOCK_R, 16):
+        rows = r + tl.arange(0, 16)
+        bad = _first_nonfinite(_load_rows(V, rows, cols, stride_vt, n_rows, DV, True, BLOCK_DV != DV), rows, bad)
+    if tl.min(bad, 0) != _ALL_NONE:
+        tl.debug_barrier()  # the rows below were stored by other threads of this program
+        for r in range(0, BLOCK_R, 16):
+            rows = r + tl.arange(0, 16)
+            o = _load_rows(O, rows, cols, stride_ot, n_rows, DV, True, BLOCK_DV != DV).to(tl.float32)
+            _store_rows(O, _poison(o, rows, bad), rows, cols, stride_ot, n_rows, DV)
 
 
 @triton.jit

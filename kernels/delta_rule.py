@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import torch
 
-from ..checks import finite_condition, log_gate_condition, range_condition, require
+from ..checks import checked_after, finite_condition, log_gate_condition, range_condition
 from ._launch import per_token, prepare_qkv
 from .linear_attention import _linear_launch
 from .ut_prepare import BETA_WHY, Prepared, WYPrepared, check_block, prep_precision
@@ -69,13 +69,14 @@ def _run(q, k, v, w, beta, log_f=None, *, delta: bool, chunk):
     beta3 = per_token(beta, "beta", x)
     log_f3 = None if log_f is None else per_token(log_f, "log_f", x)
     chunk = check_block(chunk, n.D, "chunk")
-    require(None if delta else finite_condition(w3, "w"), range_condition(beta3, "beta", 0.0, 2.0, BETA_WHY),
-            None if log_f3 is None else log_gate_condition(log_f3, "log_f"))
-    if x.empty_input:
-        return x.result(x.new_output(n.Dv))
-    prep, precision = _prepare(x, w3, beta3, chunk, delta=delta, log_f3=log_f3)
-    gate = "delta" if delta else "householder"
-    return x.result(_linear_launch(x, gate, log_f3, chunk=chunk, prep=prep, precision=precision))
+    with checked_after(None if delta else finite_condition(w3, "w"),
+                       range_condition(beta3, "beta", 0.0, 2.0, BETA_WHY),
+                       None if log_f3 is None else log_gate_condition(log_f3, "log_f")):  # read once queued
+        if x.empty_input:
+            return x.result(x.new_output(n.Dv))
+        prep, precision = _prepare(x, w3, beta3, chunk, delta=delta, log_f3=log_f3)
+        gate = "delta" if delta else "householder"
+        return x.result(_linear_launch(x, gate, log_f3, chunk=chunk, prep=prep, precision=precision))
 
 
 def _prepare(x, w3, beta3, chunk: int, *, delta: bool, log_f3=None):
@@ -102,8 +103,8 @@ def chunked_householder(q, k, v, w, beta, *, log_f=None, chunk=None):
     (the output has their dtype), ``w`` (finite) and ``beta`` (in [0, 2]) used in
     fp32; fp32 state; the UT form (module docstring).  Unrolled: ``o_i = sum_{j<=i} (k_j^T H_{j+1} ... H_i q_i) v_j``
     (smallest index on the left).  ``chunk`` in {16, 32, 64, 128} (``None``: 64 for
-    ``D <= 64``, else 32).  Every argument is validated here (values with one host
-    synchronisation); no input may require grad while grad mode is on.
+    ``D <= 64``, else 32).  Every argument is validated here (values read once the kernels are
+    queued, :class:`pathedu.checks.checked_after`); no input may require grad while grad mode is on.
     """
     return _run(q, k, v, w, beta, log_f, delta=False, chunk=chunk)
 

@@ -48,10 +48,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ..checks import check_scale, finite_condition, log_gate_condition, range_condition, require
+from ..checks import check_scale, checked_after, finite_condition, log_gate_condition, range_condition
 from ._launch import (Flat, dot_precision, interpreting, next_pow2, per_head, per_token, prepare_qkv, rotate_args,
                       wants_grad)
-from ._pieces import (LOG2E, _first_nonfinite, _load_rotated, _load_rows, _no_nonfinite, _poison, _query_block,
+from ._pieces import (LOG2E, _first_nonfinite, _load_rotated, _load_rows, _no_nonfinite, _poison, _poison_rows, _query_block,
                       _rope_cos_sin, _rope_shift, _softmax_fold, _store_rows)
 
 __all__ = ["attention", "biased_attention", "LOG2E"]
@@ -61,7 +61,7 @@ __all__ = ["attention", "biased_attention", "LOG2E"]
 def _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, lo, hi, T, stride_kt, stride_vt, qk_scale,
             log2_base, HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
             BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr,
-            ROTATE: tl.constexpr):
+            ROTATE: tl.constexpr, NONFINITE: tl.constexpr = "epilogue"):
     """Fold key blocks [lo, hi) into the running (acc, m_i, l_i) of one query block.
 
     ``bad``: per value channel, where the first NaN, +inf and -inf are among the keys of
@@ -98,8 +98,8 @@ def _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, lo, h
         if CAUSAL_MASK:
             s = tl.where(offs_m[:, None] >= offs_n[None, :], s, float("-inf"))
         # The online-softmax update; on diagonal blocks a product that keeps hidden keys out.
-        acc, m_i, l_i = _softmax_fold(acc, m_i, l_i, s, v, False, CAUSAL_MASK, PRECISION)
-        if CAUSAL_MASK:  # where this block's NaN/inf values are, for the rows that see them (below)
+        acc, m_i, l_i = _softmax_fold(acc, m_i, l_i, s, v, False, CAUSAL_MASK and NONFINITE != "off", PRECISION)
+        if CAUSAL_MASK and NONFINITE == "loop":  # TEMPORARY A/B
             bad = _first_nonfinite(v, offs_n - start_m, bad)
     return acc, m_i, l_i, bad
 
@@ -109,7 +109,7 @@ def _flash_fwd(Q, K, V, O, BIAS_ARG, LSE, T, qk_scale, log2_base,
                stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt, stride_ob, stride_ot,
                HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr,
-               STORE_LSE: tl.constexpr, ROTATE: tl.constexpr):
+               STORE_LSE: tl.constexpr, ROTATE: tl.constexpr, NONFINITE: tl.constexpr = "epilogue"):
     """The template's forward, one program per (block of ``BLOCK_M`` queries, head): grid ``(cdiv(T, BLOCK_M), BH)``.
 
     ``Q, K: (BH, T, D)``, ``V, O: (BH, T, Dv)`` (strided); ``BIAS_ARG``: per-head ALiBi slopes ``(BH,)`` or the
@@ -141,15 +141,21 @@ def _flash_fwd(Q, K, V, O, BIAS_ARG, LSE, T, qk_scale, log2_base,
     # Key blocks strictly before the query block: every key is visible, no mask.
     acc, m_i, l_i, bad = _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, 0, start_m, T,
                                  stride_kt, stride_vt, qk_scale, log2_base, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV,
-                                 BLOCK_N, False, BIAS, PRECISION, ROTATE)
+                                 BLOCK_N, False, BIAS, PRECISION, ROTATE, NONFINITE)
     # Key blocks on the diagonal: hide the future (and anything past T).
     acc, m_i, l_i, bad = _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, start_m,
                                  tl.minimum(start_m + BLOCK_M, T), T, stride_kt, stride_vt, qk_scale, log2_base,
-                                 HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, BLOCK_N, True, BIAS, PRECISION, ROTATE)
+                                 HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, BLOCK_N, True, BIAS, PRECISION, ROTATE, NONFINITE)
     # The diagonal blocks multiplied values without their NaN/inf (so that no row sees a
     # future one); the rows that do see one get it back here.
-    o = _poison(acc / l_i[:, None], offs_m - start_m, bad)
+    if NONFINITE == "loop":  # TEMPORARY A/B
+        o = _poison(acc / l_i[:, None], offs_m - start_m, bad)
+    else:
+        o = acc / l_i[:, None]
     _store_rows(O + bh * stride_ob, o, offs_m, tl.arange(0, BLOCK_DV), stride_ot, T, HEAD_DV)
+    if NONFINITE == "epilogue":
+        _poison_rows(O + bh * stride_ob + start_m * stride_ot, V + start_m * stride_vt, stride_ot, stride_vt,
+                     T - start_m, HEAD_DV, BLOCK_M, BLOCK_DV)
     if STORE_LSE:
         # For the backward pass: the log-sum-exp (log2 units) of the *true* logits, whose bias is
         # g(i) - g(j), not the g(r) - g(j) added above; the per-row difference g(i) - g(r) goes back in.
@@ -446,7 +452,7 @@ def attention(q, k, v, *, scale=None, alibi_slope=None, log_f=None):
     * ``log_f`` ``(..., T)``, finite entries <= 0: ``bias_ij = sum_{s=j+1..i} log_f[s]``
       (not multiplied by ``scale``).
 
-    Every argument is validated here (values with one host synchronisation).  When
+    Every argument is validated here (values read once the kernel is queued).  When
     autograd wants gradients (of ``q, k, v``, ``alibi_slope`` or ``log_f``), the output has
     a ``grad_fn`` whose backward is one more kernel (:class:`_FlashAttention`).
     A NaN or inf in ``q``, ``k`` or ``v`` at position ``t`` changes outputs at
@@ -468,17 +474,20 @@ def biased_attention(q, k, v, bias: str, bias_arg, *, scale=None, name: str = ""
     A missing ``bias_arg`` is an error here, never a silent NoPE."""
     x = prepare_qkv(q, k, v, backward=True)
     scale = check_scale(scale, x.n.D)
+    conditions = ()
     if bias == "alibi":
         bias_arg = per_head(bias_arg, name, x, backward=True)
-        require(finite_condition(bias_arg, name),
-                range_condition(bias_arg, name, 0.0, float("inf"), " (ALiBi's bias -slope*(i-j) penalises distance)"))
+        conditions = (finite_condition(bias_arg, name), range_condition(
+            bias_arg, name, 0.0, float("inf"), " (ALiBi's bias -slope*(i-j) penalises distance)"))
     elif bias == "loggate":
         bias_arg = per_token(bias_arg, name, x, backward=True)
-        require(log_gate_condition(bias_arg, name))
-        bias_arg = torch.cumsum(bias_arg, dim=-1)  # taken once, in fp32, outside the kernel
+        conditions = (log_gate_condition(bias_arg, name),)
     elif bias != "none":
         raise ValueError(f"`bias` must be 'none', 'alibi' or 'loggate', got {bias!r}")
-    return x.result(_attention(x, scale, bias, bias_arg))
+    with checked_after(*conditions):  # the values are read once the kernel is queued
+        if bias == "loggate":
+            bias_arg = torch.cumsum(bias_arg, dim=-1)  # taken once, in fp32, outside the kernel
+        return x.result(_attention(x, scale, bias, bias_arg))
 
 
 def _attention_launch(x: Flat, scale: float, bias: str = "none", bias_arg=None, lse=None,
@@ -495,6 +504,7 @@ def _attention_launch(x: Flat, scale: float, bias: str = "none", bias_arg=None, 
     meta = dict(HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=next_pow2(n.D), BLOCK_DV=next_pow2(n.Dv),
                 BIAS=bias, PRECISION=dot_precision(x.dtype), STORE_LSE=lse is not None)
     meta["ROTATE"], log2_base = rotate_args(rotate)
+    meta["NONFINITE"] = os.environ.get("PATHEDU_NONFINITE", "epilogue")  # TEMPORARY A/B
     args = (x.q, x.k, x.v, out, x.q if bias_arg is None else bias_arg, x.q if lse is None else lse, n.T, scale * LOG2E,
             log2_base, x.q.stride(0), x.q.stride(1), x.k.stride(0), x.k.stride(1), x.v.stride(0), x.v.stride(1),
             out.stride(0), out.stride(1))

@@ -103,7 +103,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..checks import QKV, check_positive_int, log_gate_condition, require
+from ..checks import QKV, check_positive_int, checked_after, log_gate_condition
 from ._launch import Flat, dot_precision, interpreting, next_pow2, per_head, per_token, prepare_qkv, rotate_args
 from ._pieces import _dot, _load_rotated, _load_rows, _rope_cos_sin, _rope_shift, _store_rows
 
@@ -258,7 +258,7 @@ def chunked_linear_attention(q, k, v, *, log_f=None, chunk: int = 64):
       module docstring for why).
 
     ``chunk`` (a power of two in 16..128) is the chunk length of the other paths.
-    Every argument is validated here (values with one host synchronisation); no
+    Every argument is validated here (values read once the kernel is queued); no
     input may require grad while grad mode is on (there is no backward pass yet).
     """
     if log_f is None:
@@ -276,19 +276,20 @@ def gated_linear_attention(q, k, v, gate: str, gate_arg, *, chunk: int = 64, nam
     name = gate if name is None else name
     x = prepare_qkv(q, k, v)
     chunk = _check_chunk(chunk)
-    kind, log_f3 = "none", None
+    kind, log_f3, condition = "none", None, None
     if gate == "log_f":
         kind = _gate_kind(gate_arg, name, x.n, q)
         log_f3 = per_token(gate_arg, name, x, extra=(x.n.D,) if kind == "channel" else ())
-        require(log_gate_condition(log_f3, name))
+        condition = log_gate_condition(log_f3, name)
     elif gate == "gamma":
         kind = "scalar"
         g = per_head(gate_arg, name, x, dtype=torch.float64)  # the log is taken in float64
-        require(_gamma_condition(g, name))
+        condition = _gamma_condition(g, name)
         log_f3 = torch.log(g).to(torch.float32)[:, None].expand(x.BH, x.n.T).contiguous()
     elif gate != "none":
         raise ValueError(f"`gate` must be 'none', 'log_f' or 'gamma', got {gate!r}")
-    return x.result(_linear_launch(x, kind, log_f3, chunk=chunk))
+    with checked_after(condition):  # the values are read once the kernel is queued
+        return x.result(_linear_launch(x, kind, log_f3, chunk=chunk))
 
 
 def _gamma_condition(g, name: str):

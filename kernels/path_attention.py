@@ -72,7 +72,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..checks import check_scale, finite_condition, log_gate_condition, range_condition, require
+from ..checks import check_scale, checked_after, finite_condition, log_gate_condition, range_condition
 from ._launch import Flat, dot_precision, interpreting, next_pow2, per_token, prepare_qkv, wants_grad
 from .flash_attention import _bwd_logits, _bwd_probs, _dkdv_steps, _dq_steps
 from .path_carry import carry_backward, carry_forward
@@ -436,7 +436,7 @@ def path_attention(q, k, v, w, beta, *, scale=None, block=None, log_f=None, _con
     ``w`` is used as given (models pass unit vectors).  ``log_f`` ``(..., T)`` (finite,
     <= 0), if given, adds the FoX bias ``sum_{s=j+1..i} log_f[s]`` to every logit, not
     multiplied by ``scale`` (PaTH-FoX, chapter 6).  Every argument is validated
-    here (values with one host synchronisation).  When autograd wants gradients (of
+    here (values read once the kernels are queued: :class:`pathedu.checks.checked_after`).  When autograd wants gradients (of
     ``q, k, v, w, beta`` or ``log_f``), the output has a ``grad_fn`` (:class:`_PathAttention`).
 
     ``_config`` (for tests and tuning): ``dict(R=..., num_warps=..., num_stages=...)``
@@ -459,13 +459,13 @@ def path_attention(q, k, v, w, beta, *, scale=None, block=None, log_f=None, _con
     if cfg.get("R", 1) not in range(1, MAX_R + 1):
         raise ValueError(f"`_config['R']` must be in 1..{MAX_R}, got {cfg['R']!r}")
     log_f3 = None if log_f is None else per_token(log_f, "log_f", x, backward=True)
-    require(finite_condition(w3, "w"), range_condition(beta3, "beta", 0.0, 2.0, BETA_WHY),
-            None if log_f3 is None else log_gate_condition(log_f3))
-    c = None if log_f3 is None else torch.cumsum(log_f3, dim=-1)  # taken once, in fp32, outside the kernels
-    if wants_grad(x.q, x.k, x.v, w3, beta3, c):
-        return x.result(_PathAttention.apply(x.q, x.k, x.v, w3, beta3, c, x, scale, block, update, cfg))
-    cfg.pop("backward", None)
-    return x.result(_path_launch(x, w3, beta3, scale, block, update, cfg, c))
+    with checked_after(finite_condition(w3, "w"), range_condition(beta3, "beta", 0.0, 2.0, BETA_WHY),
+                       None if log_f3 is None else log_gate_condition(log_f3)):  # read once the kernels are queued
+        c = None if log_f3 is None else torch.cumsum(log_f3, dim=-1)  # taken once, in fp32, outside the kernels
+        if wants_grad(x.q, x.k, x.v, w3, beta3, c):
+            return x.result(_PathAttention.apply(x.q, x.k, x.v, w3, beta3, c, x, scale, block, update, cfg))
+        cfg.pop("backward", None)
+        return x.result(_path_launch(x, w3, beta3, scale, block, update, cfg, c))
 
 
 def _prepare(x: Flat, w3, beta3, block: int, *, update: str = "dense", update_dtype=None, precision=None) -> Prepared:

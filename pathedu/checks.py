@@ -123,7 +123,9 @@ def check_positive_int(x, name: str) -> int:
 # A value check (is every gate <= 0?) is a reduction on the device followed by
 # a read of its result on the host: one synchronisation each.  A call that
 # checks several tensors builds every condition first and reads them all at
-# once with :func:`require`, so it waits for the device once.
+# once with :func:`require`, so it waits for the device once.  A kernel entry point
+# reads them with :class:`checked_after` instead, after queuing its kernels, so that
+# the device is never idle while the host waits for the check.
 
 Condition = tuple  # (0-dim bool tensor, zero-argument callable returning the error message)
 
@@ -143,6 +145,43 @@ def require(*conditions: Condition) -> None:
     for flag, (_, message) in zip(flags, conditions):
         if not flag:
             raise ValueError(message())
+
+
+class checked_after:
+    """:func:`require` around the work that depends on the checked values, waiting for the check only.
+
+    ``with checked_after(*conditions): out = launch(...)``: on a GPU the conditions are copied to
+    pinned host memory behind an event, the body queues its kernels, and on leaving the block the
+    host waits for that event (the check), not for the kernels queued after it, then raises
+    ``ValueError`` as :func:`require` would.  So the kernels are already queued when the host
+    waits and the device never idles for the check; a kernel that ran on a bad value is
+    discarded with its output.  Only for bodies that are safe on any value (no value decides an
+    index or a size).  On the CPU the conditions are read before the body, as :func:`require`.
+    """
+
+    def __init__(self, *conditions: Condition):
+        conditions = [c for c in conditions if c is not None]
+        self._conditions, self._event = conditions, None
+        if conditions and conditions[0][0].device.type == "cuda":
+            device = conditions[0][0].device
+            flags = torch.stack([ok.reshape(()).to(device=device, dtype=torch.bool) for ok, _ in conditions])
+            self._flags = torch.empty(flags.shape, dtype=torch.bool, pin_memory=True)
+            self._flags.copy_(flags, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record(torch.cuda.current_stream(device))
+        else:
+            require(*conditions)
+
+    def __enter__(self) -> "checked_after":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if self._event is not None:
+            self._event.synchronize()
+            for flag, (_, message) in zip(self._flags.tolist(), self._conditions):
+                if not flag:
+                    raise ValueError(message()) from exc
+        return False
 
 
 def _first_bad(x: torch.Tensor, good: torch.Tensor):

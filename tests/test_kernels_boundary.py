@@ -495,3 +495,21 @@ def test_backward_takes_the_single_pass_where_it_was_measured_faster(monkeypatch
     assert calls == [True, False]
     for a, b in zip(*grads):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_checked_after_reads_conditions_around_the_launch():
+    from pathedu.checks import checked_after, range_condition
+    x = torch.tensor([0.5, 1.5])
+    ran = []
+    with checked_after(range_condition(x, "x", 0.0, 2.0), None):
+        ran.append(1)
+    assert ran == [1]
+    # On the CPU a failing condition raises before the body runs (nothing to overlap with).
+    with pytest.raises(ValueError, match=r"`x` must lie in \[0, 1\]; found 1.5"):
+        with checked_after(range_condition(x, "x", 0.0, 1.0)):
+            ran.append(2)
+    assert ran == [1]
+    # An error of the body itself is not hidden when the values are good.
+    with pytest.raises(KeyError):
+        with checked_after(range_condition(x, "x", 0.0, 2.0)):
+            raise KeyError("body")

@@ -46,3 +46,35 @@ def test_the_registry_has_a_triton_form_in_every_family():
 def test_triton_form_matches_float64(dtype, form, shape):
     err = check_form(form, shape, dtype)
     assert err <= TOL[dtype], f"{form.name} {dtype} {shape}: relative error {err:.2e} > {TOL[dtype]:.0e}"
+
+
+def test_bad_values_raise_after_the_kernel_is_queued():
+    """On a GPU the value checks are read after the launch (pathedu.checks.checked_after): a bad value still
+    raises ValueError naming the argument, and the next good call is unaffected."""
+    from pathedu import alibi, fox, path, pathfox
+
+    q, k, v = rand_qkv((2, 2), 300, 64, 64, dtype=torch.bfloat16, seed=0, device="cuda")
+    T = q.shape[-2]
+    kn = torch.nn.functional.normalize(k.float(), dim=-1).to(k.dtype)  # the delta rule's keys: unit length
+    beta = torch.rand(2, 2, T, device="cuda")
+    w = torch.nn.functional.normalize(torch.randn(2, 2, T, 64, device="cuda"), dim=-1)
+    log_f = -torch.rand(2, 2, T, device="cuda")
+    bad_f = log_f.clone()
+    bad_f[1, 0, 200] = 0.5
+    bad_b = beta.clone()
+    bad_b[0, 1, 17] = 2.5
+    cases = [
+        (lambda s: alibi.alibi_triton(q, k, v, s), torch.tensor([0.1, 0.2], device="cuda"),
+         torch.tensor([0.1, -0.2], device="cuda"), "`slope`"),
+        (lambda g: alibi.retnet_triton(q, k, v, g), 0.9, 1.5, "`gamma`"),
+        (lambda f: fox.fox_triton(q, k, v, f), log_f, bad_f, "`log_f`"),
+        (lambda b: path.path_triton(q, k, v, w, b), beta, bad_b, "`beta`"),
+        (lambda b: path.deltanet_triton(q, kn, v, b), beta, bad_b, "`beta`"),
+        (lambda f: pathfox.gated_deltanet_triton(q, kn, v, beta, f), log_f, bad_f, "`log_f`"),
+    ]
+    for call, good, bad, needle in cases:
+        with pytest.raises(ValueError, match=needle):
+            call(bad)
+        out = call(good)
+        torch.cuda.synchronize()
+        assert torch.isfinite(out).all()
