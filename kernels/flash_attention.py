@@ -51,7 +51,7 @@ import triton.language as tl
 from ..checks import check_scale, checked_after, finite_condition, log_gate_condition, range_condition
 from ._launch import (Flat, dot_precision, interpreting, next_pow2, per_head, per_token, prepare_qkv, rotate_args,
                       wants_grad)
-from ._pieces import (LOG2E, _first_nonfinite, _load_rotated, _load_rows, _no_nonfinite, _poison, _poison_rows, _query_block,
+from ._pieces import (LOG2E, _any_nonfinite, _first_nonfinite, _load_rotated, _load_rows, _no_nonfinite, _poison, _poison_rows, _query_block,
                       _rope_cos_sin, _rope_shift, _softmax_fold, _store_rows)
 
 __all__ = ["attention", "biased_attention", "LOG2E"]
@@ -61,11 +61,12 @@ __all__ = ["attention", "biased_attention", "LOG2E"]
 def _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, lo, hi, T, stride_kt, stride_vt, qk_scale,
             log2_base, HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
             BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr,
-            ROTATE: tl.constexpr, NONFINITE: tl.constexpr = "epilogue"):
+            ROTATE: tl.constexpr, SAFE: tl.constexpr, NONFINITE: tl.constexpr = "redo"):
     """Fold key blocks [lo, hi) into the running (acc, m_i, l_i) of one query block.
 
-    ``bad``: per value channel, where the first NaN, +inf and -inf are among the keys of
-    the masked blocks (:func:`._pieces._first_nonfinite`; unmasked blocks leave it alone)."""
+    ``SAFE`` (masked blocks only): multiply the values without their NaN/inf (:func:`._pieces._masked_dot`)
+    and record in ``bad``, per value channel, where the first NaN, +inf and -inf are
+    (:func:`._pieces._first_nonfinite`); without it the product is plain and ``bad`` is left alone."""
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     if ROTATE != "none":  # cos/sin of the offsets inside a key tile, once: every tile shifts them (_rope_shift)
@@ -98,10 +99,61 @@ def _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, lo, h
         if CAUSAL_MASK:
             s = tl.where(offs_m[:, None] >= offs_n[None, :], s, float("-inf"))
         # The online-softmax update; on diagonal blocks a product that keeps hidden keys out.
-        acc, m_i, l_i = _softmax_fold(acc, m_i, l_i, s, v, False, CAUSAL_MASK and NONFINITE != "off", PRECISION)
-        if CAUSAL_MASK and NONFINITE == "loop":  # TEMPORARY A/B
+        acc, m_i, l_i = _softmax_fold(acc, m_i, l_i, s, v, False, CAUSAL_MASK and SAFE, PRECISION)
+        if CAUSAL_MASK and SAFE and NONFINITE != "epilogue":  # where this block's NaN/inf values are (for _poison)
             bad = _first_nonfinite(v, offs_n - start_m, bad)
     return acc, m_i, l_i, bad
+
+
+@triton.jit
+def _attend_all(Q, K, V, bias_arg, c_ref, start_m, row0, hi, T, stride_qt, stride_kt, stride_vt, qk_scale,
+                log2_base, HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr,
+                BLOCK_DV: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BIAS: tl.constexpr,
+                PRECISION: tl.constexpr, ROTATE: tl.constexpr, SAFE: tl.constexpr, NONFINITE: tl.constexpr = "redo"):
+    """``(acc, m_i, l_i, bad)`` of the ``ROWS`` queries from ``row0`` in the query block that starts at ``start_m``
+    (``c_ref``: the cumulative log gate there), over all their keys: the query tile is loaded (turned by
+    ``ROTATE``), then :func:`_attend` folds the key blocks left of ``start_m`` unmasked and the blocks of
+    ``[start_m, hi)`` masked (``SAFE``: see :func:`_attend`).  Every row's arithmetic depends on ``start_m`` and
+    ``BLOCK_N``, not on ``row0`` and ``ROWS``: a part of the block gives its rows' bits of the whole."""
+    offs_m = row0 + tl.arange(0, ROWS)
+    if ROTATE == "none":
+        q = _load_rows(Q + row0 * stride_qt, tl.arange(0, ROWS), tl.arange(0, BLOCK_D), stride_qt,
+                       T - row0, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+    else:  # RoPE: the queries turned once, as they are loaded (the keys in _attend, tile by tile)
+        cq, sq = _rope_cos_sin(offs_m, log2_base, HEAD_DIM // 2, BLOCK_D // 2)  # [ROWS, BD / 2]
+        q = _load_rotated(Q, offs_m, stride_qt, T, cq, sq, HEAD_DIM // 2, ROWS, BLOCK_D // 2,
+                          ROTATE == "interleaved").to(Q.dtype.element_ty)  # [ROWS, BD], pair order
+    m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([ROWS], dtype=tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_DV], dtype=tl.float32)
+    bad = _no_nonfinite(BLOCK_DV)
+    # Key blocks strictly before the query block: every key is visible, no mask.
+    acc, m_i, l_i, bad = _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, 0, start_m, T,
+                                 stride_kt, stride_vt, qk_scale, log2_base, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV,
+                                 BLOCK_N, False, BIAS, PRECISION, ROTATE, SAFE, NONFINITE)
+    # Key blocks on the diagonal: hide the future (and anything past T).
+    acc, m_i, l_i, bad = _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, start_m, hi, T,
+                                 stride_kt, stride_vt, qk_scale, log2_base, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV,
+                                 BLOCK_N, True, BIAS, PRECISION, ROTATE, SAFE, NONFINITE)
+    return acc, m_i, l_i, bad
+
+
+@triton.jit
+def _flash_store(O, LSE, o, m_i, l_i, bias_arg, c_ref, start_m, row0, T, stride_ot, HEAD_DV: tl.constexpr,
+                 ROWS: tl.constexpr, BLOCK_DV: tl.constexpr, BIAS: tl.constexpr, STORE_LSE: tl.constexpr):
+    """Store the output rows ``o`` (``[ROWS, BDV]``) of the queries from ``row0`` (in the block from ``start_m``,
+    :func:`_attend_all`) and, with ``STORE_LSE``, their log-sum-exp (``O``, ``LSE``: this head's rows)."""
+    offs_m = row0 + tl.arange(0, ROWS)
+    _store_rows(O, o, offs_m, tl.arange(0, BLOCK_DV), stride_ot, T, HEAD_DV)
+    if STORE_LSE:
+        # For the backward pass: the log-sum-exp (log2 units) of the *true* logits, whose bias is
+        # g(i) - g(j), not the g(r) - g(j) added in _attend; the per-row difference g(i) - g(r) goes back in.
+        lse = m_i + tl.log2(l_i)
+        if BIAS == "alibi":
+            lse -= bias_arg * (offs_m - start_m).to(tl.float32)
+        elif BIAS == "loggate":
+            lse += (tl.load(bias_arg + offs_m, mask=offs_m < T, other=0.0) - c_ref) * 1.4426950408889634
+        tl.store(LSE + offs_m, lse, mask=offs_m < T)
 
 
 @triton.jit
@@ -109,23 +161,19 @@ def _flash_fwd(Q, K, V, O, BIAS_ARG, LSE, T, qk_scale, log2_base,
                stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt, stride_ob, stride_ot,
                HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr,
-               STORE_LSE: tl.constexpr, ROTATE: tl.constexpr, NONFINITE: tl.constexpr = "epilogue"):
+               STORE_LSE: tl.constexpr, ROTATE: tl.constexpr, NONFINITE: tl.constexpr = "redo"):
     """The template's forward, one program per (block of ``BLOCK_M`` queries, head): grid ``(cdiv(T, BLOCK_M), BH)``.
 
     ``Q, K: (BH, T, D)``, ``V, O: (BH, T, Dv)`` (strided); ``BIAS_ARG``: per-head ALiBi slopes ``(BH,)`` or the
     cumulative log gates ``(BH, T)`` fp32; ``LSE``: ``(BH, T)`` fp32, written with ``STORE_LSE``.  The query block
-    is loaded once (turned by ``ROTATE``), then :func:`_attend` folds the key blocks left of it unmasked and the
-    diagonal blocks masked; the module docstring has the hooks and the base-2 logits."""
+    attends to its keys in one fast pass (:func:`_attend_all`); only when a value was NaN or inf does it attend
+    again, carefully, 16 rows at a time (the module docstring has the hooks and the base-2 logits)."""
     bh, start_m, offs_m = _query_block(BLOCK_M)  # heaviest query blocks first
+    Q += bh * stride_qb
     K += bh * stride_kb
     V += bh * stride_vb
-    if ROTATE == "none":
-        q = _load_rows(Q + bh * stride_qb + start_m * stride_qt, tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_D),
-                       stride_qt, T - start_m, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
-    else:  # RoPE: the queries turned once, as they are loaded (the keys in _attend, tile by tile)
-        cq, sq = _rope_cos_sin(offs_m, log2_base, HEAD_DIM // 2, BLOCK_D // 2)  # [BM, BD / 2]
-        q = _load_rotated(Q + bh * stride_qb, offs_m, stride_qt, T, cq, sq, HEAD_DIM // 2, BLOCK_M, BLOCK_D // 2,
-                          ROTATE == "interleaved").to(Q.dtype.element_ty)  # [BM, BD], pair order
+    O += bh * stride_ob
+    LSE += bh * T
     bias_arg = 0.0
     c_ref = 0.0
     if BIAS == "alibi":
@@ -133,38 +181,38 @@ def _flash_fwd(Q, K, V, O, BIAS_ARG, LSE, T, qk_scale, log2_base,
     elif BIAS == "loggate":
         bias_arg = BIAS_ARG + bh * T
         c_ref = tl.load(bias_arg + start_m)  # start_m < T for every launched block
-
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    bad = _no_nonfinite(BLOCK_DV)
-    # Key blocks strictly before the query block: every key is visible, no mask.
-    acc, m_i, l_i, bad = _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, 0, start_m, T,
-                                 stride_kt, stride_vt, qk_scale, log2_base, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV,
-                                 BLOCK_N, False, BIAS, PRECISION, ROTATE, NONFINITE)
-    # Key blocks on the diagonal: hide the future (and anything past T).
-    acc, m_i, l_i, bad = _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, start_m,
-                                 tl.minimum(start_m + BLOCK_M, T), T, stride_kt, stride_vt, qk_scale, log2_base,
-                                 HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, BLOCK_N, True, BIAS, PRECISION, ROTATE, NONFINITE)
-    # The diagonal blocks multiplied values without their NaN/inf (so that no row sees a
-    # future one); the rows that do see one get it back here.
+    safe = NONFINITE == "loop" or NONFINITE == "epilogue"  # TEMPORARY A/B
+    hi = tl.minimum(start_m + BLOCK_M, T)  # the end of the diagonal key blocks
+    acc, m_i, l_i, bad = _attend_all(Q, K, V, bias_arg, c_ref, start_m, start_m, hi, T, stride_qt, stride_kt,
+                                     stride_vt, qk_scale, log2_base, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, BLOCK_M,
+                                     BLOCK_N, BIAS, PRECISION, ROTATE, safe, NONFINITE)
     if NONFINITE == "loop":  # TEMPORARY A/B
         o = _poison(acc / l_i[:, None], offs_m - start_m, bad)
     else:
         o = acc / l_i[:, None]
-    _store_rows(O + bh * stride_ob, o, offs_m, tl.arange(0, BLOCK_DV), stride_ot, T, HEAD_DV)
+    # The fast pass multiplied the diagonal blocks plainly, so a NaN or inf value there reached every row
+    # of the block through 0 * NaN, later rows or not.  All of acc finite means no value was NaN or inf
+    # (a NaN/inf value reaches acc whether its weight is 0 or not), and then the careful pass would give
+    # the same bits.  Otherwise the careful pass redoes the block 16 rows at a time (small tiles, so that
+    # the fast pass keeps its registers; the same key blocks and reference row, so that every row gets
+    # the bits it would get in a whole-block pass), its diagonal values without their NaN/inf, given
+    # back to the rows that see them (._pieces._masked_dot, _first_nonfinite, _poison).
+    redo = _any_nonfinite(acc)
+    _flash_store(O, LSE, o, m_i, l_i, bias_arg, c_ref, start_m, start_m, T, stride_ot, HEAD_DV, BLOCK_M, BLOCK_DV,
+                 BIAS, STORE_LSE)
     if NONFINITE == "epilogue":
-        _poison_rows(O + bh * stride_ob + start_m * stride_ot, V + start_m * stride_vt, stride_ot, stride_vt,
+        _poison_rows(O + start_m * stride_ot, V + start_m * stride_vt, stride_ot, stride_vt,
                      T - start_m, HEAD_DV, BLOCK_M, BLOCK_DV)
-    if STORE_LSE:
-        # For the backward pass: the log-sum-exp (log2 units) of the *true* logits, whose bias is
-        # g(i) - g(j), not the g(r) - g(j) added above; the per-row difference g(i) - g(r) goes back in.
-        lse = m_i + tl.log2(l_i)
-        if BIAS == "alibi":
-            lse -= bias_arg * (offs_m - start_m).to(tl.float32)
-        elif BIAS == "loggate":
-            lse += (tl.load(bias_arg + offs_m, mask=offs_m < T, other=0.0) - c_ref) * 1.4426950408889634
-        tl.store(LSE + bh * T + offs_m, lse, mask=offs_m < T)
+    if NONFINITE == "redo":
+        if redo:
+            tl.debug_barrier()  # the rows are rewritten by other threads than those that stored them
+            for r in range(start_m, hi, 16):
+                acc_r, m_r, l_r, bad_r = _attend_all(Q, K, V, bias_arg, c_ref, start_m, r, hi, T, stride_qt,
+                                                     stride_kt, stride_vt, qk_scale, log2_base, HEAD_DIM, HEAD_DV,
+                                                     BLOCK_D, BLOCK_DV, 16, BLOCK_N, BIAS, PRECISION, ROTATE, True,
+                                                     NONFINITE)  # [16, BDV]
+                _flash_store(O, LSE, _poison(acc_r / l_r[:, None], r - start_m + tl.arange(0, 16), bad_r), m_r,
+                             l_r, bias_arg, c_ref, start_m, r, T, stride_ot, HEAD_DV, 16, BLOCK_DV, BIAS, STORE_LSE)
 
 
 @triton.jit
@@ -504,7 +552,7 @@ def _attention_launch(x: Flat, scale: float, bias: str = "none", bias_arg=None, 
     meta = dict(HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=next_pow2(n.D), BLOCK_DV=next_pow2(n.Dv),
                 BIAS=bias, PRECISION=dot_precision(x.dtype), STORE_LSE=lse is not None)
     meta["ROTATE"], log2_base = rotate_args(rotate)
-    meta["NONFINITE"] = os.environ.get("PATHEDU_NONFINITE", "epilogue")  # TEMPORARY A/B
+    meta["NONFINITE"] = os.environ.get("PATHEDU_NONFINITE", "redo")  # TEMPORARY A/B
     args = (x.q, x.k, x.v, out, x.q if bias_arg is None else bias_arg, x.q if lse is None else lse, n.T, scale * LOG2E,
             log2_base, x.q.stride(0), x.q.stride(1), x.k.stride(0), x.k.stride(1), x.v.stride(0), x.v.stride(1),
             out.stride(0), out.stride(1))
