@@ -61,7 +61,7 @@ __all__ = ["attention", "biased_attention", "LOG2E"]
 def _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, lo, hi, T, stride_kt, stride_vt, qk_scale,
             log2_base, HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
             BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr,
-            ROTATE: tl.constexpr, SAFE: tl.constexpr, NONFINITE: tl.constexpr = "redo"):
+            ROTATE: tl.constexpr, SAFE: tl.constexpr):
     """Fold key blocks [lo, hi) into the running (acc, m_i, l_i) of one query block.
 
     ``SAFE`` (masked blocks only): multiply the values without their NaN/inf (:func:`._pieces._masked_dot`)
@@ -100,7 +100,7 @@ def _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, lo, h
             s = tl.where(offs_m[:, None] >= offs_n[None, :], s, float("-inf"))
         # The online-softmax update; on diagonal blocks a product that keeps hidden keys out.
         acc, m_i, l_i = _softmax_fold(acc, m_i, l_i, s, v, False, CAUSAL_MASK and SAFE, PRECISION)
-        if CAUSAL_MASK and SAFE and NONFINITE != "epilogue":  # where this block's NaN/inf values are (for _poison)
+        if CAUSAL_MASK and SAFE:  # where this block's NaN/inf values are (for _poison)
             bad = _first_nonfinite(v, offs_n - start_m, bad)
     return acc, m_i, l_i, bad
 
@@ -109,7 +109,7 @@ def _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, lo, h
 def _attend_all(Q, K, V, bias_arg, c_ref, start_m, row0, hi, T, stride_qt, stride_kt, stride_vt, qk_scale,
                 log2_base, HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr,
                 BLOCK_DV: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BIAS: tl.constexpr,
-                PRECISION: tl.constexpr, ROTATE: tl.constexpr, SAFE: tl.constexpr, NONFINITE: tl.constexpr = "redo"):
+                PRECISION: tl.constexpr, ROTATE: tl.constexpr, SAFE: tl.constexpr):
     """``(acc, m_i, l_i, bad)`` of the ``ROWS`` queries from ``row0`` in the query block that starts at ``start_m``
     (``c_ref``: the cumulative log gate there), over all their keys: the query tile is loaded (turned by
     ``ROTATE``), then :func:`_attend` folds the key blocks left of ``start_m`` unmasked and the blocks of
@@ -130,11 +130,11 @@ def _attend_all(Q, K, V, bias_arg, c_ref, start_m, row0, hi, T, stride_qt, strid
     # Key blocks strictly before the query block: every key is visible, no mask.
     acc, m_i, l_i, bad = _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, 0, start_m, T,
                                  stride_kt, stride_vt, qk_scale, log2_base, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV,
-                                 BLOCK_N, False, BIAS, PRECISION, ROTATE, SAFE, NONFINITE)
+                                 BLOCK_N, False, BIAS, PRECISION, ROTATE, SAFE)
     # Key blocks on the diagonal: hide the future (and anything past T).
     acc, m_i, l_i, bad = _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, start_m, hi, T,
                                  stride_kt, stride_vt, qk_scale, log2_base, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV,
-                                 BLOCK_N, True, BIAS, PRECISION, ROTATE, SAFE, NONFINITE)
+                                 BLOCK_N, True, BIAS, PRECISION, ROTATE, SAFE)
     return acc, m_i, l_i, bad
 
 
@@ -157,23 +157,17 @@ def _flash_store(O, LSE, o, m_i, l_i, bias_arg, c_ref, start_m, row0, T, stride_
 
 
 @triton.jit
-def _flash_fwd(Q, K, V, O, BIAS_ARG, LSE, T, qk_scale, log2_base,
-               stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt, stride_ob, stride_ot,
-               HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr,
-               STORE_LSE: tl.constexpr, ROTATE: tl.constexpr, NONFINITE: tl.constexpr = "redo"):
-    """The template's forward, one program per (block of ``BLOCK_M`` queries, head): grid ``(cdiv(T, BLOCK_M), BH)``.
-
-    ``Q, K: (BH, T, D)``, ``V, O: (BH, T, Dv)`` (strided); ``BIAS_ARG``: per-head ALiBi slopes ``(BH,)`` or the
-    cumulative log gates ``(BH, T)`` fp32; ``LSE``: ``(BH, T)`` fp32, written with ``STORE_LSE``.  The query block
-    attends to its keys in one fast pass (:func:`_attend_all`); only when a value was NaN or inf does it attend
-    again, carefully, 16 rows at a time (the module docstring has the hooks and the base-2 logits)."""
-    bh, start_m, offs_m = _query_block(BLOCK_M)  # heaviest query blocks first
+def _flash_block(Q, K, V, O, BIAS_ARG, LSE, bh, pid_m, T, qk_scale, log2_base,
+                 stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt, stride_ob, stride_ot,
+                 HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr,
+                 STORE_LSE: tl.constexpr, ROTATE: tl.constexpr, SAFE: tl.constexpr):
+    """Query block ``pid_m`` of head ``bh``: its output rows (and log-sum-exp), from :func:`_attend_all`.  Returns
+    whether its accumulator holds a NaN or inf (``SAFE``: the careful pass, whose answer is final: False)."""
+    start_m = pid_m * BLOCK_M
     Q += bh * stride_qb
     K += bh * stride_kb
     V += bh * stride_vb
-    O += bh * stride_ob
-    LSE += bh * T
     bias_arg = 0.0
     c_ref = 0.0
     if BIAS == "alibi":
@@ -181,38 +175,61 @@ def _flash_fwd(Q, K, V, O, BIAS_ARG, LSE, T, qk_scale, log2_base,
     elif BIAS == "loggate":
         bias_arg = BIAS_ARG + bh * T
         c_ref = tl.load(bias_arg + start_m)  # start_m < T for every launched block
-    safe = NONFINITE == "loop" or NONFINITE == "epilogue"  # TEMPORARY A/B
-    hi = tl.minimum(start_m + BLOCK_M, T)  # the end of the diagonal key blocks
-    acc, m_i, l_i, bad = _attend_all(Q, K, V, bias_arg, c_ref, start_m, start_m, hi, T, stride_qt, stride_kt,
-                                     stride_vt, qk_scale, log2_base, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, BLOCK_M,
-                                     BLOCK_N, BIAS, PRECISION, ROTATE, safe, NONFINITE)
-    if NONFINITE == "loop":  # TEMPORARY A/B
-        o = _poison(acc / l_i[:, None], offs_m - start_m, bad)
+    acc, m_i, l_i, bad = _attend_all(Q, K, V, bias_arg, c_ref, start_m, start_m, tl.minimum(start_m + BLOCK_M, T), T,
+                                     stride_qt, stride_kt, stride_vt, qk_scale, log2_base, HEAD_DIM, HEAD_DV, BLOCK_D,
+                                     BLOCK_DV, BLOCK_M, BLOCK_N, BIAS, PRECISION, ROTATE, SAFE)
+    if SAFE:  # the diagonal blocks multiplied values without their NaN/inf; the rows that see one get it back
+        o = _poison(acc / l_i[:, None], tl.arange(0, BLOCK_M), bad)
+        redo = False
     else:
         o = acc / l_i[:, None]
-    # The fast pass multiplied the diagonal blocks plainly, so a NaN or inf value there reached every row
-    # of the block through 0 * NaN, later rows or not.  All of acc finite means no value was NaN or inf
-    # (a NaN/inf value reaches acc whether its weight is 0 or not), and then the careful pass would give
-    # the same bits.  Otherwise the careful pass redoes the block 16 rows at a time (small tiles, so that
-    # the fast pass keeps its registers; the same key blocks and reference row, so that every row gets
-    # the bits it would get in a whole-block pass), its diagonal values without their NaN/inf, given
-    # back to the rows that see them (._pieces._masked_dot, _first_nonfinite, _poison).
-    redo = _any_nonfinite(acc)
-    _flash_store(O, LSE, o, m_i, l_i, bias_arg, c_ref, start_m, start_m, T, stride_ot, HEAD_DV, BLOCK_M, BLOCK_DV,
-                 BIAS, STORE_LSE)
-    if NONFINITE == "epilogue":
-        _poison_rows(O + start_m * stride_ot, V + start_m * stride_vt, stride_ot, stride_vt,
-                     T - start_m, HEAD_DV, BLOCK_M, BLOCK_DV)
-    if NONFINITE == "redo":
-        if redo:
-            tl.debug_barrier()  # the rows are rewritten by other threads than those that stored them
-            for r in range(start_m, hi, 16):
-                acc_r, m_r, l_r, bad_r = _attend_all(Q, K, V, bias_arg, c_ref, start_m, r, hi, T, stride_qt,
-                                                     stride_kt, stride_vt, qk_scale, log2_base, HEAD_DIM, HEAD_DV,
-                                                     BLOCK_D, BLOCK_DV, 16, BLOCK_N, BIAS, PRECISION, ROTATE, True,
-                                                     NONFINITE)  # [16, BDV]
-                _flash_store(O, LSE, _poison(acc_r / l_r[:, None], r - start_m + tl.arange(0, 16), bad_r), m_r,
-                             l_r, bias_arg, c_ref, start_m, r, T, stride_ot, HEAD_DV, 16, BLOCK_DV, BIAS, STORE_LSE)
+        # Row sums: a NaN or inf anywhere in a row reaches its sum (a reduction along the rows, cheap in
+        # the product's layout; an overflow of finite values would only send the block to the careful pass).
+        redo = _any_nonfinite(tl.sum(acc, 1))
+    _flash_store(O + bh * stride_ob, LSE + bh * T, o, m_i, l_i, bias_arg, c_ref, start_m, start_m, T, stride_ot,
+                 HEAD_DV, BLOCK_M, BLOCK_DV, BIAS, STORE_LSE)
+    return redo
+
+
+@triton.jit
+def _flash_fwd(Q, K, V, O, BIAS_ARG, LSE, FLAGS, T, qk_scale, log2_base,
+               stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt, stride_ob, stride_ot,
+               HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr,
+               STORE_LSE: tl.constexpr, ROTATE: tl.constexpr, SAFE: tl.constexpr = False):
+    """The template's forward, one program per (block of ``BLOCK_M`` queries, head): grid ``(cdiv(T, BLOCK_M), BH)``.
+
+    ``Q, K: (BH, T, D)``, ``V, O: (BH, T, Dv)`` (strided); ``BIAS_ARG``: per-head ALiBi slopes ``(BH,)`` or the
+    cumulative log gates ``(BH, T)`` fp32; ``LSE``: ``(BH, T)`` fp32, written with ``STORE_LSE``; ``FLAGS``:
+    ``(BH, cdiv(T, BLOCK_M))`` int8, set to 1 where the block must be redone carefully (:func:`_flash_careful`).
+    The module docstring has the hooks, the base-2 logits and the fast and careful passes."""
+    bh, start_m, _ = _query_block(BLOCK_M)  # heaviest query blocks first
+    pid_m = start_m // BLOCK_M
+    redo = _flash_block(Q, K, V, O, BIAS_ARG, LSE, bh, pid_m, T, qk_scale, log2_base, stride_qb, stride_qt, stride_kb,
+                        stride_kt, stride_vb, stride_vt, stride_ob, stride_ot, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV,
+                        BLOCK_M, BLOCK_N, BIAS, PRECISION, STORE_LSE, ROTATE, SAFE)
+    tl.store(FLAGS + bh * tl.num_programs(0) + pid_m, redo.to(tl.int8))
+
+
+@triton.jit
+def _flash_careful(Q, K, V, O, BIAS_ARG, LSE, FLAGS, n_blocks, n_flags, T, qk_scale, log2_base,
+                   stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt, stride_ob, stride_ot,
+                   HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr,
+                   STORE_LSE: tl.constexpr, ROTATE: tl.constexpr, BLOCK_F: tl.constexpr):
+    """The careful pass: program ``p`` reads the flags ``[p BLOCK_F, (p + 1) BLOCK_F)`` of :func:`_flash_fwd` (one
+    vector load; usually all 0, and then it is done) and redoes each flagged query block with the values of its
+    diagonal blocks multiplied without their NaN/inf (``SAFE``), with :func:`_flash_fwd`'s tiles: every row gets
+    the bits that the fast pass gives it when no value is NaN or inf.  Grid ``(cdiv(n_flags, BLOCK_F),)``."""
+    first = tl.program_id(0) * BLOCK_F
+    offs_f = first + tl.arange(0, BLOCK_F)
+    if tl.max(tl.load(FLAGS + offs_f, mask=offs_f < n_flags, other=0)) != 0:
+        for f in range(first, tl.minimum(first + BLOCK_F, n_flags)):
+            if tl.load(FLAGS + f) != 0:
+                _flash_block(Q, K, V, O, BIAS_ARG, LSE, (f // n_blocks).to(tl.int64), f % n_blocks, T, qk_scale,
+                             log2_base, stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt, stride_ob,
+                             stride_ot, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, BIAS, PRECISION,
+                             STORE_LSE, ROTATE, True)
 
 
 @triton.jit
@@ -483,6 +500,8 @@ _GPU_CONFIGS = [
 # Triton compiles exact fp32 dots over many tiles for a minute or more per shape.  So
 # they get one tile shape instead of the six the autotuner would compile.
 _FP32_CONFIG = dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)
+# The careful pass's programs each read this many flags of the fast pass (one vector load).
+_FLAG_BLOCK = 1024
 # T is part of the key: the best tile for T = 1024 need not be the best for 8192.
 _flash_fwd_tuned = triton.autotune(_GPU_CONFIGS, key=["T", "HEAD_DIM", "HEAD_DV", "BIAS", "PRECISION", "ROTATE"])(
     _flash_fwd)
@@ -552,18 +571,30 @@ def _attention_launch(x: Flat, scale: float, bias: str = "none", bias_arg=None, 
     meta = dict(HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=next_pow2(n.D), BLOCK_DV=next_pow2(n.Dv),
                 BIAS=bias, PRECISION=dot_precision(x.dtype), STORE_LSE=lse is not None)
     meta["ROTATE"], log2_base = rotate_args(rotate)
-    meta["NONFINITE"] = os.environ.get("PATHEDU_NONFINITE", "redo")  # TEMPORARY A/B
-    args = (x.q, x.k, x.v, out, x.q if bias_arg is None else bias_arg, x.q if lse is None else lse, n.T, scale * LOG2E,
-            log2_base, x.q.stride(0), x.q.stride(1), x.k.stride(0), x.k.stride(1), x.v.stride(0), x.v.stride(1),
-            out.stride(0), out.stride(1))
+    mode = os.environ.get("PATHEDU_NONFINITE", "two")  # TEMPORARY A/B: two launches / off (unsafe) / safe (one)
+    # One flag per query block (sized for the smallest BLOCK_M of the configs), written by every fast program.
+    flags = torch.empty(x.BH * triton.cdiv(n.T, 16), dtype=torch.int8, device=x.device)
+    args = (x.q, x.k, x.v, out, x.q if bias_arg is None else bias_arg, x.q if lse is None else lse, flags, n.T,
+            scale * LOG2E, log2_base, x.q.stride(0), x.q.stride(1), x.k.stride(0), x.k.stride(1), x.v.stride(0),
+            x.v.stride(1), out.stride(0), out.stride(1))
     if interpreting():
         bm = 32 if n.T <= 32 else 64
-        _flash_fwd[(triton.cdiv(n.T, bm), x.BH)](*args, BLOCK_M=bm, BLOCK_N=bm, **meta)
+        tiles = dict(BLOCK_M=bm, BLOCK_N=bm)
+        _flash_fwd[(triton.cdiv(n.T, bm), x.BH)](*args, **tiles, **meta)
     elif meta["PRECISION"] == "ieee":
-        _flash_fwd[(triton.cdiv(n.T, _FP32_CONFIG["BLOCK_M"]), x.BH)](*args, **_FP32_CONFIG, **meta)
+        tiles = dict(_FP32_CONFIG)
+        _flash_fwd[(triton.cdiv(n.T, tiles["BLOCK_M"]), x.BH)](*args, **tiles, **meta)
     else:
         grid = lambda META: (triton.cdiv(n.T, META["BLOCK_M"]), x.BH)  # noqa: E731
-        _flash_fwd_tuned[grid](*args, **meta)
+        _flash_fwd_tuned[grid](*args, **meta, SAFE=mode == "safe")
+        best = _flash_fwd_tuned.best_config
+        tiles = dict(best.kwargs, num_warps=best.num_warps, num_stages=best.num_stages)
+    if mode == "two":
+        # The careful pass, with the fast pass's tiles (the same bits for every row): one small launch that
+        # reads the flags and, unless a value was NaN or inf, does nothing else.
+        n_flags = x.BH * triton.cdiv(n.T, tiles["BLOCK_M"])
+        _flash_careful[(triton.cdiv(n_flags, _FLAG_BLOCK),)](*args[:7], triton.cdiv(n.T, tiles["BLOCK_M"]), n_flags,
+                                                            *args[7:], **tiles, **meta, BLOCK_F=_FLAG_BLOCK)
     return out
 
 

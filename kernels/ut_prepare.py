@@ -18,8 +18,8 @@ lower; ``W`` holds the block's ``w`` as rows; ``H_t = I - beta_t w_t w_t^T``), i
   ``W`` and ``-U = -A W``).
 
 The triangular inverse is the only sequential part.  :func:`_ut_diag_inverse` solves the
-``SUB x SUB`` (16 x 16) diagonal blocks of ``I + N`` by forward substitution (exact fp32,
-small tiles, many programs per multiprocessor), and :func:`_ut_prepare` merges them into
+``SUB x SUB`` (16 x 16) diagonal blocks of ``I + N`` by forward substitution (the Gram products
+on the tensor cores, the substitution in exact fp32, small tiles, many programs per multiprocessor), and :func:`_ut_prepare` merges them into
 the ``BT x BT`` inverse with two matrix products per level (block forward substitution:
 stable for every ``beta`` in [0, 2], also for reflections of nearly parallel ``w``) before
 everything else.  Products are :func:`._pieces._dot`: tf32 with operands rounded to
@@ -58,57 +58,81 @@ def prep_precision(dtype) -> str:
 
 
 @triton.jit
-def _unit_lower_inverse(nt, rows, BT: tl.constexpr):
-    """``(I + N)^{-1}`` for a strictly lower ``N``, given ``nt = N^T`` (``BT x BT``).
+def _diag_block_n(K, W, BETA, LOG_F, T, start, bh, stride_kb, stride_kt, stride_wb, stride_wt,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, W_IS_K: tl.constexpr, GATED: tl.constexpr,
+                  PRECISION: tl.constexpr):
+    """``N_bb``, ``[SUB, SUB]`` fp32: the strictly lower ``D_beta W W^T`` of the ``SUB x SUB`` diagonal block at
+    rows ``[start, start + SUB)`` (with ``GATED``, entry ``(i, j)`` times ``exp(sum_{r=j+1..i} log_f[r])``, a
+    difference of prefix sums over this small block).
 
-    Forward substitution: row ``i`` of the inverse ``X`` is ``e_i - sum_{j<i} N_ij X_j``,
-    and rows ``j < i`` are final when row ``i`` is formed.  ``N^T`` is passed so that
-    row ``i`` of ``N`` comes out of a reduction as a vector along the rows of ``X``.
-    Exact fp32 arithmetic, stable for every ``beta`` in [0, 2], but ``BT - 1``
-    sequential steps: used on ``SUB x SUB`` blocks only.
-    """
-    x = (rows[:, None] == rows[None, :]).to(tl.float32)
-    for i in range(1, BT):
-        n_i = tl.sum(tl.where(rows[None, :] == i, nt, 0.0), axis=1)  # n_i[j] = N[i, j], zero for j >= i
+    The Gram matrix runs on the tensor cores: for 16-bit ``w`` as a plain product (two 16-bit numbers
+    multiply exactly in fp32, and the sums are fp32), for fp32 ``w`` as :func:`._pieces._dot` in
+    ``PRECISION`` (``"x3"`` on a GPU: about fp32 accuracy); in column slices of at most 64 (registers)."""
+    rows = tl.arange(0, SUB)
+    if W_IS_K:
+        W = K
+        stride_wb = stride_kb
+        stride_wt = stride_kt
+    p_w = W + bh * stride_wb + start * stride_wt
+    D_SLICE: tl.constexpr = 64 if BLOCK_D > 64 else BLOCK_D
+    gram = tl.zeros([SUB, SUB], dtype=tl.float32)
+    for d0 in tl.static_range(0, BLOCK_D, D_SLICE):
+        w = _load_rows(p_w + d0, rows, tl.arange(0, D_SLICE), stride_wt, T - start, HEAD_DIM - d0,
+                       True, BLOCK_D != HEAD_DIM)  # [SUB, D_SLICE], in w's dtype
+        if W_IS_K:
+            w = _finite_or_zero(w)  # DeltaNet's w = k: see the module docstring
+        if W.dtype.element_ty == tl.float32:
+            gram += _dot(w, tl.trans(w), PRECISION)  # [SUB, SUB]
+        else:
+            gram = tl.dot(w, tl.trans(w), acc=gram)  # [SUB, SUB]
+    beta = tl.load(BETA + bh * T + start + rows, mask=rows < T - start, other=0.0)  # [SUB]
+    lower = rows[:, None] > rows[None, :]
+    if GATED:  # masked before exp, so every exponent is <= 0
+        b = tl.cumsum(tl.load(LOG_F + bh * T + start + rows, mask=rows < T - start, other=0.0), axis=0)  # [SUB]
+        gram = gram * tl.exp(tl.where(lower, b[:, None] - b[None, :], float("-inf")))
+    return tl.where(lower, gram * beta[:, None], 0.0)
+
+
+@triton.jit
+def _unit_lower_inverse(n, p_tile, stride, rows, BT: tl.constexpr):
+    """``(I + N)^{-1}`` (``BT x BT``) for a strictly lower ``N``, by forward substitution: row ``i`` of the inverse
+    ``X`` is ``e_i - sum_{j<i} N_ij X_j``, and rows ``j < i`` are final when row ``i`` is formed.  Exact fp32
+    arithmetic, stable for every ``beta`` in [0, 2], but ``BT - 1`` dependent steps: used on ``SUB x SUB``
+    blocks only.  Each step needs row ``N_i`` as a vector along the rows of ``X``: ``N`` is written to the tile
+    at ``p_tile`` (row stride ``stride``, memory the caller overwrites afterwards) and each row is read back in
+    that layout, so that a step costs one reduction, not two (cutting the row out of the tile in registers
+    is a second reduction: the first version, 4.7 times slower at T = 8192, ``kernels/NOTES_path.md``)."""
+    p = p_tile + rows[:, None] * stride + rows[None, :]  # [BT, BT]
+    tl.store(p, n)
+    tl.debug_barrier()  # every row of N is in memory before any lane reads it back
+    x = (rows[:, None] == rows[None, :]).to(tl.float32)  # [BT, BT]
+    for i in tl.static_range(1, BT):
+        n_i = tl.load(p_tile + i * stride + rows)  # [BT]: n_i[j] = N[i, j], zero for j >= i
         x = tl.where(rows[:, None] == i, x - tl.sum(n_i[:, None] * x, axis=0)[None, :], x)
+    tl.debug_barrier()  # every lane has read N before the caller overwrites it
     return x
 
 
 @triton.jit
 def _ut_diag_inverse(K, W, BETA, LOG_F, X, T, stride_kb, stride_kt, stride_wb, stride_wt, stride_xb, stride_xt,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, W_IS_K: tl.constexpr,
-                     GATED: tl.constexpr):
+                     GATED: tl.constexpr, PRECISION: tl.constexpr):
     """First half of the triangular inverse: ``(I + N_bb)^{-1}`` for one ``SUB x SUB`` diagonal block.
 
     ``N = strictLower(D_beta W W^T)`` of the enclosing ``BT`` block, or with ``GATED`` (Gated DeltaNet's WY
     factors, :func:`_wy_prepare`) ``N_ij = beta_i (w_i . w_j) exp(sum_{r=j+1..i} log_f[r])`` (``LOG_F``:
-    ``(BH, T)`` fp32; the sums are differences of a prefix sum over this small block).  The block's
-    inverse goes to rows ``[s, s + SUB)``, columns ``[c, c + SUB)`` of ``X``
-    (``(BH, T_pad, BT)``, ``c`` = the block's offset inside its ``BT`` block); the
-    rest of ``X`` is left alone.  Everything is exact fp32, and the small tiles
-    (one warp per program) keep many programs on each multiprocessor.
-    """
+    ``(BH, T)`` fp32): :func:`_diag_block_n`.  The block's inverse (:func:`_unit_lower_inverse`) goes to rows
+    ``[s, s + SUB)``, columns ``[c, c + SUB)`` of ``X`` (``(BH, T_pad, BT)``, ``c`` = the block's offset inside
+    its ``BT`` block); the rest of ``X`` is left alone.  One warp per program, so that many programs share
+    each multiprocessor (64 registers: the hardware's limit of 32 programs)."""
     start = tl.program_id(0) * SUB
     bh = tl.program_id(1).to(tl.int64)
     rows = tl.arange(0, SUB)
-    offs_d = tl.arange(0, BLOCK_D)
-    if W_IS_K:
-        W = K
-        stride_wb = stride_kb
-        stride_wt = stride_kt
-    w = _load_rows(W + bh * stride_wb + start * stride_wt, rows, offs_d, stride_wt, T - start, HEAD_DIM,
-                   True, BLOCK_D != HEAD_DIM).to(tl.float32)
-    if W_IS_K:
-        w = _finite_or_zero(w)  # DeltaNet's w = k: see the module docstring
-    beta = tl.load(BETA + bh * T + start + rows, mask=rows < T - start, other=0.0)
-    gram = tl.dot(w, tl.trans(w), input_precision="ieee")
-    if GATED:  # N^T[r, c] gets exp(b_c - b_r), c > r: masked before exp, so every exponent is <= 0
-        b = tl.cumsum(tl.load(LOG_F + bh * T + start + rows, mask=rows < T - start, other=0.0), axis=0)
-        gram = gram * tl.exp(tl.where(rows[:, None] < rows[None, :], b[None, :] - b[:, None], float("-inf")))
-    nt = tl.where(rows[:, None] < rows[None, :], gram * beta[None, :], 0.0)  # N_bb^T
-    x = _unit_lower_inverse(nt, rows, SUB)
-    col = start % BT
-    tl.store(X + bh * stride_xb + (start + rows[:, None]) * stride_xt + col + rows[None, :], x)
+    n = _diag_block_n(K, W, BETA, LOG_F, T, start, bh, stride_kb, stride_kt, stride_wb, stride_wt, HEAD_DIM,
+                      BLOCK_D, W_IS_K, GATED, PRECISION)  # [SUB, SUB]
+    p_x = X + bh * stride_xb + start * stride_xt + start % BT  # this block's [SUB, SUB] tile of X
+    x = _unit_lower_inverse(n, p_x, stride_xt, rows, SUB)
+    tl.store(p_x + rows[:, None] * stride_xt + rows[None, :], x)
 
 
 @triton.jit
@@ -440,7 +464,7 @@ def invert_diagonal_blocks(k3, w3, beta3, log_f3, x, T: int, block: int, *, w_is
     _ut_diag_inverse[(x.shape[1] // SUB.value, k3.shape[0])](
         k3, w3, beta3, x if log_f3 is None else log_f3, x, T, k3.stride(0), k3.stride(1), w3.stride(0),
         w3.stride(1), x.stride(0), x.stride(1), HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=block, W_IS_K=w_is_k,
-        GATED=log_f3 is not None, num_warps=1, num_stages=1)
+        GATED=log_f3 is not None, PRECISION=prep_precision(w3.dtype), num_warps=1, num_stages=1)
 
 
 class WYPrepared:

@@ -27,10 +27,10 @@ _D = dict(HEAD_DIM=64, BLOCK_D=64)
 _LIN = dict(_D, HEAD_DV=64, BLOCK_DV=64, CHUNK=64, PRECISION="tf32", BLOCK_DC=32, ROTATE="none")
 _QKVO = ("Q", "K", "V", "O")
 KERNELS = {
-    "_ut_diag_inverse (DeltaNet)": ("ut_prepare", "_ut_diag_inverse", dict(_D, BT=64, W_IS_K=True, GATED=False),
-                                    ("K", "W"), 1),
-    "_ut_diag_inverse (Gated DeltaNet)": ("ut_prepare", "_ut_diag_inverse", dict(_D, BT=64, W_IS_K=True, GATED=True),
-                                          ("K", "W"), 1),
+    "_ut_diag_inverse (DeltaNet)": ("ut_prepare", "_ut_diag_inverse", dict(_D, BT=64, W_IS_K=True, GATED=False,
+                                                                                PRECISION="tf32"), ("K", "W"), 1),
+    "_ut_diag_inverse (Gated DeltaNet)": ("ut_prepare", "_ut_diag_inverse", dict(_D, BT=64, W_IS_K=True, GATED=True,
+                                                                                      PRECISION="tf32"), ("K", "W"), 1),
     "_wy_prepare": ("ut_prepare", "_wy_prepare", dict(_D, HEAD_DV=64, BLOCK_DV=64, BT=64, GATED=False,
                                                       PRECISION="tf32"), ("K", "V"), 4),
     "_wy_prepare (gated)": ("ut_prepare", "_wy_prepare", dict(_D, HEAD_DV=64, BLOCK_DV=64, BT=64, GATED=True,
