@@ -19,7 +19,8 @@ r"""Jit pieces that every kernel of the book shares, in one place.
   +inf and -inf of each channel are (:func:`_first_nonfinite`: one packed integer
   per channel, folded tile by tile) and costs one branch when there is none.  The
   softmax kernels apply it once per query block, after their loops (so the main
-  loops keep their registers).  The linear kernels (:mod:`.linear_attention`) do the
+  loops keep their registers); the FlashAttention template only in a careful pass
+  that redoes the few blocks whose fast pass saw a NaN or inf (:mod:`.flash_attention`).  The linear kernels (:mod:`.linear_attention`) do the
   same in a simpler form: they multiply only finite values, state included, and set
   to NaN the output channels whose values had a NaN or inf at or before each row.
   With masks that are selects (``tl.where``, never a
@@ -240,24 +241,6 @@ def _poison(out, row_pos, bad):
                        tl.where(sees_pinf, float("inf"), tl.where(sees_ninf, float("-inf"), 0.0)))
         out = out + add
     return out
-
-
-@triton.jit
-def _poison_rows(O, V, stride_ot, stride_vt, n_rows, DV: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr):
-    """:func:`_poison` for ``BLOCK_R`` output rows already stored at ``O`` whose last keys, the rows at ``V``, were
-    multiplied by :func:`_masked_dot`: row ``i`` sees value rows ``0..i``.  Read in slices of 16 rows and only
-    when some value is NaN or inf, so that the caller's registers are not needed: its tiles are dead by now."""
-    cols = tl.arange(0, BLOCK_DV)
-    bad = _no_nonfinite(BLOCK_DV)
-    for r in range(0, BLOCK_R, 16):
-        rows = r + tl.arange(0, 16)
-        bad = _first_nonfinite(_load_rows(V, rows, cols, stride_vt, n_rows, DV, True, BLOCK_DV != DV), rows, bad)
-    if tl.min(bad, 0) != _ALL_NONE:
-        tl.debug_barrier()  # the rows below were stored by other threads of this program
-        for r in range(0, BLOCK_R, 16):
-            rows = r + tl.arange(0, 16)
-            o = _load_rows(O, rows, cols, stride_ot, n_rows, DV, True, BLOCK_DV != DV).to(tl.float32)
-            _store_rows(O, _poison(o, rows, bad), rows, cols, stride_ot, n_rows, DV)
 
 
 @triton.jit

@@ -35,10 +35,22 @@ which leaves every dot product unchanged).  The alternative, used for training, 
 rotation pre-pass through memory and the kernel unchanged (:func:`.rope.rotary_attention`).
 
 Shared pieces (:mod:`._pieces`): the online-softmax update is
-:func:`._pieces._softmax_fold` (PaTH uses the same one); on the diagonal blocks
-it multiplies through :func:`._pieces._masked_dot`, so that a NaN or inf in a
-future value cannot reach earlier rows through ``0 * NaN``.  Inputs are
-validated once, at :func:`attention` (see :mod:`._launch`).
+:func:`._pieces._softmax_fold` (PaTH uses the same one).  Inputs are validated
+once, at :func:`attention` (see :mod:`._launch`).
+
+Causality for NaN and inf costs one reduction when there are none.  A hidden
+(future) key has weight 0 on the diagonal blocks, and ``0 * NaN`` is NaN, so a
+plain product would carry a NaN value to earlier rows.  The forward is two
+launches: the *fast* pass (:func:`_flash_fwd`) multiplies plainly and flags each
+query block whose accumulator holds a NaN or inf (which a NaN/inf value always
+causes, weight 0 or not; a finite accumulator means every product was the
+careful one's, bit for bit); the *careful* pass (:func:`_flash_careful`, one
+small launch that reads the flags) redoes only the flagged blocks, with the same
+tiles, multiplying the diagonal blocks through :func:`._pieces._masked_dot` (the
+values without their NaN/inf) and giving the rows that do see one their NaN or
+inf back (:func:`._pieces._first_nonfinite`, :func:`._pieces._poison`).  One
+launch doing both (the careful code in every program) cost 4-13% at B = H = 32,
+D = 64 on an H100; two cost nothing measurable (``kernels/NOTES_flash.md``).
 """
 from __future__ import annotations
 
@@ -51,7 +63,7 @@ import triton.language as tl
 from ..checks import check_scale, checked_after, finite_condition, log_gate_condition, range_condition
 from ._launch import (Flat, dot_precision, interpreting, next_pow2, per_head, per_token, prepare_qkv, rotate_args,
                       wants_grad)
-from ._pieces import (LOG2E, _any_nonfinite, _first_nonfinite, _load_rotated, _load_rows, _no_nonfinite, _poison, _poison_rows, _query_block,
+from ._pieces import (LOG2E, _any_nonfinite, _first_nonfinite, _load_rotated, _load_rows, _no_nonfinite, _poison, _query_block,
                       _rope_cos_sin, _rope_shift, _softmax_fold, _store_rows)
 
 __all__ = ["attention", "biased_attention", "LOG2E"]
@@ -106,68 +118,26 @@ def _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, lo, h
 
 
 @triton.jit
-def _attend_all(Q, K, V, bias_arg, c_ref, start_m, row0, hi, T, stride_qt, stride_kt, stride_vt, qk_scale,
-                log2_base, HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr,
-                BLOCK_DV: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BIAS: tl.constexpr,
-                PRECISION: tl.constexpr, ROTATE: tl.constexpr, SAFE: tl.constexpr):
-    """``(acc, m_i, l_i, bad)`` of the ``ROWS`` queries from ``row0`` in the query block that starts at ``start_m``
-    (``c_ref``: the cumulative log gate there), over all their keys: the query tile is loaded (turned by
-    ``ROTATE``), then :func:`_attend` folds the key blocks left of ``start_m`` unmasked and the blocks of
-    ``[start_m, hi)`` masked (``SAFE``: see :func:`_attend`).  Every row's arithmetic depends on ``start_m`` and
-    ``BLOCK_N``, not on ``row0`` and ``ROWS``: a part of the block gives its rows' bits of the whole."""
-    offs_m = row0 + tl.arange(0, ROWS)
-    if ROTATE == "none":
-        q = _load_rows(Q + row0 * stride_qt, tl.arange(0, ROWS), tl.arange(0, BLOCK_D), stride_qt,
-                       T - row0, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
-    else:  # RoPE: the queries turned once, as they are loaded (the keys in _attend, tile by tile)
-        cq, sq = _rope_cos_sin(offs_m, log2_base, HEAD_DIM // 2, BLOCK_D // 2)  # [ROWS, BD / 2]
-        q = _load_rotated(Q, offs_m, stride_qt, T, cq, sq, HEAD_DIM // 2, ROWS, BLOCK_D // 2,
-                          ROTATE == "interleaved").to(Q.dtype.element_ty)  # [ROWS, BD], pair order
-    m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([ROWS], dtype=tl.float32)
-    acc = tl.zeros([ROWS, BLOCK_DV], dtype=tl.float32)
-    bad = _no_nonfinite(BLOCK_DV)
-    # Key blocks strictly before the query block: every key is visible, no mask.
-    acc, m_i, l_i, bad = _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, 0, start_m, T,
-                                 stride_kt, stride_vt, qk_scale, log2_base, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV,
-                                 BLOCK_N, False, BIAS, PRECISION, ROTATE, SAFE)
-    # Key blocks on the diagonal: hide the future (and anything past T).
-    acc, m_i, l_i, bad = _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, start_m, hi, T,
-                                 stride_kt, stride_vt, qk_scale, log2_base, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV,
-                                 BLOCK_N, True, BIAS, PRECISION, ROTATE, SAFE)
-    return acc, m_i, l_i, bad
-
-
-@triton.jit
-def _flash_store(O, LSE, o, m_i, l_i, bias_arg, c_ref, start_m, row0, T, stride_ot, HEAD_DV: tl.constexpr,
-                 ROWS: tl.constexpr, BLOCK_DV: tl.constexpr, BIAS: tl.constexpr, STORE_LSE: tl.constexpr):
-    """Store the output rows ``o`` (``[ROWS, BDV]``) of the queries from ``row0`` (in the block from ``start_m``,
-    :func:`_attend_all`) and, with ``STORE_LSE``, their log-sum-exp (``O``, ``LSE``: this head's rows)."""
-    offs_m = row0 + tl.arange(0, ROWS)
-    _store_rows(O, o, offs_m, tl.arange(0, BLOCK_DV), stride_ot, T, HEAD_DV)
-    if STORE_LSE:
-        # For the backward pass: the log-sum-exp (log2 units) of the *true* logits, whose bias is
-        # g(i) - g(j), not the g(r) - g(j) added in _attend; the per-row difference g(i) - g(r) goes back in.
-        lse = m_i + tl.log2(l_i)
-        if BIAS == "alibi":
-            lse -= bias_arg * (offs_m - start_m).to(tl.float32)
-        elif BIAS == "loggate":
-            lse += (tl.load(bias_arg + offs_m, mask=offs_m < T, other=0.0) - c_ref) * 1.4426950408889634
-        tl.store(LSE + offs_m, lse, mask=offs_m < T)
-
-
-@triton.jit
 def _flash_block(Q, K, V, O, BIAS_ARG, LSE, bh, pid_m, T, qk_scale, log2_base,
                  stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt, stride_ob, stride_ot,
                  HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr,
                  STORE_LSE: tl.constexpr, ROTATE: tl.constexpr, SAFE: tl.constexpr):
-    """Query block ``pid_m`` of head ``bh``: its output rows (and log-sum-exp), from :func:`_attend_all`.  Returns
-    whether its accumulator holds a NaN or inf (``SAFE``: the careful pass, whose answer is final: False)."""
+    """Query block ``pid_m`` of head ``bh``: its output rows and, with ``STORE_LSE``, their log-sum-exp.  The query
+    tile is loaded once (turned by ``ROTATE``), then :func:`_attend` folds the key blocks left of it unmasked and
+    the blocks on the diagonal masked (``SAFE``: the careful pass, see :func:`_attend`).  Returns whether the
+    accumulator holds a NaN or inf (the fast pass's question; the careful pass's answer is final: False)."""
     start_m = pid_m * BLOCK_M
-    Q += bh * stride_qb
+    offs_m = start_m + tl.arange(0, BLOCK_M)
     K += bh * stride_kb
     V += bh * stride_vb
+    if ROTATE == "none":
+        q = _load_rows(Q + bh * stride_qb + start_m * stride_qt, tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_D),
+                       stride_qt, T - start_m, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+    else:  # RoPE: the queries turned once, as they are loaded (the keys in _attend, tile by tile)
+        cq, sq = _rope_cos_sin(offs_m, log2_base, HEAD_DIM // 2, BLOCK_D // 2)  # [BM, BD / 2]
+        q = _load_rotated(Q + bh * stride_qb, offs_m, stride_qt, T, cq, sq, HEAD_DIM // 2, BLOCK_M, BLOCK_D // 2,
+                          ROTATE == "interleaved").to(Q.dtype.element_ty)  # [BM, BD], pair order
     bias_arg = 0.0
     c_ref = 0.0
     if BIAS == "alibi":
@@ -175,19 +145,37 @@ def _flash_block(Q, K, V, O, BIAS_ARG, LSE, bh, pid_m, T, qk_scale, log2_base,
     elif BIAS == "loggate":
         bias_arg = BIAS_ARG + bh * T
         c_ref = tl.load(bias_arg + start_m)  # start_m < T for every launched block
-    acc, m_i, l_i, bad = _attend_all(Q, K, V, bias_arg, c_ref, start_m, start_m, tl.minimum(start_m + BLOCK_M, T), T,
-                                     stride_qt, stride_kt, stride_vt, qk_scale, log2_base, HEAD_DIM, HEAD_DV, BLOCK_D,
-                                     BLOCK_DV, BLOCK_M, BLOCK_N, BIAS, PRECISION, ROTATE, SAFE)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    bad = _no_nonfinite(BLOCK_DV)
+    # Key blocks strictly before the query block: every key is visible, no mask.
+    acc, m_i, l_i, bad = _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, 0, start_m, T,
+                                 stride_kt, stride_vt, qk_scale, log2_base, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV,
+                                 BLOCK_N, False, BIAS, PRECISION, ROTATE, SAFE)
+    # Key blocks on the diagonal: hide the future (and anything past T).
+    acc, m_i, l_i, bad = _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, start_m,
+                                 tl.minimum(start_m + BLOCK_M, T), T, stride_kt, stride_vt, qk_scale, log2_base,
+                                 HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, BLOCK_N, True, BIAS, PRECISION, ROTATE, SAFE)
     if SAFE:  # the diagonal blocks multiplied values without their NaN/inf; the rows that see one get it back
-        o = _poison(acc / l_i[:, None], tl.arange(0, BLOCK_M), bad)
+        o = _poison(acc / l_i[:, None], offs_m - start_m, bad)
         redo = False
     else:
         o = acc / l_i[:, None]
         # Row sums: a NaN or inf anywhere in a row reaches its sum (a reduction along the rows, cheap in
         # the product's layout; an overflow of finite values would only send the block to the careful pass).
         redo = _any_nonfinite(tl.sum(acc, 1))
-    _flash_store(O + bh * stride_ob, LSE + bh * T, o, m_i, l_i, bias_arg, c_ref, start_m, start_m, T, stride_ot,
-                 HEAD_DV, BLOCK_M, BLOCK_DV, BIAS, STORE_LSE)
+    _store_rows(O + bh * stride_ob, o, offs_m, tl.arange(0, BLOCK_DV), stride_ot, T, HEAD_DV)
+    if STORE_LSE:
+        # For the backward pass: the log-sum-exp (log2 units) of the *true* logits, whose bias is
+        # g(i) - g(j), not the g(r) - g(j) added above; the per-row difference g(i) - g(r) goes back in.
+        lse = m_i + tl.log2(l_i)
+        if BIAS == "alibi":
+            lse -= bias_arg * (offs_m - start_m).to(tl.float32)
+        elif BIAS == "loggate":
+            lse += (tl.load(bias_arg + offs_m, mask=offs_m < T, other=0.0) - c_ref) * 1.4426950408889634
+        tl.store(LSE + bh * T + offs_m, lse, mask=offs_m < T)
     return redo
 
 
@@ -196,7 +184,7 @@ def _flash_fwd(Q, K, V, O, BIAS_ARG, LSE, FLAGS, T, qk_scale, log2_base,
                stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt, stride_ob, stride_ot,
                HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr,
-               STORE_LSE: tl.constexpr, ROTATE: tl.constexpr, SAFE: tl.constexpr = False):
+               STORE_LSE: tl.constexpr, ROTATE: tl.constexpr):
     """The template's forward, one program per (block of ``BLOCK_M`` queries, head): grid ``(cdiv(T, BLOCK_M), BH)``.
 
     ``Q, K: (BH, T, D)``, ``V, O: (BH, T, Dv)`` (strided); ``BIAS_ARG``: per-head ALiBi slopes ``(BH,)`` or the
@@ -207,7 +195,7 @@ def _flash_fwd(Q, K, V, O, BIAS_ARG, LSE, FLAGS, T, qk_scale, log2_base,
     pid_m = start_m // BLOCK_M
     redo = _flash_block(Q, K, V, O, BIAS_ARG, LSE, bh, pid_m, T, qk_scale, log2_base, stride_qb, stride_qt, stride_kb,
                         stride_kt, stride_vb, stride_vt, stride_ob, stride_ot, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV,
-                        BLOCK_M, BLOCK_N, BIAS, PRECISION, STORE_LSE, ROTATE, SAFE)
+                        BLOCK_M, BLOCK_N, BIAS, PRECISION, STORE_LSE, ROTATE, False)
     tl.store(FLAGS + bh * tl.num_programs(0) + pid_m, redo.to(tl.int8))
 
 
@@ -571,7 +559,6 @@ def _attention_launch(x: Flat, scale: float, bias: str = "none", bias_arg=None, 
     meta = dict(HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=next_pow2(n.D), BLOCK_DV=next_pow2(n.Dv),
                 BIAS=bias, PRECISION=dot_precision(x.dtype), STORE_LSE=lse is not None)
     meta["ROTATE"], log2_base = rotate_args(rotate)
-    mode = os.environ.get("PATHEDU_NONFINITE", "two")  # TEMPORARY A/B: two launches / off (unsafe) / safe (one)
     # One flag per query block (sized for the smallest BLOCK_M of the configs), written by every fast program.
     flags = torch.empty(x.BH * triton.cdiv(n.T, 16), dtype=torch.int8, device=x.device)
     args = (x.q, x.k, x.v, out, x.q if bias_arg is None else bias_arg, x.q if lse is None else lse, flags, n.T,
@@ -586,15 +573,14 @@ def _attention_launch(x: Flat, scale: float, bias: str = "none", bias_arg=None, 
         _flash_fwd[(triton.cdiv(n.T, tiles["BLOCK_M"]), x.BH)](*args, **tiles, **meta)
     else:
         grid = lambda META: (triton.cdiv(n.T, META["BLOCK_M"]), x.BH)  # noqa: E731
-        _flash_fwd_tuned[grid](*args, **meta, SAFE=mode == "safe")
+        _flash_fwd_tuned[grid](*args, **meta)
         best = _flash_fwd_tuned.best_config
         tiles = dict(best.kwargs, num_warps=best.num_warps, num_stages=best.num_stages)
-    if mode == "two":
-        # The careful pass, with the fast pass's tiles (the same bits for every row): one small launch that
-        # reads the flags and, unless a value was NaN or inf, does nothing else.
-        n_flags = x.BH * triton.cdiv(n.T, tiles["BLOCK_M"])
-        _flash_careful[(triton.cdiv(n_flags, _FLAG_BLOCK),)](*args[:7], triton.cdiv(n.T, tiles["BLOCK_M"]), n_flags,
-                                                            *args[7:], **tiles, **meta, BLOCK_F=_FLAG_BLOCK)
+    # The careful pass, with the fast pass's tiles (the same bits for every row): one small launch that
+    # reads the flags and, unless a value was NaN or inf, does nothing else.
+    n_flags = x.BH * triton.cdiv(n.T, tiles["BLOCK_M"])
+    _flash_careful[(triton.cdiv(n_flags, _FLAG_BLOCK),)](*args[:7], triton.cdiv(n.T, tiles["BLOCK_M"]), n_flags,
+                                                        *args[7:], **tiles, **meta, BLOCK_F=_FLAG_BLOCK)
     return out
 
 
