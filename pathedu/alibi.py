@@ -341,7 +341,7 @@ def alibi_triton(q, k, v, slope, *, scale=None):
     fp16/bf16/fp32, head dims 16..128, fp32 accumulation.  Shapes as :func:`alibi_naive`
     (``slope``: a float or a tensor broadcastable to the leading dims, finite, >= 0).
     Every argument is validated by the kernel entry point
-    (:func:`pathedu.kernels.flash_attention.biased_attention`, one host sync).
+    (:func:`pathedu.kernels.flash_attention.biased_attention`; values read once the kernel is queued).
     """
     from .kernels.flash_attention import biased_attention
 
@@ -425,7 +425,7 @@ def retnet_triton(q, k, v, gamma):
     fp16/bf16/fp32, head dims 16..128, fp32 state.  Shapes as :func:`retnet_naive`
     (``gamma``: a float or a tensor broadcastable to the leading dims, in (0, 1]; its log
     is taken in float64).  Every argument is validated by the kernel entry point
-    (:func:`pathedu.kernels.linear_attention.gated_linear_attention`, one host sync).
+    (:func:`pathedu.kernels.linear_attention.gated_linear_attention`; values read once the kernel is queued).
     """
     from .kernels.linear_attention import gated_linear_attention
 

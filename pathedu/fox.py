@@ -287,7 +287,7 @@ def fox_triton(q, k, v, log_f, *, scale=None):
     for a whole row, which softmax ignores.
     Accepts fp16/bf16/fp32 ``q, k, v`` and head dims 16..128.  Shapes as
     :func:`fox_naive`.  Every argument is validated by the kernel entry point
-    (:func:`pathedu.kernels.flash_attention.biased_attention`, one host sync).
+    (:func:`pathedu.kernels.flash_attention.biased_attention`; values read once the kernel is queued).
     """
     from .kernels.flash_attention import biased_attention
 
@@ -430,8 +430,8 @@ def gla_triton(q, k, v, log_f):
     products), a per-channel gate its ``"channel"`` path (chunks of 16, a 3-D
     broadcast for the intra-chunk scores).  Accepts fp16/bf16/fp32 and head dims
     16..128; fp32 state.  Shapes as :func:`gla_naive`.  Every argument is validated by
-    the kernel entry point (:func:`pathedu.kernels.linear_attention.gated_linear_attention`,
-    one host sync).
+    the kernel entry point (:func:`pathedu.kernels.linear_attention.gated_linear_attention`;
+    values read once the kernel is queued).
     """
     from .kernels.linear_attention import gated_linear_attention
 

@@ -530,7 +530,7 @@ def path_triton(q, k, v, w, beta, *, scale=None):
 
     fp16/bf16/fp32 ``q, k, v``; ``w`` (finite) and ``beta`` (in [0, 2]) used in fp32;
     head dims 16..128; any T.  Shapes as :func:`path_naive`.  Every argument is
-    validated by the kernel entry point (one host sync).
+    validated by the kernel entry point (values read once its kernels are queued).
     """
     from .kernels.path_attention import path_attention
 
@@ -630,7 +630,7 @@ def householder_triton(q, k, v, w, beta):
 
     fp16/bf16/fp32 ``q, k, v``; ``w`` (finite) and ``beta`` (in [0, 2]) used in fp32;
     head dims 16..128.  Shapes as :func:`householder_naive`.  Every argument is
-    validated by the kernel entry point (one host sync).
+    validated by the kernel entry point (values read once its kernels are queued).
     """
     from .kernels.delta_rule import chunked_householder
 
@@ -742,7 +742,7 @@ def deltanet_triton(q, k, v, beta):
 
     fp16/bf16/fp32 ``q, k, v``; ``beta`` (in [0, 2]) used in fp32; head dims 16..128.
     Shapes as :func:`deltanet_naive`.  Every argument is validated by the kernel
-    entry point (one host sync).
+    entry point (values read once its kernels are queued).
     """
     from .kernels.delta_rule import chunked_delta_rule
 
