@@ -87,9 +87,7 @@ def _prepare(x, w3, beta3, chunk: int, *, delta: bool, log_f3=None):
     precision = prep_precision(x.dtype)
     f32 = torch.float32
     if delta:
-        import os  # TEMPORARY A/B: the WY factors in the inputs' dtype
-        wy_dtype = x.dtype if os.environ.get("PATHEDU_WY_DTYPE") == "input" else f32
-        return WYPrepared(x.k, x.v, beta3, log_f3, x.n.T, chunk, dtype=wy_dtype, precision=precision), precision
+        return WYPrepared(x.k, x.v, beta3, log_f3, x.n.T, chunk, dtype=f32, precision=precision), precision
     prep = Prepared(x.q, x.k, w3, beta3, x.n.T, chunk, q_dtype=f32, k_dtype=f32, update_dtype=f32,
                     precision=precision)
     return prep, precision
