@@ -124,7 +124,7 @@ def _ut_diag_inverse(K, W, BETA, LOG_F, X, T, stride_kb, stride_kt, stride_wb, s
     ``(BH, T)`` fp32): :func:`_diag_block_n`.  The block's inverse (:func:`_unit_lower_inverse`) goes to rows
     ``[s, s + SUB)``, columns ``[c, c + SUB)`` of ``X`` (``(BH, T_pad, BT)``, ``c`` = the block's offset inside
     its ``BT`` block); the rest of ``X`` is left alone.  One warp per program, so that many programs share
-    each multiprocessor (64 registers: the hardware's limit of 32 programs)."""
+    each multiprocessor (64-72 registers compiled for sm_90: 28-32 programs, the hardware's limit being 32)."""
     start = tl.program_id(0) * SUB
     bh = tl.program_id(1).to(tl.int64)
     rows = tl.arange(0, SUB)

@@ -138,13 +138,20 @@ def require(*conditions: Condition) -> None:
     may read the offending values).  All conditions are read with one host sync.
     """
     conditions = [c for c in conditions if c is not None]
-    if not conditions:
-        return
-    flags = torch.stack([ok.reshape(()).to(device=conditions[0][0].device, dtype=torch.bool)
-                         for ok, _ in conditions]).tolist()
+    if conditions:
+        _raise_first_false(_stacked(conditions).tolist(), conditions)
+
+
+def _stacked(conditions: list) -> torch.Tensor:
+    """The conditions' flags as one bool tensor on the first condition's device."""
+    device = conditions[0][0].device
+    return torch.stack([ok.reshape(()).to(device=device, dtype=torch.bool) for ok, _ in conditions])
+
+
+def _raise_first_false(flags: list, conditions: list, cause=None) -> None:
     for flag, (_, message) in zip(flags, conditions):
         if not flag:
-            raise ValueError(message())
+            raise ValueError(message()) from cause
 
 
 class checked_after:
@@ -163,12 +170,11 @@ class checked_after:
         conditions = [c for c in conditions if c is not None]
         self._conditions, self._event = conditions, None
         if conditions and conditions[0][0].device.type == "cuda":
-            device = conditions[0][0].device
-            flags = torch.stack([ok.reshape(()).to(device=device, dtype=torch.bool) for ok, _ in conditions])
+            flags = _stacked(conditions)
             self._flags = torch.empty(flags.shape, dtype=torch.bool, pin_memory=True)
             self._flags.copy_(flags, non_blocking=True)
             self._event = torch.cuda.Event()
-            self._event.record(torch.cuda.current_stream(device))
+            self._event.record(torch.cuda.current_stream(flags.device))
         else:
             require(*conditions)
 
@@ -178,9 +184,7 @@ class checked_after:
     def __exit__(self, exc_type, exc, tb) -> bool:
         if self._event is not None:
             self._event.synchronize()
-            for flag, (_, message) in zip(self._flags.tolist(), self._conditions):
-                if not flag:
-                    raise ValueError(message()) from exc
+            _raise_first_false(self._flags.tolist(), self._conditions, exc)
         return False
 
 
