@@ -200,8 +200,8 @@ def _flash_fwd(Q, K, V, O, BIAS_ARG, LSE, FLAGS, T, qk_scale, log2_base,
 
 
 @triton.jit
-def _flash_careful(Q, K, V, O, BIAS_ARG, LSE, FLAGS, T, qk_scale, log2_base,
-                   stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt, stride_ob, stride_ot, n_flags,
+def _flash_careful(Q, K, V, O, BIAS_ARG, LSE, FLAGS, n_blocks, n_flags, T, qk_scale, log2_base,
+                   stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt, stride_ob, stride_ot,
                    HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr,
                    STORE_LSE: tl.constexpr, ROTATE: tl.constexpr, BLOCK_F: tl.constexpr):
@@ -209,7 +209,6 @@ def _flash_careful(Q, K, V, O, BIAS_ARG, LSE, FLAGS, T, qk_scale, log2_base,
     vector load; usually all 0, and then it is done) and redoes each flagged query block with the values of its
     diagonal blocks multiplied without their NaN/inf (``SAFE``), with :func:`_flash_fwd`'s tiles: every row gets
     the bits that the fast pass gives it when no value is NaN or inf.  Grid ``(cdiv(n_flags, BLOCK_F),)``."""
-    n_blocks = tl.cdiv(T, BLOCK_M)  # flags per head, as _flash_fwd's grid
     first = tl.program_id(0) * BLOCK_F
     offs_f = first + tl.arange(0, BLOCK_F)
     if tl.max(tl.load(FLAGS + offs_f, mask=offs_f < n_flags, other=0)) != 0:
@@ -580,7 +579,8 @@ def _attention_launch(x: Flat, scale: float, bias: str = "none", bias_arg=None, 
     # The careful pass, with the fast pass's tiles (the same bits for every row): one small launch that
     # reads the flags and, unless a value was NaN or inf, does nothing else.
     n_flags = x.BH * triton.cdiv(n.T, tiles["BLOCK_M"])
-    _flash_careful[(triton.cdiv(n_flags, _FLAG_BLOCK),)](*args, n_flags, **tiles, **meta, BLOCK_F=_FLAG_BLOCK)
+    _flash_careful[(triton.cdiv(n_flags, _FLAG_BLOCK),)](*args[:7], triton.cdiv(n.T, tiles["BLOCK_M"]), n_flags,
+                                                        *args[7:], **tiles, **meta, BLOCK_F=_FLAG_BLOCK)
     return out
 
 
