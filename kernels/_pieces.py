@@ -151,7 +151,9 @@ def _rn(x, PRECISION: tl.constexpr):
     linearly with T (kernels/NOTES_path.md).  Rounding to nearest first (add half
     a tf32 ulp to the bit pattern, clear the 13 low bits) makes it unbiased.
     """
-    if PRECISION == "tf32":
+    if x.dtype != tl.float32:  # fp16 and bf16 values are tf32 values already
+        return x.to(tl.float32)
+    elif PRECISION == "tf32":
         return ((x.to(tl.int32, bitcast=True) + 4096) & -8192).to(tl.float32, bitcast=True)
     else:
         return x
@@ -159,12 +161,16 @@ def _rn(x, PRECISION: tl.constexpr):
 
 @triton.jit
 def _dot(a, b, PRECISION: tl.constexpr):
-    """``a @ b`` for fp32 tiles.  ``"tf32"``: operands rounded to nearest first; ``"x3"``:
+    """``a @ b`` (fp32) for fp32 or 16-bit tiles.  ``"tf32"``: operands rounded to nearest first; ``"x3"``:
     three tf32 products of high and low parts (``a_hi b_hi + a_hi b_lo + a_lo b_hi``,
     about fp32 accuracy on the tensor cores; fp32 inputs on a GPU, where the
     ``"ieee"`` FMA products of this many 64 x 64 tiles take minutes to compile);
-    ``"ieee"``: exact fp32."""
-    if PRECISION == "x3":
+    ``"ieee"``: exact fp32; ``"fp16"``: operands rounded to nearest fp16, the same 10 mantissa bits as
+    ``"tf32"`` at twice the tensor cores' rate and half the registers, for operands whose entries stay
+    within fp16's normal range (products of reflections: PaTH's carries)."""
+    if PRECISION == "fp16":
+        return tl.dot(a.to(tl.float16), b.to(tl.float16))
+    elif PRECISION == "x3":
         a_hi = _rn(a, "tf32")
         b_hi = _rn(b, "tf32")
         lo = tl.dot(_rn(a - a_hi, "tf32"), b_hi, input_precision="tf32")

@@ -512,10 +512,13 @@ def _path_launch(x: Flat, w3, beta3, scale: float, block: int, update: str, cfg:
 
 
 def _bwd_prepare(x: Flat, w3, beta3, block: int) -> Prepared:
-    """The backward's preparation pass: the forward's, with unscaled fp32 ``q~, k~``, fp32 ``G``, and the
-    blocks' inverses kept (:func:`.ut_prepare.ut_prepare_backward` reads them)."""
-    return Prepared(x.q, x.k, w3, beta3, x.n.T, block, q_dtype=torch.float32, k_dtype=torch.float32,
-                    update_dtype=torch.float32, keep_inverse=True, precision=prep_precision(x.dtype))
+    """The backward's preparation pass: the forward's, with unscaled ``q~, k~`` and ``G`` in fp32 for fp32 inputs
+    and in fp16 for 16-bit ones (the carries' products round their operands to 10 mantissa bits either way:
+    :func:`.path_carry._carry_precision`), and the blocks' inverses kept (:func:`.ut_prepare.ut_prepare_backward`
+    reads them)."""
+    dtype = torch.float32 if x.dtype == torch.float32 else torch.float16
+    return Prepared(x.q, x.k, w3, beta3, x.n.T, block, q_dtype=dtype, k_dtype=dtype, update_dtype=dtype,
+                    keep_inverse=True, precision=prep_precision(x.dtype))
 
 
 def _bwd_stats(x: Flat, c, do, scale: float, block: int, prep: Prepared, X):
@@ -611,7 +614,8 @@ def _path_bwd_launch(x: Flat, w3, beta3, c, do, scale: float, block: int, _confi
 
     Five launches (or groups of launches), nothing stored from the forward but its inputs:
 
-    1. the preparation pass again (:func:`_bwd_prepare`): ``q~, k~, Ã, G`` in fp32 and each block's inverse;
+    1. the preparation pass again (:func:`_bwd_prepare`): ``q~, k~, G`` (fp16 for 16-bit inputs), ``Ã`` and each
+       block's inverse;
     2. the carries to the meeting points (:func:`.path_carry.carry_forward`, one launch per level);
     3. the softmax statistics of the logits as the backward computes them (:func:`_path_bwd_stats`: each row's
        log-sum-exp and ``delta``), then FlashAttention's backward on every pair of blocks (:func:`_path_bwd`):

@@ -46,10 +46,11 @@ from .ut_prepare import prep_precision
 
 @triton.jit
 def _carry_fwd(QT, KT, GM, X, NB, h, stride_tb, stride_pb,
-               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr):
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, CARRY: tl.constexpr):
     """One half of one node at one level (grid ``(nodes, 2, BH)``; halves of ``h`` blocks): its rows of ``X``.
-    ``QT, KT``: ``(BH, NB * BT, D)`` fp32; ``X``: the same shape, any float dtype; ``GM``: ``(BH, NB, D, D)``
-    fp32, ``G_b = Phi_b - I`` (the preparation pass's ``G``: a carry moves as ``C + G C``)."""
+    ``QT, KT``: ``(BH, NB * BT, D)``; ``X``: the same shape, any float dtype; ``GM``: ``(BH, NB, D, D)``,
+    ``G_b = Phi_b - I`` (the preparation pass's ``G``: a carry moves as ``C + G C``); all three fp32, or fp16
+    with ``CARRY = "fp16"``."""
     node = tl.program_id(0)
     bh = tl.program_id(2).to(tl.int64)
     mid = node * 2 * h + h  # the boundary, in blocks
@@ -65,26 +66,29 @@ def _carry_fwd(QT, KT, GM, X, NB, h, stride_tb, stride_pb,
         for t in range(0, tl.minimum(h, NB - mid)):
             b = mid + t
             q = _load_rows(QT + b * BT * HEAD_DIM, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
-            _store_rows(X + b * BT * HEAD_DIM, _dot(q, carry, PRECISION), rows, offs_d, HEAD_DIM, BT, HEAD_DIM)
+            _store_rows(X + b * BT * HEAD_DIM, _dot(q, carry, CARRY), rows, offs_d, HEAD_DIM, BT, HEAD_DIM)
             g = _load_rows(GM + b * HEAD_DIM * HEAD_DIM, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D,
                              CHECK_D)
-            carry += _dot(g, carry, PRECISION)
+            carry += _dot(g, carry, CARRY)
     else:  # left half: keys carried right, E <- Phi_b^T E, from the boundary leftwards
         for t in range(tl.maximum(mid - NB, 0), h):  # blocks past NB (a last, partial node) are skipped
             b = mid - 1 - t
             k = _load_rows(KT + b * BT * HEAD_DIM, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
-            _store_rows(X + b * BT * HEAD_DIM, _dot(k, carry, PRECISION), rows, offs_d, HEAD_DIM, BT, HEAD_DIM)
+            _store_rows(X + b * BT * HEAD_DIM, _dot(k, carry, CARRY), rows, offs_d, HEAD_DIM, BT, HEAD_DIM)
             g = _load_rows(GM + b * HEAD_DIM * HEAD_DIM, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D,
                              CHECK_D)
-            carry += _dot(tl.trans(g), carry, PRECISION)
+            carry += _dot(tl.trans(g), carry, CARRY)
 
 
 @triton.jit
 def _carry_bwd(QT, KT, GM, DX, DQT, DKT, DGM, SCRATCH, NB, h, stride_tb, stride_pb,
-               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr):
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, CARRY: tl.constexpr,
+               PRECISION: tl.constexpr):
     """The reverse of :func:`_carry_fwd` for one half: adds this level's ``dq~`` (right halves), ``dk~`` (left
     halves) and ``dPhi`` (both) to ``DQT``, ``DKT``, ``DGM`` (fp32, shaped like ``QT``, ``KT``, ``GM``).
-    ``DX``: the level's ``dX`` (fp32); ``SCRATCH``: ``(BH, NB, D, D)`` fp32 for the half's carries."""
+    ``DX``: the level's ``dX`` (fp32); ``SCRATCH``: ``(BH, NB, D, D)`` in ``GM``'s dtype, for the half's carries.
+    The carries are rebuilt in ``CARRY`` precision, as :func:`_carry_fwd` built them; every product with a
+    gradient runs in ``PRECISION`` (never fp16: gradients can be smaller than fp16's normal range)."""
     node = tl.program_id(0)
     bh = tl.program_id(2).to(tl.int64)
     mid = node * 2 * h + h
@@ -108,7 +112,7 @@ def _carry_bwd(QT, KT, GM, DX, DQT, DKT, DGM, SCRATCH, NB, h, stride_tb, stride_
             b = mid + t
             _store_rows(SCRATCH + b * DD, carry, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM)
             g = _load_rows(GM + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
-            carry += _dot(g, carry, PRECISION)
+            carry += _dot(g, carry, CARRY)
         tl.debug_barrier()  # the C_b just stored were written by other threads than those that read them back
         s = tl.zeros([BLOCK_D, BLOCK_D], dtype=tl.float32)  # S_b: later blocks' M_I carried back to b
         for tt in range(0, n_right):  # right to left
@@ -129,7 +133,7 @@ def _carry_bwd(QT, KT, GM, DX, DQT, DKT, DGM, SCRATCH, NB, h, stride_tb, stride_
             b = mid - 1 - t
             _store_rows(SCRATCH + b * DD, carry, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM)
             g = _load_rows(GM + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
-            carry += _dot(tl.trans(g), carry, PRECISION)
+            carry += _dot(tl.trans(g), carry, CARRY)
         tl.debug_barrier()  # as above: the E_b go through global memory between threads
         u = tl.zeros([BLOCK_D, BLOCK_D], dtype=tl.float32)  # U_b: earlier blocks' N_J carried forward to b
         for t in range(0, h - t0):  # left to right
@@ -147,9 +151,9 @@ def _carry_bwd(QT, KT, GM, DX, DQT, DKT, DGM, SCRATCH, NB, h, stride_tb, stride_
 
 
 _CARRY_CONFIGS = [triton.Config({}, num_warps=w, num_stages=1) for w in (4, 8)]  # one stage: see carry_forward
-_carry_fwd_tuned = triton.autotune(_CARRY_CONFIGS, key=["HEAD_DIM", "BT", "PRECISION", "h"])(_carry_fwd)
+_carry_fwd_tuned = triton.autotune(_CARRY_CONFIGS, key=["HEAD_DIM", "BT", "CARRY", "h"])(_carry_fwd)
 # The backward adds to its outputs: autotuning's trial runs must not leave their sums behind.
-_carry_bwd_tuned = triton.autotune(_CARRY_CONFIGS, key=["HEAD_DIM", "BT", "PRECISION", "h"],
+_carry_bwd_tuned = triton.autotune(_CARRY_CONFIGS, key=["HEAD_DIM", "BT", "CARRY", "PRECISION", "h"],
                                    restore_value=["DQT", "DKT", "DGM"])(_carry_bwd)
 
 
@@ -166,6 +170,13 @@ def _precision(dtype, D: int) -> str:
     return "tf32" if p == "x3" and D > 64 else p
 
 
+def _carry_precision(g, D: int) -> str:
+    """How the carries are multiplied: in fp16 when the preparation pass stored its factors in fp16 (16-bit
+    inputs: fp16 keeps the 10 mantissa bits of rounded tf32, and the factors are reflections, within its range),
+    else as :func:`_precision` says for fp32."""
+    return "fp16" if g.dtype == torch.float16 else _precision(torch.float32, D)
+
+
 def levels(nb: int) -> int:
     """How many dyadic levels ``nb`` blocks need: ``ceil(log2 nb)``."""
     return max(0, (nb - 1).bit_length())
@@ -174,8 +185,9 @@ def levels(nb: int) -> int:
 def carry_forward(qt, kt, g, block: int, dtype) -> torch.Tensor:
     """The meeting-point rows ``X: (L, BH, T_pad, D)`` in ``dtype`` (:func:`_carry_fwd`, one launch per level).
 
-    ``qt, kt: (BH, T_pad, D)`` fp32 (``q~``, ``k~`` in blocks of ``block`` rows), ``g: (BH, T_pad / block, D, D)``
-    fp32 (each block's ``G = Phi - I``), as :class:`.ut_prepare.Prepared` makes them.
+    ``qt, kt: (BH, T_pad, D)`` (``q~``, ``k~`` in blocks of ``block`` rows), ``g: (BH, T_pad / block, D, D)``
+    (each block's ``G = Phi - I``), as :class:`.ut_prepare.Prepared` makes them: all fp32, or all fp16 (then
+    the carries are multiplied in fp16: :func:`_carry_precision`).
     """
     BH, T_pad, D = qt.shape
     nb = T_pad // block
@@ -184,23 +196,25 @@ def carry_forward(qt, kt, g, block: int, dtype) -> torch.Tensor:
     for lvl in range(X.shape[0]):
         h = 1 << lvl
         kernel[(-(-nb // (2 * h)), 2, BH)](qt, kt, g, X[lvl], nb, h, qt.stride(0), g.stride(0), HEAD_DIM=D,
-                                           BLOCK_D=next_pow2(D), BT=block, PRECISION=_precision(dtype, D), **fixed)
+                                           BLOCK_D=next_pow2(D), BT=block, CARRY=_carry_precision(g, D), **fixed)
     return X
 
 
 def carry_backward(qt, kt, g, block: int, dX, dtype):
     """``dq~, dk~, dG`` (fp32, shaped like ``qt, kt, g``) from ``dX`` (:func:`carry_forward`'s output's gradient):
-    :func:`_carry_bwd` once per level, each adding to what the levels before left."""
+    :func:`_carry_bwd` once per level, each adding to what the levels before left.  ``dtype``: the inputs'
+    (it sets the gradient products' precision)."""
     BH, T_pad, D = qt.shape
     nb = T_pad // block
-    dqt, dkt, dg = torch.zeros_like(qt), torch.zeros_like(kt), torch.zeros_like(g)
+    dqt, dkt = (torch.zeros(qt.shape, dtype=torch.float32, device=qt.device) for _ in range(2))
+    dg = torch.zeros(g.shape, dtype=torch.float32, device=g.device)
     scratch = torch.empty_like(g)
     kernel, fixed = _kernel(_carry_bwd_tuned, _carry_bwd)
     for lvl in range(dX.shape[0]):
         h = 1 << lvl
         kernel[(-(-nb // (2 * h)), 2, BH)](qt, kt, g, dX[lvl], dqt, dkt, dg, scratch, nb, h, qt.stride(0),
                                            g.stride(0), HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=block,
-                                           PRECISION=_precision(dtype, D), **fixed)
+                                           CARRY=_carry_precision(g, D), PRECISION=_precision(dtype, D), **fixed)
     return dqt, dkt, dg
 
 

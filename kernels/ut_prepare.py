@@ -292,131 +292,211 @@ def _wy_prepare(K, V, BETA, LOG_F, AD, WW, WU, T, stride_kb, stride_kt, stride_v
 
 
 @triton.jit
-def _ut_block(Q, K, W, BETA, INV, T, stride_qb, stride_qt, stride_kb, stride_kt, stride_wb, stride_wt,
-              stride_ab, stride_at, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr,
-              PRECISION: tl.constexpr):
-    """What both halves of the backward load for one block: ``q, k, w`` (fp32, ``w`` rounded as the forward
-    saw it), ``beta``, ``X = (I + N)^{-1}``, the masks ``lower`` (diagonal kept) and ``strict``, and the offsets
-    of the block's ``[BT, BT]`` tile in ``AD``'s layout."""
-    blk = tl.program_id(0)
-    start = blk * BT
-    bh = tl.program_id(1).to(tl.int64)
-    rows = tl.arange(0, BT)
-    offs_d = tl.arange(0, BLOCK_D)
-    CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
-    left = T - start
-    q = _load_rows(Q + bh * stride_qb + start * stride_qt, rows, offs_d, stride_qt, left, HEAD_DIM, True,
-                   CHECK_D).to(tl.float32)
-    k = _load_rows(K + bh * stride_kb + start * stride_kt, rows, offs_d, stride_kt, left, HEAD_DIM, True,
-                   CHECK_D).to(tl.float32)
-    w = _load_rows(W + bh * stride_wb + start * stride_wt, rows, offs_d, stride_wt, left, HEAD_DIM, True,
-                   CHECK_D).to(tl.float32)
-    w = _rn(w, PRECISION)
-    beta = tl.load(BETA + bh * T + start + rows, mask=rows < left, other=0.0)
-    p_sq = bh * stride_ab + (start + rows[:, None]) * stride_at + rows[None, :]  # a [BT, BT] tile, AD's layout
-    xi = tl.load(INV + p_sq)  # [BT, BT]
-    return q, k, w, beta, xi, rows[:, None] >= rows[None, :], rows[:, None] > rows[None, :], p_sq
+def _ut_tile(ptr, bh, start, stride_b, stride_t, T, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+             BT: tl.constexpr):
+    """Rows ``[start, start + BT)`` of head ``bh`` of a ``(BH, T, D)`` tensor: a ``[BT, BD]`` fp32 tile (rows past
+    ``T`` and columns past ``D`` load as 0)."""
+    return _load_rows(ptr + bh * stride_b + start * stride_t, tl.arange(0, BT), tl.arange(0, BLOCK_D), stride_t,
+                      T - start, HEAD_DIM, True, BLOCK_D != HEAD_DIM).to(tl.float32)
+
+
+# The UT factors' backward, in five kernels.  Its ~20 products of 64 x 64 tiles keep more fp32 tiles alive than a
+# multiprocessor has registers: in two kernels (the first version) both spilled 1.6-3.6 KB per thread
+# (`python -m pathedu.bench.registers`) and the step took 53 ms at T = 8192, more than its bytes cost
+# (kernels/NOTES_path.md, 7).  Each kernel below loads a tile where it first needs it and passes partial
+# gradients to the next through memory (a 64 x 64 fp32 tile is 16 KB; a spilled one is read and written many
+# times).  All five take the same arguments, so one launcher runs them in order.
 
 
 @triton.jit
-def _ut_bwd_scores(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, T,
-                   stride_qb, stride_qt, stride_kb, stride_kt, stride_wb, stride_wt,
-                   stride_pb, stride_pt, stride_ab, stride_at, stride_gb, stride_gj,
-                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr):
-    """First half of the backward of :func:`_ut_prepare` (PaTH's outputs ``q~``, ``k~``, ``Ã``, ``G``), one block.
+def _ut_sq(ptr, bh, start, stride_b, stride_t, BT: tl.constexpr):
+    """Pointers to the ``[BT, BT]`` tile of block rows ``[start, start + BT)`` of head ``bh`` (``AD``'s layout),
+    made where they are used: a tile of 64-bit pointers kept between a load and a store costs registers."""
+    rows = tl.arange(0, BT)
+    return ptr + bh * stride_b + start * stride_t + (rows[:, None] * stride_t + rows[None, :])
+
+
+@triton.jit
+def _ut_rd_load(ptr, bh, start, stride_b, stride_t, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                BT: tl.constexpr):
+    """The ``[BT, BD]`` fp32 tile of block rows ``[start, start + BT)`` of head ``bh`` in ``QT``'s layout."""
+    cols = tl.arange(0, BLOCK_D)
+    p = ptr + bh * stride_b + start * stride_t + (tl.arange(0, BT)[:, None] * stride_t + cols[None, :])
+    return tl.load(p, mask=cols[None, :] < HEAD_DIM, other=0.0)
+
+
+@triton.jit
+def _ut_rd_store(ptr, x, bh, start, stride_b, stride_t, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                 BT: tl.constexpr):
+    """Store ``x`` as the tile :func:`_ut_rd_load` reads."""
+    cols = tl.arange(0, BLOCK_D)
+    p = ptr + bh * stride_b + start * stride_t + (tl.arange(0, BT)[:, None] * stride_t + cols[None, :])
+    tl.store(p, x, mask=cols[None, :] < HEAD_DIM)
+
+
+@triton.jit
+def _ut_bwd_aw(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, DQ, DK, DW, DBETA, T,
+               stride_qb, stride_qt, stride_kb, stride_kt, stride_wb, stride_wt, stride_pb, stride_pt,
+               stride_ab, stride_at, stride_gb, stride_gj, stride_ob, stride_ot,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr):
+    """The backward of :func:`_ut_prepare` (PaTH's outputs ``q~``, ``k~``, ``Ã``, ``G``), first of five kernels,
+    one block per program.
 
     With ``QW = lower(Q W^T)``, ``WK = strictLower(W K^T)``, ``A = X D_beta``, ``X = (I + N)^{-1}``,
     ``N = strictLower(D_beta W W^T)``, the forward is ::
 
         q~ = Q - QW (A W)      k~ = K - (A WK)^T W      Ã = lower(Q K^T) - (QW A) WK      G = -W^T (A W)
 
-    From ``dq~, dk~`` (``DQT, DKT``, laid out as ``QT``), ``dÃ`` (``DAD``, as ``AD``) and ``dG`` (``DG``, as
-    ``GM``), all fp32, this half writes the gradients of the small factors: ``dA``, ``dQW`` (masked),
-    ``dWK`` (masked) (``[BT, BT]`` each, as ``AD``) and ``d(A W)`` (as ``QT``).  Each line reverses one
-    product; the split keeps fewer ``BT x BT`` tiles alive than one kernel would.
+    and the gradients of its outputs are ``dq~, dk~`` (``DQT, DKT``, laid out as ``QT``), ``dÃ`` (``DAD``, as
+    ``AD``) and ``dG`` (``DG``, as ``GM``), all fp32.  This kernel reverses the products through ``A W``: it
+    writes ``d(A W)`` (``DAW``, as ``QT``) and the first terms of ``dQW`` and ``dA`` (``DQW``, ``DA``, as ``AD``).
     """
-    q, k, w, beta, xi, lower, strict, p_sq = _ut_block(Q, K, W, BETA, INV, T, stride_qb, stride_qt, stride_kb,
-                                                       stride_kt, stride_wb, stride_wt, stride_ab, stride_at,
-                                                       HEAD_DIM, BLOCK_D, BT, PRECISION)
     blk = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
+    start = blk * BT
     rows = tl.arange(0, BT)
     offs_d = tl.arange(0, BLOCK_D)
     CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
-    p_rd = bh * stride_pb + (blk * BT + rows[:, None]) * stride_pt + offs_d[None, :]  # a [BT, BD] tile, QT's layout
-    a = xi * beta[None, :]
-    qw = tl.where(lower, _dot(q, tl.trans(w), PRECISION), 0.0)
-    wk = tl.where(strict, _dot(w, tl.trans(k), PRECISION), 0.0)
-    # q~ = Q - QW (A W),  G = -W^T (A W)
-    dqt = tl.load(DQT + p_rd, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
-    dg = _load_rows(DG + bh * stride_gb + blk * stride_gj, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D,
-                    CHECK_D)
-    daw = -_dot(w, dg, PRECISION) - _dot(tl.trans(qw), dqt, PRECISION)  # [BT, BD]
-    dqw = -_dot(dqt, tl.trans(_dot(a, w, PRECISION)), PRECISION)  # [BT, BT]
-    tl.store(DAW + p_rd, daw, mask=offs_d[None, :] < HEAD_DIM)
-    da = _dot(daw, tl.trans(w), PRECISION)  # A W
-    # Ã = lower(Q K^T) - (QW A) WK
-    dad = tl.where(lower, tl.load(DAD + p_sq), 0.0)
-    dy = -_dot(dad, tl.trans(wk), PRECISION)  # d(QW A)
-    dqw += _dot(dy, tl.trans(a), PRECISION)
-    da += _dot(tl.trans(qw), dy, PRECISION)
-    dwk = -_dot(tl.trans(_dot(qw, a, PRECISION)), dad, PRECISION)
-    tl.store(DQW + p_sq, tl.where(lower, dqw, 0.0))
-    # k~ = K - (A WK)^T W
-    dkt = tl.load(DKT + p_rd, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
-    dz = -_dot(w, tl.trans(dkt), PRECISION)  # d(A WK)
-    da += _dot(dz, tl.trans(wk), PRECISION)
-    dwk += _dot(tl.trans(a), dz, PRECISION)
-    tl.store(DWK + p_sq, tl.where(strict, dwk, 0.0))
-    tl.store(DA + p_sq, da)
+    beta = tl.load(BETA + bh * T + start + rows, mask=rows < T - start, other=0.0)  # [BT]
+    a = tl.load(_ut_sq(INV, bh, start, stride_ab, stride_at, BT)) * beta[None, :]  # [BT, BT]
+    w = _rn(_ut_tile(W, bh, start, stride_wb, stride_wt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)  # [BT, BD]
+    dqt = _ut_rd_load(DQT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT)  # [BT, BD]
+    # q~ = Q - QW (A W)
+    tl.store(_ut_sq(DQW, bh, start, stride_ab, stride_at, BT), -_dot(dqt, tl.trans(_dot(a, w, PRECISION)), PRECISION))
+    qw = tl.where(rows[:, None] >= rows[None, :],
+                  _dot(_ut_tile(Q, bh, start, stride_qb, stride_qt, T, HEAD_DIM, BLOCK_D, BT), tl.trans(w), PRECISION),
+                  0.0)  # [BT, BT]
+    daw = -_dot(tl.trans(qw), dqt, PRECISION)  # [BT, BD]
+    # G = -W^T (A W)
+    daw -= _dot(w, _load_rows(DG + bh * stride_gb + blk * stride_gj, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM,
+                              CHECK_D, CHECK_D), PRECISION)
+    _ut_rd_store(DAW, daw, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT)
+    tl.store(_ut_sq(DA, bh, start, stride_ab, stride_at, BT), _dot(daw, tl.trans(w), PRECISION))
 
 
 @triton.jit
-def _ut_bwd_inputs(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, DQ, DK, DW, DBETA, T,
-                   stride_qb, stride_qt, stride_kb, stride_kt, stride_wb, stride_wt,
-                   stride_pb, stride_pt, stride_ab, stride_at, stride_gb, stride_gj, stride_ob, stride_ot,
+def _ut_bwd_scores(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, DQ, DK, DW, DBETA, T,
+                   stride_qb, stride_qt, stride_kb, stride_kt, stride_wb, stride_wt, stride_pb, stride_pt,
+                   stride_ab, stride_at, stride_gb, stride_gj, stride_ob, stride_ot,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr):
-    """Second half (after :func:`_ut_bwd_scores`, whose outputs it reads): ``dq, dk, dw`` (``(BH, T, D)`` fp32)
-    and ``dbeta`` (``(BH, T)``), through the masks, the products with ``Q, K, W`` and the inverse
-    (``dN = -X^T dX X^T``)."""
-    q, k, w, beta, xi, lower, strict, p_sq = _ut_block(Q, K, W, BETA, INV, T, stride_qb, stride_qt, stride_kb,
-                                                       stride_kt, stride_wb, stride_wt, stride_ab, stride_at,
-                                                       HEAD_DIM, BLOCK_D, BT, PRECISION)
+    """Second of five (after :func:`_ut_bwd_aw`): the products through ``Ã`` and ``k~``.  Completes ``dQW``
+    (masked), ``dA`` and writes ``dWK`` (masked)."""
     blk = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
+    start = blk * BT
+    rows = tl.arange(0, BT)
+    lower = rows[:, None] >= rows[None, :]
+    strict = rows[:, None] > rows[None, :]
+    beta = tl.load(BETA + bh * T + start + rows, mask=rows < T - start, other=0.0)  # [BT]
+    a = tl.load(_ut_sq(INV, bh, start, stride_ab, stride_at, BT)) * beta[None, :]  # [BT, BT]
+    w = _rn(_ut_tile(W, bh, start, stride_wb, stride_wt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)  # [BT, BD]
+    wk = tl.where(strict, _dot(w, tl.trans(_ut_tile(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT)),
+                               PRECISION), 0.0)  # [BT, BT]
+    # Ã = lower(Q K^T) - (QW A) WK
+    dad = tl.where(lower, tl.load(_ut_sq(DAD, bh, start, stride_ab, stride_at, BT)), 0.0)  # [BT, BT]
+    dy = -_dot(dad, tl.trans(wk), PRECISION)  # d(QW A), [BT, BT]
+    dqw = tl.load(_ut_sq(DQW, bh, start, stride_ab, stride_at, BT)) + _dot(dy, tl.trans(a), PRECISION)
+    tl.store(_ut_sq(DQW, bh, start, stride_ab, stride_at, BT), tl.where(lower, dqw, 0.0))
+    qw = tl.where(lower, _dot(_ut_tile(Q, bh, start, stride_qb, stride_qt, T, HEAD_DIM, BLOCK_D, BT), tl.trans(w),
+                              PRECISION), 0.0)  # [BT, BT]
+    da = _dot(tl.trans(qw), dy, PRECISION)  # [BT, BT]
+    dwk = -_dot(tl.trans(_dot(qw, a, PRECISION)), dad, PRECISION)  # [BT, BT]
+    # k~ = K - (A WK)^T W
+    dz = -_dot(w, tl.trans(_ut_rd_load(DKT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT)),
+               PRECISION)  # d(A WK), [BT, BT]
+    tl.store(_ut_sq(DWK, bh, start, stride_ab, stride_at, BT), tl.where(strict, dwk + _dot(tl.trans(a), dz, PRECISION),
+                                                                       0.0))
+    da += _dot(dz, tl.trans(wk), PRECISION)
+    p_da = _ut_sq(DA, bh, start, stride_ab, stride_at, BT)
+    tl.store(p_da, tl.load(p_da) + da)
+
+
+@triton.jit
+def _ut_bwd_qk(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, DQ, DK, DW, DBETA, T,
+               stride_qb, stride_qt, stride_kb, stride_kt, stride_wb, stride_wt, stride_pb, stride_pt,
+               stride_ab, stride_at, stride_gb, stride_gj, stride_ob, stride_ot,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr):
+    """Third of five: ``dq, dk`` (``(BH, T, D)`` fp32; the direct terms and the masks' products) and the masks'
+    terms of ``dw`` (written to ``DW``, which the last two complete)."""
+    blk = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    start = blk * BT
+    rows = tl.arange(0, BT)
+    offs_d = tl.arange(0, BLOCK_D)
+    left = T - start
+    p_out = bh * stride_ob + start * stride_ot
+    w = _rn(_ut_tile(W, bh, start, stride_wb, stride_wt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)  # [BT, BD]
+    k = _ut_tile(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT)  # [BT, BD]
+    q = _ut_tile(Q, bh, start, stride_qb, stride_qt, T, HEAD_DIM, BLOCK_D, BT)  # [BT, BD]
+    dad = tl.where(rows[:, None] >= rows[None, :], tl.load(_ut_sq(DAD, bh, start, stride_ab, stride_at, BT)), 0.0)
+    dqw = tl.load(_ut_sq(DQW, bh, start, stride_ab, stride_at, BT))  # [BT, BT]
+    dq = _ut_rd_load(DQT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT) + _dot(dad, k, PRECISION)
+    _store_rows(DQ + p_out, dq + _dot(dqw, w, PRECISION), rows, offs_d, stride_ot, left, HEAD_DIM)
+    dwk = tl.load(_ut_sq(DWK, bh, start, stride_ab, stride_at, BT))  # [BT, BT]
+    dk = _ut_rd_load(DKT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT) + _dot(tl.trans(dad), q, PRECISION)
+    _store_rows(DK + p_out, dk + _dot(tl.trans(dwk), w, PRECISION), rows, offs_d, stride_ot, left, HEAD_DIM)
+    _store_rows(DW + p_out, _dot(tl.trans(dqw), q, PRECISION) + _dot(dwk, k, PRECISION), rows, offs_d, stride_ot,
+                left, HEAD_DIM)
+
+
+@triton.jit
+def _ut_bwd_w(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, DQ, DK, DW, DBETA, T,
+              stride_qb, stride_qt, stride_kb, stride_kt, stride_wb, stride_wt, stride_pb, stride_pt,
+              stride_ab, stride_at, stride_gb, stride_gj, stride_ob, stride_ot,
+              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr):
+    """Fourth of five: adds ``dw``'s terms through ``k~``, ``G`` and ``A W`` to ``DW``."""
+    blk = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    start = blk * BT
     rows = tl.arange(0, BT)
     offs_d = tl.arange(0, BLOCK_D)
     CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
-    p_rd = bh * stride_pb + (blk * BT + rows[:, None]) * stride_pt + offs_d[None, :]  # a [BT, BD] tile, QT's layout
-    p_out = bh * stride_ob + blk * BT * stride_ot
-    left = T - blk * BT
-    a = xi * beta[None, :]
-    dad = tl.where(lower, tl.load(DAD + p_sq), 0.0)
-    dqw = tl.load(DQW + p_sq)
-    dwk = tl.load(DWK + p_sq)
-    # dq, dk: the direct terms and the masks' products
-    dq = tl.load(DQT + p_rd, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
-    dq += _dot(dad, k, PRECISION) + _dot(dqw, w, PRECISION)
-    _store_rows(DQ + p_out, dq, rows, offs_d, stride_ot, left, HEAD_DIM)
-    dkt = tl.load(DKT + p_rd, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
-    dk = dkt + _dot(tl.trans(dad), q, PRECISION) + _dot(tl.trans(dwk), w, PRECISION)
-    _store_rows(DK + p_out, dk, rows, offs_d, stride_ot, left, HEAD_DIM)
-    # dw: G, k~, A W, the masks
+    left = T - start
+    p_out = bh * stride_ob + start * stride_ot
+    beta = tl.load(BETA + bh * T + start + rows, mask=rows < left, other=0.0)  # [BT]
+    a = tl.load(_ut_sq(INV, bh, start, stride_ab, stride_at, BT)) * beta[None, :]  # [BT, BT]
+    w = _rn(_ut_tile(W, bh, start, stride_wb, stride_wt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)  # [BT, BD]
+    # k~ = K - (A WK)^T W,  G = -W^T (A W),  and A W itself
+    wk = tl.where(rows[:, None] > rows[None, :],
+                  _dot(w, tl.trans(_ut_tile(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT)),
+                       PRECISION), 0.0)  # [BT, BT]
+    dw = _load_rows(DW + p_out, rows, offs_d, stride_ot, left, HEAD_DIM, True, CHECK_D)  # [BT, BD]
+    dw -= _dot(_dot(a, wk, PRECISION), _ut_rd_load(DKT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT),
+               PRECISION)
     dg = _load_rows(DG + bh * stride_gb + blk * stride_gj, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D,
-                    CHECK_D)
-    wk = tl.where(strict, _dot(w, tl.trans(k), PRECISION), 0.0)
-    dw = -_dot(_dot(a, w, PRECISION), tl.trans(dg), PRECISION) - _dot(_dot(a, wk, PRECISION), dkt, PRECISION)
-    daw = tl.load(DAW + p_rd, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
-    dw += _dot(tl.trans(a), daw, PRECISION) + _dot(tl.trans(dqw), q, PRECISION) + _dot(dwk, k, PRECISION)
-    # A = X D_beta, X = (I + N)^{-1}, N = strictLower(D_beta W W^T)
-    da = tl.load(DA + p_sq)
+                    CHECK_D)  # [BD, BD]
+    dw -= _dot(_dot(a, w, PRECISION), tl.trans(dg), PRECISION)
+    dw += _dot(tl.trans(a), _ut_rd_load(DAW, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT), PRECISION)
+    _store_rows(DW + p_out, dw, rows, offs_d, stride_ot, left, HEAD_DIM)
+
+
+@triton.jit
+def _ut_bwd_inverse(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, DQ, DK, DW, DBETA, T,
+                    stride_qb, stride_qt, stride_kb, stride_kt, stride_wb, stride_wt, stride_pb, stride_pt,
+                    stride_ab, stride_at, stride_gb, stride_gj, stride_ob, stride_ot,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr):
+    """Last of five: through ``A = X D_beta``, ``X = (I + N)^{-1}``, ``N = strictLower(D_beta W W^T)``
+    (``dN = -X^T dX X^T``): writes ``dbeta`` (``(BH, T)`` fp32) and completes ``dw``."""
+    blk = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    start = blk * BT
+    rows = tl.arange(0, BT)
+    offs_d = tl.arange(0, BLOCK_D)
+    strict = rows[:, None] > rows[None, :]
+    left = T - start
+    p_out = bh * stride_ob + start * stride_ot
+    beta = tl.load(BETA + bh * T + start + rows, mask=rows < left, other=0.0)  # [BT]
+    xi = tl.load(_ut_sq(INV, bh, start, stride_ab, stride_at, BT))  # [BT, BT]
+    da = tl.load(_ut_sq(DA, bh, start, stride_ab, stride_at, BT))  # [BT, BT]
     dbeta = tl.sum(xi * da, axis=0)
     dn = tl.where(strict, -_dot(_dot(tl.trans(xi), da * beta[None, :], PRECISION), tl.trans(xi), PRECISION), 0.0)
-    dbeta += tl.sum(dn * _dot(w, tl.trans(w), PRECISION), axis=1)
+    w = _rn(_ut_tile(W, bh, start, stride_wb, stride_wt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)  # [BT, BD]
+    tl.store(DBETA + bh * T + start + rows, dbeta + tl.sum(dn * _dot(w, tl.trans(w), PRECISION), axis=1),
+             mask=rows < left)
     dgram = dn * beta[:, None]
-    dw += _dot(dgram + tl.trans(dgram), w, PRECISION)
-    _store_rows(DW + p_out, dw, rows, offs_d, stride_ot, left, HEAD_DIM)
-    tl.store(DBETA + bh * T + blk * BT + rows, dbeta, mask=rows < left)
+    dw = _load_rows(DW + p_out, rows, offs_d, stride_ot, left, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # [BT, BD]
+    _store_rows(DW + p_out, dw + _dot(dgram + tl.trans(dgram), w, PRECISION), rows, offs_d, stride_ot, left,
+                HEAD_DIM)
 
 
 def _warps_that_compile(configs, nargs, **kwargs):
@@ -425,35 +505,39 @@ def _warps_that_compile(configs, nargs, **kwargs):
     return [c for c in configs if c.num_warps <= 4 or kwargs["HEAD_DIM"] >= 64]
 
 
+_UT_BWD_KERNELS = (_ut_bwd_aw, _ut_bwd_scores, _ut_bwd_qk, _ut_bwd_w, _ut_bwd_inverse)  # in launch order
 _UT_BWD_CONFIGS = [triton.Config({}, num_warps=w, num_stages=1) for w in (4, 8)]
 _UT_BWD_TUNING = dict(key=["HEAD_DIM", "BT", "PRECISION"], prune_configs_by={"early_config_prune": _warps_that_compile})
-_ut_bwd_scores_tuned = triton.autotune(_UT_BWD_CONFIGS, **_UT_BWD_TUNING)(_ut_bwd_scores)
-_ut_bwd_inputs_tuned = triton.autotune(_UT_BWD_CONFIGS, **_UT_BWD_TUNING)(_ut_bwd_inputs)
+# Some kernels add to what one before wrote: their trial runs must not leave sums behind.
+_UT_BWD_ADDS_TO = {_ut_bwd_scores: ["DQW", "DA"], _ut_bwd_w: ["DW"], _ut_bwd_inverse: ["DW"]}
+_UT_BWD_TUNED = tuple(triton.autotune(_UT_BWD_CONFIGS, **_UT_BWD_TUNING, restore_value=_UT_BWD_ADDS_TO.get(kernel, []))
+                      (kernel) for kernel in _UT_BWD_KERNELS)
 
 
 def ut_prepare_backward(q3, k3, w3, beta3, prep: "Prepared", dqt, dkt, dad, dg):
     """``dq, dk, dw, dbeta`` (fp32; ``(BH, T, D)`` and ``(BH, T)``) of PaTH's preparation pass, from the
     gradients of its outputs (fp32, in :class:`Prepared`'s layouts) and ``prep`` (made with
-    ``keep_inverse=True`` and ``norm_q=False``).  Two launches: :func:`_ut_bwd_scores`, :func:`_ut_bwd_inputs`
-    (4 or 8 warps, autotuned on a GPU)."""
+    ``keep_inverse=True`` and ``norm_q=False``).  Five launches, one block per program (:func:`_ut_bwd_aw`,
+    :func:`_ut_bwd_scores`, :func:`_ut_bwd_qk`, :func:`_ut_bwd_w`, :func:`_ut_bwd_inverse`; 4 or 8 warps,
+    autotuned on a GPU)."""
     T, D = prep._args[4:]
     BH = q3.shape[0]
     dq, dk, dw = (torch.empty(BH, T, D, dtype=torch.float32, device=q3.device) for _ in range(3))
     dbeta = torch.empty(BH, T, dtype=torch.float32, device=q3.device)
     da, dqw, dwk = (torch.empty_like(prep.ad) for _ in range(3))
     daw = torch.empty_like(dqt)
-    common = (T, q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), w3.stride(0), w3.stride(1),
-              prep.qt.stride(0), prep.qt.stride(1), prep.ad.stride(0), prep.ad.stride(1), prep.g.stride(0),
-              prep.g.stride(1))
+    args = (q3, k3, w3, beta3, prep.inv, dqt, dkt, dad, dg, da, dqw, dwk, daw, dq, dk, dw, dbeta, T,
+            q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), w3.stride(0), w3.stride(1),
+            prep.qt.stride(0), prep.qt.stride(1), prep.ad.stride(0), prep.ad.stride(1), prep.g.stride(0),
+            prep.g.stride(1), dq.stride(0), dq.stride(1))
     meta = dict(HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=prep.block, PRECISION=prep._flags["PRECISION"])
-    scores, inputs = _ut_bwd_scores_tuned, _ut_bwd_inputs_tuned
+    kernels = _UT_BWD_TUNED
     if interpreting():
-        scores, inputs = _ut_bwd_scores, _ut_bwd_inputs
+        kernels = _UT_BWD_KERNELS
         meta.update(num_warps=4, num_stages=1)
     grid = (triton.cdiv(T, prep.block), BH)
-    scores[grid](q3, k3, w3, beta3, prep.inv, dqt, dkt, dad, dg, da, dqw, dwk, daw, *common, **meta)
-    inputs[grid](q3, k3, w3, beta3, prep.inv, dqt, dkt, dad, dg, da, dqw, dwk, daw, dq, dk, dw, dbeta,
-                 *common, dq.stride(0), dq.stride(1), **meta)
+    for kernel in kernels:
+        kernel[grid](*args, **meta)
     return dq, dk, dw, dbeta
 
 

@@ -367,10 +367,12 @@ def test_dyadic_level_is_the_highest_differing_bit():
             assert I >> (lvl + 1) == J >> (lvl + 1) and (I >> lvl) & 1 == 1 and (J >> lvl) & 1 == 0
 
 
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.float16, 1e-3)], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("nb, D, BT", [(2, 16, 16), (3, 16, 16), (5, 32, 16), (8, 16, 32), (7, 24, 16)])
-def test_triton_carries_and_their_reverse_match_autograd(nb, D, BT):
+def test_triton_carries_and_their_reverse_match_autograd(nb, D, BT, dtype, tol):
     """``carry_forward`` (queries and keys to their meeting points) against ``path._meeting_points``, and
-    ``carry_backward`` against autograd through it: fp32 kernels (interpreter) vs float64."""
+    ``carry_backward`` against autograd through it (interpreter) vs float64: with fp32 factors, and with the
+    fp16 factors of 16-bit inputs, whose carries are multiplied in fp16 (10 mantissa bits, as rounded tf32)."""
     from pathedu.kernels.path_carry import carry_backward, carry_forward
 
     g = torch.Generator().manual_seed(nb * 100 + D)
@@ -382,14 +384,14 @@ def test_triton_carries_and_their_reverse_match_autograd(nb, D, BT):
     X = path._meeting_points(leaves[0], leaves[1], eye + leaves[2])
     dX = torch.randn(X.shape, generator=g, dtype=torch.float64)
     want = torch.autograd.grad(X, leaves, dX, allow_unused=True)
-    flat = [x.float().flatten(1, 2).contiguous() for x in (qt, kt)]
-    got_X = carry_forward(flat[0], flat[1], G.float().contiguous(), BT, torch.float32)
-    assert rel_err(got_X.double(), X.flatten(-3, -2)) < 1e-5
-    got = carry_backward(flat[0], flat[1], G.float().contiguous(), BT, dX.float().flatten(-3, -2).contiguous(),
-                         torch.float32)
+    flat = [x.to(dtype).flatten(1, 2).contiguous() for x in (qt, kt)]
+    got_X = carry_forward(flat[0], flat[1], G.to(dtype).contiguous(), BT, dtype)
+    assert got_X.dtype == dtype and rel_err(got_X.double(), X.flatten(-3, -2)) < tol
+    got = carry_backward(flat[0], flat[1], G.to(dtype).contiguous(), BT, dX.float().flatten(-3, -2).contiguous(),
+                         dtype)
     for name, a, b, like in zip(("dq~", "dk~", "dG"), got, want, leaves):
         b = torch.zeros_like(like) if b is None else b
-        assert rel_err(a.double().reshape(b.shape), b) < 1e-5, name
+        assert a.dtype == torch.float32 and rel_err(a.double().reshape(b.shape), b) < tol, name
 
 
 def test_backward_tiles_fit_the_schedule():

@@ -43,7 +43,22 @@ KERNELS = {
                                       ("Q", "K", "O"), 4),
     "_linear_fwd (Gated DeltaNet: delta + decay)": ("linear_attention", "_linear_fwd",
                                                     dict(_LIN, GATE="delta", DECAY=True), ("Q", "K", "O"), 4),
+    # PaTH's backward: its O(T D^2) steps (NOTES_path.md, section 7)
+    "_carry_fwd": ("path_carry", "_carry_fwd", dict(_D, BT=64, CARRY="fp16"), ("QT", "KT", "GM", "X"), 4),
+    "_carry_bwd": ("path_carry", "_carry_bwd", dict(_D, BT=64, CARRY="fp16", PRECISION="tf32"),
+                   ("QT", "KT", "GM", "SCRATCH"), 4),
+    "_ut_bwd_aw": ("ut_prepare", "_ut_bwd_aw", dict(_D, BT=64, PRECISION="tf32"), ("Q", "K"), 4),
+    "_ut_bwd_aw (8 warps)": ("ut_prepare", "_ut_bwd_aw", dict(_D, BT=64, PRECISION="tf32"), ("Q", "K"), 8),
+    "_ut_bwd_scores": ("ut_prepare", "_ut_bwd_scores", dict(_D, BT=64, PRECISION="tf32"), ("Q", "K"), 4),
+    "_ut_bwd_scores (8 warps)": ("ut_prepare", "_ut_bwd_scores", dict(_D, BT=64, PRECISION="tf32"), ("Q", "K"), 8),
+    "_ut_bwd_qk": ("ut_prepare", "_ut_bwd_qk", dict(_D, BT=64, PRECISION="tf32"), ("Q", "K"), 4),
+    "_ut_bwd_qk (8 warps)": ("ut_prepare", "_ut_bwd_qk", dict(_D, BT=64, PRECISION="tf32"), ("Q", "K"), 8),
+    "_ut_bwd_w": ("ut_prepare", "_ut_bwd_w", dict(_D, BT=64, PRECISION="tf32"), ("Q", "K"), 4),
+    "_ut_bwd_w (8 warps)": ("ut_prepare", "_ut_bwd_w", dict(_D, BT=64, PRECISION="tf32"), ("Q", "K"), 8),
+    "_ut_bwd_inverse": ("ut_prepare", "_ut_bwd_inverse", dict(_D, BT=64, PRECISION="tf32"), ("Q", "K"), 4),
+    "_ut_bwd_inverse (8 warps)": ("ut_prepare", "_ut_bwd_inverse", dict(_D, BT=64, PRECISION="tf32"), ("Q", "K"), 8),
 }
+_INTS = ("T", "NB", "h")  # integer scalars besides the strides
 
 
 def _signature(fn, constexprs: dict, ptrs: tuple, dtype: str) -> dict:
@@ -55,7 +70,7 @@ def _signature(fn, constexprs: dict, ptrs: tuple, dtype: str) -> dict:
             sig[name] = "constexpr"
         elif name in ptrs:
             sig[name] = "*" + dtype
-        elif name == "T" or name.startswith("stride"):
+        elif name in _INTS or name.startswith("stride"):
             sig[name] = "i32"
         elif name == "log2_base":
             sig[name] = "fp32"
