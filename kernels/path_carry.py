@@ -123,9 +123,10 @@ def _carry_bwd(QT, KT, GM, DX, DQT, DKT, DGM, SCRATCH, NB, h, stride_tb, stride_
             g = _load_rows(GM + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
             dq = _load_rows(DQT + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
             _store_rows(DQT + b * RD, dq + _dot(dx, tl.trans(c), PRECISION), rows, offs_d, HEAD_DIM, BT, HEAD_DIM)
-            dg = _load_rows(DGM + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
-            _store_rows(DGM + b * DD, dg + _dot(s, tl.trans(c), PRECISION), offs_d, offs_d, HEAD_DIM, HEAD_DIM,
-                        HEAD_DIM)
+            if tt > 0:  # the last block's S is 0: no dPhi to add
+                dg = _load_rows(DGM + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
+                _store_rows(DGM + b * DD, dg + _dot(s, tl.trans(c), PRECISION), offs_d, offs_d, HEAD_DIM, HEAD_DIM,
+                            HEAD_DIM)
             s += _dot(tl.trans(q), dx, PRECISION) + _dot(tl.trans(g), s, PRECISION)
     else:  # left half
         t0 = tl.maximum(mid - NB, 0)
@@ -144,9 +145,10 @@ def _carry_bwd(QT, KT, GM, DX, DQT, DKT, DGM, SCRATCH, NB, h, stride_tb, stride_
             g = _load_rows(GM + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
             dk = _load_rows(DKT + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
             _store_rows(DKT + b * RD, dk + _dot(dx, tl.trans(e), PRECISION), rows, offs_d, HEAD_DIM, BT, HEAD_DIM)
-            dg = _load_rows(DGM + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
-            _store_rows(DGM + b * DD, dg + _dot(e, tl.trans(u), PRECISION), offs_d, offs_d, HEAD_DIM, HEAD_DIM,
-                        HEAD_DIM)
+            if t > 0:  # the first block's U is 0: no dPhi to add
+                dg = _load_rows(DGM + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
+                _store_rows(DGM + b * DD, dg + _dot(e, tl.trans(u), PRECISION), offs_d, offs_d, HEAD_DIM, HEAD_DIM,
+                            HEAD_DIM)
             u += _dot(g, u, PRECISION) + _dot(tl.trans(k), dx, PRECISION)
 
 
@@ -183,7 +185,8 @@ def levels(nb: int) -> int:
 
 
 def carry_forward(qt, kt, g, block: int, dtype) -> torch.Tensor:
-    """The meeting-point rows ``X: (L, BH, T_pad, D)`` in ``dtype`` (:func:`_carry_fwd`, one launch per level).
+    """The meeting-point rows ``X: (L, BH, T_pad, D)`` in ``dtype`` (:func:`_carry_fwd`, one launch per level
+    from level 1; level 0 is a copy).
 
     ``qt, kt: (BH, T_pad, D)`` (``q~``, ``k~`` in blocks of ``block`` rows), ``g: (BH, T_pad / block, D, D)``
     (each block's ``G = Phi - I``), as :class:`.ut_prepare.Prepared` makes them: all fp32, or all fp16 (then
@@ -192,8 +195,12 @@ def carry_forward(qt, kt, g, block: int, dtype) -> torch.Tensor:
     BH, T_pad, D = qt.shape
     nb = T_pad // block
     X = torch.empty((levels(nb), BH, T_pad, D), dtype=dtype, device=qt.device)
+    if nb > 1:  # level 0: every half is one block, whose carry is the identity: X is q~ (odd blocks), k~ (even)
+        blocks = X[0].view(BH, nb, block, D)
+        blocks[:, 1::2] = qt.view(BH, nb, block, D)[:, 1::2]
+        blocks[:, 0::2] = kt.view(BH, nb, block, D)[:, 0::2]
     kernel, fixed = _kernel(_carry_fwd_tuned, _carry_fwd)
-    for lvl in range(X.shape[0]):
+    for lvl in range(1, X.shape[0]):
         h = 1 << lvl
         kernel[(-(-nb // (2 * h)), 2, BH)](qt, kt, g, X[lvl], nb, h, qt.stride(0), g.stride(0), HEAD_DIM=D,
                                            BLOCK_D=next_pow2(D), BT=block, CARRY=_carry_precision(g, D), **fixed)
@@ -202,15 +209,20 @@ def carry_forward(qt, kt, g, block: int, dtype) -> torch.Tensor:
 
 def carry_backward(qt, kt, g, block: int, dX, dtype):
     """``dq~, dk~, dG`` (fp32, shaped like ``qt, kt, g``) from ``dX`` (:func:`carry_forward`'s output's gradient):
-    :func:`_carry_bwd` once per level, each adding to what the levels before left.  ``dtype``: the inputs'
+    :func:`_carry_bwd` once per level from level 1 (level 0 is a copy), each adding to what the levels before
+    left.  ``dtype``: the inputs'
     (it sets the gradient products' precision)."""
     BH, T_pad, D = qt.shape
     nb = T_pad // block
     dqt, dkt = (torch.zeros(qt.shape, dtype=torch.float32, device=qt.device) for _ in range(2))
     dg = torch.zeros(g.shape, dtype=torch.float32, device=g.device)
     scratch = torch.empty_like(g)
+    if nb > 1:  # level 0 (see carry_forward): dq~ and dk~ are dX's rows, and no dPhi (S and U are 0)
+        blocks = dX[0].view(BH, nb, block, D)
+        dqt.view(BH, nb, block, D)[:, 1::2] = blocks[:, 1::2]
+        dkt.view(BH, nb, block, D)[:, 0::2] = blocks[:, 0::2]
     kernel, fixed = _kernel(_carry_bwd_tuned, _carry_bwd)
-    for lvl in range(dX.shape[0]):
+    for lvl in range(1, dX.shape[0]):
         h = 1 << lvl
         kernel[(-(-nb // (2 * h)), 2, BH)](qt, kt, g, dX[lvl], dqt, dkt, dg, scratch, nb, h, qt.stride(0),
                                            g.stride(0), HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=block,
