@@ -540,24 +540,20 @@ def _bwd_stats(x: Flat, c, do, scale: float, block: int, prep: Prepared, X):
     return lse, delta
 
 
-def _dx_dtype(input_dtype):
-    """The dtype of ``dX``, the gradient of the meeting-point rows: fp32 for fp32 inputs, bf16 for 16-bit ones."""
-    return torch.float32 if input_dtype == torch.float32 else torch.bfloat16
-
-
 def _bwd_kernel(x: Flat, c, do, scale: float, block: int, prep: Prepared, X, _config=None):
     """The backward's own softmax statistics (:func:`_bwd_stats`) and one launch of :func:`_path_bwd`:
-    ``dX`` (:func:`_dx_dtype`, shaped like ``X``), ``dÃ`` (fp32, like ``prep.ad``), ``dv`` and the row and column
+    ``dX`` (fp32, shaped like ``X``), ``dÃ`` (fp32, like ``prep.ad``), ``dv`` and the row and column
     sums of ``dz`` (None without a gate)."""
     n = x.n
     lse, delta = _bwd_stats(x, c, do, scale, block, prep, X)
     levels = X.shape[0]
-    # dX in bf16 for 16-bit inputs (fp32's exponent range: a trained layer's gradients sit below fp16's, section 8
-    # of NOTES_path.md), fp32 for fp32 inputs.  It is the backward's largest tensor (L * BH * T * D values);
-    # the reversed carries read it once.  A bf16 dX left the bf16 gradients' error as it was (NOTES_path.md, 7
-    # and 10).  Every row before T is written by exactly one program of _path_bwd at every level; the rows past
-    # T, which nothing writes and the reversed carries read as whole blocks, are zeroed here.
-    dX = torch.empty(X.shape, dtype=_dx_dtype(x.dtype), device=X.device)
+    # dX (L * BH * T * D values, the backward's largest tensor) in fp32.  bf16 would halve its bytes (the
+    # reversed carries read it once) and keeps fp32's exponent range, but measured on the H100 it made PaTH's bf16
+    # gradients 7-17% less accurate (w and beta 2.5e-3 and 2.4e-3 from float64 instead of 2.2e-3 and 2.0e-3) for
+    # at most 2% of the time (kernels/NOTES_path.md, section 10).  Every row before T is written by exactly one
+    # program of _path_bwd at every level (a block is in a left or a right half); only the rows past T, which
+    # nothing writes and the reversed carries read as whole blocks, are zeroed here.
+    dX = torch.empty(X.shape, dtype=torch.float32, device=X.device)
     dX[:, :, n.T:].zero_()
     dad = torch.empty_like(prep.ad)
     dad[:, n.T:].zero_()

@@ -86,7 +86,7 @@ def _carry_bwd(QT, KT, GM, DX, DQT, DKT, DGM, SCRATCH, NB, h, stride_tb, stride_
                PRECISION: tl.constexpr):
     """The reverse of :func:`_carry_fwd` for one half: adds this level's ``dq~`` (right halves), ``dk~`` (left
     halves) and ``dPhi`` (both) to ``DQT``, ``DKT``, ``DGM`` (fp32, shaped like ``QT``, ``KT``, ``GM``).
-    ``DX``: the level's ``dX`` (fp32 or bf16); ``SCRATCH``: ``(BH, NB, D, D)`` in ``GM``'s dtype, for the half's carries.
+    ``DX``: the level's ``dX`` (fp32); ``SCRATCH``: ``(BH, NB, D, D)`` in ``GM``'s dtype, for the half's carries.
     The carries are rebuilt in ``CARRY`` precision, as :func:`_carry_fwd` built them; every product with a
     gradient runs in ``PRECISION`` (never fp16: gradients can be smaller than fp16's normal range)."""
     node = tl.program_id(0)
