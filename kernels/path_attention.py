@@ -468,12 +468,19 @@ def path_attention(q, k, v, w, beta, *, scale=None, block=None, log_f=None, _con
         return x.result(_path_launch(x, w3, beta3, scale, block, update, cfg, c))
 
 
+def _ten_bit(input_dtype):
+    """Where PaTH keeps a factor that its products read with 10 mantissa bits (rounded tf32 for 16-bit inputs):
+    fp16, which holds those bits in half the bytes, for 16-bit inputs; fp32 for fp32 inputs.  The carried query's
+    updates, the backward's preparation factors and its meeting-point rows."""
+    return torch.float32 if input_dtype == torch.float32 else torch.float16
+
+
 def _prepare(x: Flat, w3, beta3, block: int, *, update: str = "dense", update_dtype=None, precision=None) -> Prepared:
     """PaTH's preparation pass on validated inputs.  Logits in the input dtype; the carried query's
     updates in ``update_dtype`` (default fp16, fp32 for fp32 inputs); ``precision``: the pass's
     products (default :func:`.ut_prepare.prep_precision`)."""
     if update_dtype is None:
-        update_dtype = torch.float32 if x.dtype == torch.float32 else torch.float16
+        update_dtype = _ten_bit(x.dtype)
     return Prepared(x.q, x.k, w3, beta3, x.n.T, block, q_dtype=update_dtype, k_dtype=x.dtype,
                     update_dtype=update_dtype, norm_q=True, store_ut=update == "ut",
                     precision=prep_precision(x.dtype) if precision is None else precision)
@@ -516,7 +523,7 @@ def _bwd_prepare(x: Flat, w3, beta3, block: int) -> Prepared:
     and in fp16 for 16-bit ones (the carries' products round their operands to 10 mantissa bits either way:
     :func:`.path_carry._carry_precision`), and the blocks' inverses kept (:func:`.ut_prepare.ut_prepare_backward`
     reads them)."""
-    dtype = torch.float32 if x.dtype == torch.float32 else torch.float16
+    dtype = _ten_bit(x.dtype)
     return Prepared(x.q, x.k, w3, beta3, x.n.T, block, q_dtype=dtype, k_dtype=dtype, update_dtype=dtype,
                     keep_inverse=True, precision=prep_precision(x.dtype))
 
@@ -597,9 +604,7 @@ _BWD_X_DTYPE = None
 
 def _stored_x_dtype(input_dtype):
     """The dtype the backward keeps its meeting-point rows in, for inputs of ``input_dtype``."""
-    if _BWD_X_DTYPE is not None:
-        return _BWD_X_DTYPE
-    return torch.float32 if input_dtype == torch.float32 else torch.float16
+    return _ten_bit(input_dtype) if _BWD_X_DTYPE is None else _BWD_X_DTYPE
 
 
 @contextlib.contextmanager
