@@ -56,17 +56,11 @@ KERNELS = {
     "_carry_fwd": ("path_carry", "_carry_fwd", dict(_D, BT=64, CARRY="fp16"), ("QT", "KT", "GM", "X"), 4),
     "_carry_bwd": ("path_carry", "_carry_bwd", dict(_D, BT=64, CARRY="fp16", PRECISION="tf32"),
                    ("QT", "KT", "GM", "SCRATCH"), 4),
-    "_ut_bwd_aw": ("ut_prepare", "_ut_bwd_aw", dict(_D, BT=64, PRECISION="tf32"), ("Q", "K"), 4),
-    "_ut_bwd_aw (8 warps)": ("ut_prepare", "_ut_bwd_aw", dict(_D, BT=64, PRECISION="tf32"), ("Q", "K"), 8),
-    "_ut_bwd_scores": ("ut_prepare", "_ut_bwd_scores", dict(_D, BT=64, PRECISION="tf32"), ("Q", "K"), 4),
-    "_ut_bwd_scores (8 warps)": ("ut_prepare", "_ut_bwd_scores", dict(_D, BT=64, PRECISION="tf32"), ("Q", "K"), 8),
-    "_ut_bwd_qk": ("ut_prepare", "_ut_bwd_qk", dict(_D, BT=64, PRECISION="tf32"), ("Q", "K"), 4),
-    "_ut_bwd_qk (8 warps)": ("ut_prepare", "_ut_bwd_qk", dict(_D, BT=64, PRECISION="tf32"), ("Q", "K"), 8),
-    "_ut_bwd_w": ("ut_prepare", "_ut_bwd_w", dict(_D, BT=64, PRECISION="tf32"), ("Q", "K"), 4),
-    "_ut_bwd_w (8 warps)": ("ut_prepare", "_ut_bwd_w", dict(_D, BT=64, PRECISION="tf32"), ("Q", "K"), 8),
-    "_ut_bwd_inverse": ("ut_prepare", "_ut_bwd_inverse", dict(_D, BT=64, PRECISION="tf32"), ("Q", "K"), 4),
-    "_ut_bwd_inverse (8 warps)": ("ut_prepare", "_ut_bwd_inverse", dict(_D, BT=64, PRECISION="tf32"), ("Q", "K"), 8),
 }
+KERNELS.update({  # the five kernels of the UT factors' backward, at 4 and 8 warps (the autotuner's two choices)
+    name + ("" if warps == 4 else f" ({warps} warps)"): ("ut_prepare", name, dict(_D, BT=64, PRECISION="tf32"),
+                                                          ("Q", "K"), warps)
+    for name in ("_ut_bwd_aw", "_ut_bwd_scores", "_ut_bwd_qk", "_ut_bwd_w", "_ut_bwd_inverse") for warps in (4, 8)})
 _INTS = ("T", "NB", "h")  # integer scalars besides the strides
 
 
