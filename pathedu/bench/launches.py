@@ -11,7 +11,9 @@ on the same inputs:
   (averaged over the profiled calls), and ``kernels``: each launch's name, count per call and mean duration;
 * ``loop_ms``: wall time per call of back-to-back calls with one synchronisation at the end (no cache flush);
 * ``host_ms``: the median wall time of one call on an idle GPU from the call to its return, what the host spends
-  before the caller can queue more work (it includes the wait of :class:`pathedu.checks.checked_after`).
+  before the caller can queue more work (it includes the wait of :class:`pathedu.checks.checked_after`);
+* ``host_top``: where that host time goes, the Python functions with the most time per call (``cProfile``,
+  cumulative and own time, ms per call): a synchronisation shows up as a built-in that waits.
 
 ``ms - device_ms`` is time the GPU spends idle or in launch gaps inside a call; when ``host_ms`` exceeds
 ``device_ms``, the host, not the GPU, sets the pace of back-to-back calls.  The data file
@@ -46,6 +48,29 @@ def _kernel_table(prof, calls: int) -> tuple[float, list[dict]]:
     return sum(r["total_us"] for r in table) / 1e3, table
 
 
+def _host_profile(fn, calls: int, top: int = 14) -> list[str]:
+    """The functions with the most cumulative and own time over ``calls`` calls of ``fn``, ms per call."""
+    import cProfile
+    import pstats
+
+    import torch
+
+    prof = cProfile.Profile()
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        prof.enable()
+        fn()
+        prof.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(prof).stats  # {(file, line, name): (calls, prim calls, own s, cumulative s, callers)}
+    lines = []
+    for what, col in (("cum", 3), ("own", 2)):
+        for (file, line, name), st in sorted(stats.items(), key=lambda kv: -kv[1][col])[:top]:
+            lines.append(f"{what} {st[col] * 1e3 / calls:7.3f} ms  {st[0] / calls:g}x  {name} "
+                         f"({file.rsplit('/', 2)[-1] if '/' in file else file}:{line})")
+    return lines
+
+
 def measure(fn, *, rep: int = 50, calls: int = 20) -> dict:
     """The four measures of the module docstring for a zero-argument GPU callable ``fn`` (already warm)."""
     import torch
@@ -72,7 +97,8 @@ def measure(fn, *, rep: int = 50, calls: int = 20) -> dict:
         fn()
         host.append((time.perf_counter() - t0) * 1e3)
     torch.cuda.synchronize()
-    return dict(ms=ms, device_ms=device_ms, loop_ms=loop_ms, host_ms=statistics.median(host), kernels=kernels)
+    return dict(ms=ms, device_ms=device_ms, loop_ms=loop_ms, host_ms=statistics.median(host), kernels=kernels,
+                host_top=_host_profile(fn, calls))
 
 
 def main(argv=None) -> int:
