@@ -60,7 +60,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..checks import check_scale, checked_after, finite_condition, log_gate_condition, range_condition
+from ..alibi import slope_condition
+from ..checks import check_scale, checked_after, log_gate_condition
 from ._launch import (Flat, dot_precision, interpreting, next_pow2, per_head, per_token, prepare_qkv, rotate_args,
                       wants_grad)
 from ._pieces import (LOG2E, _any_nonfinite, _first_nonfinite, _load_rotated, _load_rows, _no_nonfinite, _poison, _query_block,
@@ -532,8 +533,7 @@ def biased_attention(q, k, v, bias: str, bias_arg, *, scale=None, name: str = ""
     conditions = ()
     if bias == "alibi":
         bias_arg = per_head(bias_arg, name, x, backward=True)
-        conditions = (finite_condition(bias_arg, name), range_condition(
-            bias_arg, name, 0.0, float("inf"), " (ALiBi's bias -slope*(i-j) penalises distance)"))
+        conditions = (slope_condition(bias_arg, name),)
     elif bias == "loggate":
         bias_arg = per_token(bias_arg, name, x, backward=True)
         conditions = (log_gate_condition(bias_arg, name),)

@@ -103,6 +103,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..alibi import gamma_condition
 from ..checks import QKV, check_positive_int, checked_after, log_gate_condition
 from ._launch import Flat, dot_precision, interpreting, next_pow2, per_head, per_token, prepare_qkv, rotate_args
 from ._pieces import _dot, _load_rotated, _load_rows, _rope_cos_sin, _rope_shift, _store_rows
@@ -284,20 +285,12 @@ def gated_linear_attention(q, k, v, gate: str, gate_arg, *, chunk: int = 64, nam
     elif gate == "gamma":
         kind = "scalar"
         g = per_head(gate_arg, name, x, dtype=torch.float64)  # the log is taken in float64
-        condition = _gamma_condition(g, name)
+        condition = gamma_condition(g, name)
         log_f3 = torch.log(g).to(torch.float32)[:, None].expand(x.BH, x.n.T).contiguous()
     elif gate != "none":
         raise ValueError(f"`gate` must be 'none', 'log_f' or 'gamma', got {gate!r}")
     with checked_after(condition):  # the values are read once the kernel is queued
         return x.result(_linear_launch(x, kind, log_f3, chunk=chunk))
-
-
-def _gamma_condition(g, name: str):
-    """``0 < gamma <= 1`` everywhere, as a condition for :func:`pathedu.checks.require` (NaN fails)."""
-    if g.numel() == 0:
-        return None
-    return ((g > 0) & (g <= 1)).all(), lambda: (
-        f"`{name}` must lie in (0, 1] (a forget gate that shrinks the state); got {g[:8].tolist()}")
 
 
 def _check_chunk(chunk) -> int:

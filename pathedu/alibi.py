@@ -57,7 +57,7 @@ import numbers
 
 import torch
 
-from .checks import QKV, check_device, check_positive_int, check_qkv, check_scale, require
+from .checks import QKV, check_device, check_positive_int, check_qkv, check_scale, range_condition, require
 from .masks import causal_mask, causal_matmul, masked_logits
 from .nope import _initial_state, blockwise_softmax, causal_softmax, chunk_scan, decode_with_cache, empty_output
 
@@ -85,26 +85,23 @@ def _as_tensor(x, name: str) -> torch.Tensor:
     return torch.tensor(float(x), dtype=torch.float64)
 
 
-def _slope_condition(t: torch.Tensor, name: str = "slope"):
-    """``t`` finite and ``>= 0``, as a condition for :func:`pathedu.checks.require`."""
-    return ((torch.isfinite(t) & (t >= 0)).all(),
-            lambda: f"`{name}` must be finite and >= 0 (ALiBi's bias -slope*(i-j) penalises distance); "
-                    f"got {t.flatten()[:8].tolist()}")
+def slope_condition(t: torch.Tensor, name: str = "slope"):
+    """ALiBi's slopes ``t`` finite and ``>= 0``: a :class:`pathedu.checks.Condition` (one reduction)."""
+    return range_condition(t, name, 0.0, float("inf"), " (ALiBi's bias -slope*(i-j) penalises distance)",
+                           finite=True)
 
 
-def _gamma_condition(t: torch.Tensor, name: str = "gamma"):
-    """``t`` in ``(0, 1]``, as a condition for :func:`pathedu.checks.require`."""
-    return (((t > 0) & (t <= 1)).all(),
-            lambda: f"`{name}` must lie in (0, 1] (a forget gate that shrinks the state); "
-                    f"got {t.flatten()[:8].tolist()}")
+def gamma_condition(t: torch.Tensor, name: str = "gamma"):
+    """RetNet's gates ``t`` in ``(0, 1]``: a :class:`pathedu.checks.Condition` (one reduction)."""
+    return range_condition(t, name, 0.0, 1.0, " (a forget gate that shrinks the state)", lo_open=True)
 
 
 def _check_slope_values(t: torch.Tensor, name: str = "slope") -> None:
-    require(_slope_condition(t, name))
+    require(slope_condition(t, name))
 
 
 def _check_gamma_values(t: torch.Tensor, name: str = "gamma") -> None:
-    require(_gamma_condition(t, name))
+    require(gamma_condition(t, name))
 
 
 def _per_head(x, name: str, n: QKV, like: torch.Tensor, check, dtype=None) -> torch.Tensor:

@@ -6,8 +6,10 @@ so that a mistake is reported at the call, not deep inside a kernel.
 """
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -121,60 +123,89 @@ def check_positive_int(x, name: str) -> int:
 # Value checks with one host synchronisation
 # ---------------------------------------------------------------------------
 # A value check (is every gate <= 0?) is a reduction on the device followed by
-# a read of its result on the host: one synchronisation each.  A call that
-# checks several tensors builds every condition first and reads them all at
-# once with :func:`require`, so it waits for the device once.  A kernel entry point
-# reads them with :class:`checked_after` instead, after queuing its kernels, so that
-# the device is never idle while the host waits for the check.
+# a read of its result on the host.  Every condition here reduces its tensor to
+# its two extremes, [min, max], with one kernel (``torch.aminmax``, which
+# propagates NaN), and the host decides from those two numbers: a condition
+# costs one launch whatever it asks (finite, in a range, a valid log gate).
+# A call that checks several tensors builds every condition first and reads
+# them all at once with :func:`require`, so it waits for the device once.  A
+# kernel entry point reads them with :class:`checked_after` instead, after
+# queuing its kernels, so that the device is never idle while the host waits.
 
-Condition = tuple  # (0-dim bool tensor, zero-argument callable returning the error message)
+
+class Condition(NamedTuple):
+    """A value condition on a tensor, decided on the host from the tensor's extremes.
+
+    ``stats``: ``[min, max]`` of the tensor, shape ``(2,)``, on its device (NaN
+    when the tensor holds a NaN); ``holds(lo, hi) -> bool``: whether the condition
+    is met (a NaN fails every comparison); ``message() -> str``: the error to raise
+    (computed only on failure, so it may read the offending values)."""
+
+    stats: torch.Tensor
+    holds: Callable[[float, float], bool]
+    message: Callable[[], str]
 
 
-def require(*conditions: Condition) -> None:
-    """Raise ``ValueError`` with the message of the first condition that is false.
+def extremes(x: torch.Tensor) -> torch.Tensor:
+    """``[min, max]`` of a non-empty floating tensor, shape ``(2,)``, one reduction (NaN if any entry is NaN)."""
+    stats = torch.empty(2, dtype=x.dtype, device=x.device)
+    torch.aminmax(x.detach(), out=(stats[0], stats[1]))
+    return stats
 
-    ``conditions``: pairs ``(ok, message)`` with ``ok`` a 0-dim bool tensor (any
-    device) and ``message()`` the text to raise (computed only on failure, so it
-    may read the offending values).  All conditions are read with one host sync.
-    """
+
+def _first_bad(x: torch.Tensor, good: torch.Tensor):
+    return x[~good].flatten()[0].item()
+
+
+def _pairs(values: list) -> list:
+    return [values[i: i + 2] for i in range(0, len(values), 2)]
+
+
+def _raise_first_false(pairs: list, conditions: list, cause=None) -> None:
+    for (lo, hi), c in zip(pairs, conditions):
+        if not c.holds(lo, hi):
+            raise ValueError(c.message()) from cause
+
+
+def _gathered(conditions: list) -> torch.Tensor:
+    """Every condition's ``[min, max]`` in one tensor on the first one's device (float64 if dtypes differ)."""
+    stats = [c.stats.to(conditions[0].stats.device) for c in conditions]
+    if len({s.dtype for s in stats}) > 1:
+        stats = [s.to(torch.float64) for s in stats]
+    return stats[0] if len(stats) == 1 else torch.cat(stats)
+
+
+def require(*conditions: Condition | None) -> None:
+    """Raise ``ValueError`` with the message of the first condition (:class:`Condition`) that fails.
+
+    ``None`` entries are skipped (a condition on an empty tensor).  All conditions are read with
+    one host synchronisation."""
     conditions = [c for c in conditions if c is not None]
     if conditions:
-        _raise_first_false(_stacked(conditions).tolist(), conditions)
-
-
-def _stacked(conditions: list) -> torch.Tensor:
-    """The conditions' flags as one bool tensor on the first condition's device."""
-    device = conditions[0][0].device
-    return torch.stack([ok.reshape(()).to(device=device, dtype=torch.bool) for ok, _ in conditions])
-
-
-def _raise_first_false(flags: list, conditions: list, cause=None) -> None:
-    for flag, (_, message) in zip(flags, conditions):
-        if not flag:
-            raise ValueError(message()) from cause
+        _raise_first_false(_pairs(_gathered(conditions).tolist()), conditions)
 
 
 class checked_after:
     """:func:`require` around the work that depends on the checked values, waiting for the check only.
 
-    ``with checked_after(*conditions): out = launch(...)``: on a GPU the conditions are copied to
-    pinned host memory behind an event, the body queues its kernels, and on leaving the block the
-    host waits for that event (the check), not for the kernels queued after it, then raises
-    ``ValueError`` as :func:`require` would.  So the kernels are already queued when the host
-    waits and the device never idles for the check; a kernel that ran on a bad value is
+    ``with checked_after(*conditions): out = launch(...)``: on a GPU the conditions' extremes are
+    copied to pinned host memory behind an event, the body queues its kernels, and on leaving the
+    block the host waits for that event (the check), not for the kernels queued after it, then
+    raises ``ValueError`` as :func:`require` would.  So the kernels are already queued when the
+    host waits and the device never idles for the check; a kernel that ran on a bad value is
     discarded with its output.  Only for bodies that are safe on any value (no value decides an
     index or a size).  On the CPU the conditions are read before the body, as :func:`require`.
     """
 
-    def __init__(self, *conditions: Condition):
+    def __init__(self, *conditions: Condition | None):
         conditions = [c for c in conditions if c is not None]
         self._conditions, self._event = conditions, None
-        if conditions and conditions[0][0].device.type == "cuda":
-            flags = _stacked(conditions)
-            self._flags = torch.empty(flags.shape, dtype=torch.bool, pin_memory=True)
-            self._flags.copy_(flags, non_blocking=True)
+        if conditions and conditions[0].stats.device.type == "cuda":
+            stats = _gathered(conditions)
+            self._host = torch.empty(stats.shape, dtype=stats.dtype, pin_memory=True)
+            self._host.copy_(stats, non_blocking=True)
             self._event = torch.cuda.Event()
-            self._event.record(torch.cuda.current_stream(flags.device))
+            self._event.record(torch.cuda.current_stream(stats.device))
         else:
             require(*conditions)
 
@@ -184,40 +215,48 @@ class checked_after:
     def __exit__(self, exc_type, exc, tb) -> bool:
         if self._event is not None:
             self._event.synchronize()
-            _raise_first_false(self._flags.tolist(), self._conditions, exc)
+            _raise_first_false(_pairs(self._host.tolist()), self._conditions, exc)
         return False
-
-
-def _first_bad(x: torch.Tensor, good: torch.Tensor):
-    return x[~good].flatten()[0].item()
 
 
 def log_gate_condition(log_f: torch.Tensor, name: str = "log_f") -> Condition | None:
     """``-inf < log_f <= 0`` everywhere (the log of a forget gate in (0, 1]; NaN fails)."""
     if log_f.numel() == 0:
         return None
-    good = (log_f <= 0) & (log_f > float("-inf"))
 
     def message():
-        bad = _first_bad(log_f, good)
+        bad = _first_bad(log_f, (log_f <= 0) & (log_f > float("-inf")))
         if bad == float("-inf"):
             return f"`{name}` must be finite (a gate of exactly 0 is -inf; use a large negative number)"
         return f"`{name}` must be <= 0 (the log of a forget gate in (0, 1]); found {bad}"
 
-    return good.all(), message
+    return Condition(extremes(log_f), lambda lo, hi: lo > float("-inf") and hi <= 0, message)
 
 
-def range_condition(x: torch.Tensor, name: str, lo: float, hi: float, why: str = "") -> Condition | None:
-    """``lo <= x <= hi`` everywhere (NaN and inf outside the range fail)."""
+def range_condition(x: torch.Tensor, name: str, lo: float, hi: float, why: str = "", *,
+                    lo_open: bool = False, finite: bool = False) -> Condition | None:
+    """``lo <= x <= hi`` everywhere (``lo < x`` with ``lo_open``; ``finite``: no inf either, for an open-ended
+    range).  NaN fails, as does anything outside the range."""
     if x.numel() == 0:
         return None
-    good = (x >= lo) & (x <= hi)
-    return good.all(), lambda: (f"`{name}` must lie in [{lo:g}, {hi:g}]{why}; found {_first_bad(x, good)}")
+
+    def holds(a, b):
+        return (a > lo if lo_open else a >= lo) and b <= hi and (not finite or math.isfinite(a) and math.isfinite(b))
+
+    def message():
+        good = ((x > lo) if lo_open else (x >= lo)) & (x <= hi) & (torch.isfinite(x) if finite else True)
+        if hi == float("inf"):
+            where = f"be {'finite and ' if finite else ''}{'>' if lo_open else '>='} {lo:g}"
+        else:
+            where = f"{'be finite and ' if finite else ''}lie in {'(' if lo_open else '['}{lo:g}, {hi:g}]"
+        return f"`{name}` must {where}{why}; found {_first_bad(x, good)}"
+
+    return Condition(extremes(x), holds, message)
 
 
 def finite_condition(x: torch.Tensor, name: str) -> Condition | None:
     """Every entry finite (no NaN, no inf)."""
     if x.numel() == 0:
         return None
-    good = torch.isfinite(x)
-    return good.all(), lambda: f"`{name}` must be finite; found {_first_bad(x, good)}"
+    return Condition(extremes(x), lambda a, b: math.isfinite(a) and math.isfinite(b),
+                     lambda: f"`{name}` must be finite; found {_first_bad(x, torch.isfinite(x))}")

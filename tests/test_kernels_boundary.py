@@ -513,3 +513,43 @@ def test_checked_after_reads_conditions_around_the_launch():
     with pytest.raises(KeyError):
         with checked_after(range_condition(x, "x", 0.0, 2.0)):
             raise KeyError("body")
+
+
+@pytest.mark.parametrize("values, ok", [
+    ([0.0, 0.5, 2.0], True), ([0.0, 2.0001], False), ([-1e-9, 1.0], False), ([1.0, float("nan"), 0.5], False),
+    ([float("nan")], False), ([float("inf")], False), ([float("-inf"), 1.0], False),
+])
+def test_conditions_decide_from_two_extremes_and_nan_fails_them_all(values, ok):
+    """Each condition reduces its tensor to [min, max] (one reduction, NaN propagating) and decides on the host:
+    the verdict must equal the elementwise definition, in every dtype a kernel reads."""
+    from pathedu.checks import extremes, finite_condition, log_gate_condition, range_condition, require
+
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        x = torch.tensor(values, dtype=dtype)
+        assert extremes(x).shape == (2,)
+        cases = [
+            (range_condition(x, "x", 0.0, 2.0), bool(((x >= 0) & (x <= 2)).all())),
+            (finite_condition(x, "x"), bool(torch.isfinite(x).all())),
+            (range_condition(x, "x", 0.0, float("inf"), finite=True), bool((torch.isfinite(x) & (x >= 0)).all())),
+            (range_condition(x, "x", 0.0, 1.0, lo_open=True), bool(((x > 0) & (x <= 1)).all())),
+            (log_gate_condition(-x, "x"), bool(((-x <= 0) & (-x > float("-inf"))).all())),
+        ]
+        if ok:
+            assert cases[0][1]
+        for condition, truth in cases:
+            if truth:
+                require(condition)
+            else:
+                with pytest.raises(ValueError, match="`x` must"):
+                    require(condition)
+
+
+def test_require_reads_conditions_of_mixed_dtypes_together_and_reports_the_first_that_fails():
+    from pathedu.checks import finite_condition, range_condition, require
+
+    good64 = torch.tensor([0.5], dtype=torch.float64)
+    bad32 = torch.tensor([3.0])
+    with pytest.raises(ValueError, match=r"`b` must lie in \[0, 2\]; found 3"):
+        require(finite_condition(good64, "a"), None, range_condition(bad32, "b", 0.0, 2.0),
+                finite_condition(torch.tensor([float("nan")]), "c"))
+    assert finite_condition(torch.empty(0), "e") is None  # nothing to check
