@@ -317,21 +317,28 @@ def _ut_sq(ptr, bh, start, stride_b, stride_t, BT: tl.constexpr):
 
 
 @triton.jit
+def _ut_a(INV, BETA, bh, start, T, stride_ab, stride_at, BT: tl.constexpr):
+    """The block's ``A = (I + N)^{-1} D_beta`` (``[BT, BT]``) from the inverse kept in ``INV`` (``AD``'s layout)."""
+    rows = tl.arange(0, BT)
+    beta = tl.load(BETA + bh * T + start + rows, mask=rows < T - start, other=0.0)  # [BT]
+    return tl.load(_ut_sq(INV, bh, start, stride_ab, stride_at, BT)) * beta[None, :]
+
+
+@triton.jit
 def _ut_rd_load(ptr, bh, start, stride_b, stride_t, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                 BT: tl.constexpr):
-    """The ``[BT, BD]`` fp32 tile of block rows ``[start, start + BT)`` of head ``bh`` in ``QT``'s layout."""
-    cols = tl.arange(0, BLOCK_D)
-    p = ptr + bh * stride_b + start * stride_t + (tl.arange(0, BT)[:, None] * stride_t + cols[None, :])
-    return tl.load(p, mask=cols[None, :] < HEAD_DIM, other=0.0)
+    """The ``[BT, BD]`` fp32 tile of block rows ``[start, start + BT)`` of head ``bh`` in ``QT``'s layout (padded
+    to whole blocks: no row mask)."""
+    return _load_rows(ptr + bh * stride_b + start * stride_t, tl.arange(0, BT), tl.arange(0, BLOCK_D), stride_t, BT,
+                      HEAD_DIM, False, BLOCK_D != HEAD_DIM)
 
 
 @triton.jit
 def _ut_rd_store(ptr, x, bh, start, stride_b, stride_t, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                  BT: tl.constexpr):
     """Store ``x`` as the tile :func:`_ut_rd_load` reads."""
-    cols = tl.arange(0, BLOCK_D)
-    p = ptr + bh * stride_b + start * stride_t + (tl.arange(0, BT)[:, None] * stride_t + cols[None, :])
-    tl.store(p, x, mask=cols[None, :] < HEAD_DIM)
+    _store_rows(ptr + bh * stride_b + start * stride_t, x, tl.arange(0, BT), tl.arange(0, BLOCK_D), stride_t, BT,
+                HEAD_DIM)
 
 
 @triton.jit
@@ -357,8 +364,7 @@ def _ut_bwd_aw(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, DQ, DK,
     rows = tl.arange(0, BT)
     offs_d = tl.arange(0, BLOCK_D)
     CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
-    beta = tl.load(BETA + bh * T + start + rows, mask=rows < T - start, other=0.0)  # [BT]
-    a = tl.load(_ut_sq(INV, bh, start, stride_ab, stride_at, BT)) * beta[None, :]  # [BT, BT]
+    a = _ut_a(INV, BETA, bh, start, T, stride_ab, stride_at, BT)  # [BT, BT]
     w = _rn(_ut_tile(W, bh, start, stride_wb, stride_wt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)  # [BT, BD]
     dqt = _ut_rd_load(DQT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT)  # [BT, BD]
     # q~ = Q - QW (A W)
@@ -387,8 +393,7 @@ def _ut_bwd_scores(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, DQ,
     rows = tl.arange(0, BT)
     lower = rows[:, None] >= rows[None, :]
     strict = rows[:, None] > rows[None, :]
-    beta = tl.load(BETA + bh * T + start + rows, mask=rows < T - start, other=0.0)  # [BT]
-    a = tl.load(_ut_sq(INV, bh, start, stride_ab, stride_at, BT)) * beta[None, :]  # [BT, BT]
+    a = _ut_a(INV, BETA, bh, start, T, stride_ab, stride_at, BT)  # [BT, BT]
     w = _rn(_ut_tile(W, bh, start, stride_wb, stride_wt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)  # [BT, BD]
     wk = tl.where(strict, _dot(w, tl.trans(_ut_tile(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT)),
                                PRECISION), 0.0)  # [BT, BT]
@@ -453,14 +458,13 @@ def _ut_bwd_w(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, DQ, DK, 
     CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
     left = T - start
     p_out = bh * stride_ob + start * stride_ot
-    beta = tl.load(BETA + bh * T + start + rows, mask=rows < left, other=0.0)  # [BT]
-    a = tl.load(_ut_sq(INV, bh, start, stride_ab, stride_at, BT)) * beta[None, :]  # [BT, BT]
+    a = _ut_a(INV, BETA, bh, start, T, stride_ab, stride_at, BT)  # [BT, BT]
     w = _rn(_ut_tile(W, bh, start, stride_wb, stride_wt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)  # [BT, BD]
     # k~ = K - (A WK)^T W,  G = -W^T (A W),  and A W itself
     wk = tl.where(rows[:, None] > rows[None, :],
                   _dot(w, tl.trans(_ut_tile(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT)),
                        PRECISION), 0.0)  # [BT, BT]
-    dw = _load_rows(DW + p_out, rows, offs_d, stride_ot, left, HEAD_DIM, True, CHECK_D)  # [BT, BD]
+    dw = _ut_tile(DW, bh, start, stride_ob, stride_ot, T, HEAD_DIM, BLOCK_D, BT)  # [BT, BD]
     dw -= _dot(_dot(a, wk, PRECISION), _ut_rd_load(DKT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT),
                PRECISION)
     dg = _load_rows(DG + bh * stride_gb + blk * stride_gj, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D,
@@ -494,7 +498,7 @@ def _ut_bwd_inverse(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, DQ
     tl.store(DBETA + bh * T + start + rows, dbeta + tl.sum(dn * _dot(w, tl.trans(w), PRECISION), axis=1),
              mask=rows < left)
     dgram = dn * beta[:, None]
-    dw = _load_rows(DW + p_out, rows, offs_d, stride_ot, left, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # [BT, BD]
+    dw = _ut_tile(DW, bh, start, stride_ob, stride_ot, T, HEAD_DIM, BLOCK_D, BT)  # [BT, BD]
     _store_rows(DW + p_out, dw + _dot(dgram + tl.trans(dgram), w, PRECISION), rows, offs_d, stride_ot, left,
                 HEAD_DIM)
 
