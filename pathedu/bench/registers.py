@@ -44,15 +44,12 @@ KERNELS = {
     "_linear_fwd (Gated DeltaNet: delta + decay)": ("linear_attention", "_linear_fwd",
                                                     dict(_LIN, GATE="delta", DECAY=True), ("Q", "K", "O"), 4),
     # PaTH's preparation pass (the forward's; the backward's keeps the inverses), then its backward's O(T D^2) steps
-    "_ut_prepare (PaTH forward)": ("ut_prepare", "_ut_prepare", dict(_D, BT=64, NORM_Q=True, STORE_UT=False,
-                                                                     STORE_INV=False, PRECISION="tf32"),
-                                   ("Q", "K", "QT", "KT", "GM"), 4),
-    "_ut_prepare (PaTH backward)": ("ut_prepare", "_ut_prepare", dict(_D, BT=64, NORM_Q=False, STORE_UT=False,
-                                                                      STORE_INV=True, PRECISION="tf32"),
-                                    ("Q", "K", "QT", "KT", "GM"), 4),
-    "_ut_prepare (PaTH forward, 8 warps)": ("ut_prepare", "_ut_prepare", dict(_D, BT=64, NORM_Q=True, STORE_UT=False,
-                                                                              STORE_INV=False, PRECISION="tf32"),
-                                            ("Q", "K", "QT", "KT", "GM"), 8),
+    **{f"_ut_prepare (PaTH {pass_}{part}{', 8 warps' if warps == 8 else ''})": (
+        "ut_prepare", "_ut_prepare", dict(_D, BT=64, NORM_Q=pass_ == "forward", STORE_UT=False,
+                                          STORE_INV=pass_ == "backward", PRECISION="tf32", PART=p),
+        ("Q", "K", "QT", "KT", "GM"), warps)
+       for pass_ in ("forward", "backward") for p, part in ((0, ""), (1, ", part 1"), (2, ", part 2"))
+       for warps in (4, 8)},
     "_carry_fwd": ("path_carry", "_carry_fwd", dict(_D, BT=64, CARRY="fp16"), ("QT", "KT", "GM", "X"), 4),
     "_carry_bwd": ("path_carry", "_carry_bwd", dict(_D, BT=64, CARRY="fp16", PRECISION="tf32"),
                    ("QT", "KT", "GM", "SCRATCH"), 4),
