@@ -37,8 +37,6 @@ sees the non-finite ``k_j``: the chunk loop's in-chunk scores ``q_i . k_j`` and 
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -50,8 +48,6 @@ from ._pieces import _dot, _finite_or_zero, _load_rows, _rn, _store_rows
 MAX_R = 2  # a query block holds at most this many UT blocks; prepared tensors are padded to MAX_R * block rows
 SUB = tl.constexpr(16)  # the triangular inverse is solved row by row on SUB x SUB diagonal blocks, then merged
 BETA_WHY = " (H = I - beta w w^T)"  # the reason given when `beta` is outside [0, 2]
-# Whether :class:`Prepared` runs :func:`_ut_prepare` as one launch or two (``PART`` 1 and 2), when not told.
-SPLIT_PREPARE = {"1": True, "0": False}.get(os.environ.get("PATHEDU_SPLIT_PREPARE", ""), False)
 
 
 def prep_precision(dtype) -> str:
@@ -211,7 +207,7 @@ def _ut_prepare(Q, K, W, BETA, QT, QN, KT, AD, GM, WC, NU, INV, T,
                 stride_qb, stride_qt, stride_kb, stride_kt, stride_wb, stride_wt,
                 stride_pb, stride_pt, stride_nb, stride_ab, stride_at, stride_gb, stride_gj,
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, NORM_Q: tl.constexpr,
-                STORE_UT: tl.constexpr, STORE_INV: tl.constexpr, PRECISION: tl.constexpr, PART: tl.constexpr):
+                STORE_UT: tl.constexpr, STORE_INV: tl.constexpr, PRECISION: tl.constexpr):
     """Per-block UT factors and boundary-adjusted q/k for block ``J`` (``BT`` tokens ``[s, e]``).
 
     On entry ``AD`` holds, on its ``SUB x SUB`` diagonal blocks, the inverses made
@@ -233,11 +229,10 @@ def _ut_prepare(Q, K, W, BETA, QT, QN, KT, AD, GM, WC, NU, INV, T,
     ``NORM_Q``: store ``q~ / |q~|`` and the norms ``|q~|`` in ``QN`` (PaTH).  ``STORE_INV``: also the
     merged inverse ``(I + N)^{-1}`` in ``INV`` (laid out as ``AD``), for the backward pass.
 
-    Registers decide this kernel's speed: a ``64 x 64`` fp32 tile is 32 registers per thread at 4 warps, and
-    the products below need more such tiles than fit.  So tiles are loaded where they are first needed (``k``
-    twice, from the L2 cache) and each dies as early as the order allows.  ``PART`` splits the work in two
-    launches: 0 does all of it; 1 the inverse (stored to ``INV``), ``G`` and ``k~``; 2, after it, ``q~``
-    and ``Ã`` from the stored inverse (the ``w k^T`` tile made again).
+    Registers set this kernel's speed: a ``64 x 64`` fp32 tile is 32 registers per thread at 4 warps, and the
+    products below need more such tiles than fit.  So each tile is loaded where it is first needed (``k`` twice,
+    the second time from the L2 cache) and dies as early as the order allows: 27% less time than loading
+    ``q``, ``k``, ``w`` up front (``kernels/NOTES_path.md``, section 11, with a two-launch split that was slower).
     """
     blk = tl.program_id(0)
     start = blk * BT
@@ -247,43 +242,39 @@ def _ut_prepare(Q, K, W, BETA, QT, QN, KT, AD, GM, WC, NU, INV, T,
     beta = tl.load(BETA + bh * T + start + rows, mask=rows < T - start, other=0.0)  # [BT]
     w = _rn(_ut_tile(W, bh, start, stride_wb, stride_wt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)  # [BT, BD]
     # (every product sees the same, rounded, w)
-    if PART == 2:
-        x = tl.load(_ut_sq(INV, bh, start, stride_ab, stride_at, BT))  # [BT, BT], made by PART 1
-    else:  # the triangular inverse: SUB x SUB diagonal blocks from _ut_diag_inverse, merged here
-        n = tl.where(rows[:, None] > rows[None, :], beta[:, None] * _dot(w, tl.trans(w), PRECISION), 0.0)
-        x = _merged_inverse(_ut_sq(AD, bh, start, stride_ab, stride_at, BT), n, rows, BT, PRECISION)
-        if STORE_INV or PART == 1:
-            tl.store(_ut_sq(INV, bh, start, stride_ab, stride_at, BT), x)
+    # The triangular inverse: SUB x SUB diagonal blocks from _ut_diag_inverse, merged here.
+    n = tl.where(rows[:, None] > rows[None, :], beta[:, None] * _dot(w, tl.trans(w), PRECISION), 0.0)
+    x = _merged_inverse(_ut_sq(AD, bh, start, stride_ab, stride_at, BT), n, rows, BT, PRECISION)  # [BT, BT]
+    if STORE_INV:
+        tl.store(_ut_sq(INV, bh, start, stride_ab, stride_at, BT), x)
     a = x * beta[None, :]  # [BT, BT]: A = (I + N)^{-1} D_beta
     k = _ut_tile(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT)  # [BT, BD]
     wk = tl.where(rows[:, None] > rows[None, :], _dot(w, tl.trans(k), PRECISION), 0.0)  # w_t . k_j, t > j
     offs_p = (bh * stride_pb + start * stride_pt) + rows[:, None] * stride_pt + offs_d[None, :]
     mask_p = offs_d[None, :] < HEAD_DIM
-    if PART != 2:
-        kt = k - _dot(tl.trans(_dot(a, wk, PRECISION)), w, PRECISION)  # k~_j = H_e ... H_{j+1} k_j
-        tl.store(KT + offs_p, kt.to(KT.dtype.element_ty), mask=mask_p)
-        nu = -_dot(a, w, PRECISION)  # [BT, BD]: -U, U = A W
-        g = _dot(tl.trans(w), nu, PRECISION)  # [BD, BD]: G = -W^T A W
-        offs_g = (bh * stride_gb + blk * stride_gj) + offs_d[:, None] * HEAD_DIM + offs_d[None, :]
-        tl.store(GM + offs_g, g.to(GM.dtype.element_ty), mask=(offs_d[:, None] < HEAD_DIM) & mask_p)
-        if STORE_UT:
-            tl.store(WC + offs_p, w.to(WC.dtype.element_ty), mask=mask_p)
-            tl.store(NU + offs_p, nu.to(NU.dtype.element_ty), mask=mask_p)
-    if PART != 1:
-        q = _ut_tile(Q, bh, start, stride_qb, stride_qt, T, HEAD_DIM, BLOCK_D, BT)  # [BT, BD]
-        lower = rows[:, None] >= rows[None, :]  # s <= i (diagonal kept)
-        r = _dot(tl.where(lower, _dot(q, tl.trans(w), PRECISION), 0.0), a, PRECISION)  # sum_{s<=i} (q_i.w_s) A_st
-        qt = q - _dot(r, w, PRECISION)  # q~_i = H_s ... H_i q_i
-        if NORM_Q:
-            # Any positive stand-in for a zero norm is exact: q~ / n and n multiply back to q~.
-            norm = tl.maximum(tl.sqrt(tl.sum(qt * qt, axis=1)), 1e-30)
-            tl.store(QN + bh * stride_nb + start + rows, norm)
-            qt = qt / norm[:, None]
-        tl.store(QT + offs_p, qt.to(QT.dtype.element_ty), mask=mask_p)
-        k = _ut_tile(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT)  # again: cheaper than keeping it
-        intra = tl.where(lower, _dot(q, tl.trans(k), PRECISION) - _dot(r, wk, PRECISION), 0.0)  # Ã_ij, j <= i
-        tl.debug_barrier()  # every thread has read its part of the diagonal inverses before Ã overwrites them
-        tl.store(_ut_sq(AD, bh, start, stride_ab, stride_at, BT), intra)
+    kt = k - _dot(tl.trans(_dot(a, wk, PRECISION)), w, PRECISION)  # k~_j = H_e ... H_{j+1} k_j
+    tl.store(KT + offs_p, kt.to(KT.dtype.element_ty), mask=mask_p)
+    nu = -_dot(a, w, PRECISION)  # [BT, BD]: -U, U = A W
+    g = _dot(tl.trans(w), nu, PRECISION)  # [BD, BD]: G = -W^T A W
+    offs_g = (bh * stride_gb + blk * stride_gj) + offs_d[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(GM + offs_g, g.to(GM.dtype.element_ty), mask=(offs_d[:, None] < HEAD_DIM) & mask_p)
+    if STORE_UT:
+        tl.store(WC + offs_p, w.to(WC.dtype.element_ty), mask=mask_p)
+        tl.store(NU + offs_p, nu.to(NU.dtype.element_ty), mask=mask_p)
+    q = _ut_tile(Q, bh, start, stride_qb, stride_qt, T, HEAD_DIM, BLOCK_D, BT)  # [BT, BD]
+    lower = rows[:, None] >= rows[None, :]  # s <= i (diagonal kept)
+    r = _dot(tl.where(lower, _dot(q, tl.trans(w), PRECISION), 0.0), a, PRECISION)  # sum_{s<=i} (q_i . w_s) A_st
+    qt = q - _dot(r, w, PRECISION)  # q~_i = H_s ... H_i q_i
+    if NORM_Q:
+        # Any positive stand-in for a zero norm is exact: q~ / n and n multiply back to q~.
+        norm = tl.maximum(tl.sqrt(tl.sum(qt * qt, axis=1)), 1e-30)
+        tl.store(QN + bh * stride_nb + start + rows, norm)
+        qt = qt / norm[:, None]
+    tl.store(QT + offs_p, qt.to(QT.dtype.element_ty), mask=mask_p)
+    k = _ut_tile(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT)  # again: cheaper than keeping it
+    intra = tl.where(lower, _dot(q, tl.trans(k), PRECISION) - _dot(r, wk, PRECISION), 0.0)  # Ã_ij, j <= i
+    tl.debug_barrier()  # every thread has read its part of the diagonal inverses before Ã overwrites them
+    tl.store(_ut_sq(AD, bh, start, stride_ab, stride_at, BT), intra)
 
 
 @triton.jit
@@ -604,13 +595,12 @@ class Prepared:
     ``qn: (BH, T_pad)`` (fp32, only with ``norm_q``); ``wc, nu: (BH, T_pad, D)`` (only with
     ``store_ut``); ``inv: (BH, T_pad, block)`` (fp32, ``(I + N)^{-1}`` of each block, only with
     ``keep_inverse``: the backward pass's).  ``T_pad`` is ``T`` rounded up to a multiple of ``MAX_R * block``, so
-    the main pass loads whole blocks without masks.  ``split`` (default :data:`SPLIT_PREPARE`, or the
-    environment's ``PATHEDU_SPLIT_PREPARE=1``/``0``): :func:`_ut_prepare` in two launches instead of one.
+    the main pass loads whole blocks without masks.
     """
 
     def __init__(self, q3, k3, w3, beta3, T, block, *, q_dtype, k_dtype, update_dtype,
                  norm_q=False, store_ut=False, keep_inverse=False,
-                 precision="ieee", num_warps=4, split=None):
+                 precision="ieee", num_warps=4):
         BH, _, D = q3.shape
         T_pad = triton.cdiv(max(T, 1), MAX_R * block) * MAX_R * block
         dev = q3.device
@@ -622,8 +612,7 @@ class Prepared:
         self.qn = torch.empty(BH, T_pad, dtype=torch.float32, device=dev) if norm_q else self.ad
         self.wc = torch.empty(BH, T_pad, D, dtype=update_dtype, device=dev) if store_ut else self.g
         self.nu = torch.empty(BH, T_pad, D, dtype=update_dtype, device=dev) if store_ut else self.g
-        self.split = SPLIT_PREPARE if split is None else bool(split)
-        self.inv = torch.empty_like(self.ad) if keep_inverse or self.split else self.ad
+        self.inv = torch.empty_like(self.ad) if keep_inverse else self.ad
         self._args = (q3, k3, w3, beta3, T, D)
         self._flags = dict(NORM_Q=norm_q, STORE_UT=store_ut, STORE_INV=keep_inverse, PRECISION=precision)
         self._num_warps = num_warps
@@ -637,17 +626,16 @@ class Prepared:
         invert_diagonal_blocks(k3, w3, beta3, None, self.ad, T, self.block, w_is_k=False)
 
     def prepare(self) -> None:
-        """The second launch (two with ``split``: :func:`_ut_prepare`'s ``PART`` 1, then 2): merges the diagonal
-        inverses and writes every factor (reads ``ad`` as :meth:`invert_diagonal_blocks` left it)."""
+        """The second launch: merges the diagonal inverses and writes every factor (reads ``ad``
+        as :meth:`invert_diagonal_blocks` left it)."""
         q3, k3, w3, beta3, T, D = self._args
-        for part in (1, 2) if self.split else (0,):
-            _ut_prepare[(self.T_pad // self.block, q3.shape[0])](
-                q3, k3, w3, beta3, self.qt, self.qn, self.kt, self.ad, self.g, self.wc, self.nu, self.inv, T,
-                q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), w3.stride(0), w3.stride(1),
-                self.qt.stride(0), self.qt.stride(1), self.qn.stride(0), self.ad.stride(0), self.ad.stride(1),
-                self.g.stride(0), self.g.stride(1),
-                HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=self.block, **self._flags, PART=part,
-                num_warps=self._num_warps, num_stages=1)
+        _ut_prepare[(self.T_pad // self.block, q3.shape[0])](
+            q3, k3, w3, beta3, self.qt, self.qn, self.kt, self.ad, self.g, self.wc, self.nu, self.inv, T,
+            q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), w3.stride(0), w3.stride(1),
+            self.qt.stride(0), self.qt.stride(1), self.qn.stride(0), self.ad.stride(0), self.ad.stride(1),
+            self.g.stride(0), self.g.stride(1),
+            HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=self.block, **self._flags, num_warps=self._num_warps,
+            num_stages=1)
 
 
 def check_block(block, D: int, name: str = "block") -> int:

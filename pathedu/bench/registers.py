@@ -44,12 +44,11 @@ KERNELS = {
     "_linear_fwd (Gated DeltaNet: delta + decay)": ("linear_attention", "_linear_fwd",
                                                     dict(_LIN, GATE="delta", DECAY=True), ("Q", "K", "O"), 4),
     # PaTH's preparation pass (the forward's; the backward's keeps the inverses), then its backward's O(T D^2) steps
-    **{f"_ut_prepare (PaTH {pass_}{part}{', 8 warps' if warps == 8 else ''})": (
+    **{f"_ut_prepare (PaTH {pass_}{', 8 warps' if warps == 8 else ''})": (
         "ut_prepare", "_ut_prepare", dict(_D, BT=64, NORM_Q=pass_ == "forward", STORE_UT=False,
-                                          STORE_INV=pass_ == "backward", PRECISION="tf32", PART=p),
+                                          STORE_INV=pass_ == "backward", PRECISION="tf32"),
         ("Q", "K", "QT", "KT", "GM"), warps)
-       for pass_ in ("forward", "backward") for p, part in ((0, ""), (1, ", part 1"), (2, ", part 2"))
-       for warps in (4, 8)},
+       for pass_ in ("forward", "backward") for warps in (4, 8)},
     "_carry_fwd": ("path_carry", "_carry_fwd", dict(_D, BT=64, CARRY="fp16"), ("QT", "KT", "GM", "X"), 4),
     "_carry_bwd": ("path_carry", "_carry_bwd", dict(_D, BT=64, CARRY="fp16", PRECISION="tf32"),
                    ("QT", "KT", "GM", "SCRATCH"), 4),
