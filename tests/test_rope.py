@@ -317,21 +317,39 @@ def test_rotation_hook_angle_addition_up_to_8192_matches_float64():
         assert err[:BR].max() <= 1e-5  # the first tile: the table itself (as the pre-pass test bounds it)
 
 
-def _cos_sin_kernel(X, Y):  # compiled below, never run (not decorated: the interpreter would wrap it)
+_COS_SIN_PTX = """
+import sys
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
+
+
+def cos_sin(X, Y):
     x = tl.load(X + tl.arange(0, 128))
     tl.store(Y + tl.arange(0, 128), tl.cos(x) + tl.sin(x))
 
 
-def test_triton_cos_sin_are_library_routines_not_one_instruction():
+src = ASTSource(fn=JITFunction(cos_sin), signature={"X": "*fp32", "Y": "*fp32"}, constexprs={})
+sys.stdout.write(triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"])
+"""
+
+
+def test_triton_cos_sin_are_library_routines_not_one_instruction(tmp_path):
     """Why the hook computes its cos/sin table once per program: compiled for an H100 (sm_90, PTX only: no GPU
     needed), fp32 ``tl.cos``/``tl.sin`` are an accurate routine with range reduction (64-bit multiplies, a
-    local-memory table walk), not the ``cos.approx``/``sin.approx`` special-function instructions."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from triton.runtime.jit import JITFunction
+    local-memory table walk), not the ``cos.approx``/``sin.approx`` special-function instructions.  Compiled in
+    a fresh process without the interpreter, whose patches of ``triton.language`` (left behind when an
+    interpreted kernel raises in this process) would break the compiler."""
+    import os
+    import subprocess
+    import sys
 
-    src = ASTSource(fn=JITFunction(_cos_sin_kernel), signature={"X": "*fp32", "Y": "*fp32"}, constexprs={})
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    script = tmp_path / "cos_sin_ptx.py"
+    script.write_text(_COS_SIN_PTX)
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path / "cache"))
+    ptx = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, check=True).stdout
     assert "cos.approx" not in ptx and "sin.approx" not in ptx
     assert "mul.f64" in ptx and "ld.local" in ptx
     assert len(ptx.splitlines()) > 200
