@@ -160,3 +160,25 @@ def test_register_report_compiles_for_sm90_without_a_gpu():
     warps, regs, stack, fit = (int(x) for x in rows["_ut_diag_inverse (DeltaNet)"])
     assert warps == 1 and 0 < regs <= 255 and stack >= 0 and fit == 65536 // (32 * regs)
     assert int(rows["_linear_fwd (DeltaNet: delta)"][1]) <= 255
+
+
+def test_launch_profiler_reports_where_the_host_time_goes(monkeypatch):
+    """``python -m pathedu.bench.launches`` needs a GPU for its timings; its host profile (cProfile per call, the
+    functions with the most time first) runs anywhere, and without a GPU the command says so and exits 2."""
+    from pathedu.bench import launches
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    x = torch.randn(64, 64)
+
+    def call():
+        return torch.linalg.matrix_norm(x @ x)
+
+    lines = launches._host_profile(call, calls=3, top=5)
+    cum = [line for line in lines if line.startswith("cum")]
+    own = [line for line in lines if line.startswith("own")]
+    assert 2 <= len(cum) == len(own) <= 5  # as many as the calls reached, at most `top`
+    assert "call" in cum[0] and "1x" in cum[0]  # the call itself has the most cumulative time, once per call
+    ms = [float(line.split()[1]) for line in cum]
+    assert ms == sorted(ms, reverse=True) and ms[0] > 0
+    if not torch.cuda.is_available():
+        assert launches.main(["nope", "--out", "unused.json"]) == 2
