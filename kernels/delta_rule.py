@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import torch
 
-from ..checks import checked_after, finite_condition, log_gate_condition, range_condition
+from ..checks import checked_after, log_gate_condition, range_condition
 from ._launch import per_token, prepare_qkv
 from .linear_attention import _linear_launch
 from .ut_prepare import BETA_WHY, Prepared, WYPrepared, check_block, prep_precision
@@ -69,27 +69,28 @@ def _run(q, k, v, w, beta, log_f=None, *, delta: bool, chunk):
     beta3 = per_token(beta, "beta", x)
     log_f3 = None if log_f is None else per_token(log_f, "log_f", x)
     chunk = check_block(chunk, n.D, "chunk")
-    with checked_after(None if delta else finite_condition(w3, "w"),
-                       range_condition(beta3, "beta", 0.0, 2.0, BETA_WHY),
-                       None if log_f3 is None else log_gate_condition(log_f3, "log_f")):  # read once queued
+    # Read once the kernels are queued; w's finiteness is counted by the preparation pass as it reads w.
+    with checked_after(range_condition(beta3, "beta", 0.0, 2.0, BETA_WHY),
+                       None if log_f3 is None else log_gate_condition(log_f3, "log_f")) as check:
         if x.empty_input:
             return x.result(x.new_output(n.Dv))
-        prep, precision = _prepare(x, w3, beta3, chunk, delta=delta, log_f3=log_f3)
+        prep, precision = _prepare(x, w3, beta3, chunk, delta=delta, log_f3=log_f3, check=check)
         gate = "delta" if delta else "householder"
         return x.result(_linear_launch(x, gate, log_f3, chunk=chunk, prep=prep, precision=precision))
 
 
-def _prepare(x, w3, beta3, chunk: int, *, delta: bool, log_f3=None):
+def _prepare(x, w3, beta3, chunk: int, *, delta: bool, log_f3=None, check=None):
     """The preparation pass of the chunked kernel on validated inputs: ``(factors, precision)``, the
     precision also being the one of the state's products (see :func:`._pieces._dot`).  DeltaNet
     (``delta``): the WY factors :class:`.ut_prepare.WYPrepared` (gated by ``log_f3`` when given, fp32);
-    the Householder RNN: the UT factors :class:`.ut_prepare.Prepared` (gate-free, fp32)."""
+    the Householder RNN: the UT factors :class:`.ut_prepare.Prepared` (gate-free, fp32), which count the
+    non-finite entries of ``w`` for ``check`` when given."""
     precision = prep_precision(x.dtype)
     f32 = torch.float32
     if delta:
         return WYPrepared(x.k, x.v, beta3, log_f3, x.n.T, chunk, dtype=f32, precision=precision), precision
     prep = Prepared(x.q, x.k, w3, beta3, x.n.T, chunk, q_dtype=f32, k_dtype=f32, update_dtype=f32,
-                    precision=precision)
+                    precision=precision, check=check)
     return prep, precision
 
 

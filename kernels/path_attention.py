@@ -72,7 +72,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..checks import check_scale, checked_after, finite_condition, log_gate_condition, range_condition
+from ..checks import check_scale, checked_after, log_gate_condition, range_condition
 from ._launch import Flat, dot_precision, interpreting, next_pow2, per_token, prepare_qkv, wants_grad
 from .flash_attention import _bwd_logits, _bwd_probs, _dkdv_steps, _dq_steps
 from .path_carry import carry_backward, carry_forward
@@ -459,13 +459,14 @@ def path_attention(q, k, v, w, beta, *, scale=None, block=None, log_f=None, _con
     if cfg.get("R", 1) not in range(1, MAX_R + 1):
         raise ValueError(f"`_config['R']` must be in 1..{MAX_R}, got {cfg['R']!r}")
     log_f3 = None if log_f is None else per_token(log_f, "log_f", x, backward=True)
-    with checked_after(finite_condition(w3, "w"), range_condition(beta3, "beta", 0.0, 2.0, BETA_WHY),
-                       None if log_f3 is None else log_gate_condition(log_f3)):  # read once the kernels are queued
+    # Read once the kernels are queued; w's finiteness is counted by the preparation pass as it reads w.
+    with checked_after(range_condition(beta3, "beta", 0.0, 2.0, BETA_WHY),
+                       None if log_f3 is None else log_gate_condition(log_f3)) as check:
         c = None if log_f3 is None else torch.cumsum(log_f3, dim=-1)  # taken once, in fp32, outside the kernels
         if wants_grad(x.q, x.k, x.v, w3, beta3, c):
-            return x.result(_PathAttention.apply(x.q, x.k, x.v, w3, beta3, c, x, scale, block, update, cfg))
+            return x.result(_PathAttention.apply(x.q, x.k, x.v, w3, beta3, c, x, scale, block, update, cfg, check))
         cfg.pop("backward", None)
-        return x.result(_path_launch(x, w3, beta3, scale, block, update, cfg, c))
+        return x.result(_path_launch(x, w3, beta3, scale, block, update, cfg, c, check=check))
 
 
 def _ten_bit(input_dtype):
@@ -475,31 +476,34 @@ def _ten_bit(input_dtype):
     return torch.float32 if input_dtype == torch.float32 else torch.float16
 
 
-def _prepare(x: Flat, w3, beta3, block: int, *, update: str = "dense", update_dtype=None, precision=None) -> Prepared:
+def _prepare(x: Flat, w3, beta3, block: int, *, update: str = "dense", update_dtype=None, precision=None,
+             check=None) -> Prepared:
     """PaTH's preparation pass on validated inputs.  Logits in the input dtype; the carried query's
     updates in ``update_dtype`` (default fp16, fp32 for fp32 inputs); ``precision``: the pass's
-    products (default :func:`.ut_prepare.prep_precision`)."""
+    products (default :func:`.ut_prepare.prep_precision`); ``check``: where the pass's count of
+    non-finite ``w`` goes (:class:`.ut_prepare.Prepared`), or None."""
     if update_dtype is None:
         update_dtype = _ten_bit(x.dtype)
     return Prepared(x.q, x.k, w3, beta3, x.n.T, block, q_dtype=update_dtype, k_dtype=x.dtype,
                     update_dtype=update_dtype, norm_q=True, store_ut=update == "ut",
-                    precision=prep_precision(x.dtype) if precision is None else precision)
+                    precision=prep_precision(x.dtype) if precision is None else precision, check=check)
 
 
 def _path_launch(x: Flat, w3, beta3, scale: float, block: int, update: str, cfg: dict, c=None,
-                 lse=None, prep=None) -> torch.Tensor:
+                 lse=None, prep=None, check=None) -> torch.Tensor:
     """Launch on validated inputs: the preparation pass, then the scan.  Returns ``(BH, T, Dv)``.
     ``c``: the fp32 ``(BH, T)`` cumulative log gate (PaTH-FoX) or None.  ``lse``: an fp32 ``(BH, T)``
     tensor that receives each row's log-sum-exp (log2 units), for the backward pass.  ``prep``: the
     preparation pass already made by :func:`_prepare` with the same ``update`` (a caller that reads its
-    factors too, e.g. :mod:`pathedu.distributed`), else it is made here."""
+    factors too, e.g. :mod:`pathedu.distributed`), else it is made here, counting the non-finite entries of ``w``
+    for ``check`` (a :class:`pathedu.checks.checked_after`) when one is given."""
     n = x.n
     out = x.new_output(n.Dv)
     if x.empty_input:
         return out
     if prep is None:
         prep = _prepare(x, w3, beta3, block, update=update, update_dtype=cfg.pop("update_dtype", None),
-                        precision=cfg.pop("prep_precision", None))
+                        precision=cfg.pop("prep_precision", None), check=check)
     meta = dict(HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=next_pow2(n.D), BLOCK_DV=next_pow2(n.Dv), BLOCK_N=block,
                 UPDATE=update, PRECISION=dot_precision(x.dtype), GATED=c is not None, STORE_LSE=lse is not None)
     dummy = prep.qn  # a pointer for the arguments a launch does not read
@@ -651,17 +655,18 @@ class _PathAttention(torch.autograd.Function):
     """:func:`_path_launch` with a backward pass (:func:`_path_bwd_launch`).
 
     Inputs: the flattened ``q, k, v`` of a :class:`._launch.Flat` (``flat``), fp32 ``w3, beta3`` and the
-    cumulative log gate ``c`` (or None), then ``scale, block, update`` and the tuning dict.  Saves the
+    cumulative log gate ``c`` (or None), then ``scale, block, update``, the tuning dict and the value check that
+    receives the count of non-finite ``w`` (:func:`_path_launch`).  Saves the
     inputs and recomputes everything else, the softmax statistics included (:func:`_path_bwd_stats`).
     ``dc = rows - cols``: ``c_i`` enters row ``i``'s logits, ``-c_j`` column ``j``'s.
     """
 
     @staticmethod
-    def forward(ctx, q3, k3, v3, w3, beta3, c, flat, scale, block, update, cfg):
+    def forward(ctx, q3, k3, v3, w3, beta3, c, flat, scale, block, update, cfg, check):
         cfg = dict(cfg)
         ctx.bwd_config = cfg.pop("backward", None)
         x = Flat(flat.n, q3, k3, v3, flat.dtype, flat.like)
-        out = _path_launch(x, w3, beta3, scale, block, update, cfg, c)
+        out = _path_launch(x, w3, beta3, scale, block, update, cfg, c, check=check)
         ctx.save_for_backward(q3, k3, v3, w3, beta3, c)
         ctx.flat, ctx.scale, ctx.block = flat, scale, block
         return out
@@ -672,6 +677,6 @@ class _PathAttention(torch.autograd.Function):
         x = Flat(ctx.flat.n, q3, k3, v3, ctx.flat.dtype, ctx.flat.like)
         if x.empty_input:
             return (torch.zeros_like(q3), torch.zeros_like(k3), torch.zeros_like(v3), torch.zeros_like(w3),
-                    torch.zeros_like(beta3), None if c is None else torch.zeros_like(c)) + (None,) * 5
+                    torch.zeros_like(beta3), None if c is None else torch.zeros_like(c)) + (None,) * 6
         grads = _path_bwd_launch(x, w3, beta3, c, do, ctx.scale, ctx.block, ctx.bwd_config)
-        return grads + (None,) * 5
+        return grads + (None,) * 6

@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..checks import check_positive_int
+from ..checks import check_positive_int, finite_condition
 from ._launch import dot_precision, interpreting, next_pow2
 from ._pieces import _dot, _finite_or_zero, _load_rows, _rn, _store_rows
 
@@ -61,9 +61,10 @@ def prep_precision(dtype) -> str:
 def _diag_block_n(K, W, BETA, LOG_F, T, start, bh, stride_kb, stride_kt, stride_wb, stride_wt,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, W_IS_K: tl.constexpr, GATED: tl.constexpr,
                   PRECISION: tl.constexpr):
-    """``N_bb``, ``[SUB, SUB]`` fp32: the strictly lower ``D_beta W W^T`` of the ``SUB x SUB`` diagonal block at
-    rows ``[start, start + SUB)`` (with ``GATED``, entry ``(i, j)`` times ``exp(sum_{r=j+1..i} log_f[r])``, a
-    difference of prefix sums over this small block).
+    """``(N_bb, bad)``: ``N_bb``, ``[SUB, SUB]`` fp32, the strictly lower ``D_beta W W^T`` of the ``SUB x SUB``
+    diagonal block at rows ``[start, start + SUB)`` (with ``GATED``, entry ``(i, j)`` times
+    ``exp(sum_{r=j+1..i} log_f[r])``, a difference of prefix sums over this small block); ``bad``, the number of
+    non-finite entries of these rows of ``w`` (fp32; 0 with ``W_IS_K``, whose non-finite entries are dropped).
 
     The Gram matrix runs on the tensor cores: for 16-bit ``w`` as a plain product (two 16-bit numbers
     multiply exactly in fp32, and the sums are fp32), for fp32 ``w`` as :func:`._pieces._dot` in
@@ -76,11 +77,14 @@ def _diag_block_n(K, W, BETA, LOG_F, T, start, bh, stride_kb, stride_kt, stride_
     p_w = W + bh * stride_wb + start * stride_wt
     D_SLICE: tl.constexpr = 64 if BLOCK_D > 64 else BLOCK_D
     gram = tl.zeros([SUB, SUB], dtype=tl.float32)
+    bad = 0.0
     for d0 in tl.static_range(0, BLOCK_D, D_SLICE):
         w = _load_rows(p_w + d0, rows, tl.arange(0, D_SLICE), stride_wt, T - start, HEAD_DIM - d0,
                        True, BLOCK_D != HEAD_DIM)  # [SUB, D_SLICE], in w's dtype
         if W_IS_K:
             w = _finite_or_zero(w)  # DeltaNet's w = k: see the module docstring
+        else:  # NaN < inf is false: NaN counts too (padding loads as 0)
+            bad += tl.sum(tl.where(tl.abs(w) < float("inf"), 0.0, 1.0))
         if W.dtype.element_ty == tl.float32:
             gram += _dot(w, tl.trans(w), PRECISION)  # [SUB, SUB]
         else:
@@ -90,7 +94,7 @@ def _diag_block_n(K, W, BETA, LOG_F, T, start, bh, stride_kb, stride_kt, stride_
     if GATED:  # masked before exp, so every exponent is <= 0
         b = tl.cumsum(tl.load(LOG_F + bh * T + start + rows, mask=rows < T - start, other=0.0), axis=0)  # [SUB]
         gram = gram * tl.exp(tl.where(lower, b[:, None] - b[None, :], float("-inf")))
-    return tl.where(lower, gram * beta[:, None], 0.0)
+    return tl.where(lower, gram * beta[:, None], 0.0), bad
 
 
 @triton.jit
@@ -114,9 +118,9 @@ def _unit_lower_inverse(n, p_tile, stride, rows, BT: tl.constexpr):
 
 
 @triton.jit
-def _ut_diag_inverse(K, W, BETA, LOG_F, X, T, stride_kb, stride_kt, stride_wb, stride_wt, stride_xb, stride_xt,
+def _ut_diag_inverse(K, W, BETA, LOG_F, X, BAD, T, stride_kb, stride_kt, stride_wb, stride_wt, stride_xb, stride_xt,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, W_IS_K: tl.constexpr,
-                     GATED: tl.constexpr, PRECISION: tl.constexpr):
+                     GATED: tl.constexpr, CHECK_W: tl.constexpr, PRECISION: tl.constexpr):
     """First half of the triangular inverse: ``(I + N_bb)^{-1}`` for one ``SUB x SUB`` diagonal block.
 
     ``N = strictLower(D_beta W W^T)`` of the enclosing ``BT`` block, or with ``GATED`` (Gated DeltaNet's WY
@@ -124,15 +128,23 @@ def _ut_diag_inverse(K, W, BETA, LOG_F, X, T, stride_kb, stride_kt, stride_wb, s
     ``(BH, T)`` fp32): :func:`_diag_block_n`.  The block's inverse (:func:`_unit_lower_inverse`) goes to rows
     ``[s, s + SUB)``, columns ``[c, c + SUB)`` of ``X`` (``(BH, T_pad, BT)``, ``c`` = the block's offset inside
     its ``BT`` block); the rest of ``X`` is left alone.  One warp per program, so that many programs share
-    each multiprocessor (64-72 registers compiled for sm_90: 28-32 programs, the hardware's limit being 32)."""
+    each multiprocessor (64-72 registers compiled for sm_90: 28-32 programs, the hardware's limit being 32).
+
+    ``CHECK_W``: the program adds the number of non-finite entries of its rows of ``w`` to both entries of
+    ``BAD`` (``(2,)`` fp32, zeroed by the caller; an atomic add only where there is one), the value check of ``w``
+    at no cost of its own (a separate reduction read every ``w`` once more: 95 us of PaTH's 1.98 ms at
+    T = 1024, ``kernels/NOTES_path.md``, section 12)."""
     start = tl.program_id(0) * SUB
     bh = tl.program_id(1).to(tl.int64)
     rows = tl.arange(0, SUB)
-    n = _diag_block_n(K, W, BETA, LOG_F, T, start, bh, stride_kb, stride_kt, stride_wb, stride_wt, HEAD_DIM,
+    n, bad = _diag_block_n(K, W, BETA, LOG_F, T, start, bh, stride_kb, stride_kt, stride_wb, stride_wt, HEAD_DIM,
                       BLOCK_D, W_IS_K, GATED, PRECISION)  # [SUB, SUB]
     p_x = X + bh * stride_xb + start * stride_xt + start % BT  # this block's [SUB, SUB] tile of X
     x = _unit_lower_inverse(n, p_x, stride_xt, rows, SUB)
     tl.store(p_x + rows[:, None] * stride_xt + rows[None, :], x)
+    if CHECK_W:
+        if bad > 0:
+            tl.atomic_add(BAD + tl.arange(0, 2), tl.full([2], bad, tl.float32))
 
 
 @triton.jit
@@ -161,12 +173,30 @@ def _merged_inverse(p_ad, n, rows, BT: tl.constexpr, PRECISION: tl.constexpr):
 
 
 @triton.jit
+def _ut_tile_as_is(ptr, bh, start, stride_b, stride_t, T, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                   BT: tl.constexpr):
+    """Rows ``[start, start + BT)`` of head ``bh`` of a ``(BH, T, D)`` tensor: a ``[BT, BD]`` tile in the tensor's
+    dtype (rows past ``T`` and columns past ``D`` load as 0).  A 16-bit tile takes half the registers of an fp32
+    one: the preparation pass keeps ``q`` and ``k`` this way and widens them where they are used."""
+    return _load_rows(ptr + bh * stride_b + start * stride_t, tl.arange(0, BT), tl.arange(0, BLOCK_D), stride_t,
+                      T - start, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+
+
+@triton.jit
 def _ut_tile(ptr, bh, start, stride_b, stride_t, T, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
              BT: tl.constexpr):
-    """Rows ``[start, start + BT)`` of head ``bh`` of a ``(BH, T, D)`` tensor: a ``[BT, BD]`` fp32 tile (rows past
-    ``T`` and columns past ``D`` load as 0)."""
-    return _load_rows(ptr + bh * stride_b + start * stride_t, tl.arange(0, BT), tl.arange(0, BLOCK_D), stride_t,
-                      T - start, HEAD_DIM, True, BLOCK_D != HEAD_DIM).to(tl.float32)
+    """:func:`_ut_tile_as_is` in fp32."""
+    return _ut_tile_as_is(ptr, bh, start, stride_b, stride_t, T, HEAD_DIM, BLOCK_D, BT).to(tl.float32)
+
+
+@triton.jit
+def _input_dot(a, b, PRECISION: tl.constexpr):
+    """``a @ b`` of two tiles in the inputs' dtype: 16-bit operands multiply exactly in fp32 (a plain product on
+    the tensor cores, as exact as tf32 of the same values and at twice its rate); fp32 ones take ``PRECISION``."""
+    if a.dtype == tl.float32:
+        return _dot(a, b, PRECISION)
+    else:
+        return tl.dot(a, b)
 
 
 @triton.jit
@@ -248,31 +278,32 @@ def _ut_prepare(Q, K, W, BETA, QT, QN, KT, AD, GM, WC, NU, INV, T,
     if STORE_INV:
         tl.store(_ut_sq(INV, bh, start, stride_ab, stride_at, BT), x)
     a = x * beta[None, :]  # [BT, BT]: A = (I + N)^{-1} D_beta
-    k = _ut_tile(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT)  # [BT, BD]
-    wk = tl.where(rows[:, None] > rows[None, :], _dot(w, tl.trans(k), PRECISION), 0.0)  # w_t . k_j, t > j
-    offs_p = (bh * stride_pb + start * stride_pt) + rows[:, None] * stride_pt + offs_d[None, :]
-    mask_p = offs_d[None, :] < HEAD_DIM
-    kt = k - _dot(tl.trans(_dot(a, wk, PRECISION)), w, PRECISION)  # k~_j = H_e ... H_{j+1} k_j
-    tl.store(KT + offs_p, kt.to(KT.dtype.element_ty), mask=mask_p)
-    nu = -_dot(a, w, PRECISION)  # [BT, BD]: -U, U = A W
-    g = _dot(tl.trans(w), nu, PRECISION)  # [BD, BD]: G = -W^T A W
-    offs_g = (bh * stride_gb + blk * stride_gj) + offs_d[:, None] * HEAD_DIM + offs_d[None, :]
-    tl.store(GM + offs_g, g.to(GM.dtype.element_ty), mask=(offs_d[:, None] < HEAD_DIM) & mask_p)
+    # The keys' side: C = A strictLower(W K^T), then k~ = K - C^T W.
+    k = _ut_tile_as_is(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT)  # [BT, BD], k's dtype
+    c = _dot(a, tl.where(rows[:, None] > rows[None, :], _dot(w, tl.trans(k.to(tl.float32)), PRECISION), 0.0),
+             PRECISION)  # [BT, BT]: C_tj = sum_s A_ts (w_s . k_j), s > j
+    kt = k.to(tl.float32) - _dot(tl.trans(c), w, PRECISION)  # k~_j = H_e ... H_{j+1} k_j
+    _ut_rd_store(KT, kt, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT)
+    # The block's transition: -U = -A W, G = W^T (-U).  A dies here.
+    nu = -_dot(a, w, PRECISION)  # [BT, BD]
+    _store_rows(GM + bh * stride_gb + blk * stride_gj, _dot(tl.trans(w), nu, PRECISION), offs_d, offs_d, HEAD_DIM,
+                HEAD_DIM, HEAD_DIM)  # [BD, BD]
     if STORE_UT:
-        tl.store(WC + offs_p, w.to(WC.dtype.element_ty), mask=mask_p)
-        tl.store(NU + offs_p, nu.to(NU.dtype.element_ty), mask=mask_p)
-    q = _ut_tile(Q, bh, start, stride_qb, stride_qt, T, HEAD_DIM, BLOCK_D, BT)  # [BT, BD]
+        _ut_rd_store(WC, w, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT)
+        _ut_rd_store(NU, nu, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT)
+    # The queries' side, through -U and C (the products with A are done): q~ = Q + lower(Q W^T)(-U).
+    q = _ut_tile_as_is(Q, bh, start, stride_qb, stride_qt, T, HEAD_DIM, BLOCK_D, BT)  # [BT, BD], q's dtype
     lower = rows[:, None] >= rows[None, :]  # s <= i (diagonal kept)
-    r = _dot(tl.where(lower, _dot(q, tl.trans(w), PRECISION), 0.0), a, PRECISION)  # sum_{s<=i} (q_i . w_s) A_st
-    qt = q - _dot(r, w, PRECISION)  # q~_i = H_s ... H_i q_i
+    qw = tl.where(lower, _dot(q.to(tl.float32), tl.trans(w), PRECISION), 0.0)  # q_i . w_s, s <= i
+    qt = q.to(tl.float32) + _dot(qw, nu, PRECISION)  # q~_i = H_s ... H_i q_i
     if NORM_Q:
         # Any positive stand-in for a zero norm is exact: q~ / n and n multiply back to q~.
         norm = tl.maximum(tl.sqrt(tl.sum(qt * qt, axis=1)), 1e-30)
         tl.store(QN + bh * stride_nb + start + rows, norm)
         qt = qt / norm[:, None]
-    tl.store(QT + offs_p, qt.to(QT.dtype.element_ty), mask=mask_p)
-    k = _ut_tile(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT)  # again: cheaper than keeping it
-    intra = tl.where(lower, _dot(q, tl.trans(k), PRECISION) - _dot(r, wk, PRECISION), 0.0)  # Ã_ij, j <= i
+    _ut_rd_store(QT, qt, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT)
+    k = _ut_tile_as_is(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT)  # again: cheaper than keeping it
+    intra = tl.where(lower, _input_dot(q, tl.trans(k), PRECISION) - _dot(qw, c, PRECISION), 0.0)  # Ã_ij, j <= i
     tl.debug_barrier()  # every thread has read its part of the diagonal inverses before Ã overwrites them
     tl.store(_ut_sq(AD, bh, start, stride_ab, stride_at, BT), intra)
 
@@ -541,14 +572,16 @@ def ut_prepare_backward(q3, k3, w3, beta3, prep: "Prepared", dqt, dkt, dad, dg):
     return dq, dk, dw, dbeta
 
 
-def invert_diagonal_blocks(k3, w3, beta3, log_f3, x, T: int, block: int, *, w_is_k: bool) -> None:
+def invert_diagonal_blocks(k3, w3, beta3, log_f3, x, T: int, block: int, *, w_is_k: bool, bad=None) -> None:
     """Launch :func:`_ut_diag_inverse`: the ``SUB x SUB`` diagonal blocks of ``(I + N)^{-1}`` into ``x``
-    (``(BH, T_pad, block)`` fp32); ``log_f3`` (``(BH, T)`` fp32) or None: the gated ``N`` of DeltaNet's WY form."""
+    (``(BH, T_pad, block)`` fp32); ``log_f3`` (``(BH, T)`` fp32) or None: the gated ``N`` of DeltaNet's WY form;
+    ``bad``: a zeroed ``(2,)`` fp32 tensor that receives the number of non-finite entries of ``w3``, or None."""
     D = k3.shape[-1]
     _ut_diag_inverse[(x.shape[1] // SUB.value, k3.shape[0])](
-        k3, w3, beta3, x if log_f3 is None else log_f3, x, T, k3.stride(0), k3.stride(1), w3.stride(0),
-        w3.stride(1), x.stride(0), x.stride(1), HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=block, W_IS_K=w_is_k,
-        GATED=log_f3 is not None, PRECISION=prep_precision(w3.dtype), num_warps=1, num_stages=1)
+        k3, w3, beta3, x if log_f3 is None else log_f3, x, x if bad is None else bad, T, k3.stride(0), k3.stride(1),
+        w3.stride(0), w3.stride(1), x.stride(0), x.stride(1), HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=block,
+        W_IS_K=w_is_k, GATED=log_f3 is not None, CHECK_W=bad is not None, PRECISION=prep_precision(w3.dtype),
+        num_warps=1, num_stages=1)
 
 
 class WYPrepared:
@@ -595,12 +628,14 @@ class Prepared:
     ``qn: (BH, T_pad)`` (fp32, only with ``norm_q``); ``wc, nu: (BH, T_pad, D)`` (only with
     ``store_ut``); ``inv: (BH, T_pad, block)`` (fp32, ``(I + N)^{-1}`` of each block, only with
     ``keep_inverse``: the backward pass's).  ``T_pad`` is ``T`` rounded up to a multiple of ``MAX_R * block``, so
-    the main pass loads whole blocks without masks.
+    the main pass loads whole blocks without masks.  ``check``: a :class:`pathedu.checks.checked_after` that
+    receives the condition "``w`` is finite", decided from the count the first launch makes as it reads ``w``
+    (:meth:`~pathedu.checks.checked_after.defer`), or None (``w`` already checked).
     """
 
     def __init__(self, q3, k3, w3, beta3, T, block, *, q_dtype, k_dtype, update_dtype,
                  norm_q=False, store_ut=False, keep_inverse=False,
-                 precision="ieee", num_warps=4):
+                 precision="ieee", num_warps=4, check=None):
         BH, _, D = q3.shape
         T_pad = triton.cdiv(max(T, 1), MAX_R * block) * MAX_R * block
         dev = q3.device
@@ -616,14 +651,18 @@ class Prepared:
         self._args = (q3, k3, w3, beta3, T, D)
         self._flags = dict(NORM_Q=norm_q, STORE_UT=store_ut, STORE_INV=keep_inverse, PRECISION=precision)
         self._num_warps = num_warps
-        self.invert_diagonal_blocks()
+        self.invert_diagonal_blocks(check)
         self.prepare()
 
-    def invert_diagonal_blocks(self) -> None:
+    def invert_diagonal_blocks(self, check=None) -> None:
         """The first launch: the ``SUB x SUB`` diagonal blocks of ``(I + N)^{-1}``, into ``ad``
-        (a method of its own so that :mod:`pathedu.bench.parts` can time it apart)."""
+        (a method of its own so that :mod:`pathedu.bench.parts` can time it apart); with ``check``, it also
+        counts the non-finite entries of ``w`` for it."""
         _, k3, w3, beta3, T, D = self._args
-        invert_diagonal_blocks(k3, w3, beta3, None, self.ad, T, self.block, w_is_k=False)
+        bad = None if check is None else torch.zeros(2, dtype=torch.float32, device=w3.device)
+        invert_diagonal_blocks(k3, w3, beta3, None, self.ad, T, self.block, w_is_k=False, bad=bad)
+        if check is not None:
+            check.defer(finite_condition(w3, "w", counted=bad))
 
     def prepare(self) -> None:
         """The second launch: merges the diagonal inverses and writes every factor (reads ``ad``

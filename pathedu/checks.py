@@ -194,28 +194,47 @@ class checked_after:
     raises ``ValueError`` as :func:`require` would.  So the kernels are already queued when the
     host waits and the device never idles for the check; a kernel that ran on a bad value is
     discarded with its output.  Only for bodies that are safe on any value (no value decides an
-    index or a size).  On the CPU the conditions are read before the body, as :func:`require`.
+    index or a size).  A kernel of the body may add a condition it decides as it goes
+    (:meth:`defer`).  Every condition is read with one host synchronisation, on leaving the block
+    (on the CPU too, where the body has then run on the values).
     """
 
     def __init__(self, *conditions: Condition | None):
-        conditions = [c for c in conditions if c is not None]
-        self._conditions, self._event = conditions, None
-        if conditions and conditions[0].stats.device.type == "cuda":
+        self._conditions, self._copies = [], []
+        self._add([c for c in conditions if c is not None])
+
+    def _add(self, conditions: list) -> None:
+        """Queue the copy of ``conditions``' extremes (on a GPU: behind the work queued so far)."""
+        if not conditions:
+            return
+        self._conditions += conditions
+        if conditions[0].stats.device.type == "cuda":
             stats = _gathered(conditions)
-            self._host = torch.empty(stats.shape, dtype=stats.dtype, pin_memory=True)
-            self._host.copy_(stats, non_blocking=True)
-            self._event = torch.cuda.Event()
-            self._event.record(torch.cuda.current_stream(stats.device))
-        else:
-            require(*conditions)
+            host = torch.empty(stats.shape, dtype=stats.dtype, pin_memory=True)
+            host.copy_(stats, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(stats.device))
+            self._copies.append((host, event))
+
+    def defer(self, condition: Condition | None) -> None:
+        """Add a condition whose extremes a kernel of the body has just queued (one that reads the tensor anyway
+        and writes them as it goes: PaTH's preparation pass counts the non-finite entries of ``w``).  Its copy
+        is queued behind that kernel, so the host waits for it, not for what the body queues after it."""
+        self._add([] if condition is None else [condition])
 
     def __enter__(self) -> "checked_after":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        if self._event is not None:
-            self._event.synchronize()
-            _raise_first_false(_pairs(self._host.tolist()), self._conditions, exc)
+        if not self._conditions:
+            return False
+        if self._copies:  # events complete in stream order: the last one covers every copy
+            self._copies[-1][1].synchronize()
+            hosts = [h for h, _ in self._copies]
+            values = (hosts[0] if len(hosts) == 1 else torch.cat([h.double() for h in hosts])).tolist()
+        else:
+            values = _gathered(self._conditions).tolist()
+        _raise_first_false(_pairs(values), self._conditions, exc)
         return False
 
 
@@ -254,9 +273,16 @@ def range_condition(x: torch.Tensor, name: str, lo: float, hi: float, why: str =
     return Condition(extremes(x), holds, message)
 
 
-def finite_condition(x: torch.Tensor, name: str) -> Condition | None:
-    """Every entry finite (no NaN, no inf)."""
+def finite_condition(x: torch.Tensor, name: str, *, counted: torch.Tensor | None = None) -> Condition | None:
+    """Every entry finite (no NaN, no inf).  ``counted``: instead of a reduction of ``x``, a ``(2,)`` fp32 tensor
+    both of whose entries a kernel that reads ``x`` anyway sets to the number of non-finite entries it met (zero
+    when there are none; for :meth:`checked_after.defer`)."""
     if x.numel() == 0:
         return None
-    return Condition(extremes(x), lambda a, b: math.isfinite(a) and math.isfinite(b),
-                     lambda: f"`{name}` must be finite; found {_first_bad(x, torch.isfinite(x))}")
+
+    def message():
+        return f"`{name}` must be finite; found {_first_bad(x, torch.isfinite(x))}"
+
+    if counted is not None:
+        return Condition(counted, lambda a, b: a == 0 and b == 0, message)
+    return Condition(extremes(x), lambda a, b: math.isfinite(a) and math.isfinite(b), message)

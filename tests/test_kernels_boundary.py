@@ -203,11 +203,14 @@ def test_per_head_arguments():
 def test_path_and_delta_values_and_shapes():
     q, k, v, ex = inputs()
     w, beta = ex["w"], ex["beta"]
-    bad_w = w.clone()
-    bad_w[0, 0, 3, 1] = float("inf")
     for f in (path_attention, chunked_householder):
-        with pytest.raises(ValueError, match="`w` must be finite"):
-            f(q, k, v, bad_w, beta)
+        # w's check is a count made by the preparation pass as it reads w: every row, the last (partial) block's
+        # too, every sign of infinity
+        for t, bad in [(3, float("inf")), (0, float("nan")), (T - 1, float("-inf"))]:
+            bad_w = w.clone()
+            bad_w[-1, -1, t, -1] = bad
+            with pytest.raises(ValueError, match="`w` must be finite"):
+                f(q, k, v, bad_w, beta)
         with pytest.raises(ValueError, match="`w`"):
             f(q, k, v, w.transpose(-1, -2), beta)
         for b in (beta + 2.5, -beta, beta.masked_fill(beta > 1, float("nan"))):
@@ -504,15 +507,35 @@ def test_checked_after_reads_conditions_around_the_launch():
     with checked_after(range_condition(x, "x", 0.0, 2.0), None):
         ran.append(1)
     assert ran == [1]
-    # On the CPU a failing condition raises before the body runs (nothing to overlap with).
+    # A failing condition raises on leaving the block, after the body (as on a GPU, where the body's kernels
+    # are queued before the host reads the check: one read for every condition).
     with pytest.raises(ValueError, match=r"`x` must lie in \[0, 1\]; found 1.5"):
         with checked_after(range_condition(x, "x", 0.0, 1.0)):
             ran.append(2)
-    assert ran == [1]
-    # An error of the body itself is not hidden when the values are good.
+    assert ran == [1, 2]
+    # An error of the body itself is not hidden when the values are good; a bad value's error names its cause.
     with pytest.raises(KeyError):
         with checked_after(range_condition(x, "x", 0.0, 2.0)):
             raise KeyError("body")
+    with pytest.raises(ValueError, match="`x` must lie") as info:
+        with checked_after(range_condition(x, "x", 0.0, 1.0)):
+            raise KeyError("body")
+    assert isinstance(info.value.__cause__, KeyError)
+
+
+def test_checked_after_defers_a_condition_a_kernel_counts():
+    """``defer``: a condition whose extremes the body makes (a kernel counting non-finite entries as it reads
+    them) is read with the others, once, and the first failing condition (in the order given) raises."""
+    from pathedu.checks import checked_after, finite_condition, range_condition
+    w = torch.tensor([1.0, float("nan"), 2.0])
+    x = torch.tensor([0.5, 1.5])
+    with checked_after(range_condition(x, "x", 0.0, 2.0)) as check:
+        check.defer(finite_condition(w, "w", counted=torch.zeros(2)))  # the count says 0: not re-read from w
+        check.defer(None)
+    for first, message in [((0.0, 2.0), "`w` must be finite; found nan"), ((0.0, 1.0), "`x` must lie")]:
+        with pytest.raises(ValueError, match=message):
+            with checked_after(range_condition(x, "x", *first)) as check:
+                check.defer(finite_condition(w, "w", counted=torch.full((2,), 1.0)))
 
 
 @pytest.mark.parametrize("values, ok", [
