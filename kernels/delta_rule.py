@@ -41,8 +41,11 @@ With a write ``v k^T`` apart from the transition's ``w``, the WY trick does not 
 pseudo-values would need ``S w_t`` and ``k_t`` both.
 
 Both preparation passes start from the same ``16 x 16`` diagonal inverses (``_ut_diag_inverse``).
-Prepared factors are fp32 (kernels/NOTES_path.md, section 9: input-dtype factors were at most 9% faster and
-less accurate); products are tf32 for 16-bit inputs with
+The Householder RNN's factors are fp32.  DeltaNet's ``W`` and ``U~`` are stored in bf16 for bf16 inputs (as
+flash-linear-attention stores them: they are written once and read once, and fp32 doubles those bytes) and in
+fp32 otherwise (fp16's exponent range is too narrow for ``U~ = A V``), or in ``factor_dtype`` when given:
+``torch.float32`` for bf16 inputs is about a third closer to float64 and up to 9% slower
+(kernels/NOTES_path.md, sections 9 and 12).  Products are tf32 for 16-bit inputs with
 operands rounded to nearest (the state is multiplied by ``I - K^T W`` or ``I + G_c`` chunk after
 chunk, and the tensor cores' truncation would shrink it a little every time), and about fp32 for
 fp32 inputs (three tf32 products on a GPU, exact in the interpreter); see :func:`._pieces._dot`.
@@ -62,8 +65,19 @@ from .ut_prepare import BETA_WHY, Prepared, WYPrepared, check_block, prep_precis
 __all__ = ["chunked_householder", "chunked_delta_rule"]
 
 
-def _run(q, k, v, w, beta, log_f=None, *, delta: bool, chunk):
+def _factor_dtype(factor_dtype, input_dtype):
+    """DeltaNet's WY factor dtype: ``factor_dtype`` (None, ``torch.bfloat16`` or ``torch.float32``) or, for None, bf16
+    for bf16 inputs and fp32 for the others."""
+    if factor_dtype is None:
+        return torch.bfloat16 if input_dtype == torch.bfloat16 else torch.float32
+    if factor_dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"`factor_dtype` must be None, torch.bfloat16 or torch.float32, got {factor_dtype!r}")
+    return factor_dtype
+
+
+def _run(q, k, v, w, beta, log_f=None, *, delta: bool, chunk, factor_dtype=None):
     x = prepare_qkv(q, k, v)
+    wy_dtype = _factor_dtype(factor_dtype, x.dtype) if delta else torch.float32
     n = x.n
     w3 = x.k if delta else per_token(w, "w", x, extra=(n.D,))
     beta3 = per_token(beta, "beta", x)
@@ -74,21 +88,22 @@ def _run(q, k, v, w, beta, log_f=None, *, delta: bool, chunk):
                        None if log_f3 is None else log_gate_condition(log_f3, "log_f")) as check:
         if x.empty_input:
             return x.result(x.new_output(n.Dv))
-        prep, precision = _prepare(x, w3, beta3, chunk, delta=delta, log_f3=log_f3, check=check)
+        prep, precision = _prepare(x, w3, beta3, chunk, delta=delta, log_f3=log_f3, check=check,
+                                   wy_dtype=wy_dtype)
         gate = "delta" if delta else "householder"
         return x.result(_linear_launch(x, gate, log_f3, chunk=chunk, prep=prep, precision=precision))
 
 
-def _prepare(x, w3, beta3, chunk: int, *, delta: bool, log_f3=None, check=None):
+def _prepare(x, w3, beta3, chunk: int, *, delta: bool, log_f3=None, check=None, wy_dtype=torch.float32):
     """The preparation pass of the chunked kernel on validated inputs: ``(factors, precision)``, the
     precision also being the one of the state's products (see :func:`._pieces._dot`).  DeltaNet
-    (``delta``): the WY factors :class:`.ut_prepare.WYPrepared` (gated by ``log_f3`` when given, fp32);
+    (``delta``): the WY factors :class:`.ut_prepare.WYPrepared` (gated by ``log_f3`` when given, in ``wy_dtype``);
     the Householder RNN: the UT factors :class:`.ut_prepare.Prepared` (gate-free, fp32), which count the
     non-finite entries of ``w`` for ``check`` when given."""
     precision = prep_precision(x.dtype)
     f32 = torch.float32
     if delta:
-        return WYPrepared(x.k, x.v, beta3, log_f3, x.n.T, chunk, dtype=f32, precision=precision), precision
+        return WYPrepared(x.k, x.v, beta3, log_f3, x.n.T, chunk, dtype=wy_dtype, precision=precision), precision
     prep = Prepared(x.q, x.k, w3, beta3, x.n.T, chunk, q_dtype=f32, k_dtype=f32, update_dtype=f32,
                     precision=precision, check=check)
     return prep, precision
@@ -110,13 +125,15 @@ def chunked_householder(q, k, v, w, beta, *, log_f=None, chunk=None):
     return _run(q, k, v, w, beta, log_f, delta=False, chunk=chunk)
 
 
-def chunked_delta_rule(q, k, v, beta, *, log_f=None, chunk=None):
+def chunked_delta_rule(q, k, v, beta, *, log_f=None, chunk=None, factor_dtype=None):
     """DeltaNet ``S_t = a_t S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T``, ``o_t = S_t q_t``, chunked.
 
     No scale, no normalisation of ``q``/``k`` (normalise ``k`` yourself: the
     transition is a contraction only for ``beta_t |k_t|^2`` in [0, 2]).  Shapes:
     ``q, k: (..., T, D)``, ``v: (..., T, Dv)``, ``beta: (..., T)`` in [0, 2] ->
     ``(..., T, Dv)``; ``a_t`` (Gated DeltaNet), dtypes, sizes and validation as
-    :func:`chunked_householder` (``beta`` used in fp32).  The WY form (module docstring).
+    :func:`chunked_householder` (``beta`` used in fp32).  The WY form (module docstring); ``factor_dtype``
+    (None, ``torch.bfloat16`` or ``torch.float32``): the dtype of the stored factors ``W`` and ``U~`` (None: bf16
+    for bf16 inputs, fp32 for the others).
     """
-    return _run(q, k, v, None, beta, log_f, delta=True, chunk=chunk)
+    return _run(q, k, v, None, beta, log_f, delta=True, chunk=chunk, factor_dtype=factor_dtype)

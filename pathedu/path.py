@@ -737,13 +737,14 @@ def deltanet_chunked(q, k, v, beta, *, chunk: int = 64, initial_state=None, retu
     return (out, S.to(q_in.dtype)) if return_state else out
 
 
-def deltanet_triton(q, k, v, beta):
+def deltanet_triton(q, k, v, beta, *, factor_dtype=None):
     """The chunked delta rule in Triton (:func:`pathedu.kernels.delta_rule.chunked_delta_rule`).
 
     fp16/bf16/fp32 ``q, k, v``; ``beta`` (in [0, 2]) used in fp32; head dims 16..128.
-    Shapes as :func:`deltanet_naive`.  Every argument is validated by the kernel
-    entry point (values read once its kernels are queued).
+    Shapes as :func:`deltanet_naive`.  ``factor_dtype``: the stored WY factors' dtype (None: bf16 for bf16
+    inputs, fp32 otherwise; ``torch.float32`` is closer to float64 and slower).  Every argument is validated
+    by the kernel entry point (values read once its kernels are queued).
     """
     from .kernels.delta_rule import chunked_delta_rule
 
-    return chunked_delta_rule(q, k, v, beta)
+    return chunked_delta_rule(q, k, v, beta, factor_dtype=factor_dtype)

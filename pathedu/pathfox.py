@@ -623,7 +623,7 @@ def gated_deltanet_chunked(q, k, v, beta, log_f, *, chunk: int = 64, initial_sta
     return (out, S.to(q.dtype)) if return_state else out
 
 
-def gated_deltanet_triton(q, k, v, beta, log_f):
+def gated_deltanet_triton(q, k, v, beta, log_f, *, factor_dtype=None):
     """Gated DeltaNet in Triton: :func:`pathedu.kernels.delta_rule.chunked_delta_rule` with ``log_f``.
 
     :func:`gated_deltanet_chunked` in a kernel: the WY factors with the decay inside the
@@ -631,8 +631,9 @@ def gated_deltanet_triton(q, k, v, beta, log_f):
     its scalar ``DECAY`` hook on top.  (:func:`gated_householder_triton` keeps its UT factors
     gate-free instead; both factorisations agree.)
     fp16/bf16/fp32 ``q, k, v``; ``beta`` (in [0, 2]) and ``log_f`` (<= 0) used in fp32;
-    head dims 16..128.  Shapes as :func:`gated_deltanet_naive`.
+    head dims 16..128.  Shapes as :func:`gated_deltanet_naive`.  ``factor_dtype``: the stored WY factors' dtype
+    (None: bf16 for bf16 inputs, fp32 otherwise; ``torch.float32`` is closer to float64 and slower).
     """
     from .kernels.delta_rule import chunked_delta_rule
 
-    return chunked_delta_rule(q, k, v, beta, log_f=log_f)
+    return chunked_delta_rule(q, k, v, beta, log_f=log_f, factor_dtype=factor_dtype)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from helpers import TOL_TRITON, case_id, rand_qkv, rel_err
 
-from pathedu import path
+from pathedu import path, pathfox
 from pathedu.kernels.delta_rule import chunked_delta_rule, chunked_householder
 from pathedu.kernels.path_attention import MAX_R, Prepared, path_attention
 
@@ -269,6 +269,36 @@ def test_linear_side_chunks_and_extreme_beta(chunk, beta_kind):
     kn = unit(k)
     out = chunked_delta_rule(q.float(), kn.float(), v.float(), beta.float(), chunk=chunk)
     assert rel_err(out, delta_reference(q, kn, v, beta)) <= TOL_TRITON[torch.float32]
+
+
+def test_delta_rule_factor_dtype():
+    """DeltaNet's stored WY factors: bf16 for bf16 inputs by default (fla's choice), fp32 for the others or on
+    request; both stay within bf16's tolerance of float64, gated and not; anything else is refused by name."""
+    from pathedu.kernels._launch import per_token, prepare_qkv
+    from pathedu.kernels.delta_rule import _factor_dtype, _prepare
+
+    q, k, v = rand_qkv((2,), 40, 16, 16, seed=20)
+    _, beta = transitions((2,), 40, 16, seed=21)
+    qn, kn = unit(q), unit(k)
+    log_f = -torch.rand(2, 40, dtype=torch.float64, generator=torch.Generator().manual_seed(22)) / 4
+    bf = [t.to(torch.bfloat16) for t in (qn, kn, v)]
+    for dtype, want in [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float32),
+                        (torch.float32, torch.float32)]:
+        assert _factor_dtype(None, dtype) == want
+        x = prepare_qkv(*(t.to(dtype) for t in (qn, kn, v)))
+        prep, _ = _prepare(x, x.k, per_token(beta, "beta", x), 16, delta=True, wy_dtype=_factor_dtype(None, dtype))
+        assert prep.w.dtype == prep.u.dtype == want
+    for gate in (None, log_f):
+        ref = (delta_reference(qn, kn, v, beta) if gate is None
+               else pathfox.gated_deltanet_recurrent(qn, kn, v, beta, gate))
+        for factor_dtype in (None, torch.bfloat16, torch.float32):
+            out = chunked_delta_rule(*bf, beta.float(), log_f=None if gate is None else gate.float(),
+                                     factor_dtype=factor_dtype)
+            assert out.dtype == torch.bfloat16
+            assert rel_err(out, ref) <= 2e-2, (gate is None, factor_dtype)
+    for bad in (torch.float16, "bf16"):
+        with pytest.raises(ValueError, match="`factor_dtype`"):
+            chunked_delta_rule(*bf, beta.float(), factor_dtype=bad)
 
 
 def test_delta_rule_is_householder_with_w_equal_k():

@@ -592,9 +592,18 @@ def path_fla_delta(rec, dev, fla, *, fla_T=2048, fla_lead=(1, 4), **_):
 
         return from_bthd(chunk_delta_rule(*(to_bthd(x) for x in (qn, kn, v, b.to(BF16))), scale=1.0)[0])
 
-    get = _Lazy(ref=lambda: _deltanet64(qn, kn, v, b), ours=lambda: path.deltanet_triton(qn, kn, v, b), fla=fla_delta)
-    _compare_with_fla(rec, get, "deltanet_triton", "fla.chunk_delta_rule", "float64 deltanet_matrix",
-                      params=dict(beta="uniform [0, 1)", qk="l2-normalised"))
+    get = _Lazy(ref=lambda: _deltanet64(qn, kn, v, b), ours=lambda: path.deltanet_triton(qn, kn, v, b), fla=fla_delta,
+                fp32=lambda: path.deltanet_triton(qn, kn, v, b, factor_dtype=torch.float32))
+    params = dict(beta="uniform [0, 1)", qk="l2-normalised")
+    _compare_with_fla(rec, get, "deltanet_triton", "fla.chunk_delta_rule", "float64 deltanet_matrix", params=params)
+    _fp32_factors(rec, get, "deltanet_triton", "float64 deltanet_matrix", params)
+
+
+def _fp32_factors(rec, get, ours: str, reference: str, params: dict, limit: float = REL_RMS["bfloat16"]) -> None:
+    """Our DeltaNet kernel with its WY factors stored in fp32 (``factor_dtype``; bf16 is the default for bf16
+    inputs) against the float64 reference: what the bytes saved cost in accuracy."""
+    rec.compare(f"{ours} (fp32 factors)", lambda: (get("fp32"), get("ref")), reference=reference, metric="rel_rms",
+                limit=limit, params=dict(params, factors="fp32"))
 
 
 # The update's variants measured as T grows (kernels/NOTES_path.md, 3.1-3.3): name -> (_config, limit).
@@ -767,10 +776,12 @@ def pathfox_fla_gdn(rec, dev, fla, *, fla_T=2048, fla_lead=(1, 4), **_):
         return from_bthd(chunk_gated_delta_rule(*(to_bthd(x) for x in (qn, kn, v, log_f, b.to(BF16))), scale=1.0)[0])
 
     get = _Lazy(ref=lambda: _gated_deltanet64(qn, kn, v, b, log_f),
-                ours=lambda: pathfox.gated_deltanet_triton(qn, kn, v, b, log_f), fla=fla_gdn)
+                ours=lambda: pathfox.gated_deltanet_triton(qn, kn, v, b, log_f), fla=fla_gdn,
+                fp32=lambda: pathfox.gated_deltanet_triton(qn, kn, v, b, log_f, factor_dtype=torch.float32))
+    params = dict(beta="uniform [0, 1)", qk="l2-normalised", gates="mild")
     _compare_with_fla(rec, get, "gated_deltanet_triton", "fla.chunk_gated_delta_rule",
-                      "float64 gated_deltanet_matrix", params=dict(beta="uniform [0, 1)", qk="l2-normalised",
-                                                                   gates="mild"), limit=FLA_AGREEMENT)
+                      "float64 gated_deltanet_matrix", params=params, limit=FLA_AGREEMENT)
+    _fp32_factors(rec, get, "gated_deltanet_triton", "float64 gated_deltanet_matrix", params, limit=FLA_AGREEMENT)
 
 
 def pathfox_robust(rec, dev, fla, *, robust_T=16384, robust_H=2, D=64, **_):

@@ -30,7 +30,7 @@ from ._common import run_meta, seeded_qkv, to_bthd
 def _delta_parts(q, k, v, bench):
     """Parts of the chunked (gated) DeltaNet kernel on bench-sized inputs, in ms."""
     from ..kernels._launch import per_token, prepare_qkv
-    from ..kernels.delta_rule import _prepare, chunked_delta_rule
+    from ..kernels.delta_rule import _factor_dtype, _prepare, chunked_delta_rule
     from ..kernels.linear_attention import _linear_launch
     from ..kernels.ut_prepare import check_block
     from .fox import _log_f
@@ -42,10 +42,12 @@ def _delta_parts(q, k, v, bench):
     beta3, log_f3 = per_token(beta, "beta", x), per_token(log_f, "log_f", x)
     chunk = check_block(None, x.n.D)
 
-    def prepared(gate=None):  # as chunked_delta_rule makes it
-        return _prepare(x, x.k, beta3, chunk, delta=True, log_f3=gate)[0]
+    wy_dtype = _factor_dtype(None, x.dtype)
 
-    prep, precision = _prepare(x, x.k, beta3, chunk, delta=True)
+    def prepared(gate=None):  # as chunked_delta_rule makes it
+        return _prepare(x, x.k, beta3, chunk, delta=True, log_f3=gate, wy_dtype=wy_dtype)[0]
+
+    prep, precision = _prepare(x, x.k, beta3, chunk, delta=True, wy_dtype=wy_dtype)
     prep_g = prepared(log_f3)
     out = {
         "prepare (both launches)": bench(prepared),
