@@ -57,10 +57,10 @@ from __future__ import annotations
 
 import torch
 
-from ..checks import checked_after, log_gate_condition, range_condition
+from ..checks import checked_after, log_gate_condition
 from ._launch import per_token, prepare_qkv
 from .linear_attention import _linear_launch
-from .ut_prepare import BETA_WHY, Prepared, WYPrepared, check_block, prep_precision
+from .ut_prepare import Prepared, WYPrepared, check_block, prep_precision
 
 __all__ = ["chunked_householder", "chunked_delta_rule"]
 
@@ -83,9 +83,9 @@ def _run(q, k, v, w, beta, log_f=None, *, delta: bool, chunk, factor_dtype=None)
     beta3 = per_token(beta, "beta", x)
     log_f3 = None if log_f is None else per_token(log_f, "log_f", x)
     chunk = check_block(chunk, n.D, "chunk")
-    # Read once the kernels are queued; w's finiteness is counted by the preparation pass as it reads w.
-    with checked_after(range_condition(beta3, "beta", 0.0, 2.0, BETA_WHY),
-                       None if log_f3 is None else log_gate_condition(log_f3, "log_f")) as check:
+    # Read once the kernels are queued.  The preparation pass's first launch counts the entries of w, beta and
+    # (DeltaNet's) log_f that break their conditions as it reads them; the Householder RNN's gate it does not read.
+    with checked_after(None if log_f3 is None or delta else log_gate_condition(log_f3, "log_f")) as check:
         if x.empty_input:
             return x.result(x.new_output(n.Dv))
         prep, precision = _prepare(x, w3, beta3, chunk, delta=delta, log_f3=log_f3, check=check,
@@ -98,12 +98,13 @@ def _prepare(x, w3, beta3, chunk: int, *, delta: bool, log_f3=None, check=None, 
     """The preparation pass of the chunked kernel on validated inputs: ``(factors, precision)``, the
     precision also being the one of the state's products (see :func:`._pieces._dot`).  DeltaNet
     (``delta``): the WY factors :class:`.ut_prepare.WYPrepared` (gated by ``log_f3`` when given, in ``wy_dtype``);
-    the Householder RNN: the UT factors :class:`.ut_prepare.Prepared` (gate-free, fp32), which count the
-    non-finite entries of ``w`` for ``check`` when given."""
+    the Householder RNN: the UT factors :class:`.ut_prepare.Prepared` (gate-free, fp32).  Both count the values
+    that break their conditions for ``check`` when given (:func:`.ut_prepare.invert_diagonal_blocks`)."""
     precision = prep_precision(x.dtype)
     f32 = torch.float32
     if delta:
-        return WYPrepared(x.k, x.v, beta3, log_f3, x.n.T, chunk, dtype=wy_dtype, precision=precision), precision
+        return WYPrepared(x.k, x.v, beta3, log_f3, x.n.T, chunk, dtype=wy_dtype, precision=precision,
+                          check=check), precision
     prep = Prepared(x.q, x.k, w3, beta3, x.n.T, chunk, q_dtype=f32, k_dtype=f32, update_dtype=f32,
                     precision=precision, check=check)
     return prep, precision

@@ -72,13 +72,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ..checks import check_scale, checked_after, log_gate_condition, range_condition
+from ..checks import check_scale, checked_after, log_gate_condition
 from ._launch import Flat, dot_precision, interpreting, next_pow2, per_token, prepare_qkv, wants_grad
 from .flash_attention import _bwd_logits, _bwd_probs, _dkdv_steps, _dq_steps
 from .path_carry import carry_backward, carry_forward
 from ._pieces import (LOG2E, _first_nonfinite, _load_rows, _no_nonfinite, _poison, _query_block, _softmax_fold,
                       _store_rows)
-from .ut_prepare import BETA_WHY, MAX_R, Prepared, check_block, prep_precision, ut_prepare_backward
+from .ut_prepare import MAX_R, Prepared, check_block, prep_precision, ut_prepare_backward
 
 __all__ = ["path_attention", "Prepared", "MAX_R"]
 
@@ -459,9 +459,9 @@ def path_attention(q, k, v, w, beta, *, scale=None, block=None, log_f=None, _con
     if cfg.get("R", 1) not in range(1, MAX_R + 1):
         raise ValueError(f"`_config['R']` must be in 1..{MAX_R}, got {cfg['R']!r}")
     log_f3 = None if log_f is None else per_token(log_f, "log_f", x, backward=True)
-    # Read once the kernels are queued; w's finiteness is counted by the preparation pass as it reads w.
-    with checked_after(range_condition(beta3, "beta", 0.0, 2.0, BETA_WHY),
-                       None if log_f3 is None else log_gate_condition(log_f3)) as check:
+    # Read once the kernels are queued; the preparation pass's first launch counts the entries of w and beta that
+    # break their conditions as it reads them (the gate it does not read).
+    with checked_after(None if log_f3 is None else log_gate_condition(log_f3)) as check:
         c = None if log_f3 is None else torch.cumsum(log_f3, dim=-1)  # taken once, in fp32, outside the kernels
         if wants_grad(x.q, x.k, x.v, w3, beta3, c):
             return x.result(_PathAttention.apply(x.q, x.k, x.v, w3, beta3, c, x, scale, block, update, cfg, check))

@@ -41,13 +41,14 @@ import torch
 import triton
 import triton.language as tl
 
-from ..checks import check_positive_int, finite_condition
+from ..checks import check_positive_int, finite_condition, log_gate_condition, range_condition
 from ._launch import dot_precision, interpreting, next_pow2
 from ._pieces import _dot, _finite_or_zero, _load_rows, _rn, _store_rows
 
 MAX_R = 2  # a query block holds at most this many UT blocks; prepared tensors are padded to MAX_R * block rows
 SUB = tl.constexpr(16)  # the triangular inverse is solved row by row on SUB x SUB diagonal blocks, then merged
 BETA_WHY = " (H = I - beta w w^T)"  # the reason given when `beta` is outside [0, 2]
+COUNTED = ("w", "beta", "log_f", "none")  # what _ut_diag_inverse counts, in its order (_diag_block_n)
 
 
 def prep_precision(dtype) -> str:
@@ -63,8 +64,11 @@ def _diag_block_n(K, W, BETA, LOG_F, T, start, bh, stride_kb, stride_kt, stride_
                   PRECISION: tl.constexpr):
     """``(N_bb, bad)``: ``N_bb``, ``[SUB, SUB]`` fp32, the strictly lower ``D_beta W W^T`` of the ``SUB x SUB``
     diagonal block at rows ``[start, start + SUB)`` (with ``GATED``, entry ``(i, j)`` times
-    ``exp(sum_{r=j+1..i} log_f[r])``, a difference of prefix sums over this small block); ``bad``, the number of
-    non-finite entries of these rows of ``w`` (fp32; 0 with ``W_IS_K``, whose non-finite entries are dropped).
+    ``exp(sum_{r=j+1..i} log_f[r])``, a difference of prefix sums over this small block); ``bad``, ``[4]`` fp32,
+    how many of the values read break their condition, in :data:`COUNTED`'s order: ``w`` not finite (0 with
+    ``W_IS_K``, whose non-finite entries are dropped), ``beta`` outside [0, 2], ``log_f`` outside (-inf, 0]
+    (0 without ``GATED``), and a 0.  NaN breaks every condition (a comparison with NaN is false); padding loads
+    as 0, which breaks none.
 
     The Gram matrix runs on the tensor cores: for 16-bit ``w`` as a plain product (two 16-bit numbers
     multiply exactly in fp32, and the sums are fp32), for fp32 ``w`` as :func:`._pieces._dot` in
@@ -77,23 +81,29 @@ def _diag_block_n(K, W, BETA, LOG_F, T, start, bh, stride_kb, stride_kt, stride_
     p_w = W + bh * stride_wb + start * stride_wt
     D_SLICE: tl.constexpr = 64 if BLOCK_D > 64 else BLOCK_D
     gram = tl.zeros([SUB, SUB], dtype=tl.float32)
-    bad = 0.0
+    bad_w = 0.0
     for d0 in tl.static_range(0, BLOCK_D, D_SLICE):
         w = _load_rows(p_w + d0, rows, tl.arange(0, D_SLICE), stride_wt, T - start, HEAD_DIM - d0,
                        True, BLOCK_D != HEAD_DIM)  # [SUB, D_SLICE], in w's dtype
         if W_IS_K:
             w = _finite_or_zero(w)  # DeltaNet's w = k: see the module docstring
-        else:  # NaN < inf is false: NaN counts too (padding loads as 0)
-            bad += tl.sum(tl.where(tl.abs(w) < float("inf"), 0.0, 1.0))
+        else:
+            bad_w += tl.sum(tl.where(tl.abs(w) < float("inf"), 0.0, 1.0))
         if W.dtype.element_ty == tl.float32:
             gram += _dot(w, tl.trans(w), PRECISION)  # [SUB, SUB]
         else:
             gram = tl.dot(w, tl.trans(w), acc=gram)  # [SUB, SUB]
     beta = tl.load(BETA + bh * T + start + rows, mask=rows < T - start, other=0.0)  # [SUB]
+    bad_b = tl.sum(tl.where((beta >= 0.0) & (beta <= 2.0), 0.0, 1.0))
     lower = rows[:, None] > rows[None, :]
+    bad_f = 0.0
     if GATED:  # masked before exp, so every exponent is <= 0
-        b = tl.cumsum(tl.load(LOG_F + bh * T + start + rows, mask=rows < T - start, other=0.0), axis=0)  # [SUB]
+        log_f = tl.load(LOG_F + bh * T + start + rows, mask=rows < T - start, other=0.0)  # [SUB]
+        bad_f = tl.sum(tl.where((log_f <= 0.0) & (log_f > float("-inf")), 0.0, 1.0))
+        b = tl.cumsum(log_f, axis=0)  # [SUB]
         gram = gram * tl.exp(tl.where(lower, b[:, None] - b[None, :], float("-inf")))
+    which = tl.arange(0, 4)
+    bad = tl.where(which == 0, bad_w, tl.where(which == 1, bad_b, tl.where(which == 2, bad_f, 0.0)))  # [4]
     return tl.where(lower, gram * beta[:, None], 0.0), bad
 
 
@@ -120,7 +130,7 @@ def _unit_lower_inverse(n, p_tile, stride, rows, BT: tl.constexpr):
 @triton.jit
 def _ut_diag_inverse(K, W, BETA, LOG_F, X, BAD, T, stride_kb, stride_kt, stride_wb, stride_wt, stride_xb, stride_xt,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, W_IS_K: tl.constexpr,
-                     GATED: tl.constexpr, CHECK_W: tl.constexpr, PRECISION: tl.constexpr):
+                     GATED: tl.constexpr, COUNT: tl.constexpr, PRECISION: tl.constexpr):
     """First half of the triangular inverse: ``(I + N_bb)^{-1}`` for one ``SUB x SUB`` diagonal block.
 
     ``N = strictLower(D_beta W W^T)`` of the enclosing ``BT`` block, or with ``GATED`` (Gated DeltaNet's WY
@@ -130,10 +140,12 @@ def _ut_diag_inverse(K, W, BETA, LOG_F, X, BAD, T, stride_kb, stride_kt, stride_
     its ``BT`` block); the rest of ``X`` is left alone.  One warp per program, so that many programs share
     each multiprocessor (64-72 registers compiled for sm_90: 28-32 programs, the hardware's limit being 32).
 
-    ``CHECK_W``: the program adds the number of non-finite entries of its rows of ``w`` to both entries of
-    ``BAD`` (``(2,)`` fp32, zeroed by the caller; an atomic add only where there is one), the value check of ``w``
-    at no cost of its own (a separate reduction read every ``w`` once more: 95 us of PaTH's 1.98 ms at
-    T = 1024, ``kernels/NOTES_path.md``, section 12)."""
+    ``COUNT``: the program adds how many of the values it read break their condition (``w``, ``beta``, ``log_f``:
+    :func:`_diag_block_n`) to ``BAD`` (``(8,)`` fp32, zeroed by the caller; entries ``2c`` and ``2c + 1`` for
+    condition ``c``, so that each pair reads as a condition's two extremes; an atomic add only where one is
+    broken): the value checks of the arguments this launch reads anyway, at no cost of their own (a separate
+    reduction of ``w`` read it once more: 95 us of PaTH's 1.98 ms at T = 1024, ``kernels/NOTES_path.md``,
+    section 12)."""
     start = tl.program_id(0) * SUB
     bh = tl.program_id(1).to(tl.int64)
     rows = tl.arange(0, SUB)
@@ -142,9 +154,11 @@ def _ut_diag_inverse(K, W, BETA, LOG_F, X, BAD, T, stride_kb, stride_kt, stride_
     p_x = X + bh * stride_xb + start * stride_xt + start % BT  # this block's [SUB, SUB] tile of X
     x = _unit_lower_inverse(n, p_x, stride_xt, rows, SUB)
     tl.store(p_x + rows[:, None] * stride_xt + rows[None, :], x)
-    if CHECK_W:
-        if bad > 0:
-            tl.atomic_add(BAD + tl.arange(0, 2), tl.full([2], bad, tl.float32))
+    if COUNT:
+        if tl.max(bad, axis=0) > 0:
+            two = tl.arange(0, 8)
+            tl.atomic_add(BAD + two, tl.sum(tl.where(two[:, None] // 2 == tl.arange(0, 4)[None, :], bad[None, :],
+                                                     0.0), axis=1))
 
 
 @triton.jit
@@ -572,25 +586,36 @@ def ut_prepare_backward(q3, k3, w3, beta3, prep: "Prepared", dqt, dkt, dad, dg):
     return dq, dk, dw, dbeta
 
 
-def invert_diagonal_blocks(k3, w3, beta3, log_f3, x, T: int, block: int, *, w_is_k: bool, bad=None) -> None:
+def invert_diagonal_blocks(k3, w3, beta3, log_f3, x, T: int, block: int, *, w_is_k: bool, check=None) -> None:
     """Launch :func:`_ut_diag_inverse`: the ``SUB x SUB`` diagonal blocks of ``(I + N)^{-1}`` into ``x``
-    (``(BH, T_pad, block)`` fp32); ``log_f3`` (``(BH, T)`` fp32) or None: the gated ``N`` of DeltaNet's WY form;
-    ``bad``: a zeroed ``(2,)`` fp32 tensor that receives the number of non-finite entries of ``w3``, or None."""
+    (``(BH, T_pad, block)`` fp32); ``log_f3`` (``(BH, T)`` fp32) or None: the gated ``N`` of DeltaNet's WY form.
+    ``check``: a :class:`pathedu.checks.checked_after` that receives the conditions on what the launch reads
+    ("``w`` is finite" unless ``w_is_k``, "``beta`` in [0, 2]", "``log_f`` a log gate" when given), decided from
+    the launch's counts (:meth:`~pathedu.checks.checked_after.defer`), or None."""
     D = k3.shape[-1]
+    bad = None if check is None else torch.zeros(2 * len(COUNTED), dtype=torch.float32, device=k3.device)
     _ut_diag_inverse[(x.shape[1] // SUB.value, k3.shape[0])](
         k3, w3, beta3, x if log_f3 is None else log_f3, x, x if bad is None else bad, T, k3.stride(0), k3.stride(1),
         w3.stride(0), w3.stride(1), x.stride(0), x.stride(1), HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=block,
-        W_IS_K=w_is_k, GATED=log_f3 is not None, CHECK_W=bad is not None, PRECISION=prep_precision(w3.dtype),
+        W_IS_K=w_is_k, GATED=log_f3 is not None, COUNT=bad is not None, PRECISION=prep_precision(w3.dtype),
         num_warps=1, num_stages=1)
+    if check is not None:
+        counts = dict(zip(COUNTED, bad.split(2)))
+        check.defer(None if w_is_k else finite_condition(w3, "w", counted=counts["w"]),
+                    range_condition(beta3, "beta", 0.0, 2.0, BETA_WHY, counted=counts["beta"]),
+                    None if log_f3 is None else log_gate_condition(log_f3, "log_f", counted=counts["log_f"]),
+                    stats=bad)
 
 
 class WYPrepared:
     """DeltaNet's WY factors for ``BH`` heads, chunks of ``block`` tokens (two launches:
     :func:`_ut_diag_inverse`, then :func:`_wy_prepare`): ``w: (BH, T_pad, D)`` (``A diag(e^b) K``) and
     ``u: (BH, T_pad, Dv)`` (``A V``), both in ``dtype``; ``T_pad`` is ``T`` rounded up to a multiple of
-    ``block``.  ``log_f3``: ``(BH, T)`` fp32 log gates (Gated DeltaNet) or None."""
+    ``block``.  ``log_f3``: ``(BH, T)`` fp32 log gates (Gated DeltaNet) or None.  ``check``: a
+    :class:`pathedu.checks.checked_after` that receives the conditions on ``beta`` and ``log_f``, decided from the
+    counts the first launch makes as it reads them (:func:`invert_diagonal_blocks`), or None."""
 
-    def __init__(self, k3, v3, beta3, log_f3, T: int, block: int, *, dtype, precision: str):
+    def __init__(self, k3, v3, beta3, log_f3, T: int, block: int, *, dtype, precision: str, check=None):
         BH, _, D = k3.shape
         Dv = v3.shape[-1]
         T_pad = triton.cdiv(max(T, 1), block) * block
@@ -600,13 +625,14 @@ class WYPrepared:
         self._inv = torch.empty(BH, T_pad, block, dtype=torch.float32, device=k3.device)
         self._args = (k3, v3, beta3, log_f3, T)
         self._precision = precision
-        self.invert_diagonal_blocks()
+        self.invert_diagonal_blocks(check)
         self.prepare()
 
-    def invert_diagonal_blocks(self) -> None:
-        """The first launch (a method of its own so that :mod:`pathedu.bench.parts` can time it apart)."""
+    def invert_diagonal_blocks(self, check=None) -> None:
+        """The first launch (a method of its own so that :mod:`pathedu.bench.parts` can time it apart); with
+        ``check``, it also counts the values of ``beta`` and ``log_f`` that break their conditions for it."""
         k3, _, beta3, log_f3, T = self._args
-        invert_diagonal_blocks(k3, k3, beta3, log_f3, self._inv, T, self.block, w_is_k=True)
+        invert_diagonal_blocks(k3, k3, beta3, log_f3, self._inv, T, self.block, w_is_k=True, check=check)
 
     def prepare(self) -> None:
         """The second launch: merges the diagonal inverses, writes ``w`` and ``u``."""
@@ -629,8 +655,8 @@ class Prepared:
     ``store_ut``); ``inv: (BH, T_pad, block)`` (fp32, ``(I + N)^{-1}`` of each block, only with
     ``keep_inverse``: the backward pass's).  ``T_pad`` is ``T`` rounded up to a multiple of ``MAX_R * block``, so
     the main pass loads whole blocks without masks.  ``check``: a :class:`pathedu.checks.checked_after` that
-    receives the condition "``w`` is finite", decided from the count the first launch makes as it reads ``w``
-    (:meth:`~pathedu.checks.checked_after.defer`), or None (``w`` already checked).
+    receives the conditions "``w`` is finite" and "``beta`` in [0, 2]", decided from the counts the first launch
+    makes as it reads them (:func:`invert_diagonal_blocks`), or None (already checked).
     """
 
     def __init__(self, q3, k3, w3, beta3, T, block, *, q_dtype, k_dtype, update_dtype,
@@ -657,12 +683,9 @@ class Prepared:
     def invert_diagonal_blocks(self, check=None) -> None:
         """The first launch: the ``SUB x SUB`` diagonal blocks of ``(I + N)^{-1}``, into ``ad``
         (a method of its own so that :mod:`pathedu.bench.parts` can time it apart); with ``check``, it also
-        counts the non-finite entries of ``w`` for it."""
+        counts the values of ``w`` and ``beta`` that break their conditions for it."""
         _, k3, w3, beta3, T, D = self._args
-        bad = None if check is None else torch.zeros(2, dtype=torch.float32, device=w3.device)
-        invert_diagonal_blocks(k3, w3, beta3, None, self.ad, T, self.block, w_is_k=False, bad=bad)
-        if check is not None:
-            check.defer(finite_condition(w3, "w", counted=bad))
+        invert_diagonal_blocks(k3, w3, beta3, None, self.ad, T, self.block, w_is_k=False, check=check)
 
     def prepare(self) -> None:
         """The second launch: merges the diagonal inverses and writes every factor (reads ``ad``

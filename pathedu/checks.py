@@ -200,46 +200,58 @@ class checked_after:
     """
 
     def __init__(self, *conditions: Condition | None):
-        self._conditions, self._copies = [], []
-        self._add([c for c in conditions if c is not None])
+        self._groups = []  # (conditions, their [min, max] pairs: pinned host copy or CPU tensor, event or None)
+        kept = [c for c in conditions if c is not None]
+        if kept:
+            self._add(kept, _gathered(kept))
 
-    def _add(self, conditions: list) -> None:
-        """Queue the copy of ``conditions``' extremes (on a GPU: behind the work queued so far)."""
-        if not conditions:
-            return
-        self._conditions += conditions
-        if conditions[0].stats.device.type == "cuda":
-            stats = _gathered(conditions)
+    def _add(self, conditions: list, stats: torch.Tensor) -> None:
+        """Keep ``conditions`` (``None`` entries hold a place in ``stats`` and are skipped) with ``stats``, their
+        ``[min, max]`` pairs in order; on a GPU, queue the copy to the host behind the work queued so far."""
+        if stats.device.type == "cuda":
             host = torch.empty(stats.shape, dtype=stats.dtype, pin_memory=True)
             host.copy_(stats, non_blocking=True)
             event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(stats.device))
-            self._copies.append((host, event))
+            self._groups.append((conditions, host, event))
+        else:
+            self._groups.append((conditions, stats, None))
 
-    def defer(self, condition: Condition | None) -> None:
-        """Add a condition whose extremes a kernel of the body has just queued (one that reads the tensor anyway
-        and writes them as it goes: PaTH's preparation pass counts the non-finite entries of ``w``).  Its copy
-        is queued behind that kernel, so the host waits for it, not for what the body queues after it."""
-        self._add([] if condition is None else [condition])
+    def defer(self, *conditions: Condition | None, stats: torch.Tensor) -> None:
+        """Add conditions whose extremes a kernel of the body has just queued into ``stats``, two numbers a
+        condition in order (a kernel that reads the tensors anyway and counts what breaks a condition as it goes:
+        the UT preparation pass's first launch, for ``w``, ``beta`` and ``log_f``; a ``None`` condition's place
+        is skipped, and entries past the last condition are ignored).  Their copy is queued behind that kernel,
+        so the host waits for it, not for what the body queues after it."""
+        if any(c is not None for c in conditions):
+            self._add(list(conditions), stats)
 
     def __enter__(self) -> "checked_after":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        if not self._conditions:
+        if not self._groups:
             return False
-        if self._copies:  # events complete in stream order: the last one covers every copy
-            self._copies[-1][1].synchronize()
-            hosts = [h for h, _ in self._copies]
-            values = (hosts[0] if len(hosts) == 1 else torch.cat([h.double() for h in hosts])).tolist()
-        else:
-            values = _gathered(self._conditions).tolist()
-        _raise_first_false(_pairs(values), self._conditions, exc)
+        events = [e for _, _, e in self._groups if e is not None]
+        if events:  # events complete in stream order: the last one covers every copy
+            events[-1].synchronize()
+        stats = [h for _, h, _ in self._groups]
+        values = (stats[0] if len(stats) == 1 else torch.cat([h.double() for h in stats])).tolist()
+        conditions = [c for group, h, _ in self._groups for c in group + [None] * (len(h) // 2 - len(group))]
+        pairs = [(p, c) for p, c in zip(_pairs(values), conditions) if c is not None]
+        _raise_first_false([p for p, _ in pairs], [c for _, c in pairs], exc)
         return False
 
 
-def log_gate_condition(log_f: torch.Tensor, name: str = "log_f") -> Condition | None:
-    """``-inf < log_f <= 0`` everywhere (the log of a forget gate in (0, 1]; NaN fails)."""
+def _counted(counted: torch.Tensor):
+    """The condition "``counted`` (a kernel's count of the entries that break it, twice) is zero"."""
+    return counted, lambda a, b: a == 0 and b == 0
+
+
+def log_gate_condition(log_f: torch.Tensor, name: str = "log_f", *,
+                       counted: torch.Tensor | None = None) -> Condition | None:
+    """``-inf < log_f <= 0`` everywhere (the log of a forget gate in (0, 1]; NaN fails).  ``counted``: as in
+    :func:`finite_condition`."""
     if log_f.numel() == 0:
         return None
 
@@ -249,13 +261,16 @@ def log_gate_condition(log_f: torch.Tensor, name: str = "log_f") -> Condition | 
             return f"`{name}` must be finite (a gate of exactly 0 is -inf; use a large negative number)"
         return f"`{name}` must be <= 0 (the log of a forget gate in (0, 1]); found {bad}"
 
+    if counted is not None:
+        return Condition(*_counted(counted), message)
     return Condition(extremes(log_f), lambda lo, hi: lo > float("-inf") and hi <= 0, message)
 
 
 def range_condition(x: torch.Tensor, name: str, lo: float, hi: float, why: str = "", *,
-                    lo_open: bool = False, finite: bool = False) -> Condition | None:
+                    lo_open: bool = False, finite: bool = False,
+                    counted: torch.Tensor | None = None) -> Condition | None:
     """``lo <= x <= hi`` everywhere (``lo < x`` with ``lo_open``; ``finite``: no inf either, for an open-ended
-    range).  NaN fails, as does anything outside the range."""
+    range).  NaN fails, as does anything outside the range.  ``counted``: as in :func:`finite_condition`."""
     if x.numel() == 0:
         return None
 
@@ -270,6 +285,8 @@ def range_condition(x: torch.Tensor, name: str, lo: float, hi: float, why: str =
             where = f"{'be finite and ' if finite else ''}lie in {'(' if lo_open else '['}{lo:g}, {hi:g}]"
         return f"`{name}` must {where}{why}; found {_first_bad(x, good)}"
 
+    if counted is not None:
+        return Condition(*_counted(counted), message)
     return Condition(extremes(x), holds, message)
 
 
@@ -284,5 +301,5 @@ def finite_condition(x: torch.Tensor, name: str, *, counted: torch.Tensor | None
         return f"`{name}` must be finite; found {_first_bad(x, torch.isfinite(x))}"
 
     if counted is not None:
-        return Condition(counted, lambda a, b: a == 0 and b == 0, message)
+        return Condition(*_counted(counted), message)
     return Condition(extremes(x), lambda a, b: math.isfinite(a) and math.isfinite(b), message)

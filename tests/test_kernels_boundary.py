@@ -166,6 +166,17 @@ def test_log_gate_values_are_checked_at_every_entry(value, needle):
                 attention(q, k, v, log_f=log_f)
         with pytest.raises(ValueError, match=needle):
             chunked_linear_attention(q, k, v, log_f=log_f)
+    # The UT kernels: Gated DeltaNet's gate is counted by its preparation pass as it reads it (every row, the
+    # last, partial block's too); PaTH-FoX's and the gated Householder RNN's by a reduction of their own.
+    kn = torch.nn.functional.normalize(k, dim=-1)
+    for t in (0, T - 1):
+        log_f = ex["log_f"].clone()
+        log_f[-1, -1, t] = value
+        for call in (lambda: chunked_delta_rule(q, kn, v, ex["beta"] / 2, log_f=log_f),
+                     lambda: path_attention(q, k, v, ex["w"], ex["beta"], log_f=log_f),
+                     lambda: chunked_householder(q / 4, k / 4, v, ex["w"], ex["beta"], log_f=log_f)):
+            with pytest.raises(ValueError, match=needle):
+                call()
 
 
 def test_linear_refuses_bad_gate_shapes_and_chunks():
@@ -524,18 +535,25 @@ def test_checked_after_reads_conditions_around_the_launch():
 
 
 def test_checked_after_defers_a_condition_a_kernel_counts():
-    """``defer``: a condition whose extremes the body makes (a kernel counting non-finite entries as it reads
-    them) is read with the others, once, and the first failing condition (in the order given) raises."""
+    """``defer``: conditions whose two numbers a kernel of the body wrote into one tensor (counts of what breaks
+    them) are read with the others, once; a ``None`` condition's place and trailing entries are skipped; the
+    first failing condition, in the order given, raises."""
     from pathedu.checks import checked_after, finite_condition, range_condition
     w = torch.tensor([1.0, float("nan"), 2.0])
     x = torch.tensor([0.5, 1.5])
+    counts = torch.tensor([0.0, 0.0, 9.0, 9.0, 0.0, 0.0, 5.0, 5.0])  # w: 0; a skipped place; x: 0; padding
     with checked_after(range_condition(x, "x", 0.0, 2.0)) as check:
-        check.defer(finite_condition(w, "w", counted=torch.zeros(2)))  # the count says 0: not re-read from w
-        check.defer(None)
+        check.defer(finite_condition(w, "w", counted=counts[0:2]), None,
+                    range_condition(x, "x", 0.0, 1.0, counted=counts[4:6]), stats=counts)  # counts decide, not x
+        check.defer(None, stats=counts)
+    bad = torch.tensor([1.0, 1.0, 0.0, 0.0])
     for first, message in [((0.0, 2.0), "`w` must be finite; found nan"), ((0.0, 1.0), "`x` must lie")]:
         with pytest.raises(ValueError, match=message):
             with checked_after(range_condition(x, "x", *first)) as check:
-                check.defer(finite_condition(w, "w", counted=torch.full((2,), 1.0)))
+                check.defer(finite_condition(w, "w", counted=bad[:2]), stats=bad)
+    with pytest.raises(ValueError, match=r"`x` must lie in \[0, 1\]; found 1.5"):
+        with checked_after() as check:
+            check.defer(None, range_condition(x, "x", 0.0, 1.0, counted=bad[2:]), stats=bad.flip(0))
 
 
 @pytest.mark.parametrize("values, ok", [

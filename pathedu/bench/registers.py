@@ -28,12 +28,11 @@ _LIN = dict(_D, HEAD_DV=64, BLOCK_DV=64, CHUNK=64, PRECISION="tf32", BLOCK_DC=32
 _QKVO = ("Q", "K", "V", "O")
 KERNELS = {
     "_ut_diag_inverse (DeltaNet)": ("ut_prepare", "_ut_diag_inverse", dict(_D, BT=64, W_IS_K=True, GATED=False,
-                                                                                CHECK_W=False, PRECISION="tf32"), ("K", "W"), 1),
+                                                                                COUNT=True, PRECISION="tf32"), ("K", "W"), 1),
     "_ut_diag_inverse (Gated DeltaNet)": ("ut_prepare", "_ut_diag_inverse", dict(_D, BT=64, W_IS_K=True, GATED=True,
-                                                                                      CHECK_W=False, PRECISION="tf32"), ("K", "W"), 1),
-    "_ut_diag_inverse (PaTH, counting w)": ("ut_prepare", "_ut_diag_inverse",
-                                            dict(_D, BT=64, W_IS_K=False, GATED=False, CHECK_W=True,
-                                                 PRECISION="tf32"), ("K",), 1),
+                                                                                      COUNT=True, PRECISION="tf32"), ("K", "W"), 1),
+    "_ut_diag_inverse (PaTH)": ("ut_prepare", "_ut_diag_inverse", dict(_D, BT=64, W_IS_K=False, GATED=False,
+                                                                            COUNT=True, PRECISION="tf32"), ("K",), 1),
     "_wy_prepare": ("ut_prepare", "_wy_prepare", dict(_D, HEAD_DV=64, BLOCK_DV=64, BT=64, GATED=False,
                                                       PRECISION="tf32"), ("K", "V"), 4),
     "_wy_prepare (gated)": ("ut_prepare", "_wy_prepare", dict(_D, HEAD_DV=64, BLOCK_DV=64, BT=64, GATED=True,
