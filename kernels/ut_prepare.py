@@ -150,13 +150,13 @@ def _ut_diag_inverse(K, W, BETA, LOG_F, X, BAD, T, stride_kb, stride_kt, stride_
     bh = tl.program_id(1).to(tl.int64)
     rows = tl.arange(0, SUB)
     n, bad = _diag_block_n(K, W, BETA, LOG_F, T, start, bh, stride_kb, stride_kt, stride_wb, stride_wt, HEAD_DIM,
-                      BLOCK_D, W_IS_K, GATED, PRECISION)  # [SUB, SUB]
+                           BLOCK_D, W_IS_K, GATED, PRECISION)  # [SUB, SUB], [4]
     p_x = X + bh * stride_xb + start * stride_xt + start % BT  # this block's [SUB, SUB] tile of X
     x = _unit_lower_inverse(n, p_x, stride_xt, rows, SUB)
     tl.store(p_x + rows[:, None] * stride_xt + rows[None, :], x)
     if COUNT:
-        if tl.max(bad, axis=0) > 0:
-            two = tl.arange(0, 8)
+        if tl.max(bad, axis=0) > 0:  # only on bad input: good input makes no atomics
+            two = tl.arange(0, 8)  # entry e of BAD receives bad[e // 2]
             tl.atomic_add(BAD + two, tl.sum(tl.where(two[:, None] // 2 == tl.arange(0, 4)[None, :], bad[None, :],
                                                      0.0), axis=1))
 
