@@ -480,8 +480,8 @@ def _prepare(x: Flat, w3, beta3, block: int, *, update: str = "dense", update_dt
              check=None) -> Prepared:
     """PaTH's preparation pass on validated inputs.  Logits in the input dtype; the carried query's
     updates in ``update_dtype`` (default fp16, fp32 for fp32 inputs); ``precision``: the pass's
-    products (default :func:`.ut_prepare.prep_precision`); ``check``: where the pass's count of
-    non-finite ``w`` goes (:class:`.ut_prepare.Prepared`), or None."""
+    products (default :func:`.ut_prepare.prep_precision`); ``check``: where the pass's counts of the
+    entries of ``w`` and ``beta`` that break their conditions go (:class:`.ut_prepare.Prepared`), or None."""
     if update_dtype is None:
         update_dtype = _ten_bit(x.dtype)
     return Prepared(x.q, x.k, w3, beta3, x.n.T, block, q_dtype=update_dtype, k_dtype=x.dtype,
@@ -495,8 +495,8 @@ def _path_launch(x: Flat, w3, beta3, scale: float, block: int, update: str, cfg:
     ``c``: the fp32 ``(BH, T)`` cumulative log gate (PaTH-FoX) or None.  ``lse``: an fp32 ``(BH, T)``
     tensor that receives each row's log-sum-exp (log2 units), for the backward pass.  ``prep``: the
     preparation pass already made by :func:`_prepare` with the same ``update`` (a caller that reads its
-    factors too, e.g. :mod:`pathedu.distributed`), else it is made here, counting the non-finite entries of ``w``
-    for ``check`` (a :class:`pathedu.checks.checked_after`) when one is given."""
+    factors too, e.g. :mod:`pathedu.distributed`), else it is made here, counting the bad entries of ``w`` and
+    ``beta`` for ``check`` (a :class:`pathedu.checks.checked_after`) when one is given."""
     n = x.n
     out = x.new_output(n.Dv)
     if x.empty_input:
@@ -656,7 +656,7 @@ class _PathAttention(torch.autograd.Function):
 
     Inputs: the flattened ``q, k, v`` of a :class:`._launch.Flat` (``flat``), fp32 ``w3, beta3`` and the
     cumulative log gate ``c`` (or None), then ``scale, block, update``, the tuning dict and the value check that
-    receives the count of non-finite ``w`` (:func:`_path_launch`).  Saves the
+    receives the counts of bad ``w`` and ``beta`` (:func:`_path_launch`).  Saves the
     inputs and recomputes everything else, the softmax statistics included (:func:`_path_bwd_stats`).
     ``dc = rows - cols``: ``c_i`` enters row ``i``'s logits, ``-c_j`` column ``j``'s.
     """

@@ -48,7 +48,8 @@ from ._pieces import _dot, _finite_or_zero, _load_rows, _rn, _store_rows
 MAX_R = 2  # a query block holds at most this many UT blocks; prepared tensors are padded to MAX_R * block rows
 SUB = tl.constexpr(16)  # the triangular inverse is solved row by row on SUB x SUB diagonal blocks, then merged
 BETA_WHY = " (H = I - beta w w^T)"  # the reason given when `beta` is outside [0, 2]
-COUNTED = ("w", "beta", "log_f", "none")  # what _ut_diag_inverse counts, in its order (_diag_block_n)
+COUNTED = ("w", "beta", "log_f")  # what _ut_diag_inverse counts, in its order (_diag_block_n)
+COUNTS = 4  # _diag_block_n's counts: those three, then a 0 (a power of two for tl.arange)
 
 
 def prep_precision(dtype) -> str:
@@ -593,7 +594,7 @@ def invert_diagonal_blocks(k3, w3, beta3, log_f3, x, T: int, block: int, *, w_is
     ("``w`` is finite" unless ``w_is_k``, "``beta`` in [0, 2]", "``log_f`` a log gate" when given), decided from
     the launch's counts (:meth:`~pathedu.checks.checked_after.defer`), or None."""
     D = k3.shape[-1]
-    bad = None if check is None else torch.zeros(2 * len(COUNTED), dtype=torch.float32, device=k3.device)
+    bad = None if check is None else torch.zeros(2 * COUNTS, dtype=torch.float32, device=k3.device)
     _ut_diag_inverse[(x.shape[1] // SUB.value, k3.shape[0])](
         k3, w3, beta3, x if log_f3 is None else log_f3, x, x if bad is None else bad, T, k3.stride(0), k3.stride(1),
         w3.stride(0), w3.stride(1), x.stride(0), x.stride(1), HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=block,
@@ -604,7 +605,7 @@ def invert_diagonal_blocks(k3, w3, beta3, log_f3, x, T: int, block: int, *, w_is
         check.defer(None if w_is_k else finite_condition(w3, "w", counted=counts["w"]),
                     range_condition(beta3, "beta", 0.0, 2.0, BETA_WHY, counted=counts["beta"]),
                     None if log_f3 is None else log_gate_condition(log_f3, "log_f", counted=counts["log_f"]),
-                    stats=bad)
+                    stats=bad[: 2 * len(COUNTED)])
 
 
 class WYPrepared:

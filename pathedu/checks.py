@@ -221,8 +221,11 @@ class checked_after:
         """Add conditions whose extremes a kernel of the body has just queued into ``stats``, two numbers a
         condition in order (a kernel that reads the tensors anyway and counts what breaks a condition as it goes:
         the UT preparation pass's first launch, for ``w``, ``beta`` and ``log_f``; a ``None`` condition's place
-        is skipped, and entries past the last condition are ignored).  Their copy is queued behind that kernel,
-        so the host waits for it, not for what the body queues after it."""
+        is skipped).  Their copy is queued behind that kernel, so the host waits for it, not for what the body
+        queues after it."""
+        if stats.numel() != 2 * len(conditions):
+            raise ValueError(f"`stats` must hold two numbers per condition: {len(conditions)} conditions, "
+                             f"{stats.numel()} numbers")
         if any(c is not None for c in conditions):
             self._add(list(conditions), stats)
 
@@ -237,7 +240,7 @@ class checked_after:
             events[-1].synchronize()
         stats = [h for _, h, _ in self._groups]
         values = (stats[0] if len(stats) == 1 else torch.cat([h.double() for h in stats])).tolist()
-        conditions = [c for group, h, _ in self._groups for c in group + [None] * (len(h) // 2 - len(group))]
+        conditions = [c for group, _, _ in self._groups for c in group]
         pairs = [(p, c) for p, c in zip(_pairs(values), conditions) if c is not None]
         _raise_first_false([p for p, _ in pairs], [c for _, c in pairs], exc)
         return False

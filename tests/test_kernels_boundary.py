@@ -536,21 +536,23 @@ def test_checked_after_reads_conditions_around_the_launch():
 
 def test_checked_after_defers_a_condition_a_kernel_counts():
     """``defer``: conditions whose two numbers a kernel of the body wrote into one tensor (counts of what breaks
-    them) are read with the others, once; a ``None`` condition's place and trailing entries are skipped; the
-    first failing condition, in the order given, raises."""
+    them) are read with the others, once; a ``None`` condition's place is skipped; the first failing condition,
+    in the order given, raises; ``stats`` must hold exactly two numbers per condition."""
     from pathedu.checks import checked_after, finite_condition, range_condition
     w = torch.tensor([1.0, float("nan"), 2.0])
     x = torch.tensor([0.5, 1.5])
-    counts = torch.tensor([0.0, 0.0, 9.0, 9.0, 0.0, 0.0, 5.0, 5.0])  # w: 0; a skipped place; x: 0; padding
+    counts = torch.tensor([0.0, 0.0, 9.0, 9.0, 0.0, 0.0])  # w: 0; a skipped place; x: 0
     with checked_after(range_condition(x, "x", 0.0, 2.0)) as check:
         check.defer(finite_condition(w, "w", counted=counts[0:2]), None,
                     range_condition(x, "x", 0.0, 1.0, counted=counts[4:6]), stats=counts)  # counts decide, not x
-        check.defer(None, stats=counts)
+        with pytest.raises(ValueError, match="`stats` must hold two numbers per condition"):
+            check.defer(finite_condition(w, "w", counted=counts[0:2]), stats=counts)
+        check.defer(None, stats=counts[:2])
     bad = torch.tensor([1.0, 1.0, 0.0, 0.0])
     for first, message in [((0.0, 2.0), "`w` must be finite; found nan"), ((0.0, 1.0), "`x` must lie")]:
         with pytest.raises(ValueError, match=message):
             with checked_after(range_condition(x, "x", *first)) as check:
-                check.defer(finite_condition(w, "w", counted=bad[:2]), stats=bad)
+                check.defer(finite_condition(w, "w", counted=bad[:2]), stats=bad[:2])
     with pytest.raises(ValueError, match=r"`x` must lie in \[0, 1\]; found 1.5"):
         with checked_after() as check:
             check.defer(None, range_condition(x, "x", 0.0, 1.0, counted=bad[2:]), stats=bad.flip(0))
