@@ -63,12 +63,15 @@ def test_bad_values_raise_after_the_kernel_is_queued():
     bad_f[1, 0, 200] = 0.5
     bad_b = beta.clone()
     bad_b[0, 1, 17] = 2.5
+    bad_w = w.clone()
+    bad_w[1, 1, T - 1, 3] = float("inf")  # the last row, in a partial block: counted by the preparation pass
     cases = [
         (lambda s: alibi.alibi_triton(q, k, v, s), torch.tensor([0.1, 0.2], device="cuda"),
          torch.tensor([0.1, -0.2], device="cuda"), "`slope`"),
         (lambda g: alibi.retnet_triton(q, k, v, g), 0.9, 1.5, "`gamma`"),
         (lambda f: fox.fox_triton(q, k, v, f), log_f, bad_f, "`log_f`"),
         (lambda b: path.path_triton(q, k, v, w, b), beta, bad_b, "`beta`"),
+        (lambda w_: path.path_triton(q, k, v, w_, beta), w, bad_w, "`w` must be finite"),
         (lambda b: path.deltanet_triton(q, kn, v, b), beta, bad_b, "`beta`"),
         (lambda f: pathfox.gated_deltanet_triton(q, kn, v, beta, f), log_f, bad_f, "`log_f`"),
     ]
