@@ -26,6 +26,11 @@ per-token scalar, and ``GATE`` picks the transition itself:
 
   Every exponent is <= 0, so nothing overflows however strong the decay.
 
+  ``DECAY == "head"`` is RetNet's case, one gate per head (``LOG_F``: ``(BH,)``, the
+  log of gamma): then ``b_i = (i + 1) log gamma`` in every chunk, with no load and no
+  prefix sum.  A gate per token (``DECAY == "token"``, ``LOG_F``: ``(BH, T)``) needs each
+  chunk's own prefix sums.
+
 * ``"none"``: plain linear attention (chapter 1), ``O_c^inter = Q_c H``,
   ``S_c = Q_c K_c^T * M``, ``P_c = I``.
 
@@ -148,8 +153,8 @@ def _linear_fwd(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
     """The chunked template's forward, one program per (block of ``BLOCK_DV`` value channels, head): grid
     ``(cdiv(Dv, BLOCK_DV), BH)``; the state ``H = S^T [BD, BDV]`` stays in registers for the whole sequence.
 
-    ``Q, K: (BH, T, D)``, ``V, O: (BH, T, Dv)``; ``LOG_F``: ``(BH, T)`` (``DECAY``) or ``(BH, T, D)``
-    (``GATE == "channel"``); ``AD, GM``: the preparation pass's in-chunk scores and chunk transitions
+    ``Q, K: (BH, T, D)``, ``V, O: (BH, T, Dv)``; ``LOG_F``: ``(BH, T)`` (``DECAY == "token"``), ``(BH,)``
+    (``DECAY == "head"``) or ``(BH, T, D)`` (``GATE == "channel"``); ``AD, GM``: the preparation pass's in-chunk scores and chunk transitions
     (``GATE == "householder"``), or ``AD``: the rows of DeltaNet's ``W`` and ``V``: its ``U~``
     (``GATE == "delta"``).  The module docstring has the hooks and the chunk equations."""
     bh = tl.program_id(1).to(tl.int64)
@@ -162,6 +167,8 @@ def _linear_fwd(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
     causal = offs_c[:, None] >= offs_c[None, :]
     CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
 
+    if DECAY == "head":
+        log_gamma = tl.load(LOG_F + bh)
     H = tl.zeros([BLOCK_D, BLOCK_DV], dtype=tl.float32)  # the state S^T, on chip for the whole sequence
     first = tl.full([BLOCK_DV], CHUNK, tl.int32)  # no NaN/inf value seen yet
     if ROTATE != "none":  # cos/sin of the offsets inside a chunk, once: every chunk shifts them (_rope_shift)
@@ -185,12 +192,18 @@ def _linear_fwd(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
         finite = tl.abs(v) < float("inf")
         first = tl.minimum(first, tl.min(tl.where(finite, CHUNK, offs_c[:, None]), axis=0))
         v = tl.where(finite, v, 0.0)
-        if DECAY:
+        if DECAY != "none":
             # The scalar log gate, from the chunk start: b_i = sum_{s<=i} log_f[s] (padding past T
-            # gets 0, a = 1: it changes nothing, and k = v = 0 there).  Masked before exp, so
-            # every exponent is a sum of gates, <= 0.
-            b = tl.cumsum(tl.load(LOG_F + bh * T + offs_t, mask=offs_t < T, other=0.0), axis=0)  # [C]
+            # gets 0, a = 1: it changes nothing, and k = v = 0 there).  A gate per head needs no
+            # load and no sum (b_i = (i + 1) log gamma); its decays are the same in every chunk,
+            # but made here again: held across the loop, they spill (the compiler keeps them in
+            # the layouts of their uses, a [C, C] tile and [C] slices of others).
+            if DECAY == "head":
+                b = tl.load(LOG_F + bh) * (offs_c + 1).to(tl.float32)  # [C]
+            else:
+                b = tl.cumsum(tl.load(LOG_F + bh * T + offs_t, mask=offs_t < T, other=0.0), axis=0)  # [C]
             b_last = tl.sum(tl.where(offs_c == CHUNK - 1, b, 0.0), axis=0)
+            # Masked before exp, so every exponent is a sum of gates, <= 0.
             decay = tl.exp(tl.where(causal, b[:, None] - b[None, :], float("-inf")))  # [C, C]
         # Each transition gives the inter-chunk output o = Q H, the intra-chunk scores s (zero
         # above the diagonal) and the carried state h = P^T H before this chunk's writes.
@@ -222,7 +235,7 @@ def _linear_fwd(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
             s = tl.where(causal, tl.dot(q, tl.trans(k), input_precision=PRECISION), 0.0)
             o = tl.dot(q, H, input_precision=PRECISION)
             h = H
-        if DECAY:
+        if DECAY != "none":
             # The gate commutes with every transition: row i of the inter-chunk term decays by
             # e^{b_i}, score (i, j) by e^{b_i - b_j}, the carried state by e^{b_last}, and key j's
             # write by e^{b_last - b_j}.
@@ -283,10 +296,10 @@ def gated_linear_attention(q, k, v, gate: str, gate_arg, *, chunk: int = 64, nam
         log_f3 = per_token(gate_arg, name, x, extra=(x.n.D,) if kind == "channel" else ())
         condition = log_gate_condition(log_f3, name)
     elif gate == "gamma":
-        kind = "scalar"
+        kind = "head"
         g = per_head(gate_arg, name, x, dtype=torch.float64)  # the log is taken in float64
         condition = gamma_condition(g, name)
-        log_f3 = torch.log(g).to(torch.float32)[:, None].expand(x.BH, x.n.T).contiguous()
+        log_f3 = torch.log(g).to(torch.float32)  # (BH,): the kernel makes the chunk's decays from it once
     elif gate != "none":
         raise ValueError(f"`gate` must be 'none', 'log_f' or 'gamma', got {gate!r}")
     with checked_after(condition):  # the values are read once the kernel is queued
@@ -318,7 +331,7 @@ def _linear_launch(x: Flat, gate: str, log_f3=None, *, chunk: int = 64, prep=Non
     hook, chapter 4's complex recurrence; ``gate`` ``"none"`` or ``"scalar"`` only), or None.
 
     ``gate``: ``"none"``, ``"scalar"`` / ``"channel"`` (``log_f3``: fp32 ``(BH, T)`` /
-    ``(BH, T, D)``) or ``"householder"`` (``prep``: the :class:`.ut_prepare.Prepared`
+    ``(BH, T, D)``), ``"head"`` (``log_f3``: fp32 ``(BH,)``, one log gate per head: RetNet) or ``"householder"`` (``prep``: the :class:`.ut_prepare.Prepared`
     factors of chunks of ``chunk`` tokens, read in place of ``q`` and ``k``; with
     ``log_f3`` (fp32 ``(BH, T)``) the transition is ``a_t H_t``, chapter 6's gated
     Householder RNN), or ``"delta"`` (``prep``: the :class:`.ut_prepare.WYPrepared` factors, read in
@@ -329,10 +342,15 @@ def _linear_launch(x: Flat, gate: str, log_f3=None, *, chunk: int = 64, prep=Non
     if x.empty_input:
         return out
     q3, k3, v3, ad, gm = x.q, x.k, x.v, x.q, x.q  # dummy pointers for the hooks that do not read them
-    decay = gate == "scalar" or (gate in ("householder", "delta") and log_f3 is not None)
-    transition = "none" if gate == "scalar" else gate
-    if rotate is not None and gate not in ("none", "scalar"):
-        raise ValueError(f"the rotation hook runs with the 'none' and 'scalar' gates, not {gate!r}")
+    if gate == "head":
+        decay = "head"
+    elif gate == "scalar" or (gate in ("householder", "delta") and log_f3 is not None):
+        decay = "token"
+    else:
+        decay = "none"
+    transition = "none" if gate in ("scalar", "head") else gate
+    if rotate is not None and transition != "none":
+        raise ValueError(f"the rotation hook runs with the 'none', 'scalar' and 'head' gates, not {gate!r}")
     if gate == "channel":
         chunk = CHANNEL_CHUNK
     elif gate == "householder":

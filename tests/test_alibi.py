@@ -8,7 +8,7 @@ from helpers import N_FIXED, TOL_F64, TOL_TRITON, case_id, rand_qkv, random_shap
 from pathedu import alibi, nope
 from pathedu.nope import KVCache
 from pathedu.kernels.flash_attention import attention
-from pathedu.kernels.linear_attention import chunked_linear_attention
+from pathedu.kernels.linear_attention import chunked_linear_attention, gated_linear_attention
 
 CASES = random_shapes(6, seed=2)
 SOFTMAX_FORMS = [alibi.alibi_naive, alibi.alibi_recurrent, alibi.alibi_matrix, alibi.alibi_blockwise]
@@ -110,6 +110,21 @@ def test_triton_forms_match_float64(case, dtype):
     out = alibi.retnet_triton(q.to(dtype), k.to(dtype), v.to(dtype), gamma)
     assert out.dtype == dtype and out.shape == q.shape[:-1] + (v.shape[-1],)
     assert rel_err(out, retnet_reference(q, k, v, gamma)) <= tol
+
+
+@pytest.mark.parametrize("chunk", [16, 64])
+def test_retnet_gate_per_head_matches_the_gate_per_token(chunk):
+    """RetNet's kernel makes its chunk decays once per head (``DECAY == "head"``); the per-token hook (Mamba2's)
+    rebuilds them in every chunk from prefix sums.  Same gates, same outputs: T not a multiple of the chunk (the
+    last chunk's padding), a gate so strong that ``e^{b}`` underflows inside a chunk, one that is exactly 1."""
+    q, k, v = (x.float() for x in rand_qkv((2, 3), 77, 16, 24, seed=11))
+    gamma = torch.tensor([[0.9, 1e-30, 1.0], [0.5, 0.999, 0.2]], dtype=torch.float64)
+    per_head = gated_linear_attention(q, k, v, "gamma", gamma, chunk=chunk)
+    log_f = torch.log(gamma).float()[..., None].expand(2, 3, 77)
+    per_token = chunked_linear_attention(q, k, v, log_f=log_f, chunk=chunk)
+    assert torch.isfinite(per_head).all()
+    assert rel_err(per_head, per_token) <= 1e-6
+    assert rel_err(per_head, retnet_reference(q, k, v, gamma)) <= 2e-3
 
 
 def test_triton_accepts_bf16_on_cpu_via_fp32():
