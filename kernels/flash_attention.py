@@ -69,9 +69,6 @@ from ._pieces import (LOG2E, _any_nonfinite, _first_nonfinite, _load_rotated, _l
 
 __all__ = ["attention", "biased_attention", "LOG2E"]
 
-import os as _os  # TEMPORARY A/B switch (session 17): the log gate's tile loaded one iteration ahead
-PREFETCH_GATE = tl.constexpr(_os.environ.get("PATHEDU_PREFETCH_GATE", "1") == "1")
-
 
 @triton.jit
 def _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, lo, hi, T, stride_kt, stride_vt, qk_scale,
@@ -87,16 +84,8 @@ def _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, lo, h
     offs_dv = tl.arange(0, BLOCK_DV)
     if ROTATE != "none":  # cos/sin of the offsets inside a key tile, once: every tile shifts them (_rope_shift)
         c0, s0 = _rope_cos_sin(tl.arange(0, BLOCK_N), log2_base, HEAD_DIM // 2, BLOCK_D // 2)  # [BN, BD / 2]
-    if BIAS == "loggate" and PREFETCH_GATE:
-        c_next = tl.load(bias_arg + lo + tl.arange(0, BLOCK_N), mask=lo + tl.arange(0, BLOCK_N) < T, other=0.0)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        if BIAS == "loggate" and PREFETCH_GATE:
-            # The next tile's gates are loaded now and used one iteration later: the load is not
-            # pipelined with the key and value tiles, and waiting for it in the same iteration put
-            # an L2 round trip in every step.  Past T: 0, never used.
-            c_n = c_next
-            c_next = tl.load(bias_arg + offs_n + BLOCK_N, mask=offs_n + BLOCK_N < T, other=0.0)
         # Only diagonal blocks can run past T; blocks left of the diagonal are whole.
         if ROTATE == "none":
             k = _load_rows(K, offs_n, offs_d, stride_kt, T, HEAD_DIM, CAUSAL_MASK, BLOCK_D != HEAD_DIM)
@@ -115,11 +104,10 @@ def _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, lo, h
             s += (bias_arg * (offs_n - start_m).to(tl.float32))[None, :]
         elif BIAS == "loggate":
             # g(t) = c_t, the cumulative log gate; c_ref = c_r.
-            if not PREFETCH_GATE:
-                if CAUSAL_MASK:
-                    c_n = tl.load(bias_arg + offs_n, mask=offs_n < T, other=0.0)
-                else:
-                    c_n = tl.load(bias_arg + offs_n)
+            if CAUSAL_MASK:
+                c_n = tl.load(bias_arg + offs_n, mask=offs_n < T, other=0.0)
+            else:
+                c_n = tl.load(bias_arg + offs_n)
             s += ((c_ref - c_n) * 1.4426950408889634)[None, :]
         if CAUSAL_MASK:
             s = tl.where(offs_m[:, None] >= offs_n[None, :], s, float("-inf"))

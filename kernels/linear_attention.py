@@ -27,9 +27,10 @@ per-token scalar, and ``GATE`` picks the transition itself:
   Every exponent is <= 0, so nothing overflows however strong the decay.
 
   ``DECAY == "head"`` is RetNet's case, one gate per head (``LOG_F``: ``(BH,)``, the
-  log of gamma): then ``b_i = (i + 1) log gamma`` in every chunk, with no load and no
-  prefix sum.  A gate per token (``DECAY == "token"``, ``LOG_F``: ``(BH, T)``) needs each
-  chunk's own prefix sums.
+  log of gamma): then ``b_i = (i + 1) log gamma`` in every chunk, so the decays are made
+  once per program, before the chunk loop, with no load and no prefix sum in it (at
+  T = 8192 that is about a sixth of RetNet's time: ``kernels/NOTES_linear.md``).  A gate
+  per token (``DECAY == "token"``, ``LOG_F``: ``(BH, T)``) needs each chunk's own sums.
 
 * ``"none"``: plain linear attention (chapter 1), ``O_c^inter = Q_c H``,
   ``S_c = Q_c K_c^T * M``, ``P_c = I``.
@@ -167,8 +168,10 @@ def _linear_fwd(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
     causal = offs_c[:, None] >= offs_c[None, :]
     CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
 
-    if DECAY == "head":
-        log_gamma = tl.load(LOG_F + bh)
+    if DECAY == "head":  # RetNet: b_i = (i + 1) log gamma in every chunk, so the decays are made once
+        b = tl.load(LOG_F + bh) * (offs_c + 1).to(tl.float32)  # [C]
+        b_last = tl.sum(tl.where(offs_c == CHUNK - 1, b, 0.0), axis=0)
+        decay = tl.exp(tl.where(causal, b[:, None] - b[None, :], float("-inf")))  # [C, C], exponents <= 0
     H = tl.zeros([BLOCK_D, BLOCK_DV], dtype=tl.float32)  # the state S^T, on chip for the whole sequence
     first = tl.full([BLOCK_DV], CHUNK, tl.int32)  # no NaN/inf value seen yet
     if ROTATE != "none":  # cos/sin of the offsets inside a chunk, once: every chunk shifts them (_rope_shift)
@@ -192,16 +195,10 @@ def _linear_fwd(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
         finite = tl.abs(v) < float("inf")
         first = tl.minimum(first, tl.min(tl.where(finite, CHUNK, offs_c[:, None]), axis=0))
         v = tl.where(finite, v, 0.0)
-        if DECAY != "none":
+        if DECAY == "token":
             # The scalar log gate, from the chunk start: b_i = sum_{s<=i} log_f[s] (padding past T
-            # gets 0, a = 1: it changes nothing, and k = v = 0 there).  A gate per head needs no
-            # load and no sum (b_i = (i + 1) log gamma); its decays are the same in every chunk,
-            # but made here again: held across the loop, they spill (the compiler keeps them in
-            # the layouts of their uses, a [C, C] tile and [C] slices of others).
-            if DECAY == "head":
-                b = tl.load(LOG_F + bh) * (offs_c + 1).to(tl.float32)  # [C]
-            else:
-                b = tl.cumsum(tl.load(LOG_F + bh * T + offs_t, mask=offs_t < T, other=0.0), axis=0)  # [C]
+            # gets 0, a = 1: it changes nothing, and k = v = 0 there).
+            b = tl.cumsum(tl.load(LOG_F + bh * T + offs_t, mask=offs_t < T, other=0.0), axis=0)  # [C]
             b_last = tl.sum(tl.where(offs_c == CHUNK - 1, b, 0.0), axis=0)
             # Masked before exp, so every exponent is a sum of gates, <= 0.
             decay = tl.exp(tl.where(causal, b[:, None] - b[None, :], float("-inf")))  # [C, C]
