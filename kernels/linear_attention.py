@@ -94,14 +94,17 @@ RoPE (chapter 4's complex recurrence) is a third hook, ``ROTATE``: q and k are t
 their positions as each chunk is loaded (:func:`._pieces._load_rotated`, channels in pair
 order), so the rotation costs no pass through memory; every tile is loaded once anyway.
 
-Non-finite inputs.  Every causal mask is a select, never a multiply by 0, and the
-products see the values with their NaN/inf replaced by 0 (inside ``A_c V_c`` a
-future NaN would reach earlier rows as ``0 * NaN``); the output channels whose
-values had a NaN or inf at or before a row are then set to NaN for that row
-(:mod:`._pieces`).  So a NaN or inf in ``q``, ``k`` or ``v`` at position ``t``
-changes outputs at positions ``>= t`` only: the rows that see it, and through the
-state every later row (NaN in ``q`` or ``k``; NaN in the channel for ``v``).  Inputs are validated once, at the
-entry point (:mod:`._launch`).
+Non-finite inputs.  Every causal mask is a select, never a multiply by 0.  A NaN or
+inf in ``q``, ``k`` or ``v`` at position ``t`` changes outputs at positions ``>= t``
+only: the rows that see it, and through the state every later row (NaN in ``q`` or
+``k``; NaN in the channel for ``v``).  Values need care: inside ``A_c V_c`` a NaN
+would reach the earlier rows of its chunk as ``0 * NaN``.  The forward is two
+launches, as the FlashAttention template's: :func:`_linear_fwd` multiplies plainly
+and flags each program whose final state is not finite (every value reaches the
+state, and nothing makes a NaN finite again); :func:`_linear_careful` redoes the
+flagged ones with the values' NaN/inf replaced by 0 in the products and the
+channels that had one set to NaN from its row on.  Inputs are validated once, at
+the entry point (:mod:`._launch`).
 """
 from __future__ import annotations
 
@@ -145,19 +148,24 @@ def _channel_scores(Q, K, G, offs_t, in_t, stride_qt, stride_kt,
 
 
 @triton.jit
-def _linear_fwd(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
-                stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt, stride_ob, stride_ot,
-                stride_ab, stride_at, stride_gb, stride_gj,
-                HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                CHUNK: tl.constexpr, GATE: tl.constexpr, DECAY: tl.constexpr, PRECISION: tl.constexpr,
-                BLOCK_DC: tl.constexpr, ROTATE: tl.constexpr):
-    """The chunked template's forward, one program per (block of ``BLOCK_DV`` value channels, head): grid
-    ``(cdiv(Dv, BLOCK_DV), BH)``; the state ``H = S^T [BD, BDV]`` stays in registers for the whole sequence.
+def _linear_chunks(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
+                   stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt, stride_ob, stride_ot,
+                   stride_ab, stride_at, stride_gb, stride_gj,
+                   HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                   CHUNK: tl.constexpr, GATE: tl.constexpr, DECAY: tl.constexpr, PRECISION: tl.constexpr,
+                   BLOCK_DC: tl.constexpr, ROTATE: tl.constexpr, SAFE: tl.constexpr):
+    """The chunked template, one program per (block of ``BLOCK_DV`` value channels, head): grid
+    ``(cdiv(Dv, BLOCK_DV), BH)``; the state ``H = S^T [BD, BDV]`` stays in registers for the whole sequence,
+    and is returned.
 
     ``Q, K: (BH, T, D)``, ``V, O: (BH, T, Dv)``; ``LOG_F``: ``(BH, T)`` (``DECAY == "token"``), ``(BH,)``
-    (``DECAY == "head"``) or ``(BH, T, D)`` (``GATE == "channel"``); ``AD, GM``: the preparation pass's in-chunk scores and chunk transitions
-    (``GATE == "householder"``), or ``AD``: the rows of DeltaNet's ``W`` and ``V``: its ``U~``
-    (``GATE == "delta"``).  The module docstring has the hooks and the chunk equations."""
+    (``DECAY == "head"``) or ``(BH, T, D)`` (``GATE == "channel"``); ``AD, GM``: the preparation pass's
+    in-chunk scores and chunk transitions (``GATE == "householder"``), or ``AD``: the rows of DeltaNet's ``W``
+    and ``V``: its ``U~`` (``GATE == "delta"``).  The module docstring has the hooks and the chunk equations.
+
+    ``SAFE`` (the careful pass): the products see the values without their NaN/inf, and the rows at or after a
+    channel's first NaN/inf get NaN in that channel.  Without it the products are plain: a NaN or inf value
+    then reaches earlier rows of its chunk (``0 * NaN``), and the state, which :func:`_linear_fwd` checks."""
     bh = tl.program_id(1).to(tl.int64)
     offs_c = tl.arange(0, CHUNK)
     offs_d = tl.arange(0, BLOCK_D)
@@ -173,7 +181,8 @@ def _linear_fwd(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
         b_last = tl.sum(tl.where(offs_c == CHUNK - 1, b, 0.0), axis=0)
         decay = tl.exp(tl.where(causal, b[:, None] - b[None, :], float("-inf")))  # [C, C], exponents <= 0
     H = tl.zeros([BLOCK_D, BLOCK_DV], dtype=tl.float32)  # the state S^T, on chip for the whole sequence
-    first = tl.full([BLOCK_DV], CHUNK, tl.int32)  # no NaN/inf value seen yet
+    if SAFE:
+        first = tl.full([BLOCK_DV], CHUNK, tl.int32)  # no NaN/inf value seen yet
     if ROTATE != "none":  # cos/sin of the offsets inside a chunk, once: every chunk shifts them (_rope_shift)
         c0, s0 = _rope_cos_sin(offs_c, log2_base, HEAD_DIM // 2, BLOCK_D // 2)  # [C, BD / 2]
     for start in range(0, T, CHUNK):
@@ -181,8 +190,10 @@ def _linear_fwd(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
         # registers across it); padding past T loads as zeros.
         offs_t = start + offs_c
         if ROTATE == "none":
-            q = _load_rows(Q, offs_t, offs_d, stride_qt, T, HEAD_DIM, True, CHECK_D).to(tl.float32)
-            k = _load_rows(K, offs_t, offs_d, stride_kt, T, HEAD_DIM, True, CHECK_D).to(tl.float32)
+            # In the inputs' dtype, turned to fp32 where a product needs it (Q K^T needs not: a 16-bit
+            # value is exact in tf32, so the 16-bit product is the one fp32 tiles gave, at twice the rate).
+            q = _load_rows(Q, offs_t, offs_d, stride_qt, T, HEAD_DIM, True, CHECK_D)
+            k = _load_rows(K, offs_t, offs_d, stride_kt, T, HEAD_DIM, True, CHECK_D)
         else:  # the complex recurrence: q and k turned by their positions as they are loaded (pair order)
             cr, sr = _rope_shift(c0, s0, start, log2_base, HEAD_DIM // 2, BLOCK_D // 2)  # [C, BD / 2]
             q = _load_rotated(Q, offs_t, stride_qt, T, cr, sr, HEAD_DIM // 2, CHUNK, BLOCK_D // 2,
@@ -190,11 +201,12 @@ def _linear_fwd(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
             k = _load_rotated(K, offs_t, stride_kt, T, cr, sr, HEAD_DIM // 2, CHUNK, BLOCK_D // 2,
                               ROTATE == "interleaved")
         v = _load_rows(V, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True).to(tl.float32)
-        # Products see finite values only: in a product, 0 * NaN = NaN would reach the rows
-        # before a NaN.  `first`: per value channel, the first row with a NaN/inf (CHUNK: none).
-        finite = tl.abs(v) < float("inf")
-        first = tl.minimum(first, tl.min(tl.where(finite, CHUNK, offs_c[:, None]), axis=0))
-        v = tl.where(finite, v, 0.0)
+        if SAFE:
+            # Products see finite values only: in a product, 0 * NaN = NaN would reach the rows
+            # before a NaN.  `first`: per value channel, the first row with a NaN/inf (CHUNK: none).
+            finite = tl.abs(v) < float("inf")
+            first = tl.minimum(first, tl.min(tl.where(finite, CHUNK, offs_c[:, None]), axis=0))
+            v = tl.where(finite, v, 0.0)
         if DECAY == "token":
             # The scalar log gate, from the chunk start: b_i = sum_{s<=i} log_f[s] (padding past T
             # gets 0, a = 1: it changes nothing, and k = v = 0 there).
@@ -210,9 +222,9 @@ def _linear_fwd(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
             bc = tl.cumsum(_load_rows(G, offs_t, offs_d, HEAD_DIM, T, HEAD_DIM, True, CHECK_D), axis=0)
             bc_last = tl.sum(tl.where(offs_c[:, None] == CHUNK - 1, bc, 0.0), axis=0)
             s = _channel_scores(Q, K, G, offs_t, offs_t < T, stride_qt, stride_kt, HEAD_DIM, BLOCK_D, BLOCK_DC, CHUNK)
-            o = tl.dot(q * tl.exp(bc), H, input_precision=PRECISION)  # [C, BDV]
+            o = tl.dot(q.to(tl.float32) * tl.exp(bc), H, input_precision=PRECISION)  # [C, BDV]
             h = H * tl.exp(bc_last)[:, None]
-            k = k * tl.exp(bc_last[None, :] - bc)
+            k = k.to(tl.float32) * tl.exp(bc_last[None, :] - bc)
         elif GATE == "householder":
             # Q, K hold q~, k~; Ã (zero above the diagonal) and G_c come from the preparation pass.
             s = _load_rows(AD + bh * stride_ab, offs_t, offs_c, stride_at, T, CHUNK, False, False)  # [C, C]
@@ -223,14 +235,14 @@ def _linear_fwd(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
         elif GATE == "delta":
             # V holds U~ (A V), AD the rows of W (A diag(e^b) K): the pseudo-values U = U~ - W S^T given
             # the state, then the plain template with U in place of V.
-            s = tl.where(causal, _dot(q, tl.trans(k), PRECISION), 0.0)  # [C, C]
+            s = tl.where(causal, tl.dot(q, tl.trans(k), input_precision=PRECISION), 0.0)  # [C, C]
             wc = _load_rows(AD + bh * stride_ab, offs_t, offs_d, stride_at, T, HEAD_DIM, True, CHECK_D)  # [C, BD]
             v -= _dot(wc.to(tl.float32), H, PRECISION)  # [C, BDV]
-            o = _dot(q, H, PRECISION)
+            o = _dot(q.to(tl.float32), H, PRECISION)
             h = H
         else:
             s = tl.where(causal, tl.dot(q, tl.trans(k), input_precision=PRECISION), 0.0)
-            o = tl.dot(q, H, input_precision=PRECISION)
+            o = tl.dot(q.to(tl.float32), H, input_precision=PRECISION)
             h = H
         if DECAY != "none":
             # The gate commutes with every transition: row i of the inter-chunk term decays by
@@ -239,18 +251,55 @@ def _linear_fwd(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
             o = o * tl.exp(b)[:, None]
             s = s * decay
             h = h * tl.exp(b_last)
-            k = k * tl.exp(b_last - b)[:, None]
+            k = k.to(tl.float32) * tl.exp(b_last - b)[:, None]
         if GATE == "householder" or GATE == "delta":
             o += _dot(s, v, PRECISION)
-            H = h + _dot(tl.trans(k), v, PRECISION)  # H <- P^T H + K~^T V (householder), H + K^T U (delta)
+            H = h + _dot(tl.trans(k.to(tl.float32)), v, PRECISION)  # H <- P^T H + K~^T V (householder), H + K^T U (delta)
         else:
             o += tl.dot(s, v, input_precision=PRECISION)
-            H = h + tl.dot(tl.trans(k), v, input_precision=PRECISION)
-        # The rows at or after a NaN/inf of their channel get NaN (IEEE would give NaN or +-inf,
-        # depending on signs); a later chunk sees it from its first row on.
-        o = tl.where(first[None, :] <= offs_c[:, None], float("nan"), o)
+            H = h + tl.dot(tl.trans(k.to(tl.float32)), v, input_precision=PRECISION)
+        if SAFE:
+            # The rows at or after a NaN/inf of their channel get NaN (IEEE would give NaN or +-inf,
+            # depending on signs); a later chunk sees it from its first row on.
+            o = tl.where(first[None, :] <= offs_c[:, None], float("nan"), o)
         _store_rows(O + bh * stride_ob, o, offs_t, offs_dv, stride_ot, T, HEAD_DV)
-        first = tl.where(first < CHUNK, 0, CHUNK)
+        if SAFE:
+            first = tl.where(first < CHUNK, 0, CHUNK)
+    return H
+
+
+@triton.jit
+def _linear_fwd(Q, K, V, O, LOG_F, AD, GM, FLAGS, T, log2_base,
+                stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt, stride_ob, stride_ot,
+                stride_ab, stride_at, stride_gb, stride_gj,
+                HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                CHUNK: tl.constexpr, GATE: tl.constexpr, DECAY: tl.constexpr, PRECISION: tl.constexpr,
+                BLOCK_DC: tl.constexpr, ROTATE: tl.constexpr):
+    """The fast pass: :func:`_linear_chunks` with plain products, then a flag per program (``FLAGS``: int8, one
+    per program, row-major over the grid): set when the final state holds a NaN or inf.  Every value of a
+    sequence reaches the state (``H += K^T V``, and ``0 * NaN`` is NaN), and no product or decay turns a NaN or
+    inf back into a finite number, so a finite final state means no value was NaN or inf: then every product
+    equals the careful pass's bit for bit, and the outputs are final."""
+    H = _linear_chunks(Q, K, V, O, LOG_F, AD, GM, T, log2_base, stride_qb, stride_qt, stride_kb, stride_kt,
+                       stride_vb, stride_vt, stride_ob, stride_ot, stride_ab, stride_at, stride_gb, stride_gj,
+                       HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, CHUNK, GATE, DECAY, PRECISION, BLOCK_DC, ROTATE, False)
+    bad = tl.max(tl.max(tl.where(tl.abs(H) < float("inf"), 0, 1), axis=1), axis=0)  # NaN fails the test too
+    tl.store(FLAGS + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0), bad.to(tl.int8))
+
+
+@triton.jit
+def _linear_careful(Q, K, V, O, LOG_F, AD, GM, FLAGS, T, log2_base,
+                    stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt, stride_ob, stride_ot,
+                    stride_ab, stride_at, stride_gb, stride_gj,
+                    HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                    CHUNK: tl.constexpr, GATE: tl.constexpr, DECAY: tl.constexpr, PRECISION: tl.constexpr,
+                    BLOCK_DC: tl.constexpr, ROTATE: tl.constexpr):
+    """The careful pass, on :func:`_linear_fwd`'s grid: a program whose flag is set redoes its sequence with
+    ``SAFE`` (the others read one byte and stop)."""
+    if tl.load(FLAGS + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)) != 0:
+        _linear_chunks(Q, K, V, O, LOG_F, AD, GM, T, log2_base, stride_qb, stride_qt, stride_kb, stride_kt,
+                       stride_vb, stride_vt, stride_ob, stride_ot, stride_ab, stride_at, stride_gb, stride_gj,
+                       HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, CHUNK, GATE, DECAY, PRECISION, BLOCK_DC, ROTATE, True)
 
 
 def chunked_linear_attention(q, k, v, *, log_f=None, chunk: int = 64):
@@ -359,11 +408,16 @@ def _linear_launch(x: Flat, gate: str, log_f3=None, *, chunk: int = 64, prep=Non
     block_dv = min(next_pow2(n.Dv), 64)  # 32 measured slower (NOTES_path section 9): the state loop is the long pole
     grid = (triton.cdiv(n.Dv, block_dv), x.BH)
     rotate_hook, log2_base = rotate_args(rotate)
-    _linear_fwd[grid](q3, k3, v3, out, x.q if log_f3 is None else log_f3, ad, gm, n.T, log2_base,
-                      q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), v3.stride(0), v3.stride(1),
-                      out.stride(0), out.stride(1), ad.stride(0), ad.stride(1), gm.stride(0), gm.stride(1),
-                      HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=block_d, BLOCK_DV=block_dv,
-                      CHUNK=chunk, GATE=transition, DECAY=decay, PRECISION=precision, BLOCK_DC=min(block_d, 32),
-                      ROTATE=rotate_hook,
-                      num_warps=4, num_stages=1 if interpreting() else 2)
+    flags = torch.empty(grid[0] * grid[1], dtype=torch.int8, device=out.device)  # written by every program
+    args = (q3, k3, v3, out, x.q if log_f3 is None else log_f3, ad, gm, flags, n.T, log2_base,
+            q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), v3.stride(0), v3.stride(1),
+            out.stride(0), out.stride(1), ad.stride(0), ad.stride(1), gm.stride(0), gm.stride(1))
+    meta = dict(HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=block_d, BLOCK_DV=block_dv, CHUNK=chunk, GATE=transition,
+                DECAY=decay, PRECISION=precision, BLOCK_DC=min(block_d, 32), ROTATE=rotate_hook,
+                num_warps=4, num_stages=1 if interpreting() else 2)
+    # Two launches, as the FlashAttention template's forward: plain products, then a redo with the NaN/inf
+    # bookkeeping of the programs whose final state is not finite (usually none).  The bookkeeping inside
+    # the fast loop cost a fifth of its time (kernels/NOTES_path.md section 13).
+    _linear_fwd[grid](*args, **meta)
+    _linear_careful[grid](*args, **meta)
     return out
