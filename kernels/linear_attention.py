@@ -28,8 +28,8 @@ per-token scalar, and ``GATE`` picks the transition itself:
 
   ``DECAY == "head"`` is RetNet's case, one gate per head (``LOG_F``: ``(BH,)``, the
   log of gamma): then ``b_i = (i + 1) log gamma`` in every chunk, so the decays are made
-  once per program, before the chunk loop, with no load and no prefix sum in it (at
-  T = 8192 that is about a sixth of RetNet's time: ``kernels/NOTES_linear.md``).  A gate
+  once per program, before the chunk loop, with no load and no prefix sum in it (a
+  sixth of RetNet's time at T = 8192: ``kernels/NOTES_path.md`` section 13).  A gate
   per token (``DECAY == "token"``, ``LOG_F``: ``(BH, T)``) needs each chunk's own sums.
 
 * ``"none"``: plain linear attention (chapter 1), ``O_c^inter = Q_c H``,
