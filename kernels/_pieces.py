@@ -181,6 +181,17 @@ def _dot(a, b, PRECISION: tl.constexpr):
 
 
 @triton.jit
+def _input_dot(a, b, PRECISION: tl.constexpr):
+    """``a @ b`` of two tiles in the inputs' dtype: 16-bit operands multiply exactly in fp32 (a plain product on
+    the tensor cores, as exact as tf32 of the same values and at twice its rate); fp32 ones go through
+    :func:`_dot` with ``PRECISION``."""
+    if a.dtype == tl.float32:
+        return _dot(a, b, PRECISION)
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
 def _finite_or_zero(x):
     """``x`` with its NaN and +-inf entries replaced by 0 (same dtype)."""
     return tl.where(tl.abs(x) < float("inf"), x, 0.0).to(x.dtype)

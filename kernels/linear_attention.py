@@ -115,7 +115,7 @@ import triton.language as tl
 from ..alibi import gamma_condition
 from ..checks import QKV, check_positive_int, checked_after, log_gate_condition
 from ._launch import Flat, dot_precision, interpreting, next_pow2, per_head, per_token, prepare_qkv, rotate_args
-from ._pieces import _dot, _load_rotated, _load_rows, _rope_cos_sin, _rope_shift, _store_rows
+from ._pieces import _dot, _input_dot, _load_rotated, _load_rows, _rope_cos_sin, _rope_shift, _store_rows
 
 __all__ = ["chunked_linear_attention", "gated_linear_attention", "CHANNEL_CHUNK"]
 
@@ -235,13 +235,16 @@ def _linear_chunks(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
         elif GATE == "delta":
             # V holds U~ (A V), AD the rows of W (A diag(e^b) K): the pseudo-values U = U~ - W S^T given
             # the state, then the plain template with U in place of V.
-            s = tl.where(causal, tl.dot(q, tl.trans(k), input_precision=PRECISION), 0.0)  # [C, C]
+            s = tl.where(causal, _input_dot(q, tl.trans(k), PRECISION), 0.0)  # [C, C]
             wc = _load_rows(AD + bh * stride_ab, offs_t, offs_d, stride_at, T, HEAD_DIM, True, CHECK_D)  # [C, BD]
             v -= _dot(wc.to(tl.float32), H, PRECISION)  # [C, BDV]
             o = _dot(q.to(tl.float32), H, PRECISION)
             h = H
         else:
-            s = tl.where(causal, tl.dot(q, tl.trans(k), input_precision=PRECISION), 0.0)
+            if ROTATE == "none":
+                s = tl.where(causal, _input_dot(q, tl.trans(k), PRECISION), 0.0)
+            else:  # turned q and k are fp32
+                s = tl.where(causal, tl.dot(q, tl.trans(k), input_precision=PRECISION), 0.0)
             o = tl.dot(q.to(tl.float32), H, input_precision=PRECISION)
             h = H
         if DECAY != "none":

@@ -43,7 +43,7 @@ import triton.language as tl
 
 from ..checks import check_positive_int, finite_condition, log_gate_condition, range_condition
 from ._launch import dot_precision, interpreting, next_pow2
-from ._pieces import _dot, _finite_or_zero, _load_rows, _rn, _store_rows
+from ._pieces import _dot, _finite_or_zero, _input_dot, _load_rows, _rn, _store_rows
 
 MAX_R = 2  # a query block holds at most this many UT blocks; prepared tensors are padded to MAX_R * block rows
 SUB = tl.constexpr(16)  # the triangular inverse is solved row by row on SUB x SUB diagonal blocks, then merged
@@ -202,16 +202,6 @@ def _ut_tile(ptr, bh, start, stride_b, stride_t, T, HEAD_DIM: tl.constexpr, BLOC
              BT: tl.constexpr):
     """:func:`_ut_tile_as_is` in fp32."""
     return _ut_tile_as_is(ptr, bh, start, stride_b, stride_t, T, HEAD_DIM, BLOCK_D, BT).to(tl.float32)
-
-
-@triton.jit
-def _input_dot(a, b, PRECISION: tl.constexpr):
-    """``a @ b`` of two tiles in the inputs' dtype: 16-bit operands multiply exactly in fp32 (a plain product on
-    the tensor cores, as exact as tf32 of the same values and at twice its rate); fp32 ones take ``PRECISION``."""
-    if a.dtype == tl.float32:
-        return _dot(a, b, PRECISION)
-    else:
-        return tl.dot(a, b)
 
 
 @triton.jit
