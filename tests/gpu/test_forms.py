@@ -81,3 +81,31 @@ def test_bad_values_raise_after_the_kernel_is_queued():
         out = call(good)
         torch.cuda.synchronize()
         assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("zero_key", [False, True], ids=["key", "zero_key"])
+@pytest.mark.parametrize("form", TRITON, ids=lambda f: f.name)
+def test_non_finite_value_reaches_no_earlier_output(form, zero_key):
+    """The fast passes multiply plainly and leave NaN/inf values to a careful second launch: the FlashAttention
+    template flags a block whose accumulator is not finite, the linear template a program whose final state is
+    not finite.  Both flags rest on the tensor cores propagating NaN (0 * NaN = NaN) as IEEE says, which the
+    interpreter cannot show: here a NaN or inf value in the middle of a chunk (position 150 of 300, one channel of
+    one head), with its key row also 0 in the ``zero_key`` case (then only 0 * NaN carries it to the state).  Every
+    output before it, and the other head, must be bit-identical to the clean run's; the poisoned channel must be
+    non-finite from its row on (strictly after it for stick-breaking, whose weights never look at the own row)."""
+    (q, k, v, ex), _ = inputs(form, ((1, 2), 300, 64, 64), torch.bfloat16, seed=3)
+    clean = call(form, q, k, v, ex)
+    at, d = 150, 3
+    for value in (float("nan"), float("inf")):
+        kp, vp = k.clone(), v.clone()
+        vp[0, 1, at, d] = value
+        if zero_key:
+            kp[0, 1, at] = 0.0
+            clean_k = call(form, q, kp, v, ex)
+        else:
+            clean_k = clean
+        out = call(form, q, kp, vp, ex)
+        assert torch.equal(out[..., :at, :], clean_k[..., :at, :]), f"{value} at {at} reached an earlier row"
+        assert torch.equal(out[0, 0], clean_k[0, 0]), "the other head changed"
+        first = at + 1 if form.family == "stickbreaking" else at
+        assert not torch.isfinite(out[0, 1, first:, d]).any(), "rows that see the value stayed finite"
