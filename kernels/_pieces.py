@@ -154,7 +154,9 @@ def _rn(x, PRECISION: tl.constexpr):
     if x.dtype != tl.float32:  # fp16 and bf16 values are tf32 values already
         return x.to(tl.float32)
     elif PRECISION == "tf32":
-        return ((x.to(tl.int32, bitcast=True) + 4096) & -8192).to(tl.float32, bitcast=True)
+        # A NaN stays a NaN: NVIDIA's canonical NaN (0x7FFFFFFF, what arithmetic on a NaN returns) would carry
+        # into the sign bit and come out as -0.0, and a NaN that turns into a number escapes every check after.
+        return tl.where(x == x, ((x.to(tl.int32, bitcast=True) + 4096) & -8192).to(tl.float32, bitcast=True), x)
     else:
         return x
 
