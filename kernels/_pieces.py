@@ -150,15 +150,26 @@ def _rn(x, PRECISION: tl.constexpr):
     truncated factors made every ``P_J`` slightly too short and the error grew
     linearly with T (kernels/NOTES_path.md).  Rounding to nearest first (add half
     a tf32 ulp to the bit pattern, clear the 13 low bits) makes it unbiased.
+
+    Infinities and the quiet NaN that PyTorch writes (``0x7FC00000``) come out unchanged, a NaN with only its low
+    13 mantissa bits set comes out as an infinity, but a NaN whose mantissa's top ten bits are all set carries
+    into the sign bit and comes out as -0.0, a finite number: NVIDIA's canonical
+    NaN (``0x7FFFFFFF``), which arithmetic on a NaN returns on the GPU, is one.  A caller whose NaN must survive
+    the product makes it quiet first (:func:`_quiet_nan`; the linear template's fast pass does).  A select here
+    cost PaTH's and DeltaNet's kernels 6-13% (measured: ``kernels/NOTES_path.md`` section 13).
     """
     if x.dtype != tl.float32:  # fp16 and bf16 values are tf32 values already
         return x.to(tl.float32)
     elif PRECISION == "tf32":
-        # A NaN stays a NaN: NVIDIA's canonical NaN (0x7FFFFFFF, what arithmetic on a NaN returns) would carry
-        # into the sign bit and come out as -0.0, and a NaN that turns into a number escapes every check after.
-        return tl.where(x == x, ((x.to(tl.int32, bitcast=True) + 4096) & -8192).to(tl.float32, bitcast=True), x)
+        return ((x.to(tl.int32, bitcast=True) + 4096) & -8192).to(tl.float32, bitcast=True)
     else:
         return x
+
+
+@triton.jit
+def _quiet_nan(x):
+    """``x`` with every NaN replaced by the quiet NaN ``0x7FC00000``, which :func:`_rn` keeps a NaN."""
+    return tl.where(x == x, x, tl.full(x.shape, 0x7FC00000, tl.int32).to(tl.float32, bitcast=True))
 
 
 @triton.jit

@@ -115,7 +115,7 @@ import triton.language as tl
 from ..alibi import gamma_condition
 from ..checks import QKV, check_positive_int, checked_after, log_gate_condition
 from ._launch import Flat, dot_precision, interpreting, next_pow2, per_head, per_token, prepare_qkv, rotate_args
-from ._pieces import _dot, _input_dot, _load_rotated, _load_rows, _rope_cos_sin, _rope_shift, _store_rows
+from ._pieces import _dot, _input_dot, _load_rotated, _quiet_nan, _load_rows, _rope_cos_sin, _rope_shift, _store_rows
 
 __all__ = ["chunked_linear_attention", "gated_linear_attention", "CHANNEL_CHUNK"]
 
@@ -238,6 +238,10 @@ def _linear_chunks(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
             s = tl.where(causal, _input_dot(q, tl.trans(k), PRECISION), 0.0)  # [C, C]
             wc = _load_rows(AD + bh * stride_ab, offs_t, offs_d, stride_at, T, HEAD_DIM, True, CHECK_D)  # [C, BD]
             v -= _dot(wc.to(tl.float32), H, PRECISION)  # [C, BDV]
+            if not SAFE:
+                # A NaN in U~ comes out of this subtraction as the GPU's canonical NaN, which the rounding of
+                # the state's update would turn into -0.0: the state would stay finite and the flag miss it.
+                v = _quiet_nan(v)
             o = _dot(q.to(tl.float32), H, PRECISION)
             h = H
         else:

