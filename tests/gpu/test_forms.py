@@ -88,8 +88,9 @@ def test_bad_values_raise_after_the_kernel_is_queued():
 def test_non_finite_value_reaches_no_earlier_output(form, zero_key):
     """The fast passes multiply plainly and leave NaN/inf values to a careful second launch: the FlashAttention
     template flags a block whose accumulator is not finite, the linear template a program whose final state is
-    not finite.  Both flags rest on the tensor cores propagating NaN (0 * NaN = NaN) as IEEE says, which the
-    interpreter cannot show: here a NaN or inf value in the middle of a chunk (position 150 of 300, one channel of
+    not finite.  Both flags rest on NaN surviving the GPU's arithmetic (0 * NaN = NaN on the tensor cores, and the
+    tf32 rounding of the operands: this test found DeltaNet's loop losing the GPU's canonical NaN there,
+    kernels/NOTES_path.md 13.1), which the interpreter cannot show: here a NaN or inf value in the middle of a chunk (position 150 of 300, one channel of
     one head), with its key row also 0 in the ``zero_key`` case (then only 0 * NaN carries it to the state).  Every
     output before it, and the other head, must be bit-identical to the clean run's; the poisoned channel must be
     non-finite from its row on (strictly after it for stick-breaking, whose weights never look at the own row)."""
