@@ -148,6 +148,15 @@ def _channel_scores(Q, K, G, offs_t, in_t, stride_qt, stride_kt,
 
 
 @triton.jit
+def _chunk_decay(b, offs_c, causal, CHUNK: tl.constexpr):
+    """A chunk's cumulative log gates ``b [C]`` (``b_i``: the gates of its rows ``<= i`` summed) -> ``b``, its last
+    entry ``b_last`` and the decays ``e^{b_i - b_j}`` ``[C, C]``, 0 above the diagonal: masked before exp, so every
+    exponent is a sum of gates, ``<= 0``."""
+    b_last = tl.sum(tl.where(offs_c == CHUNK - 1, b, 0.0), axis=0)
+    return b, b_last, tl.exp(tl.where(causal, b[:, None] - b[None, :], float("-inf")))
+
+
+@triton.jit
 def _linear_chunks(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
                    stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt, stride_ob, stride_ot,
                    stride_ab, stride_at, stride_gb, stride_gj,
@@ -177,9 +186,7 @@ def _linear_chunks(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
     CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
 
     if DECAY == "head":  # RetNet: b_i = (i + 1) log gamma in every chunk, so the decays are made once
-        b = tl.load(LOG_F + bh) * (offs_c + 1).to(tl.float32)  # [C]
-        b_last = tl.sum(tl.where(offs_c == CHUNK - 1, b, 0.0), axis=0)
-        decay = tl.exp(tl.where(causal, b[:, None] - b[None, :], float("-inf")))  # [C, C], exponents <= 0
+        b, b_last, decay = _chunk_decay(tl.load(LOG_F + bh) * (offs_c + 1).to(tl.float32), offs_c, causal, CHUNK)
     H = tl.zeros([BLOCK_D, BLOCK_DV], dtype=tl.float32)  # the state S^T, on chip for the whole sequence
     if SAFE:
         first = tl.full([BLOCK_DV], CHUNK, tl.int32)  # no NaN/inf value seen yet
@@ -210,10 +217,8 @@ def _linear_chunks(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
         if DECAY == "token":
             # The scalar log gate, from the chunk start: b_i = sum_{s<=i} log_f[s] (padding past T
             # gets 0, a = 1: it changes nothing, and k = v = 0 there).
-            b = tl.cumsum(tl.load(LOG_F + bh * T + offs_t, mask=offs_t < T, other=0.0), axis=0)  # [C]
-            b_last = tl.sum(tl.where(offs_c == CHUNK - 1, b, 0.0), axis=0)
-            # Masked before exp, so every exponent is a sum of gates, <= 0.
-            decay = tl.exp(tl.where(causal, b[:, None] - b[None, :], float("-inf")))  # [C, C]
+            b, b_last, decay = _chunk_decay(tl.cumsum(tl.load(LOG_F + bh * T + offs_t, mask=offs_t < T, other=0.0),
+                                                      axis=0), offs_c, causal, CHUNK)
         # Each transition gives the inter-chunk output o = Q H, the intra-chunk scores s (zero
         # above the diagonal) and the carried state h = P^T H before this chunk's writes.
         if GATE == "channel":
@@ -382,7 +387,7 @@ def _linear_launch(x: Flat, gate: str, log_f3=None, *, chunk: int = 64, prep=Non
     """Launch on validated inputs (:func:`._launch.prepare_qkv`): returns ``(BH, T, Dv)``.
 
     ``rotate``: ``(base, pairing)`` to turn q and k by RoPE's rotations as they are loaded (the rotation
-    hook, chapter 4's complex recurrence; ``gate`` ``"none"`` or ``"scalar"`` only), or None.
+    hook, chapter 4's complex recurrence; ``gate`` ``"none"``, ``"scalar"`` or ``"head"`` only), or None.
 
     ``gate``: ``"none"``, ``"scalar"`` / ``"channel"`` (``log_f3``: fp32 ``(BH, T)`` /
     ``(BH, T, D)``), ``"head"`` (``log_f3``: fp32 ``(BH,)``, one log gate per head: RetNet) or ``"householder"`` (``prep``: the :class:`.ut_prepare.Prepared`
