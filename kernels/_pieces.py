@@ -9,7 +9,8 @@ r"""Jit pieces that every kernel of the book shares, in one place.
   three tf32 products; used wherever a factor is applied again and again (the UT
   preparation pass, the Householder state).
 * :func:`_softmax_fold`: the online-softmax update ``(m, l, acc)`` of FlashAttention
-  (:mod:`.flash_attention`) and PaTH (:mod:`.path_attention`).
+  (:mod:`.flash_attention`) and PaTH (:mod:`.path_attention`); :func:`_softmax_fold_scaled` takes the
+  logits' positive scale into the update instead of a multiply per logit.
 * Causality for non-finite values.  Inside a plain product a hidden (future) key
   still counts: its weight is 0, and ``0 * NaN`` and ``0 * inf`` are NaN.  So every
   tile that straddles the diagonal is multiplied by :func:`_masked_dot`, on the
@@ -155,7 +156,10 @@ def _rn(x, PRECISION: tl.constexpr):
     13 mantissa bits set comes out as an infinity, but a NaN whose mantissa's top ten bits are all set carries
     into the sign bit and comes out as -0.0, a finite number: NVIDIA's canonical
     NaN (``0x7FFFFFFF``), which arithmetic on a NaN returns on the GPU, is one.  A caller whose NaN must survive
-    the product makes it quiet first (:func:`_quiet_nan`; the linear template's fast pass does).  A select here
+    the product makes it quiet first (:func:`_quiet_nan`; the linear template's fast pass does, and the preparation
+    passes store their fp32 factors quiet, :func:`_quiet_for`).  ``cvt.rna.tf32.f32``, the PTX instruction for this
+    rounding, keeps NaNs, but compiled for sm_90 it is the same three instructions as that select
+    (``FSETP`` of ``|x| >= inf``, a predicated add, the mask; Triton 3.6, offline), so it would cost the same.  A select here
     cost PaTH's, DeltaNet's and Gated DeltaNet's forwards 6-13% on the H100 (``kernels/NOTES_path.md`` section 13).
     """
     if x.dtype != tl.float32:  # fp16 and bf16 values are tf32 values already
@@ -170,6 +174,29 @@ def _rn(x, PRECISION: tl.constexpr):
 def _quiet_nan(x):
     """``x`` with every NaN replaced by the quiet NaN ``0x7FC00000``, which :func:`_rn` keeps a NaN."""
     return tl.where(x == x, x, tl.full(x.shape, 0x7FC00000, tl.int32).to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def _quiet_fp32(x):
+    """An fp32 input tile with its NaNs quiet (:func:`_quiet_nan`), for a kernel that rounds it to tf32 (:func:`_rn`):
+    a canonical NaN written by GPU arithmetic upstream would otherwise vanish.  16-bit tiles come back as they are
+    (their conversion to fp32 gives NaNs that the rounding keeps)."""
+    if x.dtype == tl.float32:
+        return _quiet_nan(x)
+    else:
+        return x
+
+
+@triton.jit
+def _quiet_for(ptr, x):
+    """``x`` as it should be stored at ``ptr``: an fp32 tile with its NaNs quiet (:func:`_quiet_nan`), since a
+    later pass may round it to tf32 (:func:`_rn`), which keeps only quiet NaNs; 16-bit stores keep every NaN a NaN
+    anyway (the conversion does).  For the preparation passes' fp32 factors, which the linear template's
+    Householder hook multiplies through :func:`_dot`."""
+    if ptr.dtype.element_ty == tl.float32:
+        return _quiet_nan(x)
+    else:
+        return x
 
 
 @triton.jit
@@ -288,12 +315,33 @@ def _softmax_fold(acc, m_i, l_i, s, v, GUARD: tl.constexpr, MASKED: tl.constexpr
     then folds ``v`` into :func:`_first_nonfinite` and applies :func:`_poison` once, at the
     end).  Both are compile-time flags: an unmasked block compiles to the plain update.
     """
-    m_new = tl.maximum(m_i, tl.max(s, 1))
+    return _softmax_fold_scaled(acc, m_i, l_i, s, 1.0, v, GUARD, MASKED, PRECISION, "none")
+
+
+@triton.jit
+def _softmax_fold_scaled(acc, m_i, l_i, s, scale, v, GUARD: tl.constexpr, MASKED: tl.constexpr,
+                         PRECISION: tl.constexpr, SCALE: tl.constexpr):
+    """:func:`_softmax_fold` of the logits ``s * scale``, ``scale > 0``: a scalar (``SCALE == "scalar"``), one
+    number per row (``"row"``, ``[BM]``) or none (``"none"``: ``s`` is the logits).
+
+    A positive scale commutes with the maximum, and rounding is monotone, so ``max_j fl(s_ij c)`` is
+    ``fl(c max_j s_ij)``: the maximum is taken on the raw products and scaled once per row, and each logit's
+    scale rides in the exponent's fused multiply-add (``2^(s c - m)``).  Scaling the tile first costs one multiply
+    per logit, about a tenth of the FlashAttention loop's instructions (``kernels/NOTES_flash.md``)."""
+    if SCALE == "none":
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, 1) * scale)
     if GUARD:
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     else:
         m_use = m_new
-    p = tl.exp2(s - m_use[:, None])
+    if SCALE == "none":
+        p = tl.exp2(s - m_use[:, None])
+    elif SCALE == "row":
+        p = tl.exp2(s * scale[:, None] - m_use[:, None])
+    else:
+        p = tl.exp2(s * scale - m_use[:, None])
     alpha = tl.exp2(m_i - m_use)  # rescales what was summed under the old maximum
     l_i = l_i * alpha + tl.sum(p, 1)
     if MASKED:

@@ -35,7 +35,8 @@ which leaves every dot product unchanged).  The alternative, used for training, 
 rotation pre-pass through memory and the kernel unchanged (:func:`.rope.rotary_attention`).
 
 Shared pieces (:mod:`._pieces`): the online-softmax update is
-:func:`._pieces._softmax_fold` (PaTH uses the same one).  Inputs are validated
+:func:`._pieces._softmax_fold_scaled` (PaTH uses the same one), which takes the logits' scale into
+its exponent's multiply-add instead of a multiply per logit.  Inputs are validated
 once, at :func:`attention` (see :mod:`._launch`).
 
 Causality for NaN and inf costs one reduction when there are none.  A hidden
@@ -65,7 +66,7 @@ from ..checks import check_scale, checked_after, log_gate_condition
 from ._launch import (Flat, dot_precision, interpreting, next_pow2, per_head, per_token, prepare_qkv, rotate_args,
                       wants_grad)
 from ._pieces import (LOG2E, _any_nonfinite, _first_nonfinite, _load_rotated, _load_rows, _no_nonfinite, _poison, _query_block,
-                      _rope_cos_sin, _rope_shift, _softmax_fold, _store_rows)
+                      _rope_cos_sin, _rope_shift, _softmax_fold_scaled, _store_rows)
 
 __all__ = ["attention", "biased_attention", "LOG2E"]
 
@@ -94,25 +95,30 @@ def _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, lo, h
             k = _load_rotated(K, offs_n, stride_kt, T, ck, sk, HEAD_DIM // 2, BLOCK_N, BLOCK_D // 2,
                               ROTATE == "interleaved").to(K.dtype.element_ty)  # [BN, BD]
         v = _load_rows(V, offs_n, offs_dv, stride_vt, T, HEAD_DV, CAUSAL_MASK, BLOCK_DV != HEAD_DV)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # log2 units
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BM, BN], log2 units once scaled by qk_scale
         # The bias b_ij = g(i) - g(j) is split at the query block's first row r:
         # b_ij = (g(r) - g(j)) - (g(r) - g(i)).  The second term is the same for a
         # whole row and softmax ignores per-row constants, so only the key term,
-        # a vector of BLOCK_N numbers, is added: one add per logit, like NoPE's scale.
+        # a vector of BLOCK_N numbers, is added: with the scale, one fused multiply-add per logit.
         if BIAS == "alibi":
-            # g(t) = slope * t, bias_arg = slope * log2(e); (j - r) is an exact integer.
-            s += (bias_arg * (offs_n - start_m).to(tl.float32))[None, :]
+            # g(t) = slope * t, bias_arg = slope * log2(e); (j - r) is an exact integer, made as a float sum of
+            # exact integers (a float add per key instead of an integer add and a conversion: the same bits).
+            j_r = (start_n - start_m).to(tl.float32) + tl.arange(0, BLOCK_N).to(tl.float32)
+            s = s * qk_scale + (bias_arg * j_r)[None, :]
         elif BIAS == "loggate":
             # g(t) = c_t, the cumulative log gate; c_ref = c_r.
             if CAUSAL_MASK:
                 c_n = tl.load(bias_arg + offs_n, mask=offs_n < T, other=0.0)
             else:
                 c_n = tl.load(bias_arg + offs_n)
-            s += ((c_ref - c_n) * 1.4426950408889634)[None, :]
+            s = s * qk_scale + ((c_ref - c_n) * 1.4426950408889634)[None, :]
         if CAUSAL_MASK:
             s = tl.where(offs_m[:, None] >= offs_n[None, :], s, float("-inf"))
         # The online-softmax update; on diagonal blocks a product that keeps hidden keys out.
-        acc, m_i, l_i = _softmax_fold(acc, m_i, l_i, s, v, False, CAUSAL_MASK and SAFE, PRECISION)
+        # Without a bias the scale rides in the update (one multiply per logit fewer); the mask's -inf
+        # stays -inf under a positive scale.
+        acc, m_i, l_i = _softmax_fold_scaled(acc, m_i, l_i, s, qk_scale, v, False, CAUSAL_MASK and SAFE, PRECISION,
+                                             "scalar" if BIAS == "none" else "none")
         if CAUSAL_MASK and SAFE:  # where this block's NaN/inf values are (for _poison)
             bad = _first_nonfinite(v, offs_n - start_m, bad)
     return acc, m_i, l_i, bad

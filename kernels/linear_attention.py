@@ -115,7 +115,7 @@ import triton.language as tl
 from ..alibi import gamma_condition
 from ..checks import QKV, check_positive_int, checked_after, log_gate_condition
 from ._launch import Flat, dot_precision, interpreting, next_pow2, per_head, per_token, prepare_qkv, rotate_args
-from ._pieces import _dot, _input_dot, _load_rotated, _quiet_nan, _load_rows, _rope_cos_sin, _rope_shift, _store_rows
+from ._pieces import _dot, _input_dot, _load_rotated, _quiet_fp32, _quiet_nan, _load_rows, _rope_cos_sin, _rope_shift, _store_rows
 
 __all__ = ["chunked_linear_attention", "gated_linear_attention", "CHANNEL_CHUNK"]
 
@@ -201,6 +201,9 @@ def _linear_chunks(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
             # value is exact in tf32, so the 16-bit product is the one fp32 tiles gave, at twice the rate).
             q = _load_rows(Q, offs_t, offs_d, stride_qt, T, HEAD_DIM, True, CHECK_D)
             k = _load_rows(K, offs_t, offs_d, stride_kt, T, HEAD_DIM, True, CHECK_D)
+            if GATE == "delta":  # fp32 inputs meet _dot's tf32 rounding (_rn): their NaNs made quiet first
+                q = _quiet_fp32(q)
+                k = _quiet_fp32(k)
         else:  # the complex recurrence: q and k turned by their positions as they are loaded (pair order)
             cr, sr = _rope_shift(c0, s0, start, log2_base, HEAD_DIM // 2, BLOCK_D // 2)  # [C, BD / 2]
             q = _load_rotated(Q, offs_t, stride_qt, T, cr, sr, HEAD_DIM // 2, CHUNK, BLOCK_D // 2,
@@ -208,6 +211,11 @@ def _linear_chunks(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
             k = _load_rotated(K, offs_t, stride_kt, T, cr, sr, HEAD_DIM // 2, CHUNK, BLOCK_D // 2,
                               ROTATE == "interleaved")
         v = _load_rows(V, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True).to(tl.float32)
+        if GATE == "householder" and not SAFE and V.dtype.element_ty == tl.float32:
+            # fp32 values go through _dot's tf32 rounding, which would turn a canonical NaN (0x7FFFFFFF, what GPU
+            # arithmetic returns) into -0.0: the state would stay finite and the flag miss it.  16-bit values
+            # convert to fp32 NaNs that the rounding keeps; DeltaNet's values are quieted after U~ - W S below.
+            v = _quiet_nan(v)
         if SAFE:
             # Products see finite values only: in a product, 0 * NaN = NaN would reach the rows
             # before a NaN.  `first`: per value channel, the first row with a NaN/inf (CHUNK: none).
@@ -264,9 +272,16 @@ def _linear_chunks(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
             s = s * decay
             h = h * tl.exp(b_last)
             k = k.to(tl.float32) * tl.exp(b_last - b)[:, None]
+            if GATE == "householder" or GATE == "delta":
+                k = _quiet_nan(k)  # a product: the GPU's canonical NaN, which _dot's rounding would lose
         if GATE == "householder" or GATE == "delta":
-            o += _dot(s, v, PRECISION)
-            H = h + _dot(tl.trans(k.to(tl.float32)), v, PRECISION)  # H <- P^T H + K~^T V (householder), H + K^T U (delta)
+            # _dot rounds its operands to tf32 (_rn), which keeps only quiet NaNs, and the scores, the keys (after a
+            # decay) and the state come out of arithmetic, whose NaN on a GPU is the canonical one: each is made
+            # quiet where it meets the rounding (a NaN of q or k reaches the rows from its own on through them).
+            # Three selects per chunk, not measurable on the H100 (kernels/NOTES_path.md, section 14).
+            o += _dot(_quiet_nan(s), v, PRECISION)
+            # H <- P^T H + K~^T V (householder), H + K^T U (delta); quiet for the next chunk's products
+            H = _quiet_nan(h + _dot(tl.trans(k.to(tl.float32)), v, PRECISION))
         else:
             o += tl.dot(s, v, input_precision=PRECISION)
             H = h + tl.dot(tl.trans(k.to(tl.float32)), v, input_precision=PRECISION)

@@ -77,7 +77,7 @@ from ._launch import Flat, dot_precision, interpreting, next_pow2, per_token, pr
 from .flash_attention import _bwd_logits, _bwd_probs, _dkdv_steps, _dq_steps
 from .path_carry import carry_backward, carry_forward
 from ._pieces import (LOG2E, _first_nonfinite, _load_rows, _no_nonfinite, _poison, _query_block, _softmax_fold,
-                      _store_rows)
+                      _softmax_fold_scaled, _store_rows)
 from .ut_prepare import MAX_R, Prepared, check_block, prep_precision, ut_prepare_backward
 
 __all__ = ["path_attention", "Prepared", "MAX_R"]
@@ -197,9 +197,12 @@ def _path_fwd(QT, QN, KT, AD, GM, WC, NU, V, O, C, LSE, T, qk_scale,
         start_n = start_m - (jj + 1) * BLOCK_N
         kt = _load_rows(KT + start_n * stride_pt, cols, offs_d, stride_pt, 0, HEAD_DIM, False, CHECK_D)
         v = _load_rows(V + start_n * stride_vt, cols, offs_dv, stride_vt, 0, HEAD_DV, False, BLOCK_DV != HEAD_DV)
-        s = tl.dot(qh.to(kt.dtype), tl.trans(kt), input_precision=PRECISION) * row_scale[:, None]
-        s += _gate_bias(C, c_ref, start_n + cols, T, GATED)
-        acc, m_i, l_i = _softmax_fold(acc, m_i, l_i, s, v, False, False, PRECISION)
+        s = tl.dot(qh.to(kt.dtype), tl.trans(kt), input_precision=PRECISION)  # [BM, BN], times row_scale
+        if GATED:
+            s = s * row_scale[:, None] + _gate_bias(C, c_ref, start_n + cols, T, GATED)
+            acc, m_i, l_i = _softmax_fold(acc, m_i, l_i, s, v, False, False, PRECISION)
+        else:  # the row scale rides in the update's exponent (no multiply per logit)
+            acc, m_i, l_i = _softmax_fold_scaled(acc, m_i, l_i, s, row_scale, v, False, False, PRECISION, "row")
         qh = _transition(qh, GM + (start_n // BLOCK_N) * stride_gj, WC + start_n * stride_pt,
                          NU + start_n * stride_pt, cols, offs_d, stride_pt, HEAD_DIM, BLOCK_D, UPDATE, PRECISION)
 

@@ -43,7 +43,7 @@ import triton.language as tl
 
 from ..checks import check_positive_int, finite_condition, log_gate_condition, range_condition
 from ._launch import dot_precision, interpreting, next_pow2
-from ._pieces import _dot, _finite_or_zero, _input_dot, _load_rows, _rn, _store_rows
+from ._pieces import _dot, _finite_or_zero, _input_dot, _load_rows, _quiet_for, _quiet_fp32, _rn, _store_rows
 
 MAX_R = 2  # a query block holds at most this many UT blocks; prepared tensors are padded to MAX_R * block rows
 SUB = tl.constexpr(16)  # the triangular inverse is solved row by row on SUB x SUB diagonal blocks, then merged
@@ -232,8 +232,8 @@ def _ut_rd_load(ptr, bh, start, stride_b, stride_t, HEAD_DIM: tl.constexpr, BLOC
 @triton.jit
 def _ut_rd_store(ptr, x, bh, start, stride_b, stride_t, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                  BT: tl.constexpr):
-    """Store ``x`` as the tile :func:`_ut_rd_load` reads."""
-    _store_rows(ptr + bh * stride_b + start * stride_t, x, tl.arange(0, BT), tl.arange(0, BLOCK_D), stride_t, BT,
+    """Store ``x`` as the tile :func:`_ut_rd_load` reads (fp32: NaNs quiet, :func:`._pieces._quiet_for`)."""
+    _store_rows(ptr + bh * stride_b + start * stride_t, _quiet_for(ptr, x), tl.arange(0, BT), tl.arange(0, BLOCK_D), stride_t, BT,
                 HEAD_DIM)
 
 
@@ -284,20 +284,20 @@ def _ut_prepare(Q, K, W, BETA, QT, QN, KT, AD, GM, WC, NU, INV, T,
         tl.store(_ut_sq(INV, bh, start, stride_ab, stride_at, BT), x)
     a = x * beta[None, :]  # [BT, BT]: A = (I + N)^{-1} D_beta
     # The keys' side: C = A strictLower(W K^T), then k~ = K - C^T W.
-    k = _ut_tile_as_is(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT)  # [BT, BD], k's dtype
+    k = _quiet_fp32(_ut_tile_as_is(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT))  # [BT, BD], k's dtype
     c = _dot(a, tl.where(rows[:, None] > rows[None, :], _dot(w, tl.trans(k.to(tl.float32)), PRECISION), 0.0),
              PRECISION)  # [BT, BT]: C_tj = sum_s A_ts (w_s . k_j), s > j
     kt = k.to(tl.float32) - _dot(tl.trans(c), w, PRECISION)  # k~_j = H_e ... H_{j+1} k_j
     _ut_rd_store(KT, kt, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT)
     # The block's transition: -U = -A W, G = W^T (-U).  A dies here.
     nu = -_dot(a, w, PRECISION)  # [BT, BD]
-    _store_rows(GM + bh * stride_gb + blk * stride_gj, _dot(tl.trans(w), nu, PRECISION), offs_d, offs_d, HEAD_DIM,
-                HEAD_DIM, HEAD_DIM)  # [BD, BD]
+    _store_rows(GM + bh * stride_gb + blk * stride_gj, _quiet_for(GM, _dot(tl.trans(w), nu, PRECISION)), offs_d, offs_d,
+                HEAD_DIM, HEAD_DIM, HEAD_DIM)  # [BD, BD]
     if STORE_UT:
         _ut_rd_store(WC, w, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT)
         _ut_rd_store(NU, nu, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT)
     # The queries' side, through -U and C (the products with A are done): q~ = Q + lower(Q W^T)(-U).
-    q = _ut_tile_as_is(Q, bh, start, stride_qb, stride_qt, T, HEAD_DIM, BLOCK_D, BT)  # [BT, BD], q's dtype
+    q = _quiet_fp32(_ut_tile_as_is(Q, bh, start, stride_qb, stride_qt, T, HEAD_DIM, BLOCK_D, BT))  # [BT, BD], q's dtype
     lower = rows[:, None] >= rows[None, :]  # s <= i (diagonal kept)
     qw = tl.where(lower, _dot(q.to(tl.float32), tl.trans(w), PRECISION), 0.0)  # q_i . w_s, s <= i
     qt = q.to(tl.float32) + _dot(qw, nu, PRECISION)  # q~_i = H_s ... H_i q_i
@@ -307,10 +307,10 @@ def _ut_prepare(Q, K, W, BETA, QT, QN, KT, AD, GM, WC, NU, INV, T,
         tl.store(QN + bh * stride_nb + start + rows, norm)
         qt = qt / norm[:, None]
     _ut_rd_store(QT, qt, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT)
-    k = _ut_tile_as_is(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT)  # again: cheaper than keeping it
+    k = _quiet_fp32(_ut_tile_as_is(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT))  # again: cheaper than keeping it
     intra = tl.where(lower, _input_dot(q, tl.trans(k), PRECISION) - _dot(qw, c, PRECISION), 0.0)  # Ã_ij, j <= i
     tl.debug_barrier()  # every thread has read its part of the diagonal inverses before Ã overwrites them
-    tl.store(_ut_sq(AD, bh, start, stride_ab, stride_at, BT), intra)
+    tl.store(_ut_sq(AD, bh, start, stride_ab, stride_at, BT), intra)  # (NaNs as they come: see _linear_chunks)
 
 
 @triton.jit

@@ -14,7 +14,7 @@ from helpers import TOL_TRITON, case_id, rand_qkv, rel_err
 
 from pathedu import path, pathfox
 from pathedu.kernels.delta_rule import chunked_delta_rule, chunked_householder
-from pathedu.kernels._pieces import _quiet_nan, _rn
+from pathedu.kernels._pieces import _quiet_for, _quiet_nan, _rn
 from pathedu.kernels.path_attention import MAX_R, Prepared, path_attention
 
 CASES = [((2, 3), 1, 16, 16), ((1, 2), 37, 16, 24), ((), 65, 64, 32), ((2, 1, 2), 19, 32, 16),
@@ -515,3 +515,24 @@ def test_rounding_to_tf32_and_its_nans():
     assert not torch.isnan(y[8:10]).any()  # the documented loss: canonical NaNs come out as zeros
     assert torch.isnan(yq[:2]).all() and torch.isnan(yq[8:10]).all()  # quieted first, every NaN survives
     assert torch.equal(yq[2:8], y[2:8])
+
+
+@triton.jit
+def _stored_and_rounded(X, Y, Z, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    x = tl.load(X + offs)
+    tl.store(Y + offs, _rn(_quiet_for(Y, x), "tf32"))  # an fp32 factor, rounded as the next pass's product would
+    tl.store(Z + offs, _quiet_for(Z, x))  # a 16-bit factor: stored as it is
+
+
+def test_factors_are_stored_with_quiet_nans():
+    """The preparation passes store fp32 factors that a later pass rounds to tf32 (the Householder RNN's q~, k~, Ã,
+    G); rounding NVIDIA's canonical NaN, what GPU arithmetic returns, gives -0.0, and on the H100 a NaN key vanished
+    that way from the Householder RNN's output (session 18).  ``_quiet_for`` stores fp32 tiles with quiet NaNs,
+    which the rounding keeps, and leaves 16-bit stores alone (the conversion keeps a NaN)."""
+    bits = torch.tensor([0x7FFFFFFF, 0xFFFFFFFF - 2**32, 0x7FC00000, 0x3F801000], dtype=torch.int32)
+    x = bits.view(torch.float32)
+    y, z = torch.empty(4), torch.empty(4, dtype=torch.bfloat16)
+    _stored_and_rounded[(1,)](x, y, z, 4)
+    assert torch.isnan(y[:3]).all() and y[3].view(torch.int32).item() == 0x3F802000
+    assert torch.isnan(z[:3]).all() and z[3].item() == 1.0

@@ -83,30 +83,71 @@ def test_bad_values_raise_after_the_kernel_is_queued():
         assert torch.isfinite(out).all()
 
 
-@pytest.mark.parametrize("zero_key", [False, True], ids=["key", "zero_key"])
+def _nans(dtype):
+    """The NaNs to plant: PyTorch's quiet NaN and, for fp32, NVIDIA's canonical NaN ``0x7FFFFFFF`` (what GPU
+    arithmetic returns, e.g. an upstream ``inf - inf``), which the tf32 rounding ``_rn`` turns into -0.0 unless made
+    quiet first (kernels/NOTES_path.md 13.1)."""
+    nans = [float("nan")]
+    if dtype == torch.float32:
+        nans.append(torch.tensor(0x7FFFFFFF, dtype=torch.int32).view(torch.float32).item())
+    return nans
+
+
+def _plant(x, at, d, value):
+    """A copy of ``x`` with ``value`` at ``[0, 1, at, d]`` (bit-exact for NaN payloads)."""
+    x = x.clone()
+    if x.dtype == torch.float32:
+        x.view(torch.int32)[0, 1, at, d] = torch.tensor([value], dtype=torch.float32).view(torch.int32)[0]
+    else:
+        x[0, 1, at, d] = value
+    return x
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("where", ["v", "zero_key", "k", "q"])
 @pytest.mark.parametrize("form", TRITON, ids=lambda f: f.name)
-def test_non_finite_value_reaches_no_earlier_output(form, zero_key):
+def test_non_finite_value_reaches_no_earlier_output(form, where, dtype):
     """The fast passes multiply plainly and leave NaN/inf values to a careful second launch: the FlashAttention
     template flags a block whose accumulator is not finite, the linear template a program whose final state is
     not finite.  Both flags rest on NaN surviving the GPU's arithmetic (0 * NaN = NaN on the tensor cores, and the
-    tf32 rounding of the operands: this test found DeltaNet's loop losing the GPU's canonical NaN there,
-    kernels/NOTES_path.md 13.1), which the interpreter cannot show: here a NaN or inf value in the middle of a chunk (position 150 of 300, one channel of
-    one head), with its key row also 0 in the ``zero_key`` case (then only 0 * NaN carries it to the state).  Every
-    output before it, and the other head, must be bit-identical to the clean run's; the poisoned channel must be
-    non-finite from its row on (strictly after it for stick-breaking, whose weights never look at the own row)."""
-    (q, k, v, ex), _ = inputs(form, ((1, 2), 300, 64, 64), torch.bfloat16, seed=3)
-    clean = call(form, q, k, v, ex)
+    tf32 rounding of the operands: this test found DeltaNet's loop, then the Householder RNN's fp32 factors and
+    values, losing the GPU's canonical NaN there, kernels/NOTES_path.md 13.1), which the interpreter cannot show.
+    A NaN or inf in the middle of a chunk (position 150 of 300, one channel of one head):
+
+    * in ``v``, also with its key row 0 (``zero_key``: then only 0 * NaN carries it to the state): every output
+      before it, and the other head, bit-identical to the clean run's; the poisoned channel non-finite from its
+      row on (strictly after it for stick-breaking, whose weights never look at the own row);
+    * a NaN in ``k``: the same for the rows before it; every later row (from it, or after it for stick-breaking)
+      has a non-finite entry (an infinite key may legitimately get weight 0, so only NaN);
+    * a NaN or inf in ``q``: only its own row changes, and it is not finite."""
+    (q, k, v, ex), _ = inputs(form, ((1, 2), 300, 64, 64), dtype, seed=3)
     at, d = 150, 3
-    for value in (float("nan"), float("inf")):
-        kp, vp = k.clone(), v.clone()
-        vp[0, 1, at, d] = value
-        if zero_key:
-            kp[0, 1, at] = 0.0
-            clean_k = call(form, q, kp, v, ex)
+    first = at + 1 if form.family == "stickbreaking" else at
+    clean = call(form, q, k, v, ex)
+    if where == "zero_key":
+        k = k.clone()
+        k[0, 1, at] = 0.0
+        clean = call(form, q, k, v, ex)
+    values = _nans(dtype) + ([] if where == "k" else [float("inf")])
+    for value in values:
+        qp, kp, vp = q, k, v
+        if where in ("v", "zero_key"):
+            vp = _plant(v, at, d, value)
+        elif where == "k":
+            kp = _plant(k, at, d, value)
         else:
-            clean_k = clean
-        out = call(form, q, kp, vp, ex)
-        assert torch.equal(out[..., :at, :], clean_k[..., :at, :]), f"{value} at {at} reached an earlier row"
-        assert torch.equal(out[0, 0], clean_k[0, 0]), "the other head changed"
-        first = at + 1 if form.family == "stickbreaking" else at
-        assert not torch.isfinite(out[0, 1, first:, d]).any(), "rows that see the value stayed finite"
+            qp = _plant(q, at, d, value)
+        out = call(form, qp, kp, vp, ex)
+        case = f"{value!r} ({torch.tensor([value]).view(torch.int32).item():#x}) in {where}"
+        assert torch.equal(out[0, 0], clean[0, 0]), f"{case}: the other head changed"
+        if where == "q":
+            others = torch.ones(300, dtype=torch.bool, device=out.device)
+            others[at] = False
+            assert torch.equal(out[0, 1, others], clean[0, 1, others]), f"{case}: another row changed"
+            assert not torch.isfinite(out[0, 1, at]).all(), f"{case}: its own row stayed finite"
+            continue
+        assert torch.equal(out[..., :at, :], clean[..., :at, :]), f"{case} reached an earlier row"
+        if where == "k":
+            assert (~torch.isfinite(out[0, 1, first:])).any(dim=-1).all(), f"{case}: a row that sees it stayed finite"
+        else:
+            assert not torch.isfinite(out[0, 1, first:, d]).any(), f"{case}: rows that see the value stayed finite"
