@@ -162,6 +162,25 @@ def test_register_report_compiles_for_sm90_without_a_gpu():
     assert int(rows["_linear_fwd (DeltaNet: delta)"][1]) <= 255
 
 
+def test_flash_loop_multiplies_once_per_logit_for_the_rescale_only():
+    """``--loops`` reads the machine code's loops.  In the FlashAttention template's main loop (NoPE, 128 x 64 tiles,
+    8 warps: 32 logits and 32 accumulator entries per thread and trip) each logit costs one exponential (MUFU), and
+    the multiplies are the accumulator's rescale: the logits' scale rides in the exponent's fused multiply-add
+    (``_softmax_fold_scaled``).  Scaling the logit tile first, as before, made 64 multiplies a trip, about a tenth of
+    the loop's instructions (kernels/NOTES_flash.md)."""
+    import subprocess
+    import sys
+
+    name = "_flash_fwd (none, 128 x 64, 8 warps)"
+    out = subprocess.run([sys.executable, "-m", "pathedu.bench.registers", "--loops", "--kernels", name],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    loops = [line for line in out.stdout.splitlines() if line.strip().startswith("loop ")]
+    assert len(loops) == 2  # key blocks left of the diagonal, then the diagonal's
+    mix = dict(item.rsplit(" ", 1) for item in loops[0].split("(", 1)[1].rstrip(")").split(", "))
+    assert 32 <= int(mix["MUFU"]) <= 36 and int(mix["FMUL"]) <= 36
+
+
 def test_launch_profiler_reports_where_the_host_time_goes(monkeypatch):
     """``python -m pathedu.bench.launches`` needs a GPU for its timings; its host profile (cProfile per call, the
     functions with the most time first) runs anywhere, and without a GPU the command says so and exits 2."""

@@ -1,6 +1,6 @@
 """Registers, spills and shared memory of the kernels, compiled for an H100 (sm_90) on any machine.
 
-    python -m pathedu.bench.registers [--kernels NAME ...] [--dtype bfloat16]
+    python -m pathedu.bench.registers [--kernels NAME ...] [--dtype bf16] [--loops]
 
 Triton compiles for a GPU that it does not have to run on: this compiles each named kernel variant for sm_90
 (``triton.compile`` with a ``GPUTarget``; no GPU, no CUDA driver) and reads its cubin's resource usage with the
@@ -9,6 +9,13 @@ Triton compiles for a GPU that it does not have to run on: this compiles each na
 has 65536 registers, so a program of ``W`` warps at ``R`` registers leaves room for ``65536 // (32 W R)`` programs
 at once (``kernels/NOTES_path.md``, section 9, reads them).  Head dims, tiles and dtypes are the benchmarks'
 (D = Dv = 64, chunks and UT blocks of 64, bf16 inputs).
+
+``--loops`` also prints, for every loop of the machine code (a backward branch of the SASS, from
+``cuobjdump -sass``), its instruction count and most frequent opcodes per iteration: what one trip round the
+FlashAttention template's main loop issues per thread, say (``kernels/NOTES_flash.md`` reads it: a multiply per
+logit that the softmax update's exponent could absorb).  The FlashAttention entries are compiled as the JIT
+compiles them at the benchmarks' sizes: pointers and integer arguments marked divisible by 16, which lets the
+compiler vectorise the tile loads (without it, loads of 2 bytes: numbers that do not describe the run).
 
 pathedu switches Triton's interpreter on when there is no GPU, and a kernel defined under the interpreter cannot
 be compiled; so without a GPU the command reruns itself in a fresh process with ``TRITON_INTERPRET=0``.
@@ -57,6 +64,13 @@ KERNELS = {
     "_carry_bwd": ("path_carry", "_carry_bwd", dict(_D, BT=64, CARRY="fp16", PRECISION="tf32"),
                    ("QT", "KT", "GM", "SCRATCH"), 4),
 }
+_FLASH = dict(HEAD_DIM=64, HEAD_DV=64, BLOCK_D=64, BLOCK_DV=64, PRECISION="tf32", STORE_LSE=False, ROTATE="none")
+KERNELS.update({  # the FlashAttention template's fast pass, with the tiles the autotuner picked at T = 1024 / 8192
+    f"_flash_fwd ({bias}, {bm} x {bn}, {w} warps)": ("flash_attention", "_flash_fwd",
+                                                    dict(_FLASH, BIAS=bias, BLOCK_M=bm, BLOCK_N=bn), _QKVO, w)
+    for bias in ("none", "alibi", "loggate") for bm, bn, w in ((64, 64, 4), (128, 64, 8), (128, 64, 4))})
+_STAGES = {"_flash_fwd": 3}  # the autotuner's pipelining depth for these tiles; 1 for the others
+_SPECIALIZE = ("_flash_fwd",)  # compiled with the JIT's divisibility-by-16 marks (module docstring)
 KERNELS.update({  # the five kernels of the UT factors' backward, at 4 and 8 warps (the autotuner's two choices)
     name + ("" if warps == 4 else f" ({warps} warps)"): ("ut_prepare", name, dict(_D, BT=64, PRECISION="tf32"),
                                                           ("Q", "K"), warps)
@@ -75,16 +89,28 @@ def _signature(fn, constexprs: dict, ptrs: tuple, dtype: str) -> dict:
             sig[name] = "*" + dtype
         elif name in _INTS or name.startswith("stride"):
             sig[name] = "i32"
-        elif name == "log2_base":
+        elif name in ("log2_base", "qk_scale"):
             sig[name] = "fp32"
+        elif name == "FLAGS":
+            sig[name] = "*i8"
         else:
             sig[name] = "*fp32"
     return sig
 
 
-def resource_usage(name: str, dtype: str = "bf16") -> dict:
-    """Compile kernel variant ``name`` (a key of :data:`KERNELS`) for sm_90; return ``{"kernel", "warps", "REG",
-    "STACK", "SHARED", "LOCAL"}`` (registers per thread; bytes).  Needs Triton in compile mode (not the interpreter)."""
+def _cubin_tool(cubin: bytes, *args: str) -> str:
+    """The output of Triton's ``cuobjdump`` with ``args`` on ``cubin``."""
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([tool, *args, f.name], capture_output=True, text=True, check=True).stdout
+
+
+def _compile(name: str, dtype: str):
+    """Kernel variant ``name`` compiled for sm_90 (Triton's ``CompiledKernel``)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -93,17 +119,51 @@ def resource_usage(name: str, dtype: str = "bf16") -> dict:
     fn = getattr(importlib.import_module(f"pathedu.kernels.{module}"), kernel)
     if not hasattr(fn, "arg_names") or type(fn).__name__ == "InterpretedFunction":
         raise RuntimeError("the kernels were defined under Triton's interpreter: run with TRITON_INTERPRET=0")
-    src = ASTSource(fn=fn, signature=_signature(fn, constexprs, ptrs, dtype),
-                    constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()})
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 1})
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(compiled.asm["cubin"])
-        f.flush()
-        out = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True, check=True).stdout
+    sig = _signature(fn, constexprs, ptrs, dtype)
+    attrs = {}
+    if kernel in _SPECIALIZE:  # as the JIT marks 16-aligned pointers and integers divisible by 16
+        attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
+                 if sig[a].startswith("*") or sig[a] == "i32"}
+    src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
+                    attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": warps, "num_stages": _STAGES.get(kernel, 1)})
+
+
+def resource_usage(name: str, dtype: str = "bf16") -> dict:
+    """Compile kernel variant ``name`` (a key of :data:`KERNELS`) for sm_90; return ``{"kernel", "warps", "REG",
+    "STACK", "SHARED", "LOCAL"}`` (registers per thread; bytes).  Needs Triton in compile mode (not the interpreter)."""
+    out = _cubin_tool(_compile(name, dtype).asm["cubin"], "--dump-resource-usage")
     line = next(x for x in out.splitlines() if "REG:" in x)
     usage = dict(field.split(":") for field in line.split() if field.split(":")[0] in ("REG", "STACK", "SHARED", "LOCAL"))
-    return {"kernel": name, "warps": warps, **{k: int(v) for k, v in usage.items()}}
+    return {"kernel": name, "warps": KERNELS[name][4], **{k: int(v) for k, v in usage.items()}}
+
+
+def loop_mix(sass: str) -> list[dict]:
+    """The loops of a SASS listing (``cuobjdump -sass``): for each backward branch, the instructions from its target
+    to the branch, as ``{"start", "end", "instructions", "opcodes"}`` (opcode -> count, most frequent first, the
+    opcode without its modifiers: ``FFMA``, ``MUFU``, ``HGMMA``, ...): per thread, one trip round the loop."""
+    import collections
+    import re
+
+    ins = []
+    for line in sass.splitlines():
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)([^;]*);", line)
+        if m:
+            ins.append((int(m.group(1), 16), m.group(2).split(".")[0], m.group(3)))
+    loops = []
+    for addr, op, rest in ins:
+        target = re.search(r"0x([0-9a-f]+)", rest) if op == "BRA" else None
+        if target and int(target.group(1), 16) < addr:
+            lo = int(target.group(1), 16)
+            body = collections.Counter(o for a, o, _ in ins if lo <= a <= addr)
+            loops.append(dict(start=lo, end=addr, instructions=sum(body.values()), opcodes=dict(body.most_common())))
+    return loops
+
+
+def loops(name: str, dtype: str = "bf16") -> list[dict]:
+    """:func:`loop_mix` of kernel variant ``name`` compiled for sm_90."""
+    return loop_mix(_cubin_tool(_compile(name, dtype).asm["cubin"], "-sass"))
 
 
 def main(argv=None) -> int:
@@ -112,12 +172,14 @@ def main(argv=None) -> int:
                    help="kernel variants (default: all): " + "; ".join(KERNELS))
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"],
                    help="the inputs' dtype (16-bit: the variants' products are tf32; fp32 inputs take others)")
+    p.add_argument("--loops", action="store_true", help="also each loop's instructions per iteration (SASS)")
     args = p.parse_args(argv)
     import pathedu
 
     if pathedu.triton_mode() == "interpreter":  # see the module docstring
         env = dict(os.environ, TRITON_INTERPRET="0")
-        cmd = [sys.executable, "-m", "pathedu.bench.registers", "--dtype", args.dtype, "--kernels", *args.kernels]
+        cmd = [sys.executable, "-m", "pathedu.bench.registers", "--dtype", args.dtype, *(["--loops"] if args.loops else []),
+               "--kernels", *args.kernels]
         return subprocess.run(cmd, env=env).returncode
     print(f"{'kernel (sm_90, ' + args.dtype + ' inputs)':48s} {'warps':>5s} {'registers':>9s} {'stack B':>8s} "
           f"{'programs/SM (by registers)':>27s}")
@@ -125,6 +187,10 @@ def main(argv=None) -> int:
         u = resource_usage(name, args.dtype)
         fit = 65536 // (32 * u["warps"] * max(u["REG"], 1))
         print(f"{name:48s} {u['warps']:5d} {u['REG']:9d} {u['STACK']:8d} {fit:27d}")
+        if args.loops:
+            for lp in loops(name, args.dtype):
+                top = ", ".join(f"{op} {n}" for op, n in list(lp["opcodes"].items())[:10])
+                print(f"    loop {lp['start']:#06x}-{lp['end']:#06x}: {lp['instructions']} instructions per trip ({top})")
     return 0
 
 
