@@ -305,8 +305,10 @@ def _linear_fwd(Q, K, V, O, LOG_F, AD, GM, FLAGS, T, log2_base,
     """The fast pass: :func:`_linear_chunks` with plain products, then a flag per program (``FLAGS``: int8, one
     per program, row-major over the grid): set when the final state holds a NaN or inf.  Every value of a
     sequence reaches the state (``H += K^T V``, and ``0 * NaN`` is NaN), and no product, sum or decay turns a NaN
-    or inf back into a finite number (the one rounding that could, of a canonical GPU NaN in DeltaNet's
-    ``U~ - W S``, gets a quiet NaN: :func:`._pieces._rn`), so a finite final state means no value was NaN or inf:
+    or inf back into a finite number (the one rounding that could, :func:`._pieces._rn` of a canonical GPU NaN, gets
+    quiet NaNs: the scores, keys, state and DeltaNet's ``U~ - W S`` are made quiet where they meet it, fp32 inputs
+    where they are loaded, and the preparation passes store their fp32 factors quiet), so a finite final state means
+    no value was NaN or inf:
     then every product equals the careful pass's bit for bit, and the outputs are final."""
     H = _linear_chunks(Q, K, V, O, LOG_F, AD, GM, T, log2_base, stride_qb, stride_qt, stride_kb, stride_kt,
                        stride_vb, stride_vt, stride_ob, stride_ot, stride_ab, stride_at, stride_gb, stride_gj,
