@@ -152,15 +152,15 @@ def _rn(x, PRECISION: tl.constexpr):
     linearly with T (kernels/NOTES_path.md).  Rounding to nearest first (add half
     a tf32 ulp to the bit pattern, clear the 13 low bits) makes it unbiased.
 
-    Infinities and the quiet NaN that PyTorch writes (``0x7FC00000``) come out unchanged, a NaN with only its low
-    13 mantissa bits set comes out as an infinity, but a NaN whose mantissa's top ten bits are all set carries
-    into the sign bit and comes out as -0.0, a finite number: NVIDIA's canonical
-    NaN (``0x7FFFFFFF``), which arithmetic on a NaN returns on the GPU, is one.  A caller whose NaN must survive
-    the product makes it quiet first (:func:`_quiet_nan`; the linear template's fast pass does, and the preparation
-    passes store their fp32 factors quiet, :func:`_quiet_for`).  ``cvt.rna.tf32.f32``, the PTX instruction for this
-    rounding, keeps NaNs, but compiled for sm_90 it is the same three instructions as that select
-    (``FSETP`` of ``|x| >= inf``, a predicated add, the mask; Triton 3.6, offline), so it would cost the same.  A select here
-    cost PaTH's, DeltaNet's and Gated DeltaNet's forwards 6-13% on the H100 (``kernels/NOTES_path.md`` section 13).
+    Infinities and the quiet NaN that PyTorch writes (``0x7FC00000``) come out unchanged; a NaN with only its low
+    13 mantissa bits set comes out as an infinity; but a NaN whose mantissa's top ten bits are all set carries into
+    the sign bit and comes out as -0.0, a finite number.  NVIDIA's canonical NaN (``0x7FFFFFFF``), what arithmetic
+    on a NaN returns on the GPU, is one.  So an operand that can hold one is made quiet before it gets here
+    (:func:`_quiet_nan`, :func:`_quiet_fp32`, :func:`_quiet_for`: the linear template's scores, keys and state, fp32
+    inputs, the preparation passes' stored fp32 factors; ``kernels/NOTES_path.md`` section 14).  A select inside
+    this function instead cost PaTH's, DeltaNet's and Gated DeltaNet's forwards 6-13% on the H100 (section 13), and
+    ``cvt.rna.tf32.f32``, the PTX instruction for this rounding, keeps NaNs but compiles for sm_90 to that same
+    select (``FSETP`` of ``|x| >= inf``, a predicated add, the mask; Triton 3.6, offline).
     """
     if x.dtype != tl.float32:  # fp16 and bf16 values are tf32 values already
         return x.to(tl.float32)
