@@ -13,7 +13,7 @@ at once (``kernels/NOTES_path.md``, section 9, reads them).  Head dims, tiles an
 ``--loops`` also prints, for every loop of the machine code (a backward branch of the SASS, from
 ``cuobjdump -sass``), its instruction count and most frequent opcodes per iteration: what one trip round the
 FlashAttention template's main loop issues per thread, say (``kernels/NOTES_flash.md`` reads it: a multiply per
-logit that the softmax update's exponent could absorb).  The FlashAttention entries are compiled as the JIT
+logit that the softmax update's exponent could absorb).  The FlashAttention and PaTH-scan entries are compiled as the JIT
 compiles them at the benchmarks' sizes: pointers and integer arguments marked divisible by 16, which lets the
 compiler vectorise the tile loads (without it, loads of 2 bytes: numbers that do not describe the run).
 
@@ -69,8 +69,15 @@ KERNELS.update({  # the FlashAttention template's fast pass, with the tiles the 
     f"_flash_fwd ({bias}, {bm} x {bn}, {w} warps)": ("flash_attention", "_flash_fwd",
                                                     dict(_FLASH, BIAS=bias, BLOCK_M=bm, BLOCK_N=bn), _QKVO, w)
     for bias in ("none", "alibi", "loggate") for bm, bn, w in ((64, 64, 4), (128, 64, 8), (128, 64, 4))})
-_STAGES = {"_flash_fwd": 3}  # the autotuner's pipelining depth for these tiles; 1 for the others
-_SPECIALIZE = ("_flash_fwd",)  # compiled with the JIT's divisibility-by-16 marks (module docstring)
+_SCAN = {k: v for k, v in _FLASH.items() if k != "ROTATE"}  # the scan has no rotation hook
+KERNELS.update({  # PaTH's scan, R blocks of 64 queries per program (the autotuner's R = 1 at T = 1024): the carried
+    # query and the transitions in fp16 (the update dtype of 16-bit inputs), k~ and v in the inputs' dtype
+    f"_path_fwd (R = {r})": ("path_attention", "_path_fwd",
+                             dict(_SCAN, R=r, BLOCK_N=64, UPDATE="dense", GATED=False),
+                             ("QT:fp16", "GM:fp16", "WC:fp16", "NU:fp16", "KT", "V", "O"), 4)
+    for r in (1, 2)})
+_STAGES = {"_flash_fwd": 3, "_path_fwd": 2}  # the autotuner's pipelining depth for these tiles; 1 for the others
+_SPECIALIZE = ("_flash_fwd", "_path_fwd")  # compiled with the JIT's divisibility-by-16 marks (module docstring)
 KERNELS.update({  # the five kernels of the UT factors' backward, at 4 and 8 warps (the autotuner's two choices)
     name + ("" if warps == 4 else f" ({warps} warps)"): ("ut_prepare", name, dict(_D, BT=64, PRECISION="tf32"),
                                                           ("Q", "K"), warps)
@@ -82,9 +89,12 @@ def _signature(fn, constexprs: dict, ptrs: tuple, dtype: str) -> dict:
     """Triton's signature for ``fn``: constexprs by name, ``dtype`` pointers for ``ptrs``, fp32 pointers for the
     other tensors, i32 for ``T`` and strides, fp32 for other scalars."""
     sig = {}
+    fixed = dict(p.split(":") for p in ptrs if ":" in p)  # "QT:fp16": that pointer's dtype whatever the inputs'
     for name in fn.arg_names:
         if name in constexprs:
             sig[name] = "constexpr"
+        elif name in fixed:
+            sig[name] = "*" + fixed[name]
         elif name in ptrs:
             sig[name] = "*" + dtype
         elif name in _INTS or name.startswith("stride"):
