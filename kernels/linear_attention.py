@@ -210,12 +210,13 @@ def _linear_chunks(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
                               ROTATE == "interleaved")  # [C, BD] fp32
             k = _load_rotated(K, offs_t, stride_kt, T, cr, sr, HEAD_DIM // 2, CHUNK, BLOCK_D // 2,
                               ROTATE == "interleaved")
-        v = _load_rows(V, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True).to(tl.float32)
-        if GATE == "householder" and not SAFE and V.dtype.element_ty == tl.float32:
+        v = _load_rows(V, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)
+        if GATE == "householder" and not SAFE:
             # fp32 values go through _dot's tf32 rounding, which would turn a canonical NaN (0x7FFFFFFF, what GPU
-            # arithmetic returns) into -0.0: the state would stay finite and the flag miss it.  16-bit values
-            # convert to fp32 NaNs that the rounding keeps; DeltaNet's values are quieted after U~ - W S below.
-            v = _quiet_nan(v)
+            # arithmetic returns) into -0.0: the state would stay finite and the flag miss it.  DeltaNet's values
+            # are quieted after U~ - W S below.
+            v = _quiet_fp32(v)
+        v = v.to(tl.float32)
         if SAFE:
             # Products see finite values only: in a product, 0 * NaN = NaN would reach the rows
             # before a NaN.  `first`: per value channel, the first row with a NaN/inf (CHUNK: none).
@@ -278,7 +279,8 @@ def _linear_chunks(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
             # _dot rounds its operands to tf32 (_rn), which keeps only quiet NaNs, and the scores, the keys (after a
             # decay) and the state come out of arithmetic, whose NaN on a GPU is the canonical one: each is made
             # quiet where it meets the rounding (a NaN of q or k reaches the rows from its own on through them).
-            # Three selects per chunk, not measurable on the H100 (kernels/NOTES_path.md, section 14).
+            # Two selects per chunk, three with a decay: on the H100 DeltaNet under 0.5% slower, Gated DeltaNet
+            # 2.5-3% (kernels/NOTES_path.md, section 14).
             o += _dot(_quiet_nan(s), v, PRECISION)
             # H <- P^T H + K~^T V (householder), H + K^T U (delta); quiet for the next chunk's products
             H = _quiet_nan(h + _dot(tl.trans(k.to(tl.float32)), v, PRECISION))
@@ -308,8 +310,7 @@ def _linear_fwd(Q, K, V, O, LOG_F, AD, GM, FLAGS, T, log2_base,
     or inf back into a finite number (the one rounding that could, :func:`._pieces._rn` of a canonical GPU NaN, gets
     quiet NaNs: the scores, keys, state and DeltaNet's ``U~ - W S`` are made quiet where they meet it, fp32 inputs
     where they are loaded, and the preparation passes store their fp32 factors quiet), so a finite final state means
-    no value was NaN or inf:
-    then every product equals the careful pass's bit for bit, and the outputs are final."""
+    no value was NaN or inf: then every product equals the careful pass's bit for bit, and the outputs are final."""
     H = _linear_chunks(Q, K, V, O, LOG_F, AD, GM, T, log2_base, stride_qb, stride_qt, stride_kb, stride_kt,
                        stride_vb, stride_vt, stride_ob, stride_ot, stride_ab, stride_at, stride_gb, stride_gj,
                        HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, CHUNK, GATE, DECAY, PRECISION, BLOCK_DC, ROTATE, False)

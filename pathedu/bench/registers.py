@@ -13,9 +13,9 @@ at once (``kernels/NOTES_path.md``, section 9, reads them).  Head dims, tiles an
 ``--loops`` also prints, for every loop of the machine code (a backward branch of the SASS, from
 ``cuobjdump -sass``), its instruction count and most frequent opcodes per iteration: what one trip round the
 FlashAttention template's main loop issues per thread, say (``kernels/NOTES_flash.md`` reads it: a multiply per
-logit that the softmax update's exponent could absorb).  The FlashAttention and PaTH-scan entries are compiled as the JIT
-compiles them at the benchmarks' sizes: pointers and integer arguments marked divisible by 16, which lets the
-compiler vectorise the tile loads (without it, loads of 2 bytes: numbers that do not describe the run).
+logit that the softmax update's exponent could absorb).  The FlashAttention and PaTH-scan entries are compiled as
+the JIT compiles them at the benchmarks' sizes: pointers and integer arguments marked divisible by 16, which lets
+the compiler vectorise the tile loads (without it, loads of 2 bytes: numbers that do not describe the run).
 
 pathedu switches Triton's interpreter on when there is no GPU, and a kernel defined under the interpreter cannot
 be compiled; so without a GPU the command reruns itself in a fresh process with ``TRITON_INTERPRET=0``.
@@ -23,6 +23,7 @@ be compiled; so without a GPU the command reruns itself in a fresh process with 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import os
 import subprocess
@@ -119,6 +120,7 @@ def _cubin_tool(cubin: bytes, *args: str) -> str:
         return subprocess.run([tool, *args, f.name], capture_output=True, text=True, check=True).stdout
 
 
+@functools.lru_cache(maxsize=None)  # --loops reads the same compile as the resource report
 def _compile(name: str, dtype: str):
     """Kernel variant ``name`` compiled for sm_90 (Triton's ``CompiledKernel``)."""
     import triton
