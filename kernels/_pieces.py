@@ -301,6 +301,35 @@ def _poison(out, row_pos, bad):
 
 
 @triton.jit
+def _gate_ref(C, r):
+    """The log-gate hook's reference for a program whose query block starts at row ``r``: ``c_r log2(e)`` from the
+    fp32 cumulative log gates ``C`` (``r < T``).  Rounded once: its error is a constant of the program, which
+    softmax ignores and :func:`_gate_rows` takes back out of the log-sum-exp."""
+    return tl.load(C + r) * 1.4426950408889634
+
+
+@triton.jit
+def _gate_keys(C, c_ref, offs_n, T, MASK: tl.constexpr):
+    """The log-gate bias's key term for keys ``offs_n`` ``[BN]``, log2 units: ``c_ref - c_j log2(e)``, one fused
+    multiply-add per key (a single rounding of a number that is small near the diagonal, where the weights are).
+    The bias of a logit is ``(c_i - c_j) log2(e)``; its row term ``c_i log2(e) - c_ref`` is the same for a whole
+    row, so softmax ignores it and the kernels add it to the log-sum-exp only (:func:`_gate_rows`).  ``MASK``:
+    keys may run past ``T``."""
+    if MASK:
+        c_n = tl.load(C + offs_n, mask=offs_n < T, other=0.0)
+    else:
+        c_n = tl.load(C + offs_n)
+    return c_ref - c_n * 1.4426950408889634
+
+
+@triton.jit
+def _gate_rows(C, c_ref, offs_m, T):
+    """The row term ``c_i log2(e) - c_ref`` of the log-gate bias for rows ``offs_m`` ``[BM]`` (see
+    :func:`_gate_keys`): what a row's log-sum-exp over the kernel's logits lacks for the true logits'."""
+    return tl.load(C + offs_m, mask=offs_m < T, other=0.0) * 1.4426950408889634 - c_ref
+
+
+@triton.jit
 def _softmax_fold(acc, m_i, l_i, s, v, GUARD: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr):
     """Fold logits ``s`` (log2 units) and values ``v`` of one key block into the online softmax.
 

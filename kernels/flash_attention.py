@@ -65,8 +65,9 @@ from ..alibi import slope_condition
 from ..checks import check_scale, checked_after, log_gate_condition
 from ._launch import (Flat, dot_precision, interpreting, next_pow2, per_head, per_token, prepare_qkv, rotate_args,
                       wants_grad)
-from ._pieces import (LOG2E, _any_nonfinite, _first_nonfinite, _load_rotated, _load_rows, _no_nonfinite, _poison, _query_block,
-                      _rope_cos_sin, _rope_shift, _softmax_fold_scaled, _store_rows)
+from ._pieces import (LOG2E, _any_nonfinite, _first_nonfinite, _gate_keys, _gate_ref, _gate_rows, _load_rotated,
+                      _load_rows, _no_nonfinite, _poison, _query_block, _rope_cos_sin, _rope_shift, _softmax_fold_scaled,
+                      _store_rows)
 
 __all__ = ["attention", "biased_attention", "LOG2E"]
 
@@ -83,6 +84,8 @@ def _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, lo, h
     (:func:`._pieces._first_nonfinite`); without it the product is plain and ``bad`` is left alone."""
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
+    if BIAS == "alibi":
+        key0 = bias_arg * tl.arange(0, BLOCK_N).to(tl.float32)  # [BN]
     if ROTATE != "none":  # cos/sin of the offsets inside a key tile, once: every tile shifts them (_rope_shift)
         c0, s0 = _rope_cos_sin(tl.arange(0, BLOCK_N), log2_base, HEAD_DIM // 2, BLOCK_D // 2)  # [BN, BD / 2]
     for start_n in range(lo, hi, BLOCK_N):
@@ -101,19 +104,15 @@ def _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, lo, h
         # whole row and softmax ignores per-row constants, so only the key term,
         # a vector of BLOCK_N numbers, is added: with the scale, one fused multiply-add per logit.
         if BIAS == "alibi":
-            # g(t) = slope * t, bias_arg = slope * log2(e); (j - r) is an exact integer, made as a float sum of
-            # exact integers (a float add per key instead of an integer add and a conversion: the same bits).
-            j_r = (start_n - start_m).to(tl.float32) + tl.arange(0, BLOCK_N).to(tl.float32)
-            s = s * qk_scale + (bias_arg * j_r)[None, :]
+            # g(t) = slope * t, bias_arg = slope * log2(e): slope (j - r) as this tile's offset plus the tile's
+            # own slope (j - start_n), made once (key0): one add per key.
+            s = s * qk_scale + (key0 + bias_arg * (start_n - start_m).to(tl.float32))[None, :]
         elif BIAS == "loggate":
-            # g(t) = c_t, the cumulative log gate; c_ref = c_r.
-            if CAUSAL_MASK:
-                c_n = tl.load(bias_arg + offs_n, mask=offs_n < T, other=0.0)
-            else:
-                c_n = tl.load(bias_arg + offs_n)
-            s = s * qk_scale + ((c_ref - c_n) * 1.4426950408889634)[None, :]
-        if CAUSAL_MASK:
-            s = tl.where(offs_m[:, None] >= offs_n[None, :], s, float("-inf"))
+            # g(t) = c_t log2(e), the cumulative log gate; c_ref = g(r).
+            s = s * qk_scale + _gate_keys(bias_arg, c_ref, offs_n, T, CAUSAL_MASK)[None, :]
+        if CAUSAL_MASK:  # i >= j, as offsets from the query block's first row
+            s = tl.where((offs_m - start_m)[:, None] >= (start_n - start_m) + tl.arange(0, BLOCK_N)[None, :], s,
+                         float("-inf"))
         # The online-softmax update; on diagonal blocks a product that keeps hidden keys out.
         # Without a bias the scale rides in the update (one multiply per logit fewer); the mask's -inf
         # stays -inf under a positive scale.
@@ -151,7 +150,7 @@ def _flash_block(Q, K, V, O, BIAS_ARG, LSE, bh, pid_m, T, qk_scale, log2_base,
         bias_arg = tl.load(BIAS_ARG + bh) * 1.4426950408889634
     elif BIAS == "loggate":
         bias_arg = BIAS_ARG + bh * T
-        c_ref = tl.load(bias_arg + start_m)  # start_m < T for every launched block
+        c_ref = _gate_ref(bias_arg, start_m)  # start_m < T for every launched block
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -181,7 +180,7 @@ def _flash_block(Q, K, V, O, BIAS_ARG, LSE, bh, pid_m, T, qk_scale, log2_base,
         if BIAS == "alibi":
             lse -= bias_arg * (offs_m - start_m).to(tl.float32)
         elif BIAS == "loggate":
-            lse += (tl.load(bias_arg + offs_m, mask=offs_m < T, other=0.0) - c_ref) * 1.4426950408889634
+            lse += _gate_rows(bias_arg, c_ref, offs_m, T)
         tl.store(LSE + bh * T + offs_m, lse, mask=offs_m < T)
     return redo
 

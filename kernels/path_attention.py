@@ -76,8 +76,8 @@ from ..checks import check_scale, checked_after, log_gate_condition
 from ._launch import Flat, dot_precision, interpreting, next_pow2, per_token, prepare_qkv, wants_grad
 from .flash_attention import _bwd_logits, _bwd_probs, _dkdv_steps, _dq_steps
 from .path_carry import carry_backward, carry_forward
-from ._pieces import (LOG2E, _first_nonfinite, _load_rows, _no_nonfinite, _poison, _query_block, _softmax_fold,
-                      _softmax_fold_scaled, _store_rows)
+from ._pieces import (LOG2E, _first_nonfinite, _gate_keys, _gate_ref, _gate_rows, _load_rows, _no_nonfinite, _poison,
+                      _query_block, _softmax_fold, _softmax_fold_scaled, _store_rows)
 from .ut_prepare import MAX_R, Prepared, check_block, prep_precision, ut_prepare_backward
 
 __all__ = ["path_attention", "Prepared", "MAX_R"]
@@ -106,11 +106,11 @@ def _transition(qh, GM, WC, NU, cols, offs_d, stride_pt, HEAD_DIM: tl.constexpr,
 @triton.jit
 def _gate_bias(C, c_ref, offs_n, T, GATED: tl.constexpr):
     """The FoX bias hook of the scan (PaTH-FoX, chapter 6), in log2 units, for key block ``offs_n``:
-    ``c_r - c_j`` with ``c`` the fp32 cumulative log gate and ``r`` the query block's first row.
-    As in the FlashAttention template the per-row rest ``c_i - c_r`` is left out (softmax
-    ignores it), so the bias does not depend on the order in which key blocks are visited."""
+    ``(c_r - c_j) log2(e)`` with ``c`` the fp32 cumulative log gate and ``r`` the query block's first row
+    (:func:`._pieces._gate_keys`).  As in the FlashAttention template the per-row rest ``c_i - c_r`` is
+    left out (softmax ignores it), so the bias does not depend on the order in which key blocks are visited."""
     if GATED:
-        return ((c_ref - tl.load(C + offs_n, mask=offs_n < T, other=0.0)) * 1.4426950408889634)[None, :]  # log2(e)
+        return _gate_keys(C, c_ref, offs_n, T, True)[None, :]
     else:
         return 0.0
 
@@ -147,7 +147,7 @@ def _path_fwd(QT, QN, KT, AD, GM, WC, NU, V, O, C, LSE, T, qk_scale,
     C += bh * T  # (PaTH-FoX) this head's cumulative log gates, (BH, T) fp32
     c_ref = 0.0
     if GATED:
-        c_ref = tl.load(C + start_m)  # start_m < T for every launched block
+        c_ref = _gate_ref(C, start_m)  # start_m < T for every launched block
 
     # The carried query, fp32, unit rows; the norm goes into a per-row logit scale.
     qh = _load_rows(QT + start_m * stride_pt, rows, offs_d, stride_pt, BLOCK_M, HEAD_DIM, False, CHECK_D)
@@ -212,7 +212,7 @@ def _path_fwd(QT, QN, KT, AD, GM, WC, NU, V, O, C, LSE, T, qk_scale,
         # whose bias is c_i - c_j (the scan added c_r - c_j).
         lse = m_i + tl.log2(l_i)
         if GATED:
-            lse += (tl.load(C + offs_m, mask=offs_m < T, other=0.0) - c_ref) * 1.4426950408889634
+            lse += _gate_rows(C, c_ref, offs_m, T)
         tl.store(LSE + bh * T + offs_m, lse, mask=offs_m < T)
 
 
