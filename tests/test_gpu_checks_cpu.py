@@ -162,23 +162,41 @@ def test_register_report_compiles_for_sm90_without_a_gpu():
     assert int(rows["_linear_fwd (DeltaNet: delta)"][1]) <= 255
 
 
+def _loop_mixes(name: str) -> list[dict]:
+    """``python -m pathedu.bench.registers --loops`` on kernel variant ``name`` (compiled for sm_90 in a process of
+    its own, Triton's interpreter off): per loop of its machine code, the printed opcodes (the ten most frequent) and
+    their counts per trip."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "pathedu.bench.registers", "--loops", "--kernels", name],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    loops = [line for line in out.stdout.splitlines() if line.strip().startswith("loop ")]
+    return [{op: int(n) for op, n in (item.rsplit(" ", 1) for item in line.split("(", 1)[1].rstrip(")").split(", "))}
+            for line in loops]
+
+
 def test_flash_loop_multiplies_once_per_logit_for_the_rescale_only():
     """``--loops`` reads the machine code's loops.  In the FlashAttention template's main loop (NoPE, 128 x 64 tiles,
     8 warps: 32 logits and 32 accumulator entries per thread and trip) each logit costs one exponential (MUFU), and
     the multiplies are the accumulator's rescale: the logits' scale rides in the exponent's fused multiply-add
     (``_softmax_fold_scaled``).  Scaling the logit tile first, as before, made 64 multiplies a trip, about a tenth of
-    the loop's instructions (kernels/NOTES_flash.md)."""
-    import subprocess
-    import sys
-
-    name = "_flash_fwd (none, 128 x 64, 8 warps)"
-    out = subprocess.run([sys.executable, "-m", "pathedu.bench.registers", "--loops", "--kernels", name],
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
-    loops = [line for line in out.stdout.splitlines() if line.strip().startswith("loop ")]
+    the loop's instructions (kernels/NOTES_flash.md).  In the diagonal loop the causal mask is one 32-bit compare per
+    logit: compared as absolute positions, the offsets shared the address arithmetic's 64 bits and each logit took
+    two compares (72 a trip at f14a666)."""
+    loops = _loop_mixes("_flash_fwd (none, 128 x 64, 8 warps)")
     assert len(loops) == 2  # key blocks left of the diagonal, then the diagonal's
-    mix = dict(item.rsplit(" ", 1) for item in loops[0].split("(", 1)[1].rstrip(")").split(", "))
-    assert 32 <= int(mix["MUFU"]) <= 36 and int(mix["FMUL"]) <= 36
+    assert 32 <= loops[0]["MUFU"] <= 36 and loops[0]["FMUL"] <= 36
+    assert loops[1].get("ISETP", 0) <= 48
+
+
+def test_fox_loop_adds_its_gate_with_one_multiply_add_per_key():
+    """FoX's key term ``c_r' - c_j log2(e)`` is one fused multiply-add per key (``_pieces._gate_keys``), so the main
+    loop's multiplies are the accumulator's rescale only, as NoPE's (an add and a multiply per key before: 48 a trip
+    at f14a666)."""
+    loops = _loop_mixes("_flash_fwd (loggate, 128 x 64, 8 warps)")
+    assert len(loops) == 2 and loops[0]["FMUL"] <= 36
 
 
 def test_launch_profiler_reports_where_the_host_time_goes(monkeypatch):
