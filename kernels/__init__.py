@@ -43,6 +43,8 @@ Where the shared pieces live:
 * :mod:`.ut_prepare`: the UT preparation pass (``Prepared``), shared by PaTH and
   the Householder hook, and DeltaNet's WY pass (``WYPrepared``); both start from the same
   diagonal inverses.
+* :mod:`.gates`: the log gates' prefix sums for the gate hook (FoX, PaTH-FoX), one launch that also
+  counts the gates that break their condition (``cumulative_log_gates``).
 * :mod:`._launch`: the validation boundary.  Each public entry point validates
   every argument once (shapes, dtypes, devices; values with one wait for
   the check, after the kernels are queued) and refuses meta tensors; the kernels without a backward pass

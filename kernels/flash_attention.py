@@ -62,7 +62,8 @@ import triton
 import triton.language as tl
 
 from ..alibi import slope_condition
-from ..checks import check_scale, checked_after, log_gate_condition
+from ..checks import check_scale, checked_after
+from .gates import cumulative_log_gates
 from ._launch import (Flat, dot_precision, interpreting, next_pow2, per_head, per_token, prepare_qkv, rotate_args,
                       wants_grad)
 from ._pieces import (LOG2E, _any_nonfinite, _first_nonfinite, _gate_keys, _gate_ref, _gate_rows, _load_rotated,
@@ -541,12 +542,11 @@ def biased_attention(q, k, v, bias: str, bias_arg, *, scale=None, name: str = ""
         conditions = (slope_condition(bias_arg, name),)
     elif bias == "loggate":
         bias_arg = per_token(bias_arg, name, x, backward=True)
-        conditions = (log_gate_condition(bias_arg, name),)
     elif bias != "none":
         raise ValueError(f"`bias` must be 'none', 'alibi' or 'loggate', got {bias!r}")
-    with checked_after(*conditions):  # the values are read once the kernel is queued
-        if bias == "loggate":
-            bias_arg = torch.cumsum(bias_arg, dim=-1)  # taken once, in fp32, outside the kernel
+    with checked_after(*conditions) as check:  # the values are read once the kernel is queued
+        if bias == "loggate":  # the prefix sums, once, in fp32, outside the kernel; the gates checked as they are read
+            bias_arg = cumulative_log_gates(bias_arg, name, check)
         return x.result(_attention(x, scale, bias, bias_arg))
 
 

@@ -72,9 +72,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ..checks import check_scale, checked_after, log_gate_condition
+from ..checks import check_scale, checked_after
 from ._launch import Flat, dot_precision, interpreting, next_pow2, per_token, prepare_qkv, wants_grad
 from .flash_attention import _bwd_logits, _bwd_probs, _dkdv_steps, _dq_steps
+from .gates import cumulative_log_gates
 from .path_carry import carry_backward, carry_forward
 from ._pieces import (LOG2E, _first_nonfinite, _gate_keys, _gate_ref, _gate_rows, _load_rows, _no_nonfinite, _poison,
                       _query_block, _softmax_fold, _softmax_fold_scaled, _store_rows)
@@ -464,8 +465,9 @@ def path_attention(q, k, v, w, beta, *, scale=None, block=None, log_f=None, _con
     log_f3 = None if log_f is None else per_token(log_f, "log_f", x, backward=True)
     # Read once the kernels are queued; the preparation pass's first launch counts the entries of w and beta that
     # break their conditions as it reads them (the gate it does not read).
-    with checked_after(None if log_f3 is None else log_gate_condition(log_f3)) as check:
-        c = None if log_f3 is None else torch.cumsum(log_f3, dim=-1)  # taken once, in fp32, outside the kernels
+    with checked_after() as check:
+        # the prefix sums, once, in fp32, outside the kernels; the gates checked as they are read
+        c = None if log_f3 is None else cumulative_log_gates(log_f3, "log_f", check)
         if wants_grad(x.q, x.k, x.v, w3, beta3, c):
             return x.result(_PathAttention.apply(x.q, x.k, x.v, w3, beta3, c, x, scale, block, update, cfg, check))
         cfg.pop("backward", None)

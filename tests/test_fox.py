@@ -351,6 +351,37 @@ def test_bad_log_f_names_it(form):
             form(q, k, v, log_f)
 
 
+@pytest.mark.parametrize("T", [1, 77, 3000])  # 3000: two steps of the program's walk (MAX_BLOCK_T = 2048)
+def test_gate_prefix_sums_round_once_and_count_bad_gates(T):
+    """The kernels' prologue (:func:`pathedu.kernels.gates.cumulative_log_gates`): the prefix sums of the log gates
+    summed in float64 and rounded once to fp32 (within half an ulp of the float64 sums); the gradient is the reversed
+    cumulative sum; a gate that breaks ``-inf < log_f <= 0`` (positive, -inf, NaN) anywhere, in any row, raises the
+    chapter's error naming the argument, read from the launch's own count."""
+    from pathedu.checks import checked_after
+    from pathedu.kernels.gates import MAX_BLOCK_T, cumulative_log_gates
+
+    assert 2048 == MAX_BLOCK_T
+    log_f = rand_log_f((3, T), seed=T, dtype=torch.float32)
+    exact = log_f.double().cumsum(-1)
+    c = cumulative_log_gates(log_f)
+    assert c.dtype == torch.float32 and c.shape == (3, T)
+    ulp = torch.finfo(torch.float32).eps * exact.abs().clamp_min(torch.finfo(torch.float32).tiny)
+    assert ((c.double() - exact).abs() <= 0.5 * ulp).all()
+    leaf = log_f.clone().requires_grad_()
+    dc = torch.randn(3, T)
+    (cumulative_log_gates(leaf) * dc).sum().backward()
+    torch.testing.assert_close(leaf.grad, dc.flip(-1).cumsum(-1).flip(-1))
+    for value, needle in [(0.25, "<= 0"), (float("-inf"), "finite"), (float("nan"), "<= 0")]:
+        bad = log_f.clone()
+        bad[2, T - 1] = value
+        with pytest.raises(ValueError, match="`gate`.*" + needle):
+            with checked_after() as check:
+                cumulative_log_gates(bad, "gate", check)
+    with checked_after() as check:  # good gates: nothing raised
+        cumulative_log_gates(log_f, "gate", check)
+    assert cumulative_log_gates(torch.zeros(0, T)).shape == (0, T)
+
+
 @pytest.mark.parametrize("form", FOX_FORMS + [fox.fox_triton], ids=lambda f: f.__name__)
 def test_bad_scale(form):
     q, k, v = rand_qkv((2,), 8, 16, dtype=torch.float32)
