@@ -281,7 +281,8 @@ def fox_blockwise(q, k, v, log_f, *, scale=None, block_m: int = 64, block_n: int
 def fox_triton(q, k, v, log_f, *, scale=None):
     """FoX in Triton: :func:`pathedu.kernels.flash_attention.attention` with ``log_f``.
 
-    The wrapper takes the fp32 cumulative sum once; the kernel adds
+    One small launch takes the fp32 cumulative sum once and checks the gates as it reads them
+    (:func:`pathedu.kernels.gates.cumulative_log_gates`); the kernel adds
     ``c_r - c_j`` to each logit block, ``r`` the block's first query row: it
     differs from :func:`fox_blockwise`'s ``c_i - c_j`` by ``c_i - c_r``, the same
     for a whole row, which softmax ignores.

@@ -368,8 +368,9 @@ def pathfox_triton(q, k, v, w, beta, log_f, *, scale=None):
 
     The PaTH kernel (preparation pass, then the right-to-left scan) with the FoX bias hook
     of the FlashAttention template: each logit block gets ``c_r - c_j`` (``c`` the fp32
-    cumulative log gate taken once by the wrapper, ``r`` the query block's first row; the
-    per-row rest ``c_i - c_r`` cancels in softmax).  fp16/bf16/fp32 ``q, k, v``; ``w``,
+    cumulative log gate, taken once by :func:`pathedu.kernels.gates.cumulative_log_gates`;
+    ``r`` the query block's first row; the per-row rest ``c_i - c_r`` cancels in softmax).
+    fp16/bf16/fp32 ``q, k, v``; ``w``,
     ``beta``, ``log_f`` used in fp32; head dims 16..128; any T; validated once by the
     kernel's entry point.  Shapes as :func:`pathfox_naive`.
     """
