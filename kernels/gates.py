@@ -28,9 +28,9 @@ def _gate_prefix(LOG_F, C, BAD, T, BLOCK_T: tl.constexpr, COUNT: tl.constexpr):
     """Program ``bh``: ``C[bh, t] = sum_{s <= t} LOG_F[bh, s]`` for ``(BH, T)`` contiguous fp32 tensors, ``BLOCK_T``
     gates a step: each step's inclusive scan plus the last sum before it, in float64 and rounded once to fp32 (a
     scan in fp32 was 7-14 ulps off at T = 1024-2048 in the interpreter, where PyTorch's CPU ``cumsum``, which sums
-    in float64, is within half of one; the bytes, not the arithmetic, set this launch's time).  ``COUNT``: the number of gates that break
-    ``-inf < log_f <= 0`` (NaN breaks both comparisons) is added to both entries of ``BAD`` (``(2,)`` fp32, zeroed
-    by the caller; an atomic add only where a gate is bad)."""
+    in float64, is within half of one; the bytes, not the arithmetic, set this launch's time).  ``COUNT``: the
+    number of gates that break ``-inf < log_f <= 0`` (NaN breaks both comparisons) is added to both entries of
+    ``BAD`` (``(2,)`` fp32, zeroed by the caller; an atomic add only where a gate is bad)."""
     bh = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_T)
     carry = tl.zeros([], dtype=tl.float64)
