@@ -463,10 +463,9 @@ def path_attention(q, k, v, w, beta, *, scale=None, block=None, log_f=None, _con
     if cfg.get("R", 1) not in range(1, MAX_R + 1):
         raise ValueError(f"`_config['R']` must be in 1..{MAX_R}, got {cfg['R']!r}")
     log_f3 = None if log_f is None else per_token(log_f, "log_f", x, backward=True)
-    # Read once the kernels are queued; the preparation pass's first launch counts the entries of w and beta that
-    # break their conditions as it reads them (the gate it does not read).
+    # Read once the kernels are queued: every value is counted by the launch that reads it, the gates by their
+    # prefix sums' launch (taken once, in fp32, outside the kernels), w and beta by the preparation pass's first.
     with checked_after() as check:
-        # the prefix sums, once, in fp32, outside the kernels; the gates checked as they are read
         c = None if log_f3 is None else cumulative_log_gates(log_f3, "log_f", check)
         if wants_grad(x.q, x.k, x.v, w3, beta3, c):
             return x.result(_PathAttention.apply(x.q, x.k, x.v, w3, beta3, c, x, scale, block, update, cfg, check))
