@@ -50,6 +50,15 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def keeping_nans(precision: str) -> str:
+    """The backward kernels' version of a product precision (:func:`._pieces._dot`): ``"tf32"`` and ``"x3"`` round
+    fp32 operands with two integer operations that turn the GPU's canonical NaN into -0.0, which is harmless where
+    the operands are inputs made quiet at the load but not in a gradient's arithmetic: a NaN or inf in ``dO`` (fp16
+    training's loss scaling on overflow) vanished from PaTH's ``dq`` (``tests/gpu/test_backward.py``).
+    ``"tf32n"``, ``"x3n"`` keep every NaN; ``"ieee"`` and ``"fp16"`` do already."""
+    return {"tf32": "tf32n", "x3": "x3n"}.get(precision, precision)
+
+
 def rotate_args(rotate) -> tuple[str, float]:
     """The templates' rotation hook as launch arguments: ``(ROTATE, log2_base)`` for ``rotate`` =
     ``(base, pairing)`` (RoPE's rotations applied as q and k are loaded), ``("none", 0.0)`` for None."""

@@ -161,11 +161,17 @@ def _rn(x, PRECISION: tl.constexpr):
     this function instead cost PaTH's, DeltaNet's and Gated DeltaNet's forwards 6-13% on the H100 (section 13), and
     ``cvt.rna.tf32.f32``, the PTX instruction for this rounding, keeps NaNs but compiles for sm_90 to that same
     select (``FSETP`` of ``|x| >= inf``, a predicated add, the mask; Triton 3.6, offline).
+
+    ``"tf32n"`` is that select: the rounding for tiles that come out of arithmetic on gradients, where a NaN may
+    arrive from anywhere upstream (the backward kernels: :func:`._launch.keeping_nans`).
     """
     if x.dtype != tl.float32:  # fp16 and bf16 values are tf32 values already
         return x.to(tl.float32)
-    elif PRECISION == "tf32":
-        return ((x.to(tl.int32, bitcast=True) + 4096) & -8192).to(tl.float32, bitcast=True)
+    elif PRECISION == "tf32" or PRECISION == "tf32n":
+        r = ((x.to(tl.int32, bitcast=True) + 4096) & -8192).to(tl.float32, bitcast=True)
+        if PRECISION == "tf32n":  # every NaN stays one (the tensor cores read a NaN's top bits as a NaN)
+            r = tl.where(x == x, r, x)
+        return r
     else:
         return x
 
@@ -207,17 +213,19 @@ def _dot(a, b, PRECISION: tl.constexpr):
     ``"ieee"`` FMA products of this many 64 x 64 tiles take minutes to compile);
     ``"ieee"``: exact fp32; ``"fp16"``: operands rounded to nearest fp16, the same 10 mantissa bits as
     ``"tf32"`` at twice the tensor cores' rate and half the registers, for operands whose entries stay
-    within fp16's normal range (products of reflections: PaTH's carries)."""
+    within fp16's normal range (products of reflections: PaTH's carries).  ``"tf32n"``, ``"x3n"``: ``"tf32"``,
+    ``"x3"`` with every NaN of an operand kept a NaN (:func:`_rn`), for the backward kernels."""
     if PRECISION == "fp16":
         return tl.dot(a.to(tl.float16), b.to(tl.float16))
-    elif PRECISION == "x3":
-        a_hi = _rn(a, "tf32")
-        b_hi = _rn(b, "tf32")
-        lo = tl.dot(_rn(a - a_hi, "tf32"), b_hi, input_precision="tf32")
-        lo = tl.dot(a_hi, _rn(b - b_hi, "tf32"), acc=lo, input_precision="tf32")
+    elif PRECISION == "x3" or PRECISION == "x3n":
+        ONE: tl.constexpr = "tf32n" if PRECISION == "x3n" else "tf32"  # how each tf32 part is rounded
+        a_hi = _rn(a, ONE)
+        b_hi = _rn(b, ONE)
+        lo = tl.dot(_rn(a - a_hi, ONE), b_hi, input_precision="tf32")
+        lo = tl.dot(a_hi, _rn(b - b_hi, ONE), acc=lo, input_precision="tf32")
         return tl.dot(a_hi, b_hi, acc=lo, input_precision="tf32")
     else:
-        return tl.dot(_rn(a, PRECISION), _rn(b, PRECISION), input_precision=PRECISION)
+        return tl.dot(_rn(a, PRECISION), _rn(b, PRECISION), input_precision="tf32" if PRECISION == "tf32n" else PRECISION)
 
 
 @triton.jit

@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import interpreting, next_pow2
+from ._launch import interpreting, keeping_nans, next_pow2
 from ._pieces import _dot, _load_rows, _store_rows
 from .ut_prepare import prep_precision
 
@@ -210,8 +210,8 @@ def carry_forward(qt, kt, g, block: int, dtype) -> torch.Tensor:
 def carry_backward(qt, kt, g, block: int, dX, dtype):
     """``dq~, dk~, dG`` (fp32, shaped like ``qt, kt, g``) from ``dX`` (:func:`carry_forward`'s output's gradient):
     :func:`_carry_bwd` once per level from level 1 (level 0 is a copy), each adding to what the levels before
-    left.  ``dtype``: the inputs'
-    (it sets the gradient products' precision)."""
+    left.  ``dtype``: the inputs' (it sets the gradient products' precision, in the version that keeps every NaN:
+    :func:`._launch.keeping_nans`)."""
     BH, T_pad, D = qt.shape
     nb = T_pad // block
     dqt, dkt = (torch.zeros(qt.shape, dtype=torch.float32, device=qt.device) for _ in range(2))
@@ -226,7 +226,8 @@ def carry_backward(qt, kt, g, block: int, dX, dtype):
         h = 1 << lvl
         kernel[(-(-nb // (2 * h)), 2, BH)](qt, kt, g, dX[lvl], dqt, dkt, dg, scratch, nb, h, qt.stride(0),
                                            g.stride(0), HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=block,
-                                           CARRY=_carry_precision(g, D), PRECISION=_precision(dtype, D), **fixed)
+                                           CARRY=_carry_precision(g, D), PRECISION=keeping_nans(_precision(dtype, D)),
+                                           **fixed)
     return dqt, dkt, dg
 
 

@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from ..checks import check_positive_int, finite_condition, log_gate_condition, range_condition
-from ._launch import dot_precision, interpreting, next_pow2
+from ._launch import dot_precision, interpreting, keeping_nans, next_pow2
 from ._pieces import _dot, _finite_or_zero, _input_dot, _load_rows, _quiet_for, _quiet_fp32, _rn, _store_rows
 
 MAX_R = 2  # a query block holds at most this many UT blocks; prepared tensors are padded to MAX_R * block rows
@@ -566,7 +566,8 @@ def ut_prepare_backward(q3, k3, w3, beta3, prep: "Prepared", dqt, dkt, dad, dg):
             q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), w3.stride(0), w3.stride(1),
             prep.qt.stride(0), prep.qt.stride(1), prep.ad.stride(0), prep.ad.stride(1), prep.g.stride(0),
             prep.g.stride(1), dq.stride(0), dq.stride(1))
-    meta = dict(HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=prep.block, PRECISION=prep._flags["PRECISION"])
+    # the pass's precision in the version that keeps every NaN of the gradients' arithmetic (_launch.keeping_nans)
+    meta = dict(HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=prep.block, PRECISION=keeping_nans(prep._flags["PRECISION"]))
     kernels = _UT_BWD_TUNED
     if interpreting():
         kernels = _UT_BWD_KERNELS

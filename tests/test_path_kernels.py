@@ -14,7 +14,7 @@ from helpers import TOL_TRITON, case_id, rand_qkv, rel_err
 
 from pathedu import path, pathfox
 from pathedu.kernels.delta_rule import chunked_delta_rule, chunked_householder
-from pathedu.kernels._pieces import _quiet_for, _quiet_nan, _rn
+from pathedu.kernels._pieces import _dot, _quiet_for, _quiet_nan, _rn
 from pathedu.kernels.path_attention import MAX_R, Prepared, path_attention
 
 CASES = [((2, 3), 1, 16, 16), ((1, 2), 37, 16, 24), ((), 65, 64, 32), ((2, 1, 2), 19, 32, 16),
@@ -489,12 +489,12 @@ def test_backward_normalises_its_own_logits():
 
 
 @triton.jit
-def _tf32_rounded(X, Y, N: tl.constexpr, QUIET: tl.constexpr):
+def _tf32_rounded(X, Y, N: tl.constexpr, QUIET: tl.constexpr, PRECISION: tl.constexpr = "tf32"):
     offs = tl.arange(0, N)
     x = tl.load(X + offs)
     if QUIET:
         x = _quiet_nan(x)
-    tl.store(Y + offs, _rn(x, "tf32"))
+    tl.store(Y + offs, _rn(x, PRECISION))
 
 
 def test_rounding_to_tf32_and_its_nans():
@@ -515,6 +515,36 @@ def test_rounding_to_tf32_and_its_nans():
     assert not torch.isnan(y[8:10]).any()  # the documented loss: canonical NaNs come out as zeros
     assert torch.isnan(yq[:2]).all() and torch.isnan(yq[8:10]).all()  # quieted first, every NaN survives
     assert torch.equal(yq[2:8], y[2:8])
+    yn = torch.empty_like(xp)
+    _tf32_rounded[(1,)](xp, yn, 16, False, "tf32n")  # the backward kernels' rounding: a select keeps every NaN
+    assert torch.isnan(yn[:2]).all() and torch.isnan(yn[8:10]).all() and torch.equal(yn[2:8], y[2:8])
+
+
+@triton.jit
+def _product(A, B, C, N: tl.constexpr, PRECISION: tl.constexpr):
+    offs = tl.arange(0, N)
+    tile = offs[:, None] * N + offs[None, :]
+    tl.store(C + tile, _dot(tl.load(A + tile), tl.load(B + tile), PRECISION))
+
+
+@pytest.mark.parametrize("precision", ["tf32", "x3"])
+def test_backward_products_keep_the_gpus_nans(precision):
+    """A gradient's fp32 tile can hold NVIDIA's canonical NaN (``0x7FFFFFFF``: what GPU arithmetic on a NaN
+    returns, e.g. from a NaN or inf in ``dO``).  ``_pieces._dot`` in ``"tf32"`` or ``"x3"`` rounds it to -0.0 and
+    the product row comes out finite; on the H100 PaTH's ``dq`` stayed finite under a NaN in ``dO`` that way
+    (``tests/gpu/test_backward.py``).  The backward kernels' versions (``_launch.keeping_nans``: ``"tf32n"``,
+    ``"x3n"``) give that row NaNs, and the same numbers as the plain ones elsewhere."""
+    from pathedu.kernels._launch import keeping_nans
+
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(16, 16, generator=g), torch.randn(16, 16, generator=g)
+    a.view(torch.int32)[5, 2] = 0x7FFFFFFF
+    plain, kept = torch.empty(16, 16), torch.empty(16, 16)
+    _product[(1,)](a, b, plain, 16, precision)
+    _product[(1,)](a, b, kept, 16, keeping_nans(precision))
+    assert torch.isfinite(plain).all()  # the documented loss
+    assert torch.isnan(kept[5]).all() and torch.isfinite(kept[torch.arange(16) != 5]).all()
+    assert torch.equal(kept[torch.arange(16) != 5], plain[torch.arange(16) != 5])
 
 
 @triton.jit

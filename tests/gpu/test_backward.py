@@ -41,3 +41,44 @@ def test_triton_gradients_match_float64(dtype, form, shape):
             assert err <= 1e-3, f"{form.name} {dtype} {shape} d{name}: {err:.1e} where the gradient is 0"
         else:
             assert err / top <= TOL[dtype], f"{form.name} {dtype} {shape} d{name}: {err / top:.2e} > {TOL[dtype]:.0e}"
+
+
+def _poisoned(g, value):
+    """A copy of the upstream gradient ``g`` with ``value`` at ``[0, 1, 150, 3]`` (bit-exact for NaN payloads)."""
+    g = g.clone()
+    if g.dtype == torch.float32:
+        g.view(torch.int32)[0, 1, 150, 3] = torch.tensor([value], dtype=torch.float32).view(torch.int32)[0]
+    else:
+        g[0, 1, 150, 3] = value
+    return g
+
+
+@pytest.mark.parametrize("form", FORM_PARAMS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_non_finite_upstream_gradient_is_not_lost(dtype, form):
+    """A NaN or inf in the upstream gradient ``dO`` (one entry of one head: what fp16 training's loss scaling
+    produces on overflow, and what ``torch.amp.GradScaler`` looks for in the gradients to skip the step) must reach
+    every gradient it feeds: a non-finite entry in each of ``dq, dk, dv`` and the gates' gradients of that head, the
+    other head's gradients as in the clean run.  The backward kernels' tf32 rounding of fp32 tiles (``_rn``) turns
+    the GPU's canonical NaN ``0x7FFFFFFF``, which arithmetic on a NaN returns, into -0.0 unless it is made quiet
+    first (kernels/NOTES_path.md 13.1, 14); the interpreter's NaNs are quiet, so only a GPU shows it."""
+    (q, k, v, ex), _ = inputs(form, ((1, 2), 300, 64, 64), dtype, seed=5)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, *ex.values())]
+    names = ["q", "k", "v", *ex]
+    g = torch.randn(q.shape[:-1] + (v.shape[-1],), device=q.device,
+                    generator=torch.Generator(device=q.device).manual_seed(2)).to(dtype)
+
+    def grads(upstream):
+        out = call(form, *leaves[:3], dict(zip(ex, leaves[3:])))
+        return torch.autograd.grad(out, leaves, upstream)
+
+    clean = grads(g)
+    values = [float("nan"), float("inf")]
+    if dtype == torch.float32:
+        values.append(torch.tensor(0x7FFFFFFF, dtype=torch.int32).view(torch.float32).item())
+    for value in values:
+        got = grads(_poisoned(g, value))
+        case = f"{form.name} {dtype}: {value!r} ({torch.tensor([value]).view(torch.int32).item():#x}) in dO"
+        for name, a, b in zip(names, got, clean):
+            assert torch.allclose(a[0, 0], b[0, 0], rtol=1e-5, atol=1e-6), f"{case}: d{name} of the other head changed"
+            assert not torch.isfinite(a[0, 1]).all(), f"{case}: d{name} stayed finite"
