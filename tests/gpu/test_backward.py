@@ -10,7 +10,7 @@ fla comparisons are GPU checks (pathedu/bench/checks.py, sections ``backward`` a
 import pytest
 import torch
 from forms import FORMS, TRITON_WITH_BACKWARD, call, matrix_form
-from test_forms import DTYPES, SHAPES, TOL, inputs
+from test_forms import DTYPES, SHAPES, TOL, _nans, _plant, inputs
 
 BACKWARD = [f for f in FORMS if f.name in TRITON_WITH_BACKWARD]
 # PaTH's backward compiles five kernels per dtype and head dim: 80-200 s a test on an H100 (fp32 slowest),
@@ -43,16 +43,6 @@ def test_triton_gradients_match_float64(dtype, form, shape):
             assert err / top <= TOL[dtype], f"{form.name} {dtype} {shape} d{name}: {err / top:.2e} > {TOL[dtype]:.0e}"
 
 
-def _poisoned(g, value):
-    """A copy of the upstream gradient ``g`` with ``value`` at ``[0, 1, 150, 3]`` (bit-exact for NaN payloads)."""
-    g = g.clone()
-    if g.dtype == torch.float32:
-        g.view(torch.int32)[0, 1, 150, 3] = torch.tensor([value], dtype=torch.float32).view(torch.int32)[0]
-    else:
-        g[0, 1, 150, 3] = value
-    return g
-
-
 @pytest.mark.parametrize("form", FORM_PARAMS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_non_finite_upstream_gradient_is_not_lost(dtype, form):
@@ -73,11 +63,8 @@ def test_non_finite_upstream_gradient_is_not_lost(dtype, form):
         return torch.autograd.grad(out, leaves, upstream)
 
     clean = grads(g)
-    values = [float("nan"), float("inf")]
-    if dtype == torch.float32:
-        values.append(torch.tensor(0x7FFFFFFF, dtype=torch.int32).view(torch.float32).item())
-    for value in values:
-        got = grads(_poisoned(g, value))
+    for value in _nans(dtype) + [float("inf")]:
+        got = grads(_plant(g, 150, 3, value))
         case = f"{form.name} {dtype}: {value!r} ({torch.tensor([value]).view(torch.int32).item():#x}) in dO"
         for name, a, b in zip(names, got, clean):
             assert torch.allclose(a[0, 0], b[0, 0], rtol=1e-5, atol=1e-6), f"{case}: d{name} of the other head changed"
