@@ -31,8 +31,11 @@ constant per row and softmax ignores it (see ``_attend``).
 RoPE is a second hook, ``ROTATE`` (``"none"``, ``"interleaved"``, ``"half"``): q is turned
 by its positions once, as the program loads it, and every key tile as it is loaded
 (:func:`._pieces._load_rotated`; cos/sin computed in the kernel, channels in pair order,
-which leaves every dot product unchanged).  The alternative, used for training, is a
-rotation pre-pass through memory and the kernel unchanged (:func:`.rope.rotary_attention`).
+which leaves every dot product unchanged).  ``"interleaved_q"``, ``"half_q"``: q only, the keys
+having been rotated by a pass through memory (:func:`.rope.rotary_attention`'s default for
+inference: a query tile is turned once per program, a key tile would be once per query block).
+The alternative, used for training, is a rotation pre-pass of both through memory and the kernel
+unchanged.
 
 Shared pieces (:mod:`._pieces`): the online-softmax update is
 :func:`._pieces._softmax_fold_scaled` (PaTH uses the same one), which takes the logits' scale into
@@ -87,12 +90,13 @@ def _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, lo, h
     offs_dv = tl.arange(0, BLOCK_DV)
     if BIAS == "alibi":
         key0 = bias_arg * tl.arange(0, BLOCK_N).to(tl.float32)  # [BN]
-    if ROTATE != "none":  # cos/sin of the offsets inside a key tile, once: every tile shifts them (_rope_shift)
+    ROTATE_K: tl.constexpr = ROTATE == "interleaved" or ROTATE == "half"  # "..._q": the keys come rotated
+    if ROTATE_K:  # cos/sin of the offsets inside a key tile, once: every tile shifts them (_rope_shift)
         c0, s0 = _rope_cos_sin(tl.arange(0, BLOCK_N), log2_base, HEAD_DIM // 2, BLOCK_D // 2)  # [BN, BD / 2]
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         # Only diagonal blocks can run past T; blocks left of the diagonal are whole.
-        if ROTATE == "none":
+        if not ROTATE_K:
             k = _load_rows(K, offs_n, offs_d, stride_kt, T, HEAD_DIM, CAUSAL_MASK, BLOCK_D != HEAD_DIM)
         else:  # RoPE: each key turned by its position as it is loaded, channels in pair order (as q's)
             ck, sk = _rope_shift(c0, s0, start_n, log2_base, HEAD_DIM // 2, BLOCK_D // 2)  # [BN, BD / 2]
@@ -141,10 +145,10 @@ def _flash_block(Q, K, V, O, BIAS_ARG, LSE, bh, pid_m, T, qk_scale, log2_base,
     if ROTATE == "none":
         q = _load_rows(Q + bh * stride_qb + start_m * stride_qt, tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_D),
                        stride_qt, T - start_m, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
-    else:  # RoPE: the queries turned once, as they are loaded (the keys in _attend, tile by tile)
+    else:  # RoPE: the queries turned once, as they are loaded (the keys in _attend, tile by tile, or by a pass)
         cq, sq = _rope_cos_sin(offs_m, log2_base, HEAD_DIM // 2, BLOCK_D // 2)  # [BM, BD / 2]
         q = _load_rotated(Q + bh * stride_qb, offs_m, stride_qt, T, cq, sq, HEAD_DIM // 2, BLOCK_M, BLOCK_D // 2,
-                          ROTATE == "interleaved").to(Q.dtype.element_ty)  # [BM, BD], pair order
+                          ROTATE == "interleaved" or ROTATE == "interleaved_q").to(Q.dtype.element_ty)  # [BM, BD]
     bias_arg = 0.0
     c_ref = 0.0
     if BIAS == "alibi":

@@ -69,11 +69,13 @@ __all__ = ["rotate_qk", "rotary_attention", "rotary_linear_attention", "trig_tab
 
 @triton.jit
 def _rotate_rows(X, XO, rows, stride, T, c, s, HALF: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
-                 INTERLEAVED: tl.constexpr):
+                 INTERLEAVED: tl.constexpr, PAIR_ORDER: tl.constexpr):
     """Rotate rows ``rows`` of one head's ``(T, D)`` matrix ``X`` by ``(c, s)`` and store them to ``XO`` in the
-    same layout; fp32 math (:func:`._pieces._load_pairs`: interleaved rows move whole, split in registers)."""
-    if INTERLEAVED:  # the rotated tile's pair order is the original order: store whole rows
-        y = _load_rotated(X, rows, stride, T, c, s, HALF, BLOCK_T, BLOCK_H, True)  # [BT, 2 BH]
+    same layout, or with ``PAIR_ORDER`` in pair order (:func:`._pieces._load_rotated`: a permutation of the
+    channels for ``"half"`` pairs, what the template's rotation hook gives the queries); fp32 math
+    (:func:`._pieces._load_pairs`: interleaved rows move whole, split in registers)."""
+    if INTERLEAVED or PAIR_ORDER:  # the rotated tile in pair order (for interleaved pairs the original order)
+        y = _load_rotated(X, rows, stride, T, c, s, HALF, BLOCK_T, BLOCK_H, INTERLEAVED)  # [BT, 2 BH]
         cols = tl.arange(0, 2 * BLOCK_H)
         tl.store(XO + rows[:, None] * stride + cols[None, :], y.to(XO.dtype.element_ty),
                  mask=(rows[:, None] < T) & (cols[None, :] < 2 * HALF))
@@ -88,15 +90,17 @@ def _rotate_rows(X, XO, rows, stride, T, c, s, HALF: tl.constexpr, BLOCK_T: tl.c
 @triton.jit
 def _rope_fwd(Q, K, QO, KO, T, offset, log2_base, sign, stride_b, stride_t,
               HALF: tl.constexpr, BLOCK_T: tl.constexpr,
-              BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr):
-    """Rotate ``BLOCK_T`` rows of one (batch, head) of both ``q`` and ``k``: row ``t`` by ``R^(offset + t)``
-    (``sign = -1``: by its inverse, the backward pass).  The same cos/sin turn the queries and the keys."""
+              BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr, KEYS_ONLY: tl.constexpr):
+    """Rotate ``BLOCK_T`` rows of one (batch, head) of ``q`` and ``k``: row ``t`` by ``R^(offset + t)``
+    (``sign = -1``: by its inverse, the backward pass).  The same cos/sin turn the queries and the keys.
+    ``KEYS_ONLY``: ``k`` alone, stored in pair order, for the template's queries-only rotation hook."""
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # positions
     head = tl.program_id(1).to(tl.int64) * stride_b
     c, s = _rope_cos_sin(offset + rows, log2_base, HALF, BLOCK_H)  # [BT, BH] fp32
     s = s * sign
-    _rotate_rows(Q + head, QO + head, rows, stride_t, T, c, s, HALF, BLOCK_T, BLOCK_H, INTERLEAVED)
-    _rotate_rows(K + head, KO + head, rows, stride_t, T, c, s, HALF, BLOCK_T, BLOCK_H, INTERLEAVED)
+    if not KEYS_ONLY:
+        _rotate_rows(Q + head, QO + head, rows, stride_t, T, c, s, HALF, BLOCK_T, BLOCK_H, INTERLEAVED, False)
+    _rotate_rows(K + head, KO + head, rows, stride_t, T, c, s, HALF, BLOCK_T, BLOCK_H, INTERLEAVED, KEYS_ONLY)
 
 
 def rotate_qk(q, k, *, base: float = 10000.0, offset: int = 0, pairing: str = "interleaved"):
@@ -122,8 +126,10 @@ def rotary_attention(q, k, v, *, base: float = 10000.0, scale=None, pairing: str
                      rotation: str = "prepass"):
     """RoPE softmax attention on the FlashAttention template, validated once.
 
-    ``rotation="prepass"``: :func:`rotate_qk` (offset 0), then the unchanged template
-    (:func:`pathedu.kernels.flash_attention.attention`).  ``"fused"``: the template's rotation hook
+    ``rotation="prepass"``: the keys rotated by a pass through memory and the queries by the template's
+    rotation hook as each program loads them, once (``ROTATE="..._q"``: half the pass's traffic, and the
+    same rotated, rounded q as the pass would store); when autograd wants gradients, :func:`rotate_qk`
+    (offset 0) turns both and the template runs unchanged.  ``"fused"``: the template's rotation hook
     turns q and k as it loads them (no pass through memory, but every key tile is turned once per
     query block); when autograd wants gradients the pre-pass path runs instead.
 
@@ -133,8 +139,12 @@ def rotary_attention(q, k, v, *, base: float = 10000.0, scale=None, pairing: str
     """
     x, base, pairing = _check_rotary(q, k, v, base, pairing, backward=True)
     scale = check_scale(scale, x.n.D)
-    if check_rotation(rotation) == "fused" and not wants_grad(x.q, x.k, x.v):
-        return x.result(_attention_launch(x, scale, rotate=(base, pairing)))
+    if not wants_grad(x.q, x.k, x.v):
+        if check_rotation(rotation) == "fused":
+            return x.result(_attention_launch(x, scale, rotate=(base, pairing)))
+        _, k_rot = _rotate_launch(x, base, 0, pairing, keys_only=True)
+        return x.result(_attention_launch(x.with_qk(x.q, k_rot), scale, rotate=(base, pairing + "_q")))
+    check_rotation(rotation)
     return x.result(_attention(x.with_qk(*_rotated(x, base, 0, pairing)), scale))
 
 
@@ -159,12 +169,15 @@ def _check_rotary(q, k, v, base, pairing, backward=False):
     return prepare_qkv(q, k, v, even=True, backward=backward), check_base(base), check_pairing(pairing)
 
 
-def _rotate_launch(x: Flat, base: float, offset: int, pairing: str, *, inverse: bool = False, qk=None):
+def _rotate_launch(x: Flat, base: float, offset: int, pairing: str, *, inverse: bool = False, qk=None,
+                   keys_only: bool = False):
     """Rotate validated ``x.q, x.k`` (``(BH, T, D)``): returns new ``(BH, T, D)`` tensors, compute dtype.
     ``inverse``: rotate by ``-(offset + t) Omega`` instead (the transpose); ``qk``: rotate this
-    pair of ``(BH, T, D)`` tensors instead of ``x.q, x.k`` (the backward pass's gradients)."""
+    pair of ``(BH, T, D)`` tensors instead of ``x.q, x.k`` (the backward pass's gradients);
+    ``keys_only``: the keys alone, their channels in pair order (returns ``(None, k_rot)``: the template turns
+    the queries, in the same order)."""
     q3, k3 = (x.q, x.k) if qk is None else (t.to(x.dtype).contiguous() for t in qk)
-    qo, ko = torch.empty_like(q3), torch.empty_like(k3)
+    qo, ko = (q3 if keys_only else torch.empty_like(q3)), torch.empty_like(k3)
     if not x.empty_input:
         half = x.n.D // 2
         block_h = triton.next_power_of_2(half)
@@ -174,8 +187,8 @@ def _rotate_launch(x: Flat, base: float, offset: int, pairing: str, *, inverse: 
         _rope_fwd[grid](q3, k3, qo, ko, x.n.T, offset, math.log2(base), -1.0 if inverse else 1.0,
                         q3.stride(0), q3.stride(1),
                         HALF=half, BLOCK_T=block_t, BLOCK_H=block_h, INTERLEAVED=pairing == "interleaved",
-                        num_warps=4)
-    return qo, ko
+                        KEYS_ONLY=keys_only, num_warps=4)
+    return (None if keys_only else qo), ko
 
 
 class _Rotate(torch.autograd.Function):

@@ -242,6 +242,27 @@ def test_fused_rotation_crosses_key_blocks_and_other_bases():
     assert torch.allclose(out.detach(), rope.rope_triton(q.float(), k.float(), v.float()), atol=1e-6)
 
 
+def test_prepass_inference_turns_the_queries_in_the_template():
+    """Without gradients, ``rotation="prepass"`` rotates only the keys through memory (in pair order) and the
+    template turns each query tile as it loads it (``ROTATE="..._q"``): the same logits as rotating both by the
+    pass, over several key blocks and with padding pairs.  Interleaved pairs keep their order, so there the output
+    equals the two-tensor pass's bit for bit (fp32, interpreter); "half" pairs sum the channels in pair order."""
+    from pathedu.kernels.flash_attention import attention
+    from pathedu.kernels.rope import rotate_qk
+
+    for D, Dv in ((48, 32), (64, 64)):
+        q, k, v = (t.float() for t in rand_qkv((2,), 150, D, Dv, seed=9))
+        for pairing in PAIRINGS:
+            out = rope.rope_triton(q, k, v, base=500.0, pairing=pairing)
+            both = attention(*rotate_qk(q, k, base=500.0, pairing=pairing), v)
+            if pairing == "interleaved":
+                assert torch.equal(out, both)
+            else:
+                assert rel_err(out, both) <= 1e-6
+            assert rel_err(out, rope.rope_matrix(q.double(), k.double(), v.double(), base=500.0,
+                                                 pairing=pairing)) <= TOL_TRITON[torch.float32]
+
+
 def test_triton_accepts_bf16_on_cpu_via_fp32():
     q, k, v = rand_qkv((1, 2), 33, 16, dtype=torch.bfloat16)
     out = rope.rope_triton(q, k, v)
