@@ -146,7 +146,12 @@ def _flash_block(Q, K, V, O, BIAS_ARG, LSE, bh, pid_m, T, qk_scale, log2_base,
         q = _load_rows(Q + bh * stride_qb + start_m * stride_qt, tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_D),
                        stride_qt, T - start_m, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
     else:  # RoPE: the queries turned once, as they are loaded (the keys in _attend, tile by tile, or by a pass)
-        cq, sq = _rope_cos_sin(offs_m, log2_base, HEAD_DIM // 2, BLOCK_D // 2)  # [BM, BD / 2]
+        if ROTATE == "interleaved" or ROTATE == "half":
+            cq, sq = _rope_cos_sin(offs_m, log2_base, HEAD_DIM // 2, BLOCK_D // 2)  # [BM, BD / 2]
+        else:  # "..._q": the keys' pass left its cos/sin in a table, (2, T, BD / 2) at BIAS_ARG
+            p_trig = BIAS_ARG + offs_m[:, None] * (BLOCK_D // 2) + tl.arange(0, BLOCK_D // 2)[None, :]
+            cq = tl.load(p_trig, mask=offs_m[:, None] < T, other=0.0)  # [BM, BD / 2]
+            sq = tl.load(p_trig + T * (BLOCK_D // 2), mask=offs_m[:, None] < T, other=0.0)
         q = _load_rotated(Q + bh * stride_qb, offs_m, stride_qt, T, cq, sq, HEAD_DIM // 2, BLOCK_M, BLOCK_D // 2,
                           ROTATE == "interleaved" or ROTATE == "interleaved_q").to(Q.dtype.element_ty)  # [BM, BD]
     bias_arg = 0.0
@@ -199,7 +204,8 @@ def _flash_fwd(Q, K, V, O, BIAS_ARG, LSE, FLAGS, T, qk_scale, log2_base,
     """The template's forward, one program per (block of ``BLOCK_M`` queries, head): grid ``(cdiv(T, BLOCK_M), BH)``.
 
     ``Q, K: (BH, T, D)``, ``V, O: (BH, T, Dv)`` (strided); ``BIAS_ARG``: per-head ALiBi slopes ``(BH,)`` or the
-    cumulative log gates ``(BH, T)`` fp32; ``LSE``: ``(BH, T)`` fp32, written with ``STORE_LSE``; ``FLAGS``:
+    cumulative log gates ``(BH, T)`` fp32, or for ``ROTATE="..._q"`` the queries' cos/sin table ``(2, T, BD / 2)``
+    fp32 (:func:`.rope._rotate_launch`); ``LSE``: ``(BH, T)`` fp32, written with ``STORE_LSE``; ``FLAGS``:
     ``(BH, cdiv(T, BLOCK_M))`` int8, set to 1 where the block must be redone carefully (:func:`_flash_careful`).
     The module docstring has the hooks, the base-2 logits and the fast and careful passes."""
     bh, start_m, _ = _query_block(BLOCK_M)  # heaviest query blocks first

@@ -88,17 +88,24 @@ def _rotate_rows(X, XO, rows, stride, T, c, s, HALF: tl.constexpr, BLOCK_T: tl.c
 
 
 @triton.jit
-def _rope_fwd(Q, K, QO, KO, T, offset, log2_base, sign, stride_b, stride_t,
+def _rope_fwd(Q, K, QO, KO, TRIG, T, offset, log2_base, sign, stride_b, stride_t,
               HALF: tl.constexpr, BLOCK_T: tl.constexpr,
               BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr, KEYS_ONLY: tl.constexpr):
     """Rotate ``BLOCK_T`` rows of one (batch, head) of ``q`` and ``k``: row ``t`` by ``R^(offset + t)``
     (``sign = -1``: by its inverse, the backward pass).  The same cos/sin turn the queries and the keys.
-    ``KEYS_ONLY``: ``k`` alone, stored in pair order, for the template's queries-only rotation hook."""
+    ``KEYS_ONLY``: ``k`` alone, stored in pair order, for the template's queries-only rotation hook; the first
+    head's programs also store the cos and sin they computed in ``TRIG`` (``(2, T, BLOCK_H)`` fp32), from which
+    that hook turns the queries (the same numbers, not computed again by every query block)."""
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # positions
     head = tl.program_id(1).to(tl.int64) * stride_b
     c, s = _rope_cos_sin(offset + rows, log2_base, HALF, BLOCK_H)  # [BT, BH] fp32
     s = s * sign
-    if not KEYS_ONLY:
+    if KEYS_ONLY:
+        if tl.program_id(1) == 0:
+            p = TRIG + rows[:, None] * BLOCK_H + tl.arange(0, BLOCK_H)[None, :]
+            tl.store(p, c, mask=rows[:, None] < T)
+            tl.store(p + T * BLOCK_H, s, mask=rows[:, None] < T)
+    else:
         _rotate_rows(Q + head, QO + head, rows, stride_t, T, c, s, HALF, BLOCK_T, BLOCK_H, INTERLEAVED, False)
     _rotate_rows(K + head, KO + head, rows, stride_t, T, c, s, HALF, BLOCK_T, BLOCK_H, INTERLEAVED, KEYS_ONLY)
 
@@ -142,8 +149,9 @@ def rotary_attention(q, k, v, *, base: float = 10000.0, scale=None, pairing: str
     if not wants_grad(x.q, x.k, x.v):
         if check_rotation(rotation) == "fused":
             return x.result(_attention_launch(x, scale, rotate=(base, pairing)))
-        _, k_rot = _rotate_launch(x, base, 0, pairing, keys_only=True)
-        return x.result(_attention_launch(x.with_qk(x.q, k_rot), scale, rotate=(base, pairing + "_q")))
+        trig, k_rot = _rotate_launch(x, base, 0, pairing, keys_only=True)
+        return x.result(_attention_launch(x.with_qk(x.q, k_rot), scale, bias_arg=trig,
+                                          rotate=(base, pairing + "_q")))
     check_rotation(rotation)
     return x.result(_attention(x.with_qk(*_rotated(x, base, 0, pairing)), scale))
 
@@ -174,21 +182,23 @@ def _rotate_launch(x: Flat, base: float, offset: int, pairing: str, *, inverse: 
     """Rotate validated ``x.q, x.k`` (``(BH, T, D)``): returns new ``(BH, T, D)`` tensors, compute dtype.
     ``inverse``: rotate by ``-(offset + t) Omega`` instead (the transpose); ``qk``: rotate this
     pair of ``(BH, T, D)`` tensors instead of ``x.q, x.k`` (the backward pass's gradients);
-    ``keys_only``: the keys alone, their channels in pair order (returns ``(None, k_rot)``: the template turns
-    the queries, in the same order)."""
+    ``keys_only``: the keys alone, their channels in pair order, and the cos/sin table the template's queries-only
+    hook turns the queries with, in the same order (returns ``(trig, k_rot)``, ``trig``: ``(2, T, BLOCK_H)`` fp32,
+    ``BLOCK_H`` the pairs rounded up to a power of two)."""
     q3, k3 = (x.q, x.k) if qk is None else (t.to(x.dtype).contiguous() for t in qk)
     qo, ko = (q3 if keys_only else torch.empty_like(q3)), torch.empty_like(k3)
+    half = x.n.D // 2
+    block_h = triton.next_power_of_2(half)
+    trig = torch.empty(2, x.n.T, block_h, dtype=torch.float32, device=k3.device) if keys_only else k3
     if not x.empty_input:
-        half = x.n.D // 2
-        block_h = triton.next_power_of_2(half)
         # Interpreter: few large programs (its cost is per program).  GPU: ~2048 fp32 values per tile.
         block_t = 128 if interpreting() else max(16, min(128, 2048 // block_h))
         grid = (triton.cdiv(x.n.T, block_t), x.BH)
-        _rope_fwd[grid](q3, k3, qo, ko, x.n.T, offset, math.log2(base), -1.0 if inverse else 1.0,
+        _rope_fwd[grid](q3, k3, qo, ko, trig, x.n.T, offset, math.log2(base), -1.0 if inverse else 1.0,
                         q3.stride(0), q3.stride(1),
                         HALF=half, BLOCK_T=block_t, BLOCK_H=block_h, INTERLEAVED=pairing == "interleaved",
                         KEYS_ONLY=keys_only, num_warps=4)
-    return (None if keys_only else qo), ko
+    return (trig if keys_only else qo), ko
 
 
 class _Rotate(torch.autograd.Function):
