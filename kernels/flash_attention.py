@@ -154,6 +154,12 @@ def _flash_block(Q, K, V, O, BIAS_ARG, LSE, bh, pid_m, T, qk_scale, log2_base,
             sq = tl.load(p_trig + T * (BLOCK_D // 2), mask=offs_m[:, None] < T, other=0.0)
         q = _load_rotated(Q + bh * stride_qb, offs_m, stride_qt, T, cq, sq, HEAD_DIM // 2, BLOCK_M, BLOCK_D // 2,
                           ROTATE == "interleaved" or ROTATE == "interleaved_q").to(Q.dtype.element_ty)  # [BM, BD]
+        if (ROTATE == "interleaved_q" or ROTATE == "half_q") and HEAD_DV == HEAD_DIM:  # EXPERIMENT: via the output rows
+            p_o = O + bh * stride_ob + start_m * stride_ot
+            _store_rows(p_o, q, tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_D), stride_ot, T - start_m, HEAD_DIM)
+            tl.debug_barrier()
+            q = _load_rows(p_o, tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_D), stride_ot, T - start_m, HEAD_DIM, True,
+                           BLOCK_D != HEAD_DIM)
     bias_arg = 0.0
     c_ref = 0.0
     if BIAS == "alibi":
