@@ -32,10 +32,11 @@ RoPE is a second hook, ``ROTATE`` (``"none"``, ``"interleaved"``, ``"half"``): q
 by its positions once, as the program loads it, and every key tile as it is loaded
 (:func:`._pieces._load_rotated`; cos/sin computed in the kernel, channels in pair order,
 which leaves every dot product unchanged).  ``"interleaved_q"``, ``"half_q"``: q only, the keys
-having been rotated by a pass through memory (:func:`.rope.rotary_attention`'s default for
-inference: a query tile is turned once per program, a key tile would be once per query block).
-The alternative, used for training, is a rotation pre-pass of both through memory and the kernel
-unchanged.
+having been rotated by a pass through memory, which also leaves the cos/sin it computed in a table
+that the hook reads (:func:`.rope.rotary_attention`'s default for inference: a query tile is turned
+once per program, a key tile would be once per query block; accurate cos/sin evaluated by every
+query block cost the template a sixth of its time at T = 1024).  The alternative, used for training,
+is a rotation pre-pass of both through memory and the kernel unchanged.
 
 Shared pieces (:mod:`._pieces`): the online-softmax update is
 :func:`._pieces._softmax_fold_scaled` (PaTH uses the same one), which takes the logits' scale into
@@ -154,7 +155,11 @@ def _flash_block(Q, K, V, O, BIAS_ARG, LSE, bh, pid_m, T, qk_scale, log2_base,
             sq = tl.load(p_trig + T * (BLOCK_D // 2), mask=offs_m[:, None] < T, other=0.0)
         q = _load_rotated(Q + bh * stride_qb, offs_m, stride_qt, T, cq, sq, HEAD_DIM // 2, BLOCK_M, BLOCK_D // 2,
                           ROTATE == "interleaved" or ROTATE == "interleaved_q").to(Q.dtype.element_ty)  # [BM, BD]
-        if (ROTATE == "interleaved_q" or ROTATE == "half_q") and HEAD_DV == HEAD_DIM:  # EXPERIMENT: via the output rows
+        if (ROTATE == "interleaved_q" or ROTATE == "half_q") and HEAD_DV >= HEAD_DIM:
+            # Through this program's own output rows and back: a tile that comes from a load is staged in shared
+            # memory for the products, one that comes from arithmetic stays in registers through the whole loop
+            # (137 registers instead of 126 for 128 x 64 tiles of 8 warps: one program per multiprocessor instead
+            # of two; kernels/NOTES_flash.md, session 21).  The rows are overwritten by the output at the end.
             p_o = O + bh * stride_ob + start_m * stride_ot
             _store_rows(p_o, q, tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_D), stride_ot, T - start_m, HEAD_DIM)
             tl.debug_barrier()

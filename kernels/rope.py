@@ -19,8 +19,11 @@ The other way, ``rotation="fused"``: both templates have a rotation hook
 :func:`._pieces._load_rotated`), so no rotated copy is written; the FlashAttention
 template turns each key tile once per query block.  Measured on the H100
 (``kernels/NOTES_flash.md``), the hook is the faster way on the linear side, where each chunk is
-turned once (``complex_triton``'s default), and the slower one on the FlashAttention side
-(``rope_triton`` keeps the pre-pass, which is also its path whenever gradients are wanted).
+turned once (``complex_triton``'s default), and the slower one on the FlashAttention side.  There
+``rope_triton`` splits the work: without gradients the pass turns the keys alone and stores the cos/sin it
+computed in a small table (``(2, T, D/2)`` fp32, written by the first head's programs), from which the
+template's queries-only hook (``ROTATE="..._q"``) turns each query tile once per program; with gradients
+the pass turns both and the template runs unchanged.
 
 One program owns ``BLOCK_T`` positions of one (batch, head) row of both ``q``
 and ``k``.  It computes, in fp32 and in registers,

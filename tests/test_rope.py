@@ -250,7 +250,7 @@ def test_prepass_inference_turns_the_queries_in_the_template():
     from pathedu.kernels.flash_attention import attention
     from pathedu.kernels.rope import rotate_qk
 
-    for D, Dv in ((48, 32), (64, 64)):
+    for D, Dv in ((48, 32), (64, 64), (32, 48)):  # Dv >= D: the turned queries pass through the output rows
         q, k, v = (t.float() for t in rand_qkv((2,), 150, D, Dv, seed=9))
         for pairing in PAIRINGS:
             out = rope.rope_triton(q, k, v, base=500.0, pairing=pairing)
@@ -261,6 +261,20 @@ def test_prepass_inference_turns_the_queries_in_the_template():
                 assert rel_err(out, both) <= 1e-6
             assert rel_err(out, rope.rope_matrix(q.double(), k.double(), v.double(), base=500.0,
                                                  pairing=pairing)) <= TOL_TRITON[torch.float32]
+
+
+def test_keys_pass_leaves_the_cos_sin_table_the_queries_hook_reads():
+    """The keys-only pass stores the cos/sin it turned the keys with, ``(2, T, BLOCK_H)`` fp32: the numbers of
+    :func:`pathedu.kernels.rope.trig_table` (the pass's own cos/sin, read off unit pairs), bit for bit."""
+    from pathedu.kernels._launch import prepare_qkv
+    from pathedu.kernels.rope import _rotate_launch, trig_table
+
+    T, D = 70, 48  # 24 pairs: the table is padded to 32
+    q, k, v = (t.float() for t in rand_qkv((2,), T, D, seed=4))
+    trig, _ = _rotate_launch(prepare_qkv(q, k, v, even=True), 500.0, 0, "half", keys_only=True)
+    cos, sin = trig_table(T, D, base=500.0)
+    assert trig.shape == (2, T, 32) and trig.dtype == torch.float32
+    assert torch.equal(trig[0, :, :24], cos) and torch.equal(trig[1, :, :24], sin)
 
 
 def test_triton_accepts_bf16_on_cpu_via_fp32():
