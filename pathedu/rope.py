@@ -447,12 +447,13 @@ def rope_blockwise(q, k, v, *, base: float = 10000.0, scale=None, pairing: str =
 
 def rope_triton(q, k, v, *, base: float = 10000.0, scale=None, pairing: str = "interleaved",
                 rotation: str = "prepass"):
-    """Triton: one fused rotation pre-pass over q and k (:func:`pathedu.kernels.rope.rotate_qk`,
-    fp32 angles and cos/sin computed in-kernel), then the unchanged FlashAttention
-    template (:func:`pathedu.kernels.flash_attention.attention`); ``rotation="fused"``: the
-    template's rotation hook turns q and k as it loads them instead (no pass through memory;
-    inference only: with gradients the pre-pass runs).  On an H100 the hook is 1.8-2.0x slower than the
-    pre-pass (``pathedu/data/bench_rope.json``: each key tile is turned once per query block), hence the
+    """Triton: a rotation pre-pass (fp32 angles and cos/sin computed in-kernel), then the FlashAttention
+    template (:func:`pathedu.kernels.flash_attention.attention`).  With gradients the pass turns q and k
+    (:func:`pathedu.kernels.rope.rotate_qk`) and the template runs unchanged; without, the pass turns the keys
+    alone and stores its cos/sin, from which the template turns each query tile as it loads it (half the pass's
+    traffic, the same logits).  ``rotation="fused"``: the template's rotation hook turns q and k as it loads
+    them instead (no pass through memory; inference only).  On an H100 the fused hook is 1.8-2.2x slower than
+    the pre-pass (``pathedu/data/bench_rope.json``: each key tile is turned once per query block), hence the
     default (``kernels/NOTES_flash.md``).
 
     fp16/bf16/fp32, head dims 16..128 (even), fp32 accumulation.  Shapes and
