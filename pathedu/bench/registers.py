@@ -13,9 +13,13 @@ at once (``kernels/NOTES_path.md``, section 9, reads them).  Head dims, tiles an
 ``--loops`` also prints, for every loop of the machine code (a backward branch of the SASS, from
 ``cuobjdump -sass``), its instruction count and most frequent opcodes per iteration: what one trip round the
 FlashAttention template's main loop issues per thread, say (``kernels/NOTES_flash.md`` reads it: a multiply per
-logit that the softmax update's exponent could absorb).  The FlashAttention and PaTH-scan entries are compiled as
-the JIT compiles them at the benchmarks' sizes: pointers and integer arguments marked divisible by 16, which lets
-the compiler vectorise the tile loads (without it, loads of 2 bytes: numbers that do not describe the run).
+logit that the softmax update's exponent could absorb).  Every entry is compiled as the JIT compiles it at the
+benchmarks' sizes, where every pointer is 16-byte aligned and every integer argument (``T``, strides, block counts)
+a multiple of 16: those arguments are marked divisible by 16, which lets the compiler vectorise the tile loads
+(without the marks, loads of 2 bytes and more registers: numbers that do not describe the run; the preparation
+pass, compiled without them until session 21, reported 608 stack bytes where the run's code has 168,
+``kernels/NOTES_path.md`` section 17).  Run it with the device's Triton (3.6 for the H100 numbers in the notes):
+another version compiles other code.
 
 pathedu switches Triton's interpreter on when there is no GPU, and a kernel defined under the interpreter cannot
 be compiled; so without a GPU the command reruns itself in a fresh process with ``TRITON_INTERPRET=0``.
@@ -78,7 +82,6 @@ KERNELS.update({  # PaTH's scan, R blocks of 64 queries per program (the autotun
                              ("QT:fp16", "GM:fp16", "WC:fp16", "NU:fp16", "KT", "V", "O"), 4)
     for r in (1, 2)})
 _STAGES = {"_flash_fwd": 3, "_path_fwd": 2}  # the autotuner's pipelining depth for these tiles; 1 for the others
-_SPECIALIZE = ("_flash_fwd", "_path_fwd")  # compiled with the JIT's divisibility-by-16 marks (module docstring)
 KERNELS.update({  # the five kernels of the UT factors' backward, at 4 and 8 warps (the autotuner's two choices)
     name + ("" if warps == 4 else f" ({warps} warps)"): ("ut_prepare", name, dict(_D, BT=64, PRECISION="tf32"),
                                                           ("Q", "K"), warps)
@@ -132,10 +135,9 @@ def _compile(name: str, dtype: str):
     if not hasattr(fn, "arg_names") or type(fn).__name__ == "InterpretedFunction":
         raise RuntimeError("the kernels were defined under Triton's interpreter: run with TRITON_INTERPRET=0")
     sig = _signature(fn, constexprs, ptrs, dtype)
-    attrs = {}
-    if kernel in _SPECIALIZE:  # as the JIT marks 16-aligned pointers and integers divisible by 16
-        attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
-                 if sig[a].startswith("*") or sig[a] == "i32"}
+    # as the JIT marks 16-aligned pointers and integers divisible by 16 (module docstring)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
+             if sig[a].startswith("*") or sig[a] == "i32"}
     src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
                     attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
