@@ -91,16 +91,17 @@ def _rotate_rows(X, XO, rows, stride, T, c, s, HALF: tl.constexpr, BLOCK_T: tl.c
 
 
 @triton.jit
-def _rope_fwd(Q, K, QO, KO, TRIG, T, offset, log2_base, sign, stride_b, stride_t,
+def _rope_fwd(Q, K, QO, KO, TRIG, T, BH, offset, log2_base, sign, stride_b, stride_t,
               HALF: tl.constexpr, BLOCK_T: tl.constexpr,
-              BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr, KEYS_ONLY: tl.constexpr):
-    """Rotate ``BLOCK_T`` rows of one (batch, head) of ``q`` and ``k``: row ``t`` by ``R^(offset + t)``
-    (``sign = -1``: by its inverse, the backward pass).  The same cos/sin turn the queries and the keys.
-    ``KEYS_ONLY``: ``k`` alone, stored in pair order, for the template's queries-only rotation hook; the first
-    head's programs also store the cos and sin they computed in ``TRIG`` (``(2, T, BLOCK_H)`` fp32), from which
-    that hook turns the queries (the same numbers, not computed again by every query block)."""
+              BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr, KEYS_ONLY: tl.constexpr, HEADS: tl.constexpr):
+    """Rotate ``BLOCK_T`` rows of ``HEADS`` (batch, head) rows of ``q`` and ``k`` (of ``BH``): row ``t`` by
+    ``R^(offset + t)`` (``sign = -1``: by its inverse, the backward pass).  The same cos/sin turn the queries and the
+    keys of every head: computed once per program (an accurate cos/sin is a library routine, dozens of instructions),
+    they would cost a pass that moves only the keys more than its bytes.  ``KEYS_ONLY``: ``k`` alone, stored in pair
+    order, for the template's queries-only rotation hook; the first heads' programs also store the cos and sin in
+    ``TRIG`` (``(2, T, BLOCK_H)`` fp32), from which that hook turns the queries (the same numbers, not computed again
+    by every query block)."""
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # positions
-    head = tl.program_id(1).to(tl.int64) * stride_b
     c, s = _rope_cos_sin(offset + rows, log2_base, HALF, BLOCK_H)  # [BT, BH] fp32
     s = s * sign
     if KEYS_ONLY:
@@ -108,9 +109,13 @@ def _rope_fwd(Q, K, QO, KO, TRIG, T, offset, log2_base, sign, stride_b, stride_t
             p = TRIG + rows[:, None] * BLOCK_H + tl.arange(0, BLOCK_H)[None, :]
             tl.store(p, c, mask=rows[:, None] < T)
             tl.store(p + T * BLOCK_H, s, mask=rows[:, None] < T)
-    else:
-        _rotate_rows(Q + head, QO + head, rows, stride_t, T, c, s, HALF, BLOCK_T, BLOCK_H, INTERLEAVED, False)
-    _rotate_rows(K + head, KO + head, rows, stride_t, T, c, s, HALF, BLOCK_T, BLOCK_H, INTERLEAVED, KEYS_ONLY)
+    for h in tl.static_range(HEADS):
+        bh = tl.program_id(1) * HEADS + h
+        if bh < BH:
+            head = bh.to(tl.int64) * stride_b
+            if not KEYS_ONLY:
+                _rotate_rows(Q + head, QO + head, rows, stride_t, T, c, s, HALF, BLOCK_T, BLOCK_H, INTERLEAVED, False)
+            _rotate_rows(K + head, KO + head, rows, stride_t, T, c, s, HALF, BLOCK_T, BLOCK_H, INTERLEAVED, KEYS_ONLY)
 
 
 def rotate_qk(q, k, *, base: float = 10000.0, offset: int = 0, pairing: str = "interleaved"):
@@ -196,11 +201,12 @@ def _rotate_launch(x: Flat, base: float, offset: int, pairing: str, *, inverse: 
     if not x.empty_input:
         # Interpreter: few large programs (its cost is per program).  GPU: ~2048 fp32 values per tile.
         block_t = 128 if interpreting() else max(16, min(128, 2048 // block_h))
-        grid = (triton.cdiv(x.n.T, block_t), x.BH)
-        _rope_fwd[grid](q3, k3, qo, ko, trig, x.n.T, offset, math.log2(base), -1.0 if inverse else 1.0,
+        heads = int(__import__("os").environ.get("PATHEDU_ROPE_HEADS", "1"))  # EXPERIMENT
+        grid = (triton.cdiv(x.n.T, block_t), triton.cdiv(x.BH, heads))
+        _rope_fwd[grid](q3, k3, qo, ko, trig, x.n.T, x.BH, offset, math.log2(base), -1.0 if inverse else 1.0,
                         q3.stride(0), q3.stride(1),
                         HALF=half, BLOCK_T=block_t, BLOCK_H=block_h, INTERLEAVED=pairing == "interleaved",
-                        KEYS_ONLY=keys_only, num_warps=4)
+                        KEYS_ONLY=keys_only, HEADS=heads, num_warps=4)
     return (trig if keys_only else qo), ko
 
 
