@@ -69,6 +69,8 @@ from .linear_attention import _linear_launch
 
 __all__ = ["rotate_qk", "rotary_attention", "rotary_linear_attention", "trig_table", "trig_error"]
 
+ROPE_HEADS = 8  # heads per program of the keys-only pass (see _rotate_launch)
+
 
 @triton.jit
 def _rotate_rows(X, XO, rows, stride, T, c, s, HALF: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
@@ -201,7 +203,10 @@ def _rotate_launch(x: Flat, base: float, offset: int, pairing: str, *, inverse: 
     if not x.empty_input:
         # Interpreter: few large programs (its cost is per program).  GPU: ~2048 fp32 values per tile.
         block_t = 128 if interpreting() else max(16, min(128, 2048 // block_h))
-        heads = int(__import__("os").environ.get("PATHEDU_ROPE_HEADS", "1"))  # EXPERIMENT
+        # The keys-only pass moves half the bytes per cos/sin of the two-tensor one: 8 heads per program share one
+        # evaluation (114 -> 94 us at T = 1024, 222 -> 183 at 2048 on the H100, pathedu/data/ab_rope_heads.json).
+        # The two-tensor pass ran at the speed of a copy already (parts_rope.json): one head per program.
+        heads = ROPE_HEADS if keys_only else 1
         grid = (triton.cdiv(x.n.T, block_t), triton.cdiv(x.BH, heads))
         _rope_fwd[grid](q3, k3, qo, ko, trig, x.n.T, x.BH, offset, math.log2(base), -1.0 if inverse else 1.0,
                         q3.stride(0), q3.stride(1),
