@@ -21,7 +21,7 @@ template turns each key tile once per query block.  Measured on the H100
 (``kernels/NOTES_flash.md``), the hook is the faster way on the linear side, where each chunk is
 turned once (``complex_triton``'s default), and the slower one on the FlashAttention side.  There
 ``rope_triton`` splits the work: without gradients the pass turns the keys alone and stores the cos/sin it
-computed in a small table (``(2, T, D/2)`` fp32, written by the first head's programs), from which the
+computed in a small table (``(2, T, D/2)`` fp32, written by the first heads' programs), from which the
 template's queries-only hook (``ROTATE="..._q"``) turns each query tile once per program; with gradients
 the pass turns both and the template runs unchanged.
 
