@@ -1,6 +1,6 @@
 """Registers, spills and shared memory of the kernels, compiled for an H100 (sm_90) on any machine.
 
-    python -m pathedu.bench.registers [--kernels NAME ...] [--dtype bf16] [--loops]
+    python -m pathedu.bench.registers [--kernels NAME ...] [--dtype bf16] [--loops] [--serialized]
 
 Triton compiles for a GPU that it does not have to run on: this compiles each named kernel variant for sm_90
 (``triton.compile`` with a ``GPUTarget``; no GPU, no CUDA driver) and reads its cubin's resource usage with the
@@ -153,6 +153,31 @@ def resource_usage(name: str, dtype: str = "bf16") -> dict:
     return {"kernel": name, "warps": KERNELS[name][4], **{k: int(v) for k, v in usage.items()}}
 
 
+def wgmma_serialized(name: str, dtype: str = "bf16") -> str | None:
+    """Why ``ptxas`` serialises the Hopper tensor-core products (``wgmma``) of kernel variant ``name``, or None.
+
+    The asynchronous products of a warp group run as a pipeline only if ``ptxas`` can prove that nothing else
+    touches their accumulators while they are in flight; when it cannot (an instruction defining an accumulator
+    register inside the pipeline stage, too few registers to keep the stage's operands alive, ...), it waits for
+    each product before issuing the next, and says so in its verbose output (message ``C7515``).  Triton does not
+    show that output; this compiles the kernel's PTX again with Triton's own ``ptxas -v`` for sm_90a and returns the
+    reason it gives (``kernels/NOTES_flash.md``, session 21, found FoX's 3-stage tiles and PaTH's carries so)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    ptx = _compile(name, dtype).asm["ptx"]
+    ptxas = get_ptxas(90).path  # the ptxas this Triton compiles sm_90 with (its name changed between versions)
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "kernel.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        out = subprocess.run([ptxas, "-arch=sm_90a", "-v", src, "-o", os.path.join(tmp, "kernel.cubin")],
+                             capture_output=True, text=True, check=True)
+    for line in (out.stdout + out.stderr).splitlines():
+        if "serialized due to" in line:
+            return line.split("serialized due to", 1)[1].split(" in the function")[0].strip()
+    return None
+
+
 def loop_mix(sass: str) -> list[dict]:
     """The loops of a SASS listing (``cuobjdump -sass``): for each backward branch, the instructions from its target
     to the branch, as ``{"start", "end", "instructions", "opcodes"}`` (opcode -> count, most frequent first, the
@@ -187,13 +212,15 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"],
                    help="the inputs' dtype (16-bit: the variants' products are tf32; fp32 inputs take others)")
     p.add_argument("--loops", action="store_true", help="also each loop's instructions per iteration (SASS)")
+    p.add_argument("--serialized", action="store_true",
+                   help="also whether ptxas serialises the kernel's tensor-core products, and why (ptxas -v)")
     args = p.parse_args(argv)
     import pathedu
 
     if pathedu.triton_mode() == "interpreter":  # see the module docstring
         env = dict(os.environ, TRITON_INTERPRET="0")
         cmd = [sys.executable, "-m", "pathedu.bench.registers", "--dtype", args.dtype, *(["--loops"] if args.loops else []),
-               "--kernels", *args.kernels]
+               *(["--serialized"] if args.serialized else []), "--kernels", *args.kernels]
         return subprocess.run(cmd, env=env).returncode
     print(f"{'kernel (sm_90, ' + args.dtype + ' inputs)':48s} {'warps':>5s} {'registers':>9s} {'stack B':>8s} "
           f"{'programs/SM (by registers)':>27s}")
@@ -201,6 +228,9 @@ def main(argv=None) -> int:
         u = resource_usage(name, args.dtype)
         fit = 65536 // (32 * u["warps"] * max(u["REG"], 1))
         print(f"{name:48s} {u['warps']:5d} {u['REG']:9d} {u['STACK']:8d} {fit:27d}")
+        if args.serialized:
+            why = wgmma_serialized(name, args.dtype)
+            print(f"    tensor-core products serialised by ptxas: {why}" if why else "    tensor-core products pipelined")
         if args.loops:
             for lp in loops(name, args.dtype):
                 top = ", ".join(f"{op} {n}" for op, n in list(lp["opcodes"].items())[:10])
