@@ -26,7 +26,7 @@ template's queries-only hook (``ROTATE="..._q"``) turns each query tile once per
 the pass turns both and the template runs unchanged.
 
 One program owns ``BLOCK_T`` positions of one (batch, head) row of both ``q``
-and ``k``.  It computes, in fp32 and in registers,
+and ``k`` (the keys-only pass: of :data:`ROPE_HEADS` rows of ``k``).  It computes, in fp32 and in registers,
 
 * the frequencies ``Omega_n = base^(-2n/D) = 2^(-(n / (D/2)) log2(base))``,
 * the angles ``theta = (offset + t) * Omega_n`` and their cos/sin (shared by q and k),
