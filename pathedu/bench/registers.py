@@ -86,7 +86,21 @@ KERNELS.update({  # the five kernels of the UT factors' backward, at 4 and 8 war
     name + ("" if warps == 4 else f" ({warps} warps)"): ("ut_prepare", name, dict(_D, BT=64, PRECISION="tf32"),
                                                           ("Q", "K"), warps)
     for name in ("_ut_bwd_aw", "_ut_bwd_scores", "_ut_bwd_qk", "_ut_bwd_w", "_ut_bwd_inverse") for warps in (4, 8)})
-_INTS = ("T", "NB", "h")  # integer scalars besides the strides
+_BWD = dict(HEAD_DIM=64, HEAD_DV=64, BLOCK_D=64, BLOCK_DV=64, PRECISION="tf32")
+KERNELS.update({  # the attention backward passes, with the autotuner's tiles (flash_attention and path_attention's
+    # _BWD_CONFIGS): 16-bit q, k, v, dO, fp16 meeting-point rows X for PaTH, fp32 statistics and accumulators
+    **{f"_flash_bwd ({bias}, {o} x {i}, {w} warps{', atomic dQ' if atomic else ''})": (
+        "flash_attention", "_flash_bwd", dict(_BWD, BIAS=bias, OUTER=o, INNER=i, ATOMIC_DQ=atomic), ("Q", "K", "V", "DO"), w)
+       for bias in ("none", "loggate") for o, i, w in ((64, 64, 4), (128, 64, 8)) for atomic in (False, True)
+       if not (atomic and bias != "none")},
+    **{f"_path_bwd (INNER = {i})": ("path_attention", "_path_bwd", dict(_BWD, BT=64, INNER=i, BIAS="none"),
+                                    ("X:fp16", "V", "DO"), 4) for i in (32, 64)},
+    "_path_bwd_stats": ("path_attention", "_path_bwd_stats", dict(_BWD, BT=64, INNER=32, BIAS="none"),
+                        ("X:fp16", "V", "DO"), 4),
+})
+_STAGES.update({"_flash_bwd": 2, "_path_bwd": 2, "_path_bwd_stats": 2})
+_INTS = ("T", "NB", "h", "LEVELS")  # integer scalars besides the strides
+_FLOATS = ("log2_base", "qk_scale", "scale")  # float scalars
 
 
 def _signature(fn, constexprs: dict, ptrs: tuple, dtype: str) -> dict:
@@ -103,7 +117,7 @@ def _signature(fn, constexprs: dict, ptrs: tuple, dtype: str) -> dict:
             sig[name] = "*" + dtype
         elif name in _INTS or name.startswith("stride"):
             sig[name] = "i32"
-        elif name in ("log2_base", "qk_scale"):
+        elif name in _FLOATS:
             sig[name] = "fp32"
         elif name == "FLAGS":
             sig[name] = "*i8"
