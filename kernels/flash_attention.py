@@ -147,15 +147,16 @@ def _flash_block(Q, K, V, O, BIAS_ARG, LSE, bh, pid_m, T, qk_scale, log2_base,
         q = _load_rows(Q + bh * stride_qb + start_m * stride_qt, tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_D),
                        stride_qt, T - start_m, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
     else:  # RoPE: the queries turned once, as they are loaded (the keys in _attend, tile by tile, or by a pass)
-        if ROTATE == "interleaved" or ROTATE == "half":
-            cq, sq = _rope_cos_sin(offs_m, log2_base, HEAD_DIM // 2, BLOCK_D // 2)  # [BM, BD / 2]
-        else:  # "..._q": the keys' pass left its cos/sin in a table, (2, T, BD / 2) at BIAS_ARG
+        QUERIES_ONLY: tl.constexpr = ROTATE == "interleaved_q" or ROTATE == "half_q"  # the keys came rotated
+        if QUERIES_ONLY:  # the keys' pass left its cos/sin in a table, (2, T, BD / 2) at BIAS_ARG
             p_trig = BIAS_ARG + offs_m[:, None] * (BLOCK_D // 2) + tl.arange(0, BLOCK_D // 2)[None, :]
             cq = tl.load(p_trig, mask=offs_m[:, None] < T, other=0.0)  # [BM, BD / 2]
             sq = tl.load(p_trig + T * (BLOCK_D // 2), mask=offs_m[:, None] < T, other=0.0)
+        else:
+            cq, sq = _rope_cos_sin(offs_m, log2_base, HEAD_DIM // 2, BLOCK_D // 2)  # [BM, BD / 2]
         q = _load_rotated(Q + bh * stride_qb, offs_m, stride_qt, T, cq, sq, HEAD_DIM // 2, BLOCK_M, BLOCK_D // 2,
                           ROTATE == "interleaved" or ROTATE == "interleaved_q").to(Q.dtype.element_ty)  # [BM, BD]
-        if (ROTATE == "interleaved_q" or ROTATE == "half_q") and HEAD_DV >= HEAD_DIM:
+        if QUERIES_ONLY and HEAD_DV >= HEAD_DIM:
             # Through this program's own output rows and back: a tile that comes from a load is staged in shared
             # memory for the products, one that comes from arithmetic stays in registers through the whole loop
             # (137 registers instead of 126 for 128 x 64 tiles of 8 warps: one program per multiprocessor instead

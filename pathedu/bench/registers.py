@@ -86,7 +86,7 @@ KERNELS.update({  # the five kernels of the UT factors' backward, at 4 and 8 war
     name + ("" if warps == 4 else f" ({warps} warps)"): ("ut_prepare", name, dict(_D, BT=64, PRECISION="tf32"),
                                                           ("Q", "K"), warps)
     for name in ("_ut_bwd_aw", "_ut_bwd_scores", "_ut_bwd_qk", "_ut_bwd_w", "_ut_bwd_inverse") for warps in (4, 8)})
-_BWD = dict(HEAD_DIM=64, HEAD_DV=64, BLOCK_D=64, BLOCK_DV=64, PRECISION="tf32")
+_BWD = {k: v for k, v in _FLASH.items() if k not in ("STORE_LSE", "ROTATE")}  # the backward has neither
 KERNELS.update({  # the attention backward passes, with the autotuner's tiles (flash_attention and path_attention's
     # _BWD_CONFIGS): 16-bit q, k, v, dO, fp16 meeting-point rows X for PaTH, fp32 statistics and accumulators
     **{f"_flash_bwd ({bias}, {o} x {i}, {w} warps{', atomic dQ' if atomic else ''})": (
