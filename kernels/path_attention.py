@@ -652,7 +652,7 @@ def _path_bwd_launch(x: Flat, w3, beta3, c, do, scale: float, block: int, _confi
     dqt, dkt, dg = carry_backward(prep.qt, prep.kt, prep.g, block, dX, x.dtype)
     del dX
     dq, dk, dw, dbeta = ut_prepare_backward(x.q, x.k, w3, beta3, prep, dqt, dkt, dad, dg)
-    return dq.to(x.dtype), dk.to(x.dtype), dv, dw, dbeta, None if c is None else rows - cols
+    return dq, dk, dv, dw, dbeta, None if c is None else rows - cols
 
 
 class _PathAttention(torch.autograd.Function):

@@ -45,12 +45,29 @@ from .ut_prepare import prep_precision
 
 
 @triton.jit
-def _carry_fwd(QT, KT, GM, X, NB, h, stride_tb, stride_pb,
-               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, CARRY: tl.constexpr):
+def _level_zero_rows(QT, KT, X0, b, rows, offs_d, HEAD_DIM: tl.constexpr, BT: tl.constexpr, CHECK_D: tl.constexpr):
+    """Block ``b``'s rows of level 0 into ``X0``: ``q~`` for an odd block, ``k~`` for an even one (the caller has
+    just read one of the two, so the second read of it is served by the cache)."""
+    if b % 2 == 1:
+        x = _load_rows(QT + b * BT * HEAD_DIM, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
+        x = x.to(X0.dtype.element_ty)
+    else:
+        x = _load_rows(KT + b * BT * HEAD_DIM, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
+        x = x.to(X0.dtype.element_ty)
+    _store_rows(X0 + b * BT * HEAD_DIM, x, rows, offs_d, HEAD_DIM, BT, HEAD_DIM)
+
+
+@triton.jit
+def _carry_fwd(QT, KT, GM, X, X0, NB, h, stride_tb, stride_pb,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, CARRY: tl.constexpr,
+               FIRST: tl.constexpr):
     """One half of one node at one level (grid ``(nodes, 2, BH)``; halves of ``h`` blocks): its rows of ``X``.
     ``QT, KT``: ``(BH, NB * BT, D)``; ``X``: the same shape, any float dtype; ``GM``: ``(BH, NB, D, D)``,
     ``G_b = Phi_b - I`` (the preparation pass's ``G``: a carry moves as ``C + G C``); all three fp32, or fp16
-    with ``CARRY = "fp16"``."""
+    with ``CARRY = "fp16"``.  ``FIRST`` (level 1, ``h = 2``): the half's rows of level 0 too, into ``X0`` (shaped
+    like ``X``): there every half is one block and its carry the identity, so ``X0`` is ``q~`` on odd blocks and
+    ``k~`` on even ones, which the program reads anyway but for one tile (a launch and a pass through memory
+    fewer than a copy)."""
     node = tl.program_id(0)
     bh = tl.program_id(2).to(tl.int64)
     mid = node * 2 * h + h  # the boundary, in blocks
@@ -60,6 +77,7 @@ def _carry_fwd(QT, KT, GM, X, NB, h, stride_tb, stride_pb,
     QT += bh * stride_tb
     KT += bh * stride_tb
     X += bh * stride_tb
+    X0 += bh * stride_tb
     GM += bh * stride_pb
     carry = (offs_d[:, None] == offs_d[None, :]).to(tl.float32)  # [BD, BD]
     if tl.program_id(1) == 1:  # right half: queries carried left, C <- Phi_b C
@@ -67,6 +85,8 @@ def _carry_fwd(QT, KT, GM, X, NB, h, stride_tb, stride_pb,
             b = mid + t
             q = _load_rows(QT + b * BT * HEAD_DIM, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
             _store_rows(X + b * BT * HEAD_DIM, _dot(q, carry, CARRY), rows, offs_d, HEAD_DIM, BT, HEAD_DIM)
+            if FIRST:
+                _level_zero_rows(QT, KT, X0, b, rows, offs_d, HEAD_DIM, BT, CHECK_D)
             g = _load_rows(GM + b * HEAD_DIM * HEAD_DIM, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D,
                              CHECK_D)
             carry += _dot(g, carry, CARRY)
@@ -75,20 +95,51 @@ def _carry_fwd(QT, KT, GM, X, NB, h, stride_tb, stride_pb,
             b = mid - 1 - t
             k = _load_rows(KT + b * BT * HEAD_DIM, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
             _store_rows(X + b * BT * HEAD_DIM, _dot(k, carry, CARRY), rows, offs_d, HEAD_DIM, BT, HEAD_DIM)
+            if FIRST:
+                _level_zero_rows(QT, KT, X0, b, rows, offs_d, HEAD_DIM, BT, CHECK_D)
             g = _load_rows(GM + b * HEAD_DIM * HEAD_DIM, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D,
                              CHECK_D)
             carry += _dot(tl.trans(g), carry, CARRY)
 
 
 @triton.jit
-def _carry_bwd(QT, KT, GM, DX, DQT, DKT, DGM, SCRATCH, NB, h, stride_tb, stride_pb,
+def _level_zero_grad(DX0, b, PARITY: tl.constexpr, rows, offs_d, HEAD_DIM: tl.constexpr, BT: tl.constexpr,
+                     CHECK_D: tl.constexpr):
+    """Level 0's gradient of block ``b``'s ``q~`` (``PARITY = 1``) or ``k~`` (``0``): ``dX0``'s rows where the
+    block's parity is ``PARITY``, else 0 (a load masked off entirely reads nothing).  ``[BT, BLOCK_D]`` fp32."""
+    n = tl.where(b % 2 == PARITY, BT, 0)
+    return _load_rows(DX0 + b * BT * HEAD_DIM, rows, offs_d, HEAD_DIM, n, HEAD_DIM, True, CHECK_D).to(tl.float32)
+
+
+@triton.jit
+def _add_dphi(ptr, a, b, nonzero, offs_d, HEAD_DIM: tl.constexpr, CHECK_D: tl.constexpr, PRECISION: tl.constexpr,
+              FIRST: tl.constexpr):
+    """``dPhi += a b`` at ``ptr`` (a ``D x D`` tile) where ``nonzero`` (a half's end block has none to add); with
+    ``FIRST`` the tile is written instead, zeros where ``not nonzero``."""
+    if FIRST:
+        if nonzero:
+            _store_rows(ptr, _dot(a, b, PRECISION), offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM)
+        else:
+            _store_rows(ptr, tl.zeros_like(a), offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM)
+    elif nonzero:
+        dg = _load_rows(ptr, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
+        _store_rows(ptr, dg + _dot(a, b, PRECISION), offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM)
+
+
+@triton.jit
+def _carry_bwd(QT, KT, GM, DX, DX0, DQT, DKT, DGM, SCRATCH, NB, h, stride_tb, stride_pb,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, CARRY: tl.constexpr,
-               PRECISION: tl.constexpr):
+               PRECISION: tl.constexpr, FIRST: tl.constexpr):
     """The reverse of :func:`_carry_fwd` for one half: adds this level's ``dq~`` (right halves), ``dk~`` (left
     halves) and ``dPhi`` (both) to ``DQT``, ``DKT``, ``DGM`` (fp32, shaped like ``QT``, ``KT``, ``GM``).
     ``DX``: the level's ``dX`` (fp32); ``SCRATCH``: ``(BH, NB, D, D)`` in ``GM``'s dtype, for the half's carries.
     The carries are rebuilt in ``CARRY`` precision, as :func:`_carry_fwd` built them; every product with a
-    gradient runs in ``PRECISION`` (never fp16: gradients can be smaller than fp16's normal range)."""
+    gradient runs in ``PRECISION`` (never fp16: gradients can be smaller than fp16's normal range).
+
+    ``FIRST`` (level 1, ``h = 2``, the first launch): the outputs are written, not added to, and level 0 is
+    folded in from ``DX0`` (its ``dX``; there ``dq~`` is ``dX``'s rows on odd blocks, ``dk~`` on even ones, and
+    ``dPhi`` is 0).  The right half's program then writes the node's every ``dq~`` row, the left half's every
+    ``dk~`` row, each its own blocks' ``dPhi``: the outputs need no zero fill and level 0 no launch."""
     node = tl.program_id(0)
     bh = tl.program_id(2).to(tl.int64)
     mid = node * 2 * h + h
@@ -100,6 +151,7 @@ def _carry_bwd(QT, KT, GM, DX, DQT, DKT, DGM, SCRATCH, NB, h, stride_tb, stride_
     QT += bh * stride_tb
     KT += bh * stride_tb
     DX += bh * stride_tb
+    DX0 += bh * stride_tb
     DQT += bh * stride_tb
     DKT += bh * stride_tb
     GM += bh * stride_pb
@@ -121,13 +173,17 @@ def _carry_bwd(QT, KT, GM, DX, DQT, DKT, DGM, SCRATCH, NB, h, stride_tb, stride_
             dx = _load_rows(DX + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D).to(tl.float32)
             q = _load_rows(QT + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
             g = _load_rows(GM + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
-            dq = _load_rows(DQT + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
+            if FIRST:
+                dq = _level_zero_grad(DX0, b, 1, rows, offs_d, HEAD_DIM, BT, CHECK_D)
+            else:
+                dq = _load_rows(DQT + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
             _store_rows(DQT + b * RD, dq + _dot(dx, tl.trans(c), PRECISION), rows, offs_d, HEAD_DIM, BT, HEAD_DIM)
-            if tt > 0:  # the last block's S is 0: no dPhi to add
-                dg = _load_rows(DGM + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
-                _store_rows(DGM + b * DD, dg + _dot(s, tl.trans(c), PRECISION), offs_d, offs_d, HEAD_DIM, HEAD_DIM,
-                            HEAD_DIM)
+            _add_dphi(DGM + b * DD, s, tl.trans(c), tt > 0, offs_d, HEAD_DIM, CHECK_D, PRECISION, FIRST)
             s += _dot(tl.trans(q), dx, PRECISION) + _dot(tl.trans(g), s, PRECISION)
+        if FIRST:  # the left half's dq~ rows: level 0's alone
+            for b in range(mid - h, tl.minimum(mid, NB)):
+                _store_rows(DQT + b * RD, _level_zero_grad(DX0, b, 1, rows, offs_d, HEAD_DIM, BT, CHECK_D), rows,
+                            offs_d, HEAD_DIM, BT, HEAD_DIM)
     else:  # left half
         t0 = tl.maximum(mid - NB, 0)
         for t in range(t0, h):  # rebuild E_b, right to left
@@ -143,13 +199,17 @@ def _carry_bwd(QT, KT, GM, DX, DQT, DKT, DGM, SCRATCH, NB, h, stride_tb, stride_
             dx = _load_rows(DX + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D).to(tl.float32)
             k = _load_rows(KT + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
             g = _load_rows(GM + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
-            dk = _load_rows(DKT + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
+            if FIRST:
+                dk = _level_zero_grad(DX0, b, 0, rows, offs_d, HEAD_DIM, BT, CHECK_D)
+            else:
+                dk = _load_rows(DKT + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
             _store_rows(DKT + b * RD, dk + _dot(dx, tl.trans(e), PRECISION), rows, offs_d, HEAD_DIM, BT, HEAD_DIM)
-            if t > 0:  # the first block's U is 0: no dPhi to add
-                dg = _load_rows(DGM + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
-                _store_rows(DGM + b * DD, dg + _dot(e, tl.trans(u), PRECISION), offs_d, offs_d, HEAD_DIM, HEAD_DIM,
-                            HEAD_DIM)
+            _add_dphi(DGM + b * DD, e, tl.trans(u), t > 0, offs_d, HEAD_DIM, CHECK_D, PRECISION, FIRST)
             u += _dot(g, u, PRECISION) + _dot(tl.trans(k), dx, PRECISION)
+        if FIRST:  # the right half's dk~ rows: level 0's alone
+            for b in range(mid, tl.minimum(mid + h, NB)):
+                _store_rows(DKT + b * RD, _level_zero_grad(DX0, b, 0, rows, offs_d, HEAD_DIM, BT, CHECK_D), rows,
+                            offs_d, HEAD_DIM, BT, HEAD_DIM)
 
 
 _CARRY_CONFIGS = [triton.Config({}, num_warps=w, num_stages=1) for w in (4, 8)]  # one stage: see carry_forward
@@ -186,7 +246,7 @@ def levels(nb: int) -> int:
 
 def carry_forward(qt, kt, g, block: int, dtype) -> torch.Tensor:
     """The meeting-point rows ``X: (L, BH, T_pad, D)`` in ``dtype`` (:func:`_carry_fwd`, one launch per level
-    from level 1; level 0 is a copy).
+    from level 1, whose launch writes level 0 too).
 
     ``qt, kt: (BH, T_pad, D)`` (``q~``, ``k~`` in blocks of ``block`` rows), ``g: (BH, T_pad / block, D, D)``
     (each block's ``G = Phi - I``), as :class:`.ut_prepare.Prepared` makes them: all fp32, or all fp16 (then
@@ -195,39 +255,42 @@ def carry_forward(qt, kt, g, block: int, dtype) -> torch.Tensor:
     BH, T_pad, D = qt.shape
     nb = T_pad // block
     X = torch.empty((levels(nb), BH, T_pad, D), dtype=dtype, device=qt.device)
-    if nb > 1:  # level 0: every half is one block, whose carry is the identity: X is q~ (odd blocks), k~ (even)
+    if X.shape[0] == 1:  # two blocks: level 0 alone, every half one block whose carry is the identity
         blocks = X[0].view(BH, nb, block, D)
         blocks[:, 1::2] = qt.view(BH, nb, block, D)[:, 1::2]
         blocks[:, 0::2] = kt.view(BH, nb, block, D)[:, 0::2]
     kernel, fixed = _kernel(_carry_fwd_tuned, _carry_fwd)
     for lvl in range(1, X.shape[0]):
         h = 1 << lvl
-        kernel[(-(-nb // (2 * h)), 2, BH)](qt, kt, g, X[lvl], nb, h, qt.stride(0), g.stride(0), HEAD_DIM=D,
-                                           BLOCK_D=next_pow2(D), BT=block, CARRY=_carry_precision(g, D), **fixed)
+        kernel[(-(-nb // (2 * h)), 2, BH)](qt, kt, g, X[lvl], X[0], nb, h, qt.stride(0), g.stride(0), HEAD_DIM=D,
+                                           BLOCK_D=next_pow2(D), BT=block, CARRY=_carry_precision(g, D),
+                                           FIRST=lvl == 1, **fixed)
     return X
 
 
 def carry_backward(qt, kt, g, block: int, dX, dtype):
     """``dq~, dk~, dG`` (fp32, shaped like ``qt, kt, g``) from ``dX`` (:func:`carry_forward`'s output's gradient):
-    :func:`_carry_bwd` once per level from level 1 (level 0 is a copy), each adding to what the levels before
-    left.  ``dtype``: the inputs' (it sets the gradient products' precision, in the version that keeps every NaN:
-    :func:`._launch.keeping_nans`)."""
+    :func:`_carry_bwd` once per level from level 1 (whose launch writes the outputs, level 0 folded in), each later
+    one adding to what the levels before left.  ``dtype``: the inputs' (it sets the gradient products'
+    precision, in the version that keeps every NaN: :func:`._launch.keeping_nans`)."""
     BH, T_pad, D = qt.shape
     nb = T_pad // block
-    dqt, dkt = (torch.zeros(qt.shape, dtype=torch.float32, device=qt.device) for _ in range(2))
-    dg = torch.zeros(g.shape, dtype=torch.float32, device=g.device)
-    scratch = torch.empty_like(g)
-    if nb > 1:  # level 0 (see carry_forward): dq~ and dk~ are dX's rows, and no dPhi (S and U are 0)
+    L = dX.shape[0]
+    make = torch.empty if L > 1 else torch.zeros  # from level 1 on, the first launch writes every row
+    dqt, dkt = (make(qt.shape, dtype=torch.float32, device=qt.device) for _ in range(2))
+    dg = make(g.shape, dtype=torch.float32, device=g.device)
+    if L == 1:  # two blocks (see carry_forward): dq~ and dk~ are dX's rows, and no dPhi (S and U are 0)
         blocks = dX[0].view(BH, nb, block, D)
         dqt.view(BH, nb, block, D)[:, 1::2] = blocks[:, 1::2]
         dkt.view(BH, nb, block, D)[:, 0::2] = blocks[:, 0::2]
+    scratch = torch.empty_like(g)
     kernel, fixed = _kernel(_carry_bwd_tuned, _carry_bwd)
-    for lvl in range(1, dX.shape[0]):
+    for lvl in range(1, L):
         h = 1 << lvl
-        kernel[(-(-nb // (2 * h)), 2, BH)](qt, kt, g, dX[lvl], dqt, dkt, dg, scratch, nb, h, qt.stride(0),
+        kernel[(-(-nb // (2 * h)), 2, BH)](qt, kt, g, dX[lvl], dX[0], dqt, dkt, dg, scratch, nb, h, qt.stride(0),
                                            g.stride(0), HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=block,
                                            CARRY=_carry_precision(g, D), PRECISION=keeping_nans(_precision(dtype, D)),
-                                           **fixed)
+                                           FIRST=lvl == 1, **fixed)
     return dqt, dkt, dg
 
 

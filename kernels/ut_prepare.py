@@ -453,8 +453,8 @@ def _ut_bwd_qk(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, DQ, DK,
                stride_qb, stride_qt, stride_kb, stride_kt, stride_wb, stride_wt, stride_pb, stride_pt,
                stride_ab, stride_at, stride_gb, stride_gj, stride_ob, stride_ot,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr):
-    """Third of five: ``dq, dk`` (``(BH, T, D)`` fp32; the direct terms and the masks' products) and the masks'
-    terms of ``dw`` (written to ``DW``, which the last two complete)."""
+    """Third of five: ``dq, dk`` (``(BH, T, D)`` in ``Q``'s and ``K``'s dtypes; the direct terms and the masks'
+    products, summed in fp32) and the masks' terms of ``dw`` (written to ``DW``, which the last two complete)."""
     blk = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     start = blk * BT
@@ -551,14 +551,17 @@ _UT_BWD_TUNED = tuple(triton.autotune(_UT_BWD_CONFIGS, **_UT_BWD_TUNING, restore
 
 
 def ut_prepare_backward(q3, k3, w3, beta3, prep: "Prepared", dqt, dkt, dad, dg):
-    """``dq, dk, dw, dbeta`` (fp32; ``(BH, T, D)`` and ``(BH, T)``) of PaTH's preparation pass, from the
+    """``dq, dk`` (``(BH, T, D)`` in ``q3``'s and ``k3``'s dtypes, each rounded once from its fp32 sum) and ``dw,
+    dbeta`` (fp32; ``(BH, T, D)`` and ``(BH, T)``) of PaTH's preparation pass, from the
     gradients of its outputs (fp32, in :class:`Prepared`'s layouts) and ``prep`` (made with
     ``keep_inverse=True`` and ``norm_q=False``).  Five launches, one block per program (:func:`_ut_bwd_aw`,
     :func:`_ut_bwd_scores`, :func:`_ut_bwd_qk`, :func:`_ut_bwd_w`, :func:`_ut_bwd_inverse`; 4 or 8 warps,
     autotuned on a GPU)."""
     T, D = prep._args[4:]
     BH = q3.shape[0]
-    dq, dk, dw = (torch.empty(BH, T, D, dtype=torch.float32, device=q3.device) for _ in range(3))
+    # written once, by _ut_bwd_qk, which rounds its fp32 sums to the inputs' dtype: no fp32 copy to convert
+    dq, dk = (torch.empty(BH, T, D, dtype=x.dtype, device=q3.device) for x in (q3, k3))
+    dw = torch.empty(BH, T, D, dtype=torch.float32, device=q3.device)
     dbeta = torch.empty(BH, T, dtype=torch.float32, device=q3.device)
     da, dqw, dwk = (torch.empty_like(prep.ad) for _ in range(3))
     daw = torch.empty_like(dqt)

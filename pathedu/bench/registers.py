@@ -65,9 +65,14 @@ KERNELS = {
                                           STORE_INV=pass_ == "backward", PRECISION="tf32"),
         ("Q", "K", "QT", "KT", "GM"), warps)
        for pass_ in ("forward", "backward") for warps in (4, 8)},
-    "_carry_fwd": ("path_carry", "_carry_fwd", dict(_D, BT=64, CARRY="fp16"), ("QT", "KT", "GM", "X"), 4),
-    "_carry_bwd": ("path_carry", "_carry_bwd", dict(_D, BT=64, CARRY="fp16", PRECISION="tf32"),
-                   ("QT", "KT", "GM", "SCRATCH"), 4),
+    # the carries at levels from 2, and at level 1 (FIRST), whose launch writes level 0's rows too
+    **{f"_carry_fwd{' (level 1)' if first else ''}": (
+        "path_carry", "_carry_fwd", dict(_D, BT=64, CARRY="fp16", FIRST=first), ("QT", "KT", "GM", "X", "X0"), 4)
+       for first in (False, True)},
+    **{f"_carry_bwd{' (level 1)' if first else ''}": (
+        "path_carry", "_carry_bwd", dict(_D, BT=64, CARRY="fp16", PRECISION="tf32", FIRST=first),
+        ("QT", "KT", "GM", "SCRATCH"), 4)
+       for first in (False, True)},
 }
 _FLASH = dict(HEAD_DIM=64, HEAD_DV=64, BLOCK_D=64, BLOCK_DV=64, PRECISION="tf32", STORE_LSE=False, ROTATE="none")
 KERNELS.update({  # the FlashAttention template's fast pass, with the tiles the autotuner picked at T = 1024 / 8192
