@@ -29,8 +29,9 @@ element is stored by the thread that holds it in the product's layout and loaded
 ``tl.debug_barrier()`` between the two sweeps orders them.  (It was first added for a wrong bf16 ``dk`` at
 T = 77 on an H100; that failure came from one autotuning config of ``_path_bwd``, not from here: see
 ``path_attention._BWD_CONFIGS``.  The barrier stays because the ordering it enforces is required.)  Every block
-belongs to one half per level, so one launch per level writes each gradient row once (it adds to what earlier levels left).  Products are :func:`._pieces._dot` at the
-preparation pass's precision (:func:`.ut_prepare.prep_precision`).  :func:`carry_forward` and
+belongs to one half per level, so one launch per level writes each gradient row once (level 1's launch, which folds
+level 0 in, writes every row; each later one adds to what the levels before left).  Products are
+:func:`._pieces._dot` at the preparation pass's precision (:func:`.ut_prepare.prep_precision`).  :func:`carry_forward` and
 :func:`carry_backward` launch them; :func:`pathedu.path._meeting_points` is the same map in PyTorch.
 """
 from __future__ import annotations
@@ -48,12 +49,11 @@ from .ut_prepare import prep_precision
 def _level_zero_rows(QT, KT, X0, b, rows, offs_d, HEAD_DIM: tl.constexpr, BT: tl.constexpr, CHECK_D: tl.constexpr):
     """Block ``b``'s rows of level 0 into ``X0``: ``q~`` for an odd block, ``k~`` for an even one (the caller has
     just read one of the two, so the second read of it is served by the cache)."""
+    dtype = X0.dtype.element_ty  # each branch converts, so that both leave x in one dtype
     if b % 2 == 1:
-        x = _load_rows(QT + b * BT * HEAD_DIM, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
-        x = x.to(X0.dtype.element_ty)
+        x = _load_rows(QT + b * BT * HEAD_DIM, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D).to(dtype)
     else:
-        x = _load_rows(KT + b * BT * HEAD_DIM, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
-        x = x.to(X0.dtype.element_ty)
+        x = _load_rows(KT + b * BT * HEAD_DIM, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D).to(dtype)
     _store_rows(X0 + b * BT * HEAD_DIM, x, rows, offs_d, HEAD_DIM, BT, HEAD_DIM)
 
 
