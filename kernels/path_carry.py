@@ -31,8 +31,8 @@ T = 77 on an H100; that failure came from one autotuning config of ``_path_bwd``
 ``path_attention._BWD_CONFIGS``.  The barrier stays because the ordering it enforces is required.)  Every block
 belongs to one half per level, so one launch per level writes each gradient row once (level 1's launch, which folds
 level 0 in, writes every row; each later one adds to what the levels before left).  Products are
-:func:`._pieces._dot` at the preparation pass's precision (:func:`.ut_prepare.prep_precision`).  :func:`carry_forward` and
-:func:`carry_backward` launch them; :func:`pathedu.path._meeting_points` is the same map in PyTorch.
+:func:`._pieces._dot` at the preparation pass's precision (:func:`.ut_prepare.prep_precision`).
+:func:`carry_forward` and :func:`carry_backward` launch them; :func:`pathedu.path._meeting_points` is the same map in PyTorch.
 """
 from __future__ import annotations
 

@@ -355,8 +355,8 @@ def test_bad_log_f_names_it(form):
 def test_gate_prefix_sums_round_once_and_count_bad_gates(T):
     """The kernels' prologue (:func:`pathedu.kernels.gates.cumulative_log_gates`): the prefix sums of the log gates
     summed in float64 and rounded once to fp32 (within half an ulp of the float64 sums); the gradient is the reversed
-    cumulative sum, made the same way; a gate that breaks ``-inf < log_f <= 0`` (positive, -inf, NaN) anywhere, in any row, raises the
-    chapter's error naming the argument, read from the launch's own count."""
+    cumulative sum, made the same way; a gate that breaks ``-inf < log_f <= 0`` (positive, -inf, NaN) anywhere, in
+    any row, raises the chapter's error naming the argument, read from the launch's own count."""
     from pathedu.checks import checked_after
     from pathedu.kernels.gates import MAX_BLOCK_T, cumulative_log_gates
 
