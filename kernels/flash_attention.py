@@ -254,9 +254,9 @@ def _bwd_logits(s, bias_arg, m, n, T, MASK: tl.constexpr, BIAS: tl.constexpr):
     """A backward tile's logits (log2 units): the scores ``s`` plus the whole bias ``b = g(i) - g(j)`` (no
     per-block reference here: each tile is on its own), and ``-inf`` where the tile hides an entry (``MASK``:
     the tile straddles the diagonal or the end of the sequence; selected away, never multiplied by 0).
-    Orientation and broadcasting as :func:`_bwd_probs`.  PaTH's statistics pass
-    (:func:`.path_attention._path_bwd_stats`) normalises these same logits: the two must agree bit for bit,
-    so both call this."""
+    Orientation and broadcasting as :func:`_bwd_probs`.  PaTH's training forward
+    (:func:`.path_attention._path_dyadic_fwd`) saves the log-sum-exp of these same logits: the two must agree bit
+    for bit, so both call this."""
     if BIAS == "alibi":
         s += bias_arg * (n - m).to(tl.float32)  # -slope (i - j) log2(e)
     elif BIAS == "loggate":

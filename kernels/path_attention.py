@@ -54,9 +54,11 @@ boundary between the halves of the smallest dyadic node holding both (:func:`pat
 queries are carried left to it and keys right to it (:mod:`.path_carry`), and :func:`_path_bwd` runs the
 FlashAttention template's backward steps on those rectangles; the carries' reverse and the preparation
 pass's backward (:func:`.ut_prepare.ut_prepare_backward`) bring the gradients back to ``q, k, w, beta``.
-Only the inputs are kept from the forward: the backward normalises its own recomputed logits
-(:func:`_path_bwd_stats`), since they are rounded differently from the scan's.  kernels/NOTES_path.md,
-sections 7 and 8.
+A forward that will be differentiated therefore runs on the same schedule (:func:`_path_dyadic_fwd`: the
+preparation pass, the carries, then FlashAttention's forward on those rectangles) and saves the log-sum-exp of
+exactly the logits the backward differentiates, as FlashAttention-2 does; the scan's logits are rounded
+differently, and its statistics did not fit the backward's (kernels/NOTES_path.md, sections 7, 8 and 19).  By
+default it also keeps its factors and meeting points for the backward (``save_factors``).
 
 **Non-finite inputs.**  The diagonal region folds through
 :func:`._pieces._masked_dot`, and every mask of the preparation pass is a select:
@@ -74,7 +76,7 @@ import triton.language as tl
 
 from ..checks import check_scale, checked_after
 from ._launch import Flat, dot_precision, interpreting, next_pow2, per_token, prepare_qkv, wants_grad
-from .flash_attention import _bwd_logits, _bwd_probs, _dkdv_steps, _dq_steps
+from .flash_attention import _bwd_logits, _bwd_probs, _dkdv_steps, _dq_steps, bwd_delta
 from .gates import cumulative_log_gates
 from .path_carry import carry_backward, carry_forward
 from ._pieces import (LOG2E, _first_nonfinite, _gate_keys, _gate_ref, _gate_rows, _load_rows, _no_nonfinite, _poison,
@@ -236,15 +238,15 @@ def _ut_program(BT: tl.constexpr):
 
 
 @triton.jit
-def _path_bwd_program(X, V, DO, C, T, stride_xb, stride_vb, BT: tl.constexpr, BIAS: tl.constexpr):
-    """The head shared by :func:`_path_bwd_stats` and :func:`_path_bwd`: the program's head and UT block
-    (:func:`_ut_program`), ``X``, ``V``, ``DO`` moved to that head, and the gate argument of
+def _path_bwd_program(X, V, C, T, stride_xb, stride_vb, BT: tl.constexpr, BIAS: tl.constexpr):
+    """The head shared by :func:`_path_dyadic_fwd` and :func:`_path_bwd`: the program's head and UT block
+    (:func:`_ut_program`), ``X`` and ``V`` moved to that head, and the gate argument of
     :func:`.flash_attention._bwd_logits` (the head's cumulative log gate, or 0 without one)."""
     bh, start, offs_b = _ut_program(BT)
     bias_arg = 0.0
     if BIAS == "loggate":
         bias_arg = C + bh * T
-    return bh, start, offs_b, X + bh * stride_xb, V + bh * stride_vb, DO + bh * stride_vb, bias_arg
+    return bh, start, offs_b, X + bh * stride_xb, V + bh * stride_vb, bias_arg
 
 
 @triton.jit
@@ -259,7 +261,7 @@ def _diagonal_scores(AD, bh, start, stride_ab, T, BT: tl.constexpr):
 def _query_levels(start, lvl, BT: tl.constexpr):
     """The keys that the query block at ``start`` meets at level ``lvl``: ``(lo, hi, right)``.  Keys
     ``[lo, hi)`` are the left half of the block's dyadic node when the block is in its right half (``right``),
-    else the range is empty.  :func:`_path_bwd_stats` and :func:`_path_bwd`'s query role walk these same tiles:
+    else the range is empty.  :func:`_path_dyadic_fwd` and :func:`_path_bwd`'s query role walk these same tiles:
     the statistics are only right for the logits they are used with."""
     h = BT * (1 << lvl)  # tokens in a half at this level
     right = (start // h) % 2 == 1
@@ -278,34 +280,39 @@ def _key_levels(start, lvl, T, BT: tl.constexpr):
 
 
 @triton.jit
-def _path_bwd_stats(X, AD, V, DO, C, LSE, DELTA, T, LEVELS, qk_scale, stride_xl, stride_xb, stride_ab, stride_vb,
-                    stride_vt, HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr,
-                    BLOCK_DV: tl.constexpr, BT: tl.constexpr, INNER: tl.constexpr, BIAS: tl.constexpr,
-                    PRECISION: tl.constexpr):
-    """The backward's own softmax statistics, one UT block of queries per program (grid ``(blocks, BH)``).
+def _path_dyadic_fwd(X, AD, V, O, C, LSE, T, LEVELS, qk_scale, stride_xl, stride_xb, stride_ab, stride_vb,
+                     stride_vt, stride_ob, stride_ot, HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr,
+                     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BT: tl.constexpr, INNER: tl.constexpr,
+                     BIAS: tl.constexpr, PRECISION: tl.constexpr):
+    """The training forward: the output and its log-sum-exp from the logits exactly as :func:`_path_bwd` computes
+    them, one UT block of queries per program (grid ``(blocks, BH)``).
 
-    :func:`_path_bwd` recomputes every logit from the meeting-point rows ``X`` and the in-block scores ``AD``:
-    a different order of products from the forward's scan, each rounded its own way.  Normalising them with the
-    forward's log-sum-exp is exact only in exact arithmetic: where logits are large (a trained model's sharp
-    attention), a logit off by ``delta`` turns ``p`` into ``p 2^delta`` and the rows stop summing to one
-    (measured: gradients 20-300% off float64 in a trained model, ``kernels/NOTES_path.md``).  So this pass
-    walks the same tiles as ``_path_bwd``'s query role, computes each logit the same way, and writes each
-    row's log-sum-exp (log2 units, ``LSE``) and ``delta = dO . O`` with ``O`` the output of those same logits
-    (``DELTA``): the backward then differentiates one consistent softmax."""
-    bh, start, offs_b, X, V, DO, bias_arg = _path_bwd_program(X, V, DO, C, T, stride_xb, stride_vb, BT, BIAS)
+    The scan (:func:`_path_fwd`) and the dyadic schedule multiply the transitions in different orders and round
+    differently.  A backward that normalised its own logits with the scan's log-sum-exp was exact only in exact
+    arithmetic: where logits are large (a trained model's sharp attention), a logit off by ``delta`` turns ``p``
+    into ``p 2^delta``, the rows stop summing to one, and the gradients were 20-300% off float64 in a trained model
+    (``kernels/NOTES_path.md``, section 8).  So a forward that will be differentiated walks the tiles of
+    ``_path_bwd``'s query role instead, from the meeting-point rows ``X`` and the in-block scores ``AD``, and
+    computes each logit as ``_path_bwd`` does (:func:`.flash_attention._bwd_logits`): the log-sum-exp it saves
+    (``LSE``, log2 units, fp32 ``(BH, T)``) is the one of the logits that the backward differentiates, as in
+    FlashAttention-2.  ``O``: ``(BH, T, Dv)``.  Non-finite values: the diagonal tile folds through
+    :func:`._pieces._masked_dot` and the rows that see a NaN or inf value get it back at the end
+    (:func:`._pieces._poison`), as in the scan."""
+    bh, start, offs_b, X, V, bias_arg = _path_bwd_program(X, V, C, T, stride_xb, stride_vb, BT, BIAS)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
+    rel = tl.arange(0, BT)  # positions relative to the block, for the non-finite bookkeeping
     CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
     CHECK_DV: tl.constexpr = BLOCK_DV != HEAD_DV
     m_i = tl.full([BT], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BT], dtype=tl.float32)
     acc = tl.zeros([BT, BLOCK_DV], dtype=tl.float32)
-    # Each logit as _path_bwd's _bwd_probs computes it (_bwd_logits); first the diagonal tile, from the in-block
-    # scores.
+    # The diagonal tile, from the in-block scores; its rows of later queries hide the later keys (selected away).
     s_d = _diagonal_scores(AD, bh, start, stride_ab, T, BT) * qk_scale
     s_d = _bwd_logits(s_d, bias_arg, offs_b[:, None], offs_b[None, :], T, True, BIAS)  # [BT, BT]
     v_b = _load_rows(V, offs_b, offs_dv, stride_vt, T, HEAD_DV, True, CHECK_DV)  # [BT, BDV]
     acc, m_i, l_i = _softmax_fold(acc, m_i, l_i, s_d, v_b, True, True, PRECISION)
+    bad = _first_nonfinite(v_b, rel, _no_nonfinite(BLOCK_DV))
     # Every earlier block, at the level where it meets this one: whole key tiles, no mask.
     XL = X
     for lvl in range(0, LEVELS):
@@ -320,9 +327,9 @@ def _path_bwd_stats(X, AD, V, DO, C, LSE, DELTA, T, LEVELS, qk_scale, stride_xl,
             s_n = _bwd_logits(s_n, bias_arg, offs_b[:, None], offs_n[None, :], T, False, BIAS)
             acc, m_i, l_i = _softmax_fold(acc, m_i, l_i, s_n, v, False, False, PRECISION)
         XL += stride_xl
-    do = _load_rows(DO, offs_b, offs_dv, stride_vt, T, HEAD_DV, True, CHECK_DV).to(tl.float32)
+    acc = _poison(acc, rel, bad)
+    _store_rows(O + bh * stride_ob, acc / l_i[:, None], offs_b, offs_dv, stride_ot, T, HEAD_DV)
     tl.store(LSE + bh * T + offs_b, m_i + tl.log2(l_i), mask=offs_b < T)
-    tl.store(DELTA + bh * T + offs_b, tl.sum(do * (acc / l_i[:, None]), 1), mask=offs_b < T)
 
 
 @triton.jit
@@ -348,11 +355,12 @@ def _path_bwd(X, AD, V, DO, LSE, DELTA, C, DX, DAD, DV, DBR, DBC, T, LEVELS, qk_
     written by exactly one program.  ``X``, ``DX``: ``(L, BH, T_pad, D)``; ``V``, ``DO``, ``DV``:
     ``(BH, T, Dv)``; ``C``: the cumulative log gate (``BIAS == "loggate"``, PaTH-FoX).
     """
-    bh, start, offs_b, X, V, DO, bias_arg = _path_bwd_program(X, V, DO, C, T, stride_xb, stride_vb, BT, BIAS)
+    bh, start, offs_b, X, V, bias_arg = _path_bwd_program(X, V, C, T, stride_xb, stride_vb, BT, BIAS)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
     CHECK_DV: tl.constexpr = BLOCK_DV != HEAD_DV
+    DO += bh * stride_vb
     DX += bh * stride_xb
     LSE += bh * T
     DELTA += bh * T
@@ -423,11 +431,18 @@ def _inner_within_block(configs, nargs, **kwargs):
     return [c for c in configs if c.kwargs["INNER"] <= bt and (c.kwargs["INNER"] > 16 or bt == 16)]
 
 
-_path_bwd_tuned = triton.autotune(_BWD_CONFIGS, key=["T", "HEAD_DIM", "HEAD_DV", "BT", "BIAS", "PRECISION"],
+_BWD_KEY = ["T", "HEAD_DIM", "HEAD_DV", "BT", "BIAS", "PRECISION"]
+_path_bwd_tuned = triton.autotune(_BWD_CONFIGS, key=_BWD_KEY,
                                   prune_configs_by={"early_config_prune": _inner_within_block})(_path_bwd)
+# The training forward's key tiles: 32 rows (128 registers offline, four programs per multiprocessor) or 64
+# (166, three), two or three stages; the backward's schedule either way.
+_DYADIC_CONFIGS = [triton.Config({"INNER": i}, num_warps=4, num_stages=s) for i in (16, 32, 64) for s in (2, 3)]
+_path_dyadic_fwd_tuned = triton.autotune(_DYADIC_CONFIGS, key=_BWD_KEY,
+                                         prune_configs_by={"early_config_prune": _inner_within_block})(
+    _path_dyadic_fwd)
 
 
-def path_attention(q, k, v, w, beta, *, scale=None, block=None, log_f=None, _config=None):
+def path_attention(q, k, v, w, beta, *, scale=None, block=None, log_f=None, save_factors=True, _config=None):
     """Causal PaTH attention (preparation pass, then the right-to-left scan), with a backward pass.
 
     Shapes: ``q, k, w: (..., T, D)``, ``v: (..., T, Dv)``, ``beta: (..., T)`` ->
@@ -440,15 +455,21 @@ def path_attention(q, k, v, w, beta, *, scale=None, block=None, log_f=None, _con
     ``w`` is used as given (models pass unit vectors).  ``log_f`` ``(..., T)`` (finite,
     <= 0), if given, adds the FoX bias ``sum_{s=j+1..i} log_f[s]`` to every logit, not
     multiplied by ``scale`` (PaTH-FoX, chapter 6).  Every argument is validated
-    here (values read once the kernels are queued: :class:`pathedu.checks.checked_after`).  When autograd wants gradients (of
-    ``q, k, v, w, beta`` or ``log_f``), the output has a ``grad_fn`` (:class:`_PathAttention`).
+    here (values read once the kernels are queued: :class:`pathedu.checks.checked_after`).
 
-    ``_config`` (for tests and tuning): ``dict(R=..., num_warps=..., num_stages=...)``
-    fixes the main pass's tiles (query blocks of ``R * block`` rows, R in 1..MAX_R)
-    instead of autotuning; ``update="dense"|"ut"`` picks the form of ``q^ <- P_J q^``
-    (default: dense while ``D <= 2 block``); ``update_dtype`` the dtype of its operands;
-    ``prep_precision`` the preparation pass's product precision (see :func:`._pieces._dot`);
-    ``backward=dict(INNER=..., num_warps=...)`` fixes the backward kernel's tiles.
+    When autograd wants gradients (of ``q, k, v, w, beta`` or ``log_f``), the output has a ``grad_fn``
+    (:class:`_PathAttention`), and the forward runs on the backward's dyadic schedule instead of the scan
+    (:func:`_path_dyadic_fwd`), so that the log-sum-exp it saves is that of the logits the backward differentiates:
+    the same attention, rounded another way (both within the kernels' error of float64).  ``save_factors``
+    (bool, only then): keep the preparation pass's factors and the meeting points from the forward for the backward
+    (fastest; about ``(5 + L) * 128`` bytes per token and head for ``D = 64``, 16-bit inputs and ``L = log2(T / block)``
+    levels) rather than only the output and its log-sum-exp, recomputing the rest (FlashAttention-2's memory).
+
+    ``_config`` (for tests and tuning; the scan's keys only without gradients): ``dict(R=..., num_warps=...,
+    num_stages=...)`` fixes the scan's tiles (query blocks of ``R * block`` rows, R in 1..MAX_R) instead of
+    autotuning; ``update="dense"|"ut"`` picks the form of ``q^ <- P_J q^`` (default: dense while ``D <= 2 block``);
+    ``update_dtype`` the dtype of its operands; ``prep_precision`` the preparation pass's product precision (see
+    :func:`._pieces._dot`); ``backward=dict(INNER=..., num_warps=...)`` fixes the backward kernel's tiles.
     """
     cfg = dict(_config or {})
     x = prepare_qkv(q, k, v, backward=True)
@@ -457,6 +478,8 @@ def path_attention(q, k, v, w, beta, *, scale=None, block=None, log_f=None, _con
     w3 = per_token(w, "w", x, extra=(n.D,), backward=True)
     beta3 = per_token(beta, "beta", x, backward=True)
     block = check_block(block, n.D)
+    if not isinstance(save_factors, bool):
+        raise TypeError(f"`save_factors` must be True or False, got {save_factors!r}")
     update = cfg.pop("update", "dense" if n.D <= 2 * block else "ut")
     if update not in ("dense", "ut"):
         raise ValueError(f"`_config['update']` must be 'dense' or 'ut', got {update!r}")
@@ -467,9 +490,13 @@ def path_attention(q, k, v, w, beta, *, scale=None, block=None, log_f=None, _con
     # prefix sums' launch (taken once, in fp32, outside the kernels), w and beta by the preparation pass's first.
     with checked_after() as check:
         c = None if log_f3 is None else cumulative_log_gates(log_f3, "log_f", check)
+        bwd_cfg = cfg.pop("backward", None)
         if wants_grad(x.q, x.k, x.v, w3, beta3, c):
-            return x.result(_PathAttention.apply(x.q, x.k, x.v, w3, beta3, c, x, scale, block, update, cfg, check))
-        cfg.pop("backward", None)
+            if cfg:  # the scan's tiles and precisions: a forward to be differentiated does not run the scan
+                raise ValueError(f"`_config` keys {sorted(cfg)} tune the scan, which runs only without gradients "
+                                 "(a forward to be differentiated runs on the backward's schedule); pass `backward`")
+            return x.result(_PathAttention.apply(x.q, x.k, x.v, w3, beta3, c, x, scale, block, save_factors,
+                                                 bwd_cfg, check))
         return x.result(_path_launch(x, w3, beta3, scale, block, update, cfg, c, check=check))
 
 
@@ -526,41 +553,51 @@ def _path_launch(x: Flat, w3, beta3, scale: float, block: int, update: str, cfg:
     return out
 
 
-def _bwd_prepare(x: Flat, w3, beta3, block: int) -> Prepared:
-    """The backward's preparation pass: the forward's, with unscaled ``q~, k~`` and ``G`` in fp32 for fp32 inputs
-    and in fp16 for 16-bit ones (the carries' products round their operands to 10 mantissa bits either way:
-    :func:`.path_carry._carry_precision`), and the blocks' inverses kept (:func:`.ut_prepare.ut_prepare_backward`
-    reads them)."""
+def _bwd_prepare(x: Flat, w3, beta3, block: int, check=None) -> Prepared:
+    """The preparation pass of a forward to be differentiated: the scan's, with unscaled ``q~, k~`` and ``G`` in
+    fp32 for fp32 inputs and in fp16 for 16-bit ones (the carries' products round their operands to 10 mantissa
+    bits either way: :func:`.path_carry._carry_precision`), and the blocks' inverses kept
+    (:func:`.ut_prepare.ut_prepare_backward` reads them).  ``check``: as :func:`_prepare`'s."""
     dtype = _ten_bit(x.dtype)
     return Prepared(x.q, x.k, w3, beta3, x.n.T, block, q_dtype=dtype, k_dtype=dtype, update_dtype=dtype,
-                    keep_inverse=True, precision=prep_precision(x.dtype))
+                    keep_inverse=True, precision=prep_precision(x.dtype), check=check)
 
 
-def _bwd_stats(x: Flat, c, do, scale: float, block: int, prep: Prepared, X):
-    """:func:`_path_bwd_stats`: the backward's own log-sum-exp and ``delta`` (fp32 ``(BH, T)`` each), in key tiles of
-    at most 32 rows."""
-    inner = min(32, block)
+def _dyadic_meta(x: Flat, c, block: int) -> dict:
+    """The compile-time arguments that :func:`_path_dyadic_fwd` and :func:`_path_bwd` share."""
     n = x.n
-    lse = torch.empty(x.BH, n.T, dtype=torch.float32, device=x.device)
-    delta = torch.empty_like(lse)
-    levels = X.shape[0]
-    meta = dict(HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=next_pow2(n.D), BLOCK_DV=next_pow2(n.Dv), BT=block, INNER=inner,
+    return dict(HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=next_pow2(n.D), BLOCK_DV=next_pow2(n.Dv), BT=block,
                 BIAS="none" if c is None else "loggate", PRECISION=dot_precision(x.dtype))
-    if not interpreting():
-        meta.update(num_warps=4, num_stages=2)
-    _path_bwd_stats[(triton.cdiv(n.T, block), x.BH)](
-        X, prep.ad, x.v, do, lse if c is None else c, lse, delta, n.T, levels, scale * LOG2E,
-        X.stride(0) if levels else 0, X.stride(1) if levels else 0, prep.ad.stride(0), x.v.stride(0),
-        x.v.stride(1), **meta)
-    return lse, delta
 
 
-def _bwd_kernel(x: Flat, c, do, scale: float, block: int, prep: Prepared, X, _config=None):
-    """The backward's own softmax statistics (:func:`_bwd_stats`) and one launch of :func:`_path_bwd`:
-    ``dX`` (fp32, shaped like ``X``), ``dÃ`` (fp32, like ``prep.ad``), ``dv`` and the row and column
-    sums of ``dz`` (None without a gate)."""
+def _dyadic_forward(x: Flat, c, scale: float, block: int, prep: Prepared, X):
+    """:func:`_path_dyadic_fwd`: the output ``(BH, T, Dv)`` and its log-sum-exp (fp32 ``(BH, T)``, log2 units) from
+    the preparation pass of :func:`_bwd_prepare` and the meeting points ``X`` of
+    :func:`.path_carry.carry_forward`.  Key tiles autotuned on a GPU (fp32 inputs: 32 rows, exact products whose
+    compile time would dominate autotuning); in the interpreter, whole blocks."""
     n = x.n
-    lse, delta = _bwd_stats(x, c, do, scale, block, prep, X)
+    out = x.new_output(n.Dv)
+    lse = torch.empty(x.BH, n.T, dtype=torch.float32, device=x.device)
+    levels = X.shape[0]
+    meta = _dyadic_meta(x, c, block)
+    args = (X, prep.ad, x.v, out, lse if c is None else c, lse, n.T, levels, scale * LOG2E,
+            X.stride(0) if levels else 0, X.stride(1) if levels else 0, prep.ad.stride(0), x.v.stride(0),
+            x.v.stride(1), out.stride(0), out.stride(1))
+    grid = (triton.cdiv(n.T, block), x.BH)
+    if interpreting():
+        _path_dyadic_fwd[grid](*args, INNER=block, **meta)
+    elif meta["PRECISION"] == "ieee":
+        _path_dyadic_fwd[grid](*args, INNER=min(32, block), num_warps=4, num_stages=2, **meta)
+    else:
+        _path_dyadic_fwd_tuned[grid](*args, **meta)
+    return out, lse
+
+
+def _bwd_kernel(x: Flat, c, do, lse, delta, scale: float, block: int, prep: Prepared, X, _config=None):
+    """One launch of :func:`_path_bwd`, with the forward's log-sum-exp ``lse`` (:func:`_dyadic_forward`) and
+    ``delta = dO . O`` (fp32 ``(BH, T)`` each): ``dX`` (fp32, shaped like ``X``), ``dÃ`` (fp32, like ``prep.ad``),
+    ``dv`` and the row and column sums of ``dz`` (None without a gate)."""
+    n = x.n
     levels = X.shape[0]
     # dX (L * BH * T * D values, the backward's largest tensor) in fp32.  bf16 would halve its bytes (the
     # reversed carries read it once) and keeps fp32's exponent range, but measured on the H100 it made PaTH's bf16
@@ -577,14 +614,12 @@ def _bwd_kernel(x: Flat, c, do, scale: float, block: int, prep: Prepared, X, _co
     if c is not None:
         rows = torch.empty(x.BH, n.T, dtype=torch.float32, device=x.device)
         cols = torch.empty_like(rows)
-    precision = dot_precision(x.dtype)
     dummy = delta
     args = (X, prep.ad, x.v, do, lse, delta, dummy if c is None else c, dX, dad, dv,
             dummy if rows is None else rows, dummy if cols is None else cols, n.T, levels, scale * LOG2E, scale,
             X.stride(0) if levels else 0, X.stride(1) if levels else 0, prep.ad.stride(0), x.v.stride(0),
             x.v.stride(1))
-    meta = dict(HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=next_pow2(n.D), BLOCK_DV=next_pow2(n.Dv), BT=block,
-                BIAS="none" if c is None else "loggate", PRECISION=precision)
+    meta = _dyadic_meta(x, c, block)
     grid = (triton.cdiv(n.T, block), x.BH, 2)
     if _config is not None:
         if _config.get("INNER", block) > block:
@@ -593,7 +628,7 @@ def _bwd_kernel(x: Flat, c, do, scale: float, block: int, prep: Prepared, X, _co
         _path_bwd[grid](*args, **{"num_stages": 2, **_config}, **meta)
     elif interpreting():
         _path_bwd[grid](*args, INNER=block, **meta)
-    elif precision == "ieee":
+    elif meta["PRECISION"] == "ieee":
         _path_bwd[grid](*args, INNER=min(32, block), num_warps=4, num_stages=2, **meta)
     else:
         _path_bwd_tuned[grid](*args, **meta)
@@ -628,26 +663,38 @@ def meeting_point_dtype(dtype):
         _BWD_X_DTYPE = saved
 
 
-def _path_bwd_launch(x: Flat, w3, beta3, c, do, scale: float, block: int, _config=None):
-    """PaTH's backward pass on the forward's validated inputs; ``do``: ``(BH, T, Dv)``.
+def _path_train_forward(x: Flat, w3, beta3, c, scale: float, block: int, check=None):
+    """A forward to be differentiated, on validated inputs: the preparation pass of :func:`_bwd_prepare`, the
+    carries to the meeting points (:func:`.path_carry.carry_forward`) and :func:`_path_dyadic_fwd`.  Returns
+    ``out, lse, prep, X`` (``out``: ``(BH, T, Dv)``)."""
+    prep = _bwd_prepare(x, w3, beta3, block, check)
+    X = carry_forward(prep.qt, prep.kt, prep.g, block, _stored_x_dtype(x.dtype))
+    out, lse = _dyadic_forward(x, c, scale, block, prep, X)
+    return out, lse, prep, X
 
-    Five launches (or groups of launches), nothing stored from the forward but its inputs:
 
-    1. the preparation pass again (:func:`_bwd_prepare`): ``q~, k~, G`` (fp16 for 16-bit inputs), ``Ã`` and each
-       block's inverse;
-    2. the carries to the meeting points (:func:`.path_carry.carry_forward`, one launch per level);
-    3. the softmax statistics of the logits as the backward computes them (:func:`_path_bwd_stats`: each row's
-       log-sum-exp and ``delta``), then FlashAttention's backward on every pair of blocks (:func:`_path_bwd`):
-       ``dX``, ``dÃ``, ``dV`` and the gate's row and column sums;
-    4. the reversed carries (:func:`.path_carry.carry_backward`): ``dq~, dk~, dG``;
-    5. the preparation pass's backward (:func:`.ut_prepare.ut_prepare_backward`): ``dq, dk, dw, dbeta``.
+def _path_bwd_launch(x: Flat, w3, beta3, c, out, lse, do, scale: float, block: int, x_dtype, prep=None, X=None,
+                     _config=None):
+    """PaTH's backward pass; ``do``: ``(BH, T, Dv)``; ``out``, ``lse``: what :func:`_path_train_forward` returned,
+    and its ``prep`` and ``X`` if the forward kept them (else they are made again, bit for bit the same: the
+    launches are deterministic; ``x_dtype``: the dtype the forward's meeting points had).
+
+    1. (when not kept) the preparation pass (:func:`_bwd_prepare`): ``q~, k~, G`` (fp16 for 16-bit inputs), ``Ã``
+       and each block's inverse; the carries to the meeting points (:func:`.path_carry.carry_forward`);
+    2. ``delta = dO . O`` (:func:`.flash_attention.bwd_delta`), then FlashAttention's backward on every pair of
+       blocks (:func:`_path_bwd`), with the forward's log-sum-exp: ``dX``, ``dÃ``, ``dV`` and the gate's row and
+       column sums;
+    3. the reversed carries (:func:`.path_carry.carry_backward`): ``dq~, dk~, dG``;
+    4. the preparation pass's backward (:func:`.ut_prepare.ut_prepare_backward`): ``dq, dk, dw, dbeta``.
 
     Returns ``dq, dk, dv`` (compute dtype), ``dw, dbeta`` (fp32) and ``dc`` (None without a gate).
     """
     do = do.to(x.dtype).contiguous()
-    prep = _bwd_prepare(x, w3, beta3, block)
-    X = carry_forward(prep.qt, prep.kt, prep.g, block, _stored_x_dtype(x.dtype))
-    dX, dad, dv, rows, cols = _bwd_kernel(x, c, do, scale, block, prep, X, _config)
+    if prep is None:
+        prep = _bwd_prepare(x, w3, beta3, block)
+        X = carry_forward(prep.qt, prep.kt, prep.g, block, x_dtype)
+    delta = bwd_delta(out, do)
+    dX, dad, dv, rows, cols = _bwd_kernel(x, c, do, lse, delta, scale, block, prep, X, _config)
     del X
     dqt, dkt, dg = carry_backward(prep.qt, prep.kt, prep.g, block, dX, x.dtype)
     del dX
@@ -656,31 +703,43 @@ def _path_bwd_launch(x: Flat, w3, beta3, c, do, scale: float, block: int, _confi
 
 
 class _PathAttention(torch.autograd.Function):
-    """:func:`_path_launch` with a backward pass (:func:`_path_bwd_launch`).
+    """PaTH attention with a backward pass: :func:`_path_train_forward`, then :func:`_path_bwd_launch`.
 
     Inputs: the flattened ``q, k, v`` of a :class:`._launch.Flat` (``flat``), fp32 ``w3, beta3`` and the
-    cumulative log gate ``c`` (or None), then ``scale, block, update``, the tuning dict and the value check that
-    receives the counts of bad ``w`` and ``beta`` (:func:`_path_launch`).  Saves the
-    inputs and recomputes everything else, the softmax statistics included (:func:`_path_bwd_stats`).
-    ``dc = rows - cols``: ``c_i`` enters row ``i``'s logits, ``-c_j`` column ``j``'s.
+    cumulative log gate ``c`` (or None), then ``scale, block, save_factors``, the backward's tiles (or None) and
+    the value check that receives the counts of bad ``w`` and ``beta``.  Saves the inputs, the output and its
+    log-sum-exp, and with ``save_factors`` the preparation pass's factors and the meeting points
+    (:meth:`.ut_prepare.Prepared.factors`), all through ``save_for_backward`` (so that saved-tensor hooks see
+    every byte).  ``dc = rows - cols``: ``c_i`` enters row ``i``'s logits, ``-c_j`` column ``j``'s.
     """
 
     @staticmethod
-    def forward(ctx, q3, k3, v3, w3, beta3, c, flat, scale, block, update, cfg, check):
-        cfg = dict(cfg)
-        ctx.bwd_config = cfg.pop("backward", None)
+    def forward(ctx, q3, k3, v3, w3, beta3, c, flat, scale, block, save_factors, bwd_cfg, check):
         x = Flat(flat.n, q3, k3, v3, flat.dtype, flat.like)
-        out = _path_launch(x, w3, beta3, scale, block, update, cfg, c, check=check)
-        ctx.save_for_backward(q3, k3, v3, w3, beta3, c)
-        ctx.flat, ctx.scale, ctx.block = flat, scale, block
+        ctx.flat, ctx.scale, ctx.block, ctx.bwd_config = flat, scale, block, bwd_cfg
+        ctx.saved_factors = False
+        if x.empty_input:
+            ctx.save_for_backward(q3, k3, v3, w3, beta3, c)
+            return x.new_output(flat.n.Dv)
+        out, lse, prep, X = _path_train_forward(x, w3, beta3, c, scale, block, check)
+        ctx.saved_factors, ctx.x_dtype = save_factors, X.dtype
+        factors = prep.factors() + (X,) if save_factors else ()
+        ctx.save_for_backward(q3, k3, v3, w3, beta3, c, out, lse, *factors)
         return out
 
     @staticmethod
     def backward(ctx, do):
-        q3, k3, v3, w3, beta3, c = ctx.saved_tensors
+        q3, k3, v3, w3, beta3, c, *rest = ctx.saved_tensors
         x = Flat(ctx.flat.n, q3, k3, v3, ctx.flat.dtype, ctx.flat.like)
         if x.empty_input:
             return (torch.zeros_like(q3), torch.zeros_like(k3), torch.zeros_like(v3), torch.zeros_like(w3),
                     torch.zeros_like(beta3), None if c is None else torch.zeros_like(c)) + (None,) * 6
-        grads = _path_bwd_launch(x, w3, beta3, c, do, ctx.scale, ctx.block, ctx.bwd_config)
+        out, lse, *factors = rest
+        prep = X = None
+        if ctx.saved_factors:
+            *kept, X = factors
+            prep = Prepared.from_factors(q3, k3, w3, beta3, x.n.T, ctx.block, *kept,
+                                         precision=prep_precision(x.dtype))
+        grads = _path_bwd_launch(x, w3, beta3, c, out, lse, do, ctx.scale, ctx.block, ctx.x_dtype, prep, X,
+                                 ctx.bwd_config)
         return grads + (None,) * 6

@@ -675,6 +675,26 @@ class Prepared:
         self.invert_diagonal_blocks(check)
         self.prepare()
 
+    # What PaTH's backward reads of the pass (a forward to be differentiated keeps them: ``save_factors``).
+    _FACTORS = ("qt", "kt", "ad", "g", "inv")
+
+    def factors(self) -> tuple:
+        """``(qt, kt, ad, g, inv)``: the factors that PaTH's backward reads (:meth:`from_factors` takes them back)."""
+        return tuple(getattr(self, name) for name in self._FACTORS)
+
+    @classmethod
+    def from_factors(cls, q3, k3, w3, beta3, T, block, qt, kt, ad, g, inv, *, precision) -> "Prepared":
+        """A pass already made, from its :meth:`factors` and the arguments it was made from (no launch): what
+        :func:`ut_prepare_backward` needs.  ``precision``: the pass's product precision."""
+        prep = cls.__new__(cls)
+        prep.block, prep.T_pad = block, qt.shape[1]
+        prep.qt, prep.kt, prep.ad, prep.g, prep.inv = qt, kt, ad, g, inv
+        prep.qn, prep.wc, prep.nu = ad, g, g  # not made (norm_q, store_ut off), as in __init__
+        prep._args = (q3, k3, w3, beta3, T, q3.shape[-1])
+        prep._flags = dict(NORM_Q=False, STORE_UT=False, STORE_INV=True, PRECISION=precision)
+        prep._num_warps = 4
+        return prep
+
     def invert_diagonal_blocks(self, check=None) -> None:
         """The first launch: the ``SUB x SUB`` diagonal blocks of ``(I + N)^{-1}``, into ``ad``
         (a method of its own so that :mod:`pathedu.bench.parts` can time it apart); with ``check``, it also

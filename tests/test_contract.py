@@ -342,3 +342,28 @@ def test_non_finite_input_never_reaches_earlier_outputs(form, case):
     assert torch.isfinite(before).all(), f"{which}[{CAUSAL_AT}] = {value} reached an earlier output"
     tol = 1e-6 if form.kind == "triton" else 1e-12
     assert ((before - want).abs().max() / want.abs().max().clamp_min(1.0)).item() <= tol
+
+
+@pytest.mark.parametrize("form, case", params([(cid, (which, value)) for cid, which, value in POISON], TRITON_BACKWARD))
+def test_a_forward_to_be_differentiated_keeps_non_finite_causality(form, case):
+    """The same promise for a call whose inputs require grad (PaTH's forward then runs another kernel: the
+    backward's schedule), and the converse: from position t on, the poisoned value's channel is non-finite in every
+    output row (a NaN key reaches some entry of every later row)."""
+    which, value = case
+    (q, k, v, ex), _ = _clean_run(form)
+    leaves = _leaves(q, k, v, ex)
+    clean = call(form, *leaves).detach()
+    q, k, v, ex = _leaves(q, k, v, ex)
+    poisoned = {"k": k.detach().clone(), "v": v.detach().clone()}
+    poisoned[which][..., CAUSAL_AT, :] = value
+    k, v = (poisoned[n].requires_grad_() for n in "kv")
+    out = call(form, q, k, v, ex)
+    assert out.grad_fn is not None
+    out = out.detach()
+    assert torch.isfinite(clean).all() and torch.isfinite(out[..., :CAUSAL_AT, :]).all()
+    assert ((out[..., :CAUSAL_AT, :] - clean[..., :CAUSAL_AT, :]).abs().max() / clean.abs().max()).item() <= 1e-6
+    later = out[..., CAUSAL_AT:, :]
+    if which == "v":
+        assert not torch.isfinite(later).all(-1).any(), f"{which}[{CAUSAL_AT}] = {value} missed a later output"
+    else:
+        assert (~torch.isfinite(later)).any(-1).all(), f"{which}[{CAUSAL_AT}] = {value} missed a later output"

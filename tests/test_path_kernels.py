@@ -363,6 +363,10 @@ def test_path_rejects_bad_config():
         path_attention(q, k, v, w, b, _config=dict(R=3))
     with pytest.raises(ValueError, match="update"):
         path_attention(q, k, v, w, b, _config=dict(update="qr"))
+    with pytest.raises(TypeError, match="`save_factors`"):
+        path_attention(q, k, v, w, b, save_factors=1)
+    with pytest.raises(ValueError, match=r"`_config` keys \['R'\]"):  # the scan's tiles: no scan with gradients
+        path_attention(q.requires_grad_(), k, v, w, b, _config=dict(R=1))
 
 
 # ---------------------------------------------------------------------------
@@ -428,14 +432,15 @@ def test_triton_carries_and_their_reverse_match_autograd(nb, D, BT, dtype, tol):
 
 
 def test_backward_tiles_fit_the_schedule():
-    """The backward kernel's inner tiles never exceed a UT block (a level's half can be one block), and the UT
+    """The backward kernel's (and its schedule's forward's) inner tiles never exceed a UT block (a level's half can be one block), and the UT
     backward never gets 8 warps below D = 64 (a miscompilation on the H100): the autotuners' pruning."""
-    from pathedu.kernels.path_attention import _BWD_CONFIGS, _inner_within_block
+    from pathedu.kernels.path_attention import _BWD_CONFIGS, _DYADIC_CONFIGS, _inner_within_block
     from pathedu.kernels.ut_prepare import _UT_BWD_CONFIGS, _warps_that_compile
 
     for bt in (16, 32, 64, 128):
-        kept = _inner_within_block(_BWD_CONFIGS, {}, BT=bt)
-        assert kept and all(c.kwargs["INNER"] <= bt for c in kept), bt
+        for configs in (_BWD_CONFIGS, _DYADIC_CONFIGS):  # the backward's and the forward's on its schedule
+            kept = _inner_within_block(configs, {}, BT=bt)
+            assert kept and all(c.kwargs["INNER"] <= bt for c in kept), bt
     assert [c.num_warps for c in _warps_that_compile(_UT_BWD_CONFIGS, {}, HEAD_DIM=16)] == [4]
     assert sorted(c.num_warps for c in _warps_that_compile(_UT_BWD_CONFIGS, {}, HEAD_DIM=64)) == [4, 8]
 
@@ -466,26 +471,61 @@ def test_backward_keeps_gradients_below_fp16s_range():
         assert 0 < e1 < 5e-3 and e_tiny < 1.5 * e1 + 1e-6, (name, e1, e_tiny)
 
 
-def test_backward_normalises_its_own_logits():
-    """The backward recomputes PaTH's logits in another order than the forward's scan; normalised by the
-    forward's log-sum-exp, a small difference between the two became a large error in the gradients once
-    logits were large (a trained model: 20-180% in one layer on the GPU, kernels/NOTES_path.md).  Here the
-    forward's carried query is updated in fp16 (rounded, as it is for 16-bit inputs on a GPU) and the
-    logits are sharp: the gradients must still match float64 (they were 2e-3 to 4e-3 off before)."""
-    from pathedu.kernels.path_attention import path_attention
-
+def test_backward_differentiates_the_forwards_own_logits():
+    """A forward to be differentiated runs on the backward's schedule and saves the log-sum-exp of those logits.
+    The backward once normalised its recomputed logits with the scan's statistics instead: exact in exact
+    arithmetic, but with a trained model's sharp logits the rows no longer summed to one (gradients 20-180% off in
+    one layer on the GPU; 2e-3 to 4e-3 here, with the scan's updates in fp16, kernels/NOTES_path.md, section 8).
+    Sharp logits: the output and every gradient match float64, and keeping the factors (``save_factors``, the
+    default) or making them again in the backward gives the same bits."""
     torch.manual_seed(0)
     T, D = 200, 32
     q, k = torch.randn(1, 2, T, D) * 12, torch.randn(1, 2, T, D) * 3
     v, do = torch.randn(1, 2, T, D), torch.randn(1, 2, T, D)
     w = torch.nn.functional.normalize(torch.randn(1, 2, T, D), dim=-1)
     beta = 2 * torch.rand(1, 2, T)
-    leaves = [a.clone().requires_grad_() for a in (q, k, v, w, beta)]
-    got = torch.autograd.grad(path_attention(*leaves, _config={"update_dtype": torch.float16}), leaves, do)
-    l64 = [a.detach().double().requires_grad_() for a in leaves]
-    want = torch.autograd.grad(path.path_matrix(*l64), l64, do.double())
-    for name, a, b in zip(("q", "k", "v", "w", "beta"), got, want):
+    l64 = [a.double().requires_grad_() for a in (q, k, v, w, beta)]
+    ref = path.path_matrix(*l64)
+    want = torch.autograd.grad(ref, l64, do.double())
+    runs = {}
+    for save in (True, False):
+        leaves = [a.clone().requires_grad_() for a in (q, k, v, w, beta)]
+        out = path_attention(*leaves, save_factors=save)
+        runs[save] = (out.detach(),) + torch.autograd.grad(out, leaves, do)
+    assert rel_err(runs[True][0], ref) < 1e-5
+    for name, a, b in zip(("q", "k", "v", "w", "beta"), runs[True][1:], want):
         assert (a.double() - b).norm() / b.norm() < 1e-4, name
+    for a, b in zip(runs[True], runs[False]):
+        assert torch.equal(a, b)
+
+
+def test_saved_for_backward_is_what_the_docstring_says():
+    """What a forward to be differentiated keeps, counted by a saved-tensor hook (fp16, D = 64, 64-token blocks,
+    T = 256: two levels): the inputs, the output and its log-sum-exp; with ``save_factors`` also ``(7 + L) * 128``
+    bytes per token and head (``q~, k~`` and ``G`` in fp16, ``Ã`` and the inverses in fp32, ``L`` levels of
+    meeting points in fp16), as :func:`path_attention`'s docstring says."""
+    T, D, BH = 256, 64, 2
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(BH, T, D, generator=g).half() for _ in range(3))
+    w = torch.nn.functional.normalize(torch.randn(BH, T, D, generator=g), dim=-1)
+    beta = 2 * torch.rand(BH, T, generator=g)
+    inputs = q.nbytes + k.nbytes + v.nbytes + w.nbytes + beta.nbytes
+    kept = {}
+    for save in (True, False):
+        leaves = [a.clone().requires_grad_() for a in (q, k, v, w, beta)]
+        sizes = []
+
+        def pack(t, sizes=sizes):
+            sizes.append(t.nbytes)
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = path_attention(*leaves, save_factors=save)
+        kept[save] = sum(sizes)
+        out.backward(torch.ones_like(out))  # the saved tensors are enough for the backward
+    lean = inputs + out.nbytes + BH * T * 4  # + the fp32 log-sum-exp
+    assert kept[False] == lean
+    assert kept[True] - lean == BH * T * (7 + 2) * 128
 
 
 @triton.jit

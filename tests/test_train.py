@@ -382,7 +382,7 @@ def test_path_stages_compare_a_run_with_itself(tmp_path):
     assert set(mine) == {k for group in path_stages._GROUPS for k in group}
     lines = path_stages.compare(args, do, mine)
     numbers = [float(tok) for line in lines for tok in line.split() if tok[:1].isdigit()]
-    assert len(numbers) == 18 + 11 and max(numbers) == 0.0
+    assert len(numbers) == 18 + 13 and max(numbers) == 0.0
 
 
 def test_stopping_on_an_evaluation_step_evaluates_once():

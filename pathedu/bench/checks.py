@@ -827,11 +827,11 @@ STRESS_TRANSITION_GRAD_LIMIT = 3e-2
 
 def _grads(fn, args, names, do):
     """``{name: gradient}`` of ``(fn(*args) * do).sum()`` for the arguments named (``args``: a dict in call order,
-    fresh leaves made here)."""
+    fresh leaves made here), and the output itself under ``"out"``."""
     leaves = {n: (x.detach().clone().requires_grad_() if n in names else x) for n, x in args.items()}
     out = fn(*leaves.values())
     grads = torch.autograd.grad(out, [leaves[n] for n in names], do.to(out.dtype))
-    return dict(zip(names, grads))
+    return {**dict(zip(names, grads)), "out": out.detach()}
 
 
 def _backward_inputs(dev, chapter, lead, T, D, seed, *, strong=False):
@@ -883,6 +883,11 @@ def _backward_section(rec, dev, chapter, *, T=1024, long_T=8192, lead=(1, 2), D=
         get = _Lazy(bf16=lambda: _grads(kernel, bf, names, do), fp32=lambda: _grads(kernel, as32, names, do),
                     f64=lambda: _grads(lambda *a: per_slice64(matrix, *a), as32, names, do))
 
+        if chapter in ("path", "pathfox") and T_case <= 4096:
+            # A forward to be differentiated runs on the backward's schedule, not the scan: its output too.
+            rec.compare(f"{chapter}_triton forward with gradients", lambda: (get("bf16")["out"], get("f64")["out"]),
+                        reference=f"float64 {chapter}_matrix", metric="rel_rms", limit=REL_RMS["bfloat16"],
+                        dtype=BF16, T=T_case, params=params)
         for n in names:
             p = dict(params, grad=n)
             lim = SLOPE_GRAD_LIMIT if n == "slope" else GRAD_LIMIT

@@ -105,14 +105,18 @@ _X_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _path_backward_parts(q, k, v, bench):
-    """PaTH's forward + backward (``path_triton``; q, k, v, w, beta require grad), step by step, in ms: the
-    forward, then the backward's steps (:func:`pathedu.kernels.path_attention._path_bwd_launch`), beside fla's
-    forward + backward.  The meeting-point rows ``X`` are timed in each storage dtype (fp32; fp16, the default for
-    16-bit inputs, :func:`pathedu.kernels.path_attention._stored_x_dtype`; bf16): steps 2 and 3 and the whole
-    forward + backward once per dtype, step 3 split into the statistics pass and the rest; the later steps read
-    the default's ``dX``."""
+    """PaTH's forward + backward (``path_triton``; q, k, v, w, beta require grad), step by step, in ms: the forward
+    of a call to be differentiated (:func:`pathedu.kernels.path_attention._path_train_forward`: the preparation
+    pass, the carries, the dyadic forward), then the backward's steps
+    (:func:`pathedu.kernels.path_attention._path_bwd_launch`), beside the scan (the forward without gradients) and
+    fla's forward + backward.  The meeting-point rows ``X`` are timed in each storage dtype (fp32; fp16, the
+    default for 16-bit inputs, :func:`pathedu.kernels.path_attention._stored_x_dtype`; bf16): the carries, the
+    dyadic forward, ``_path_bwd`` and the whole forward + backward once per dtype; the later steps read the
+    default's ``dX``.  The whole step is timed with the factors kept (the default) and made again
+    (``save_factors=False``)."""
     from ..kernels import path_attention as pa
     from ..kernels._launch import per_token, prepare_qkv
+    from ..kernels.flash_attention import bwd_delta
     from ..kernels.path_carry import carry_backward, carry_forward
     from ..kernels.ut_prepare import check_block, ut_prepare_backward
     from .path import path_inputs
@@ -122,8 +126,6 @@ def _path_backward_parts(q, k, v, bench):
     w3, beta3 = per_token(w, "w", x, extra=(x.n.D,)), per_token(beta, "beta", x)
     block = check_block(None, x.n.D)
     scale = x.n.D ** -0.5
-    out = pa._path_launch(x, w3, beta3, scale, block, "dense", {})
-    do = torch.randn_like(out)
     default = pa._stored_x_dtype(x.dtype)
 
     def tagged(dtype):  # the meeting points' dtype, as the parts' names show it
@@ -131,40 +133,46 @@ def _path_backward_parts(q, k, v, bench):
 
     # Each step on the previous one's outputs; what a step no longer needs is freed (T = 8192 at B = H = 32
     # keeps about 30 GB of fp32 intermediates alive at the peak).
-    times = {"forward": bench(lambda: pa._path_launch(x, w3, beta3, scale, block, "dense", {}))}
-    times["backward 1: preparation pass (keeps the inverses)"] = bench(lambda: pa._bwd_prepare(x, w3, beta3, block))
+    times = {"the scan (forward without gradients)": bench(
+        lambda: pa._path_launch(x, w3, beta3, scale, block, "dense", {}))}
+    times["forward 1: preparation pass (keeps the inverses)"] = bench(lambda: pa._bwd_prepare(x, w3, beta3, block))
     prep = pa._bwd_prepare(x, w3, beta3, block)
     for dtype in _X_DTYPES:
         tag = tagged(dtype)
-        times[f"backward 2: carries to the meeting points ({tag})"] = bench(
+        times[f"forward 2: carries to the meeting points ({tag})"] = bench(
             lambda: carry_forward(prep.qt, prep.kt, prep.g, block, dtype))
         X = carry_forward(prep.qt, prep.kt, prep.g, block, dtype)
-        times[f"backward 3a: _path_bwd_stats ({tag})"] = bench(
-            lambda: pa._bwd_stats(x, None, do, scale, block, prep, X))
-        times[f"backward 3: statistics + _path_bwd ({tag})"] = bench(
-            lambda: pa._bwd_kernel(x, None, do, scale, block, prep, X))
+        times[f"forward 3: _path_dyadic_fwd ({tag})"] = bench(lambda: pa._dyadic_forward(x, None, scale, block, prep, X))
+        out, lse = pa._dyadic_forward(x, None, scale, block, prep, X)
+        do = torch.randn_like(out)
+        times["backward 1: delta = dO . O"] = bench(lambda: bwd_delta(out, do))
+        delta = bwd_delta(out, do)
+        times[f"backward 2: _path_bwd ({tag})"] = bench(
+            lambda: pa._bwd_kernel(x, None, do, lse, delta, scale, block, prep, X))
         if dtype == default:
-            dX, dad, *_ = pa._bwd_kernel(x, None, do, scale, block, prep, X)
+            dX, dad, *_ = pa._bwd_kernel(x, None, do, lse, delta, scale, block, prep, X)
         del X
-    times["backward 4: reversed carries"] = bench(lambda: carry_backward(prep.qt, prep.kt, prep.g, block, dX,
+    times["backward 3: reversed carries"] = bench(lambda: carry_backward(prep.qt, prep.kt, prep.g, block, dX,
                                                                           x.dtype))
     dqt, dkt, dg = carry_backward(prep.qt, prep.kt, prep.g, block, dX, x.dtype)
     del dX
-    times["backward 5: preparation pass backward"] = bench(lambda: ut_prepare_backward(x.q, x.k, w3, beta3, prep,
+    times["backward 4: preparation pass backward"] = bench(lambda: ut_prepare_backward(x.q, x.k, w3, beta3, prep,
                                                                                        dqt, dkt, dad, dg))
-    del prep, dqt, dkt, dg, dad, out, do
+    del prep, dqt, dkt, dg, dad, out, do, lse, delta
     torch.cuda.empty_cache()
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, w, beta)]
     g = torch.randn(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device=q.device)
 
-    def fwd_bwd():
+    def fwd_bwd(save=True):
         for t in leaves:
             t.grad = None
-        pa.path_attention(*leaves).backward(g)
+        pa.path_attention(*leaves, save_factors=save).backward(g)
 
     for dtype in _X_DTYPES:
         with pa.meeting_point_dtype(dtype):
             times[f"path_triton forward+backward (total, {tagged(dtype)})"] = bench(fwd_bwd)
+    times["path_triton forward+backward (total, factors made again: save_factors=False)"] = bench(
+        lambda: fwd_bwd(False))
     if importlib.util.find_spec("fla") is not None:
         from fla.ops.path_attn import parallel_path_attn
 

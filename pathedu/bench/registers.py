@@ -100,10 +100,12 @@ KERNELS.update({  # the attention backward passes, with the autotuner's tiles (f
        if not (atomic and bias != "none")},
     **{f"_path_bwd (INNER = {i})": ("path_attention", "_path_bwd", dict(_BWD, BT=64, INNER=i, BIAS="none"),
                                     ("X:fp16", "V", "DO"), 4) for i in (32, 64)},
-    "_path_bwd_stats": ("path_attention", "_path_bwd_stats", dict(_BWD, BT=64, INNER=32, BIAS="none"),
-                        ("X:fp16", "V", "DO"), 4),
+    # the forward of a call to be differentiated (the backward's schedule; the output in the inputs' dtype)
+    **{f"_path_dyadic_fwd (INNER = {i})": ("path_attention", "_path_dyadic_fwd",
+                                           dict(_BWD, BT=64, INNER=i, BIAS="none"), ("X:fp16", "V", "O"), 4)
+       for i in (32, 64)},
 })
-_STAGES.update({"_flash_bwd": 2, "_path_bwd": 2, "_path_bwd_stats": 2})
+_STAGES.update({"_flash_bwd": 2, "_path_bwd": 2, "_path_dyadic_fwd": 2})
 _INTS = ("T", "NB", "h", "LEVELS")  # integer scalars besides the strides
 _FLOATS = ("log2_base", "qk_scale", "scale")  # float scalars
 

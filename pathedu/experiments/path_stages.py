@@ -1,13 +1,14 @@
 r"""PaTH's kernels stage by stage on captured tensors: where the GPU and Triton's interpreter part ways.
 
-``python -m pathedu.experiments.path_stages dump INPUTS.pt LAYER ROWS OUT.pt`` (on the GPU) runs the forward
-and the five backward stages of :func:`pathedu.kernels.path_attention.path_attention` on one layer's tensors
+``python -m pathedu.experiments.path_stages dump INPUTS.pt LAYER ROWS OUT.pt`` (on the GPU) runs the stages of a
+forward to be differentiated and of the backward of :func:`pathedu.kernels.path_attention.path_attention` on one layer's tensors
 saved by ``gradient_probe --save-inputs`` and writes every intermediate, in three files ``OUT_0.pt`` ..
 ``OUT_2.pt`` (each under the device's 16 MiB limit on files back).  ``compare INPUTS.pt LAYER ROWS OUT.pt`` (on the
 CPU, in the interpreter) recomputes the stages and prints, for each, how far the GPU's is from the
 interpreter's: chained (each side from its own previous stage) and isolated (the interpreter's stage on the GPU's
 inputs).  This located the bug of ``kernels/NOTES_path.md``, section 8: the carries' and the UT factors'
-backward agreed, and the backward's softmax on the forward's statistics did not.
+backward agreed, and the backward's softmax on the forward's statistics did not (the forward was then the scan;
+a forward to be differentiated now runs on the backward's schedule, section 19).
 
 A diagnostic of the kernels' internals (it calls their private launchers), not a public API.
 """
@@ -37,20 +38,19 @@ def _setup(args, device):
 
 
 def stages(args, do, device) -> dict:
-    """Every intermediate of PaTH's forward (with its log-sum-exp) and backward on ``args = (q, k, v, w, beta)``
-    ``(B, H, T, ·)`` and the output gradient ``do``, on ``device``; CPU tensors keyed by stage."""
+    """Every intermediate of PaTH's forward to be differentiated (the preparation pass, the meeting points, the
+    output and its log-sum-exp) and of its backward on ``args = (q, k, v, w, beta)`` ``(B, H, T, ·)`` and the
+    output gradient ``do``, on ``device``; CPU tensors keyed by stage."""
     from ..kernels import path_attention as pa
-    from ..kernels.path_carry import carry_backward, carry_forward
+    from ..kernels.flash_attention import bwd_delta
+    from ..kernels.path_carry import carry_backward
     from ..kernels.ut_prepare import ut_prepare_backward
 
     x, w3, beta3, scale, block = _setup(args, device)
     n = x.n
-    lse = torch.empty(x.BH, n.T, dtype=torch.float32, device=x.device)
-    out = pa._path_launch(x, w3, beta3, scale, block, "dense" if n.D <= 2 * block else "ut", {}, None, lse=lse)
+    out, lse, prep, X = pa._path_train_forward(x, w3, beta3, None, scale, block)
     do3 = do.to(x.device).reshape(x.BH, n.T, n.Dv).to(x.dtype).contiguous()
-    prep = pa._bwd_prepare(x, w3, beta3, block)
-    X = carry_forward(prep.qt, prep.kt, prep.g, block, pa._stored_x_dtype(x.dtype))
-    dX, dad, dv, _, _ = pa._bwd_kernel(x, None, do3, scale, block, prep, X)
+    dX, dad, dv, _, _ = pa._bwd_kernel(x, None, do3, lse, bwd_delta(out, do3), scale, block, prep, X)
     dqt, dkt, dg = carry_backward(prep.qt, prep.kt, prep.g, block, dX, x.dtype)
     dq, dk, dw, dbeta = ut_prepare_backward(x.q, x.k, w3, beta3, prep, dqt, dkt, dad, dg)
     res = dict(out=out, lse=lse, qt=prep.qt, kt=prep.kt, ad=prep.ad, g=prep.g, inv=prep.inv, X=X, dX=dX, dad=dad,
@@ -69,6 +69,7 @@ def compare(args, do, gpu: dict) -> list[str]:
     """The lines :mod:`path_stages` prints: each stage of ``gpu`` (:func:`stages` on a GPU) against the
     interpreter's, chained and isolated (run this in the interpreter, on the CPU)."""
     from ..kernels import path_attention as pa
+    from ..kernels.flash_attention import bwd_delta
     from ..kernels.path_carry import carry_backward, carry_forward
     from ..kernels.ut_prepare import ut_prepare_backward
 
@@ -82,11 +83,14 @@ def compare(args, do, gpu: dict) -> list[str]:
     do3 = do.reshape(x.BH, x.n.T, x.n.Dv).to(x.dtype).contiguous()
     X_gpu = gpu["X"].to(mine["X"].dtype)
     X = carry_forward(prep.qt, prep.kt, prep.g, block, X_gpu.dtype)
-    dX, dad, dv, _, _ = pa._bwd_kernel(x, None, do3, scale, block, prep, X_gpu)
+    out, lse = pa._dyadic_forward(x, None, scale, block, prep, X_gpu)
+    out_gpu = gpu["out"].to(out.dtype)
+    dX, dad, dv, _, _ = pa._bwd_kernel(x, None, do3, gpu["lse"], bwd_delta(out_gpu, do3), scale, block, prep, X_gpu)
     dqt, dkt, dg = carry_backward(prep.qt, prep.kt, prep.g, block, gpu["dX"].float(), x.dtype)
     dq, dk, dw, dbeta = ut_prepare_backward(x.q, x.k, w3, beta3, prep, gpu["dqt"], gpu["dkt"], gpu["dad"], gpu["dg"])
     lines += ["isolated (the interpreter's stage on the GPU's inputs, against the GPU's stage):",
               f"  X      {_rel(gpu['X'], X)}",
+              f"  out    {_rel(gpu['out'], out)}   lse {_rel(gpu['lse'], lse)}",
               f"  dX     {_rel(gpu['dX'], dX)}   dad {_rel(gpu['dad'], dad)}   dv {_rel(gpu['dv'], dv)}",
               f"  dqt    {_rel(gpu['dqt'], dqt)}   dkt {_rel(gpu['dkt'], dkt)}   dg {_rel(gpu['dg'], dg)}",
               f"  dq     {_rel(gpu['dq'], dq)}   dk {_rel(gpu['dk'], dk)}   dw {_rel(gpu['dw'], dw)}   "
