@@ -365,12 +365,13 @@ def _wy_prepare(K, V, BETA, LOG_F, AD, WW, WU, T, stride_kb, stride_kt, stride_v
     _store_rows(WU + bh * stride_ub + start * stride_ut, u, rows, offs_dv, stride_ut, BT, HEAD_DV)
 
 
-# The UT factors' backward, in five kernels.  Its ~20 products of 64 x 64 tiles keep more fp32 tiles alive than a
+# The UT factors' backward, in four kernels.  Its ~20 products of 64 x 64 tiles keep more fp32 tiles alive than a
 # multiprocessor has registers: in two kernels (the first version) both spilled 1.6-3.6 KB per thread
 # (`python -m pathedu.bench.registers`) and the step took 53 ms at T = 8192, more than its bytes cost
 # (kernels/NOTES_path.md, 7).  Each kernel below loads a tile where it first needs it and passes partial
 # gradients to the next through memory (a 64 x 64 fp32 tile is 16 KB; a spilled one is read and written many
-# times).  All five take the same arguments, so one launcher runs them in order.
+# times; five kernels at first, the last two merged since: kernels/NOTES_path.md, section 19).  All four take the
+# same arguments, so one launcher runs them in order.
 
 
 @triton.jit
@@ -378,7 +379,7 @@ def _ut_bwd_aw(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, DQ, DK,
                stride_qb, stride_qt, stride_kb, stride_kt, stride_wb, stride_wt, stride_pb, stride_pt,
                stride_ab, stride_at, stride_gb, stride_gj, stride_ob, stride_ot,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr):
-    """The backward of :func:`_ut_prepare` (PaTH's outputs ``q~``, ``k~``, ``Ã``, ``G``), first of five kernels,
+    """The backward of :func:`_ut_prepare` (PaTH's outputs ``q~``, ``k~``, ``Ã``, ``G``), first of four kernels,
     one block per program.
 
     With ``QW = lower(Q W^T)``, ``WK = strictLower(W K^T)``, ``A = X D_beta``, ``X = (I + N)^{-1}``,
@@ -417,7 +418,7 @@ def _ut_bwd_scores(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, DQ,
                    stride_qb, stride_qt, stride_kb, stride_kt, stride_wb, stride_wt, stride_pb, stride_pt,
                    stride_ab, stride_at, stride_gb, stride_gj, stride_ob, stride_ot,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr):
-    """Second of five (after :func:`_ut_bwd_aw`): the products through ``Ã`` and ``k~``.  Completes ``dQW``
+    """Second of four (after :func:`_ut_bwd_aw`): the products through ``Ã`` and ``k~``.  Completes ``dQW``
     (masked), ``dA`` and writes ``dWK`` (masked)."""
     blk = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
@@ -453,8 +454,8 @@ def _ut_bwd_qk(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, DQ, DK,
                stride_qb, stride_qt, stride_kb, stride_kt, stride_wb, stride_wt, stride_pb, stride_pt,
                stride_ab, stride_at, stride_gb, stride_gj, stride_ob, stride_ot,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr):
-    """Third of five: ``dq, dk`` (``(BH, T, D)`` in ``Q``'s and ``K``'s dtypes; the direct terms and the masks'
-    products, summed in fp32) and the masks' terms of ``dw`` (written to ``DW``, which the last two complete)."""
+    """Third of four: ``dq, dk`` (``(BH, T, D)`` in ``Q``'s and ``K``'s dtypes; the direct terms and the masks'
+    products, summed in fp32) and the masks' terms of ``dw`` (written to ``DW``, which the last one completes)."""
     blk = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     start = blk * BT
@@ -477,26 +478,40 @@ def _ut_bwd_qk(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, DQ, DK,
 
 
 @triton.jit
-def _ut_bwd_w(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, DQ, DK, DW, DBETA, T,
-              stride_qb, stride_qt, stride_kb, stride_kt, stride_wb, stride_wt, stride_pb, stride_pt,
-              stride_ab, stride_at, stride_gb, stride_gj, stride_ob, stride_ot,
-              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr):
-    """Fourth of five: adds ``dw``'s terms through ``k~``, ``G`` and ``A W`` to ``DW``."""
+def _ut_bwd_w_inverse(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, DQ, DK, DW, DBETA, T,
+                      stride_qb, stride_qt, stride_kb, stride_kt, stride_wb, stride_wt, stride_pb, stride_pt,
+                      stride_ab, stride_at, stride_gb, stride_gj, stride_ob, stride_ot,
+                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr):
+    """Last of four: completes ``dw`` and writes ``dbeta`` (``(BH, T)`` fp32).  First through the inverse,
+    ``A = X D_beta``, ``X = (I + N)^{-1}``, ``N = strictLower(D_beta W W^T)`` (``dN = -X^T dX X^T``); then through
+    ``k~ = K - (A WK)^T W``, ``G = -W^T (A W)`` and ``A W`` itself.  One program reads the inverse, ``w`` and
+    ``beta`` once and ``dw`` once for both groups of terms; the first group's ``[BT, BT]`` tiles die before the
+    second's products start (``kernels/NOTES_path.md``, section 19)."""
     blk = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     start = blk * BT
     rows = tl.arange(0, BT)
     offs_d = tl.arange(0, BLOCK_D)
     CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    strict = rows[:, None] > rows[None, :]
     left = T - start
     p_out = bh * stride_ob + start * stride_ot
-    a = _ut_a(INV, BETA, bh, start, T, stride_ab, stride_at, BT)  # [BT, BT]
+    beta = tl.load(BETA + bh * T + start + rows, mask=rows < left, other=0.0)  # [BT]
+    xi = tl.load(_ut_sq(INV, bh, start, stride_ab, stride_at, BT))  # [BT, BT]
     w = _rn(_ut_tile(W, bh, start, stride_wb, stride_wt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)  # [BT, BD]
-    # k~ = K - (A WK)^T W,  G = -W^T (A W),  and A W itself
-    wk = tl.where(rows[:, None] > rows[None, :],
-                  _dot(w, tl.trans(_ut_tile(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT)),
-                       PRECISION), 0.0)  # [BT, BT]
+    # Through the inverse: dbeta, and dw's terms of the Gram matrix.
+    da = tl.load(_ut_sq(DA, bh, start, stride_ab, stride_at, BT))  # [BT, BT]
+    dbeta = tl.sum(xi * da, axis=0)
+    dn = tl.where(strict, -_dot(_dot(tl.trans(xi), da * beta[None, :], PRECISION), tl.trans(xi), PRECISION), 0.0)
+    tl.store(DBETA + bh * T + start + rows, dbeta + tl.sum(dn * _dot(w, tl.trans(w), PRECISION), axis=1),
+             mask=rows < left)
+    dgram = dn * beta[:, None]
     dw = _ut_tile(DW, bh, start, stride_ob, stride_ot, T, HEAD_DIM, BLOCK_D, BT)  # [BT, BD]
+    dw += _dot(dgram + tl.trans(dgram), w, PRECISION)
+    # Through k~ = K - (A WK)^T W, G = -W^T (A W) and A W itself.
+    a = xi * beta[None, :]  # [BT, BT], A = X D_beta (as _ut_a makes it)
+    wk = tl.where(strict, _dot(w, tl.trans(_ut_tile(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT)),
+                               PRECISION), 0.0)  # [BT, BT]
     dw -= _dot(_dot(a, wk, PRECISION), _ut_rd_load(DKT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT),
                PRECISION)
     dg = _load_rows(DG + bh * stride_gb + blk * stride_gj, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D,
@@ -506,46 +521,17 @@ def _ut_bwd_w(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, DQ, DK, 
     _store_rows(DW + p_out, dw, rows, offs_d, stride_ot, left, HEAD_DIM)
 
 
-@triton.jit
-def _ut_bwd_inverse(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, DQ, DK, DW, DBETA, T,
-                    stride_qb, stride_qt, stride_kb, stride_kt, stride_wb, stride_wt, stride_pb, stride_pt,
-                    stride_ab, stride_at, stride_gb, stride_gj, stride_ob, stride_ot,
-                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr):
-    """Last of five: through ``A = X D_beta``, ``X = (I + N)^{-1}``, ``N = strictLower(D_beta W W^T)``
-    (``dN = -X^T dX X^T``): writes ``dbeta`` (``(BH, T)`` fp32) and completes ``dw``."""
-    blk = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    start = blk * BT
-    rows = tl.arange(0, BT)
-    offs_d = tl.arange(0, BLOCK_D)
-    strict = rows[:, None] > rows[None, :]
-    left = T - start
-    p_out = bh * stride_ob + start * stride_ot
-    beta = tl.load(BETA + bh * T + start + rows, mask=rows < left, other=0.0)  # [BT]
-    xi = tl.load(_ut_sq(INV, bh, start, stride_ab, stride_at, BT))  # [BT, BT]
-    da = tl.load(_ut_sq(DA, bh, start, stride_ab, stride_at, BT))  # [BT, BT]
-    dbeta = tl.sum(xi * da, axis=0)
-    dn = tl.where(strict, -_dot(_dot(tl.trans(xi), da * beta[None, :], PRECISION), tl.trans(xi), PRECISION), 0.0)
-    w = _rn(_ut_tile(W, bh, start, stride_wb, stride_wt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)  # [BT, BD]
-    tl.store(DBETA + bh * T + start + rows, dbeta + tl.sum(dn * _dot(w, tl.trans(w), PRECISION), axis=1),
-             mask=rows < left)
-    dgram = dn * beta[:, None]
-    dw = _ut_tile(DW, bh, start, stride_ob, stride_ot, T, HEAD_DIM, BLOCK_D, BT)  # [BT, BD]
-    _store_rows(DW + p_out, dw + _dot(dgram + tl.trans(dgram), w, PRECISION), rows, offs_d, stride_ot, left,
-                HEAD_DIM)
-
-
 def _warps_that_compile(configs, nargs, **kwargs):
     """8 warps only for D >= 64: with D = 16 and 8 warps (BT = 64) triton 3.6 made an H100 kernel that read past
     its shared memory (compute-sanitizer: "Invalid __shared__ read of size 256 bytes"; the interpreter was right)."""
     return [c for c in configs if c.num_warps <= 4 or kwargs["HEAD_DIM"] >= 64]
 
 
-_UT_BWD_KERNELS = (_ut_bwd_aw, _ut_bwd_scores, _ut_bwd_qk, _ut_bwd_w, _ut_bwd_inverse)  # in launch order
+_UT_BWD_KERNELS = (_ut_bwd_aw, _ut_bwd_scores, _ut_bwd_qk, _ut_bwd_w_inverse)  # in launch order
 _UT_BWD_CONFIGS = [triton.Config({}, num_warps=w, num_stages=1) for w in (4, 8)]
 _UT_BWD_TUNING = dict(key=["HEAD_DIM", "BT", "PRECISION"], prune_configs_by={"early_config_prune": _warps_that_compile})
 # Some kernels add to what one before wrote: their trial runs must not leave sums behind.
-_UT_BWD_ADDS_TO = {_ut_bwd_scores: ["DQW", "DA"], _ut_bwd_w: ["DW"], _ut_bwd_inverse: ["DW"]}
+_UT_BWD_ADDS_TO = {_ut_bwd_scores: ["DQW", "DA"], _ut_bwd_w_inverse: ["DW"]}
 _UT_BWD_TUNED = tuple(triton.autotune(_UT_BWD_CONFIGS, **_UT_BWD_TUNING, restore_value=_UT_BWD_ADDS_TO.get(kernel, []))
                       (kernel) for kernel in _UT_BWD_KERNELS)
 
@@ -554,9 +540,8 @@ def ut_prepare_backward(q3, k3, w3, beta3, prep: "Prepared", dqt, dkt, dad, dg):
     """``dq, dk`` (``(BH, T, D)`` in ``q3``'s and ``k3``'s dtypes, each rounded once from its fp32 sum) and ``dw,
     dbeta`` (fp32; ``(BH, T, D)`` and ``(BH, T)``) of PaTH's preparation pass, from the
     gradients of its outputs (fp32, in :class:`Prepared`'s layouts) and ``prep`` (made with
-    ``keep_inverse=True`` and ``norm_q=False``).  Five launches, one block per program (:func:`_ut_bwd_aw`,
-    :func:`_ut_bwd_scores`, :func:`_ut_bwd_qk`, :func:`_ut_bwd_w`, :func:`_ut_bwd_inverse`; 4 or 8 warps,
-    autotuned on a GPU)."""
+    ``keep_inverse=True`` and ``norm_q=False``).  Four launches, one block per program (:func:`_ut_bwd_aw`,
+    :func:`_ut_bwd_scores`, :func:`_ut_bwd_qk`, :func:`_ut_bwd_w_inverse`; 4 or 8 warps, autotuned on a GPU)."""
     T, D = prep._args[4:]
     BH = q3.shape[0]
     # written once, by _ut_bwd_qk, which rounds its fp32 sums to the inputs' dtype: no fp32 copy to convert

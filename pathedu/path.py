@@ -525,16 +525,18 @@ def path_dyadic(q, k, v, w, beta, *, scale=None, block: int = 64):
     return causal_softmax(scale * logits, v.to(dt)).to(q.dtype)
 
 
-def path_triton(q, k, v, w, beta, *, scale=None):
+def path_triton(q, k, v, w, beta, *, scale=None, save_factors=True):
     """PaTH attention in Triton (:func:`pathedu.kernels.path_attention.path_attention`), the blockwise algorithm.
 
     fp16/bf16/fp32 ``q, k, v``; ``w`` (finite) and ``beta`` (in [0, 2]) used in fp32;
     head dims 16..128; any T.  Shapes as :func:`path_naive`.  Every argument is
     validated by the kernel entry point (values read once its kernels are queued).
+    With gradients, the forward runs on the backward's schedule; ``save_factors``: keep its factors for the
+    backward (fastest) or only the output and its log-sum-exp (least memory), as the kernel's docstring says.
     """
     from .kernels.path_attention import path_attention
 
-    return path_attention(q, k, v, w, beta, scale=scale)
+    return path_attention(q, k, v, w, beta, scale=scale, save_factors=save_factors)
 
 
 # ---------------------------------------------------------------------------

@@ -363,7 +363,7 @@ def pathfox_blockwise(q, k, v, w, beta, log_f, *, scale=None, block: int = 64):
     return torch.cat(outs, dim=-2).to(q.dtype)
 
 
-def pathfox_triton(q, k, v, w, beta, log_f, *, scale=None):
+def pathfox_triton(q, k, v, w, beta, log_f, *, scale=None, save_factors=True):
     """PaTH-FoX in Triton: :func:`pathedu.kernels.path_attention.path_attention` with ``log_f``.
 
     The PaTH kernel (preparation pass, then the right-to-left scan) with the FoX bias hook
@@ -372,11 +372,11 @@ def pathfox_triton(q, k, v, w, beta, log_f, *, scale=None):
     ``r`` the query block's first row; the per-row rest ``c_i - c_r`` cancels in softmax).
     fp16/bf16/fp32 ``q, k, v``; ``w``,
     ``beta``, ``log_f`` used in fp32; head dims 16..128; any T; validated once by the
-    kernel's entry point.  Shapes as :func:`pathfox_naive`.
+    kernel's entry point.  Shapes as :func:`pathfox_naive`.  ``save_factors``: as :func:`pathedu.path.path_triton`'s.
     """
     from .kernels.path_attention import path_attention
 
-    return path_attention(q, k, v, w, beta, scale=scale, log_f=log_f)
+    return path_attention(q, k, v, w, beta, scale=scale, log_f=log_f, save_factors=save_factors)
 
 
 # ---------------------------------------------------------------------------

@@ -42,7 +42,8 @@ class Op:
     ``setup`` does every conversion (layouts, gates) outside the timed region and
     returns a zero-argument callable whose result is the output ``(B, H, T, Dv)``.
     ``reference``: the op this one's output is checked against (None: it is a reference).
-    ``peer``: an outside implementation (SDPA, fla) rather than ours.
+    ``peer``: an outside implementation (SDPA, fla) rather than ours.  ``backward_only``: timed only with
+    ``--backward`` (a variant that differs from another op in its backward alone).
     """
 
     name: str
@@ -50,6 +51,7 @@ class Op:
     reference: str | None = None
     peer: bool = False
     max_T: int | None = None  # skip sizes this op cannot handle
+    backward_only: bool = False
 
 
 def load(chapter: str, *, backward: bool = False) -> dict:

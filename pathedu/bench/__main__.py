@@ -76,7 +76,7 @@ def main(argv=None) -> int:
         return 2
     dtype = getattr(torch, a.dtype)
     ops = [o for o in chapter_ops(a.chapter) if not a.ops or o.name in a.ops or o.peer or o.reference is None]
-    ops = [o for o in ops if o.name not in a.skip]
+    ops = [o for o in ops if o.name not in a.skip and (a.backward or not o.backward_only)]
     meta = run_meta("python -m pathedu.bench " + " ".join(argv if argv is not None else sys.argv[1:]))
     meta.update(dtype=a.dtype, sizes=dict(B=a.B, H=a.H, D=a.D, T=a.T), causal=True,
                 pass_="forward+backward" if a.backward else "forward", timer="triton.testing.do_bench, median ms")

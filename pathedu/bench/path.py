@@ -47,11 +47,17 @@ def _fla_path(q, k, v):
     return lambda: from_bthd(parallel_path_attn(*args)[0])
 
 
-def _path_triton(q, k, v):
+def _path_triton(q, k, v, save_factors=True):
     from ..kernels.path_attention import path_attention
 
     w, beta = path_inputs(q)
-    return lambda: path_attention(q, k, v, w, beta)
+    return lambda: path_attention(q, k, v, w, beta, save_factors=save_factors)
+
+
+def _path_triton_lean(q, k, v):
+    """``path_triton`` whose forward keeps only the output and its log-sum-exp (the backward makes the factors and
+    the meeting points again): FlashAttention-2's memory, at the cost of two launches more."""
+    return _path_triton(q, k, v, save_factors=False)
 
 
 def _fla_delta(q, k, v):
@@ -74,6 +80,7 @@ def ops():
         Op("sdpa", sdpa, peer=True),
         Op("fla_path", _fla_path, peer=True),
         Op("path_triton", _path_triton, reference="fla_path"),
+        Op("path_triton_lean", _path_triton_lean, reference="fla_path", backward_only=True),
         Op("fla_delta_rule", _fla_delta, peer=True),
         Op("deltanet_triton", _delta_triton, reference="fla_delta_rule"),
     ]

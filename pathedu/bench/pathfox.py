@@ -35,12 +35,17 @@ def _fla_pathfox(q, k, v):
     return lambda: from_bthd(parallel_path_attn(*args)[0])
 
 
-def _pathfox_triton(q, k, v):
+def _pathfox_triton(q, k, v, save_factors=True):
     from ..kernels.path_attention import path_attention
 
     w, beta = path_inputs(q)
     log_f = _log_f(q)
-    return lambda: path_attention(q, k, v, w, beta, log_f=log_f)
+    return lambda: path_attention(q, k, v, w, beta, log_f=log_f, save_factors=save_factors)
+
+
+def _pathfox_triton_lean(q, k, v):
+    """``pathfox_triton`` with ``save_factors=False`` (see :func:`pathedu.bench.path._path_triton_lean`)."""
+    return _pathfox_triton(q, k, v, save_factors=False)
 
 
 def _fla_gated_delta(q, k, v):
@@ -64,6 +69,7 @@ def ops():
         Op("sdpa", sdpa, peer=True),
         Op("fla_pathfox", _fla_pathfox, peer=True),
         Op("pathfox_triton", _pathfox_triton, reference="fla_pathfox"),
+        Op("pathfox_triton_lean", _pathfox_triton_lean, reference="fla_pathfox", backward_only=True),
         Op("fla_gated_delta_rule", _fla_gated_delta, peer=True),
         Op("gated_deltanet_triton", _gated_deltanet_triton, reference="fla_gated_delta_rule"),
     ]

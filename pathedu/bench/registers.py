@@ -87,10 +87,10 @@ KERNELS.update({  # PaTH's scan, R blocks of 64 queries per program (the autotun
                              ("QT:fp16", "GM:fp16", "WC:fp16", "NU:fp16", "KT", "V", "O"), 4)
     for r in (1, 2)})
 _STAGES = {"_flash_fwd": 3, "_path_fwd": 2}  # the autotuner's pipelining depth for these tiles; 1 for the others
-KERNELS.update({  # the five kernels of the UT factors' backward, at 4 and 8 warps (the autotuner's two choices)
+KERNELS.update({  # the four kernels of the UT factors' backward, at 4 and 8 warps (the autotuner's two choices)
     name + ("" if warps == 4 else f" ({warps} warps)"): ("ut_prepare", name, dict(_D, BT=64, PRECISION="tf32"),
                                                           ("Q", "K"), warps)
-    for name in ("_ut_bwd_aw", "_ut_bwd_scores", "_ut_bwd_qk", "_ut_bwd_w", "_ut_bwd_inverse") for warps in (4, 8)})
+    for name in ("_ut_bwd_aw", "_ut_bwd_scores", "_ut_bwd_qk", "_ut_bwd_w_inverse") for warps in (4, 8)})
 _BWD = {k: v for k, v in _FLASH.items() if k not in ("STORE_LSE", "ROTATE")}  # the backward has neither
 KERNELS.update({  # the attention backward passes, with the autotuner's tiles (flash_attention and path_attention's
     # _BWD_CONFIGS): 16-bit q, k, v, dO, fp16 meeting-point rows X for PaTH, fp32 statistics and accumulators

@@ -13,7 +13,7 @@ from forms import FORMS, TRITON_WITH_BACKWARD, call, matrix_form
 from test_forms import DTYPES, SHAPES, TOL, _nans, _plant, inputs
 
 BACKWARD = [f for f in FORMS if f.name in TRITON_WITH_BACKWARD]
-# PaTH's backward compiles five kernels per dtype and head dim: 80-200 s a test on an H100 (fp32 slowest),
+# PaTH's backward compiles about a dozen kernels per dtype and head dim: 80-200 s a test on an H100 (fp32 slowest),
 # so conftest's scheduler starts them first, on different workers.
 FORM_PARAMS = [pytest.param(f, id=f.name,
                             marks=[pytest.mark.heavy(seconds=150)] if f.family in ("path", "pathfox") else [])
