@@ -107,6 +107,19 @@ def _plant(x, at, d, value):
 @pytest.mark.parametrize("where", ["v", "zero_key", "k", "q"])
 @pytest.mark.parametrize("form", TRITON, ids=lambda f: f.name)
 def test_non_finite_value_reaches_no_earlier_output(form, where, dtype):
+    _check_non_finite(form, where, dtype, grad=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("where", ["v", "zero_key", "k", "q"])
+@pytest.mark.parametrize("form", [f for f in TRITON if f.family in ("path", "pathfox")], ids=lambda f: f.name)
+def test_non_finite_value_with_gradients(form, where, dtype):
+    """The same for PaTH's forward when its inputs require grad: it then runs on the backward's schedule (the
+    preparation pass, the carries, ``_path_dyadic_fwd``) instead of the scan."""
+    _check_non_finite(form, where, dtype, grad=True)
+
+
+def _check_non_finite(form, where, dtype, *, grad):
     """The fast passes multiply plainly and leave NaN/inf values to a careful second launch: the FlashAttention
     template flags a block whose accumulator is not finite, the linear template a program whose final state is
     not finite.  Both flags rest on NaN surviving the GPU's arithmetic (0 * NaN = NaN on the tensor cores, and the
@@ -123,11 +136,20 @@ def test_non_finite_value_reaches_no_earlier_output(form, where, dtype):
     (q, k, v, ex), _ = inputs(form, ((1, 2), 300, 64, 64), dtype, seed=3)
     at, d = 150, 3
     first = at + 1 if form.family == "stickbreaking" else at
-    clean = call(form, q, k, v, ex)
+
+    def run(qq, kk, vv):  # fresh leaves when gradients are wanted (the planted inputs are made without them)
+        if not grad:
+            return call(form, qq, kk, vv, ex)
+        leaves = [t.detach().clone().requires_grad_() for t in (qq, kk, vv)]
+        out = call(form, *leaves, {n: t.detach().clone().requires_grad_() for n, t in ex.items()})
+        assert out.grad_fn is not None
+        return out.detach()
+
+    clean = run(q, k, v)
     if where == "zero_key":
         k = k.clone()
         k[0, 1, at] = 0.0
-        clean = call(form, q, k, v, ex)
+        clean = run(q, k, v)
     values = _nans(dtype) + ([] if where == "k" else [float("inf")])
     for value in values:
         qp, kp, vp = q, k, v
@@ -137,7 +159,7 @@ def test_non_finite_value_reaches_no_earlier_output(form, where, dtype):
             kp = _plant(k, at, d, value)
         else:
             qp = _plant(q, at, d, value)
-        out = call(form, qp, kp, vp, ex)
+        out = run(qp, kp, vp)
         case = f"{value!r} ({torch.tensor([value]).view(torch.int32).item():#x}) in {where}"
         assert torch.equal(out[0, 0], clean[0, 0]), f"{case}: the other head changed"
         if where == "q":
