@@ -570,11 +570,25 @@ def _dyadic_meta(x: Flat, c, block: int) -> dict:
                 BIAS="none" if c is None else "loggate", PRECISION=dot_precision(x.dtype))
 
 
+def _schedule_launch(plain, tuned, grid, args, meta: dict, block: int, fixed=None) -> None:
+    """Launch a kernel of the dyadic schedule (:func:`_path_dyadic_fwd`, :func:`_path_bwd`): with the ``fixed``
+    tiles when given (``dict(INNER=..., num_warps=...)``, two stages unless it says), whole blocks in the
+    interpreter, 32-row tiles for fp32 inputs (exact products, whose compile time would dominate autotuning), else
+    autotuned (``tuned``)."""
+    if fixed is not None:
+        plain[grid](*args, **{"num_stages": 2, **fixed}, **meta)
+    elif interpreting():
+        plain[grid](*args, INNER=block, **meta)
+    elif meta["PRECISION"] == "ieee":
+        plain[grid](*args, INNER=min(32, block), num_warps=4, num_stages=2, **meta)
+    else:
+        tuned[grid](*args, **meta)
+
+
 def _dyadic_forward(x: Flat, c, scale: float, block: int, prep: Prepared, X):
     """:func:`_path_dyadic_fwd`: the output ``(BH, T, Dv)`` and its log-sum-exp (fp32 ``(BH, T)``, log2 units) from
     the preparation pass of :func:`_bwd_prepare` and the meeting points ``X`` of
-    :func:`.path_carry.carry_forward`.  Key tiles autotuned on a GPU (fp32 inputs: 32 rows, exact products whose
-    compile time would dominate autotuning); in the interpreter, whole blocks."""
+    :func:`.path_carry.carry_forward`; its tiles as :func:`_schedule_launch` picks them."""
     n = x.n
     out = x.new_output(n.Dv)
     lse = torch.empty(x.BH, n.T, dtype=torch.float32, device=x.device)
@@ -583,13 +597,7 @@ def _dyadic_forward(x: Flat, c, scale: float, block: int, prep: Prepared, X):
     args = (X, prep.ad, x.v, out, lse if c is None else c, lse, n.T, levels, scale * LOG2E,
             X.stride(0) if levels else 0, X.stride(1) if levels else 0, prep.ad.stride(0), x.v.stride(0),
             x.v.stride(1), out.stride(0), out.stride(1))
-    grid = (triton.cdiv(n.T, block), x.BH)
-    if interpreting():
-        _path_dyadic_fwd[grid](*args, INNER=block, **meta)
-    elif meta["PRECISION"] == "ieee":
-        _path_dyadic_fwd[grid](*args, INNER=min(32, block), num_warps=4, num_stages=2, **meta)
-    else:
-        _path_dyadic_fwd_tuned[grid](*args, **meta)
+    _schedule_launch(_path_dyadic_fwd, _path_dyadic_fwd_tuned, (triton.cdiv(n.T, block), x.BH), args, meta, block)
     return out, lse
 
 
@@ -620,18 +628,9 @@ def _bwd_kernel(x: Flat, c, do, lse, delta, scale: float, block: int, prep: Prep
             X.stride(0) if levels else 0, X.stride(1) if levels else 0, prep.ad.stride(0), x.v.stride(0),
             x.v.stride(1))
     meta = _dyadic_meta(x, c, block)
-    grid = (triton.cdiv(n.T, block), x.BH, 2)
-    if _config is not None:
-        if _config.get("INNER", block) > block:
-            raise ValueError(f"`_config['backward']['INNER']` must be at most the block ({block}), "
-                             f"got {_config['INNER']}")
-        _path_bwd[grid](*args, **{"num_stages": 2, **_config}, **meta)
-    elif interpreting():
-        _path_bwd[grid](*args, INNER=block, **meta)
-    elif meta["PRECISION"] == "ieee":
-        _path_bwd[grid](*args, INNER=min(32, block), num_warps=4, num_stages=2, **meta)
-    else:
-        _path_bwd_tuned[grid](*args, **meta)
+    if _config is not None and _config.get("INNER", block) > block:
+        raise ValueError(f"`_config['backward']['INNER']` must be at most the block ({block}), got {_config['INNER']}")
+    _schedule_launch(_path_bwd, _path_bwd_tuned, (triton.cdiv(n.T, block), x.BH, 2), args, meta, block, _config)
     return dX, dad, dv, rows, cols
 
 
