@@ -432,8 +432,9 @@ def test_triton_carries_and_their_reverse_match_autograd(nb, D, BT, dtype, tol):
 
 
 def test_backward_tiles_fit_the_schedule():
-    """The backward kernel's (and its schedule's forward's) inner tiles never exceed a UT block (a level's half can be one block), and the UT
-    backward never gets 8 warps below D = 64 (a miscompilation on the H100): the autotuners' pruning."""
+    """The backward kernel's (and its schedule's forward's) inner tiles never exceed a UT block (a level's half can
+    be one block), and the UT backward never gets 8 warps below D = 64 (a miscompilation on the H100): the
+    autotuners' pruning."""
     from pathedu.kernels.path_attention import _BWD_CONFIGS, _DYADIC_CONFIGS, _inner_within_block
     from pathedu.kernels.ut_prepare import _UT_BWD_CONFIGS, _warps_that_compile
 
@@ -501,10 +502,14 @@ def test_backward_differentiates_the_forwards_own_logits():
 
 def test_saved_for_backward_is_what_the_docstring_says():
     """What a forward to be differentiated keeps, counted by a saved-tensor hook (fp16, D = 64, 64-token blocks,
-    T = 256: two levels): the inputs, the output and its log-sum-exp; with ``save_factors`` also ``(7 + L) * 128``
-    bytes per token and head (``q~, k~`` and ``G`` in fp16, ``Ã`` and the inverses in fp32, ``L`` levels of
+    T = 256: two levels; 128: one): the inputs, the output and its log-sum-exp; with ``save_factors`` also
+    ``(7 + L) * 128`` bytes per token and head (``q~, k~`` and ``G`` in fp16, ``Ã`` and the inverses in fp32, ``L`` levels of
     meeting points in fp16), as :func:`path_attention`'s docstring says."""
-    T, D, BH = 256, 64, 2
+    for T, levels in ((256, 2), (128, 1)):
+        _check_saved_bytes(T, levels)
+
+
+def _check_saved_bytes(T, levels, D=64, BH=1):
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(BH, T, D, generator=g).half() for _ in range(3))
     w = torch.nn.functional.normalize(torch.randn(BH, T, D, generator=g), dim=-1)
@@ -525,7 +530,7 @@ def test_saved_for_backward_is_what_the_docstring_says():
         out.backward(torch.ones_like(out))  # the saved tensors are enough for the backward
     lean = inputs + out.nbytes + BH * T * 4  # + the fp32 log-sum-exp
     assert kept[False] == lean
-    assert kept[True] - lean == BH * T * (7 + 2) * 128
+    assert kept[True] - lean == BH * T * (7 + levels) * 128
 
 
 @triton.jit

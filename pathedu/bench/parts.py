@@ -142,7 +142,8 @@ def _path_backward_parts(q, k, v, bench):
         times[f"forward 2: carries to the meeting points ({tag})"] = bench(
             lambda: carry_forward(prep.qt, prep.kt, prep.g, block, dtype))
         X = carry_forward(prep.qt, prep.kt, prep.g, block, dtype)
-        times[f"forward 3: _path_dyadic_fwd ({tag})"] = bench(lambda: pa._dyadic_forward(x, None, scale, block, prep, X))
+        times[f"forward 3: _path_dyadic_fwd ({tag})"] = bench(
+            lambda: pa._dyadic_forward(x, None, scale, block, prep, X))
         out, lse = pa._dyadic_forward(x, None, scale, block, prep, X)
         do = torch.randn_like(out)
         times["backward 1: delta = dO . O"] = bench(lambda: bwd_delta(out, do))

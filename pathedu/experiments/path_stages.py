@@ -1,8 +1,8 @@
 r"""PaTH's kernels stage by stage on captured tensors: where the GPU and Triton's interpreter part ways.
 
 ``python -m pathedu.experiments.path_stages dump INPUTS.pt LAYER ROWS OUT.pt`` (on the GPU) runs the stages of a
-forward to be differentiated and of the backward of :func:`pathedu.kernels.path_attention.path_attention` on one layer's tensors
-saved by ``gradient_probe --save-inputs`` and writes every intermediate, in three files ``OUT_0.pt`` ..
+forward to be differentiated and of the backward of :func:`pathedu.kernels.path_attention.path_attention` on one
+layer's tensors saved by ``gradient_probe --save-inputs`` and writes every intermediate, in three files ``OUT_0.pt`` ..
 ``OUT_2.pt`` (each under the device's 16 MiB limit on files back).  ``compare INPUTS.pt LAYER ROWS OUT.pt`` (on the
 CPU, in the interpreter) recomputes the stages and prints, for each, how far the GPU's is from the
 interpreter's: chained (each side from its own previous stage) and isolated (the interpreter's stage on the GPU's
