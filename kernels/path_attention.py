@@ -462,8 +462,9 @@ def path_attention(q, k, v, w, beta, *, scale=None, block=None, log_f=None, save
     (:func:`_path_dyadic_fwd`), so that the log-sum-exp it saves is that of the logits the backward differentiates:
     the same attention, rounded another way (both within the kernels' error of float64).  ``save_factors``
     (bool, only then): keep the preparation pass's factors and the meeting points from the forward for the backward
-    (fastest; about ``(5 + L) * 128`` bytes per token and head for ``D = 64``, 16-bit inputs and ``L = log2(T / block)``
-    levels) rather than only the output and its log-sum-exp, recomputing the rest (FlashAttention-2's memory).
+    (fastest: ``(7 + L) * 128`` more bytes per token and head for ``D = 64``, blocks of 64 and 16-bit inputs, with
+    ``L = ceil(log2(T / 64))`` levels, T rounded up to a multiple of 128) rather than only the output and its
+    log-sum-exp, recomputing the rest (FlashAttention-2's memory; two launches more in the backward).
 
     ``_config`` (for tests and tuning; the scan's keys only without gradients): ``dict(R=..., num_warps=...,
     num_stages=...)`` fixes the scan's tiles (query blocks of ``R * block`` rows, R in 1..MAX_R) instead of

@@ -503,13 +503,16 @@ def test_backward_differentiates_the_forwards_own_logits():
 def test_saved_for_backward_is_what_the_docstring_says():
     """What a forward to be differentiated keeps, counted by a saved-tensor hook (fp16, D = 64, 64-token blocks,
     T = 256: two levels; 128: one): the inputs, the output and its log-sum-exp; with ``save_factors`` also
-    ``(7 + L) * 128`` bytes per token and head (``q~, k~`` and ``G`` in fp16, ``Ã`` and the inverses in fp32, ``L`` levels of
-    meeting points in fp16), as :func:`path_attention`'s docstring says."""
+    ``q~, k~`` and ``G`` in fp16, ``Ã`` and the inverses in fp32 and ``L`` levels of meeting points in fp16, as many
+    bytes per token and head as :func:`path_attention`'s docstring says (read from it)."""
+    import re
+
+    fixed = int(re.search(r"``\((\d+) \+ L\) \* 128`` more bytes per token", path_attention.__doc__).group(1))
     for T, levels in ((256, 2), (128, 1)):
-        _check_saved_bytes(T, levels)
+        _check_saved_bytes(T, levels, (fixed + levels) * 128)
 
 
-def _check_saved_bytes(T, levels, D=64, BH=1):
+def _check_saved_bytes(T, levels, per_token, D=64, BH=1):
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(BH, T, D, generator=g).half() for _ in range(3))
     w = torch.nn.functional.normalize(torch.randn(BH, T, D, generator=g), dim=-1)
@@ -530,7 +533,7 @@ def _check_saved_bytes(T, levels, D=64, BH=1):
         out.backward(torch.ones_like(out))  # the saved tensors are enough for the backward
     lean = inputs + out.nbytes + BH * T * 4  # + the fp32 log-sum-exp
     assert kept[False] == lean
-    assert kept[True] - lean == BH * T * (7 + levels) * 128
+    assert kept[True] - lean == BH * T * per_token
 
 
 @triton.jit
