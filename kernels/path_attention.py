@@ -238,7 +238,7 @@ def _ut_program(BT: tl.constexpr):
 
 
 @triton.jit
-def _path_bwd_program(X, V, C, T, stride_xb, stride_vb, BT: tl.constexpr, BIAS: tl.constexpr):
+def _schedule_program(X, V, C, T, stride_xb, stride_vb, BT: tl.constexpr, BIAS: tl.constexpr):
     """The head shared by :func:`_path_dyadic_fwd` and :func:`_path_bwd`: the program's head and UT block
     (:func:`_ut_program`), ``X`` and ``V`` moved to that head, and the gate argument of
     :func:`.flash_attention._bwd_logits` (the head's cumulative log gate, or 0 without one)."""
@@ -298,7 +298,7 @@ def _path_dyadic_fwd(X, AD, V, O, C, LSE, T, LEVELS, qk_scale, stride_xl, stride
     FlashAttention-2.  ``O``: ``(BH, T, Dv)``.  Non-finite values: the diagonal tile folds through
     :func:`._pieces._masked_dot` and the rows that see a NaN or inf value get it back at the end
     (:func:`._pieces._poison`), as in the scan."""
-    bh, start, offs_b, X, V, bias_arg = _path_bwd_program(X, V, C, T, stride_xb, stride_vb, BT, BIAS)
+    bh, start, offs_b, X, V, bias_arg = _schedule_program(X, V, C, T, stride_xb, stride_vb, BT, BIAS)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     rel = tl.arange(0, BT)  # positions relative to the block, for the non-finite bookkeeping
@@ -355,7 +355,7 @@ def _path_bwd(X, AD, V, DO, LSE, DELTA, C, DX, DAD, DV, DBR, DBC, T, LEVELS, qk_
     written by exactly one program.  ``X``, ``DX``: ``(L, BH, T_pad, D)``; ``V``, ``DO``, ``DV``:
     ``(BH, T, Dv)``; ``C``: the cumulative log gate (``BIAS == "loggate"``, PaTH-FoX).
     """
-    bh, start, offs_b, X, V, bias_arg = _path_bwd_program(X, V, C, T, stride_xb, stride_vb, BT, BIAS)
+    bh, start, offs_b, X, V, bias_arg = _schedule_program(X, V, C, T, stride_xb, stride_vb, BT, BIAS)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
