@@ -461,9 +461,10 @@ def path_attention(q, k, v, w, beta, *, scale=None, block=None, log_f=None, save
     (:class:`_PathAttention`), and the forward runs on the backward's dyadic schedule instead of the scan
     (:func:`_path_dyadic_fwd`), so that the log-sum-exp it saves is that of the logits the backward differentiates:
     the same attention, rounded another way (both within the kernels' error of float64).  ``save_factors``
-    (bool, only then): keep the preparation pass's factors and the meeting points from the forward for the backward
-    (fastest: ``(7 + L) * 128`` more bytes per token and head for ``D = 64``, blocks of 64 and 16-bit inputs, with
-    ``L = ceil(log2(T / 64))`` levels, T rounded up to a multiple of 128) rather than only the output and its
+    (bool, only then): keep the preparation pass's factors, the meeting points and the carries that made them
+    from the forward for the backward (fastest: ``(6 + 2 L) * 128`` more bytes per token and head for ``D = 64``,
+    blocks of 64 and 16-bit inputs, with ``L = ceil(log2(T / 64))`` levels, T rounded up to a multiple of 128)
+    rather than only the output and its
     log-sum-exp, recomputing the rest (FlashAttention-2's memory; two launches more in the backward).
 
     ``_config`` (for tests and tuning; the scan's keys only without gradients): ``dict(R=..., num_warps=...,
@@ -663,28 +664,30 @@ def meeting_point_dtype(dtype):
         _BWD_X_DTYPE = saved
 
 
-def _path_train_forward(x: Flat, w3, beta3, c, scale: float, block: int, check=None):
+def _path_train_forward(x: Flat, w3, beta3, c, scale: float, block: int, check=None, keep_carries=True):
     """A forward to be differentiated, on validated inputs: the preparation pass of :func:`_bwd_prepare`, the
     carries to the meeting points (:func:`.path_carry.carry_forward`) and :func:`_path_dyadic_fwd`.  Returns
-    ``out, lse, prep, X`` (``out``: ``(BH, T, Dv)``)."""
+    ``out, lse, prep, X, C`` (``out``: ``(BH, T, Dv)``; ``C``: the carries themselves, or None without
+    ``keep_carries``)."""
     prep = _bwd_prepare(x, w3, beta3, block, check)
-    X = carry_forward(prep.qt, prep.kt, prep.g, block, _stored_x_dtype(x.dtype))
+    X, C = carry_forward(prep.qt, prep.kt, prep.g, block, _stored_x_dtype(x.dtype), keep_carries)
     out, lse = _dyadic_forward(x, c, scale, block, prep, X)
-    return out, lse, prep, X
+    return out, lse, prep, X, C
 
 
 def _path_bwd_launch(x: Flat, w3, beta3, c, out, lse, do, scale: float, block: int, x_dtype, prep=None, X=None,
-                     _config=None):
+                     C=None, _config=None):
     """PaTH's backward pass; ``do``: ``(BH, T, Dv)``; ``out``, ``lse``: what :func:`_path_train_forward` returned,
-    and its ``prep`` and ``X`` if the forward kept them (else they are made again, bit for bit the same: the
+    and its ``prep``, ``X`` and ``C`` if the forward kept them (else they are made again, bit for bit the same: the
     launches are deterministic; ``x_dtype``: the dtype the forward's meeting points had).
 
     1. (when not kept) the preparation pass (:func:`_bwd_prepare`): ``q~, k~, G`` (fp16 for 16-bit inputs), ``Ã``
-       and each block's inverse; the carries to the meeting points (:func:`.path_carry.carry_forward`);
+       and each block's inverse; the carries to the meeting points and the carries themselves
+       (:func:`.path_carry.carry_forward`);
     2. ``delta = dO . O`` (:func:`.flash_attention.bwd_delta`), then FlashAttention's backward on every pair of
        blocks (:func:`_path_bwd`), with the forward's log-sum-exp: ``dX``, ``dÃ``, ``dV`` and the gate's row and
        column sums;
-    3. the reversed carries (:func:`.path_carry.carry_backward`): ``dq~, dk~, dG``;
+    3. the reversed carries (:func:`.path_carry.carry_backward`, reading the carries): ``dq~, dk~, dG``;
     4. the preparation pass's backward (:func:`.ut_prepare.ut_prepare_backward`): ``dq, dk, dw, dbeta``.
 
     Returns ``dq, dk, dv`` (compute dtype), ``dw, dbeta`` (fp32) and ``dc`` (None without a gate).
@@ -692,12 +695,12 @@ def _path_bwd_launch(x: Flat, w3, beta3, c, out, lse, do, scale: float, block: i
     do = do.to(x.dtype).contiguous()
     if prep is None:
         prep = _bwd_prepare(x, w3, beta3, block)
-        X = carry_forward(prep.qt, prep.kt, prep.g, block, x_dtype)
+        X, C = carry_forward(prep.qt, prep.kt, prep.g, block, x_dtype, keep_carries=True)
     delta = bwd_delta(out, do)
     dX, dad, dv, rows, cols = _bwd_kernel(x, c, do, lse, delta, scale, block, prep, X, _config)
     del X
-    dqt, dkt, dg = carry_backward(prep.qt, prep.kt, prep.g, block, dX, x.dtype)
-    del dX
+    dqt, dkt, dg = carry_backward(prep.qt, prep.kt, prep.g, block, dX, x.dtype, C)
+    del dX, C
     dq, dk, dw, dbeta = ut_prepare_backward(x.q, x.k, w3, beta3, prep, dqt, dkt, dad, dg)
     return dq, dk, dv, dw, dbeta, None if c is None else rows - cols
 
@@ -708,8 +711,8 @@ class _PathAttention(torch.autograd.Function):
     Inputs: the flattened ``q, k, v`` of a :class:`._launch.Flat` (``flat``), fp32 ``w3, beta3`` and the
     cumulative log gate ``c`` (or None), then ``scale, block, save_factors``, the backward's tiles (or None) and
     the value check that receives the counts of bad ``w`` and ``beta``.  Saves the inputs, the output and its
-    log-sum-exp, and with ``save_factors`` the preparation pass's factors and the meeting points
-    (:meth:`.ut_prepare.Prepared.factors`), all through ``save_for_backward`` (so that saved-tensor hooks see
+    log-sum-exp, and with ``save_factors`` the preparation pass's factors (:meth:`.ut_prepare.Prepared.factors`),
+    the meeting points and the carries that made them (:func:`.path_carry.carry_forward`), all through ``save_for_backward`` (so that saved-tensor hooks see
     every byte).  ``dc = rows - cols``: ``c_i`` enters row ``i``'s logits, ``-c_j`` column ``j``'s.
     """
 
@@ -721,9 +724,9 @@ class _PathAttention(torch.autograd.Function):
         if x.empty_input:
             ctx.save_for_backward(q3, k3, v3, w3, beta3, c)
             return x.new_output(flat.n.Dv)
-        out, lse, prep, X = _path_train_forward(x, w3, beta3, c, scale, block, check)
+        out, lse, prep, X, C = _path_train_forward(x, w3, beta3, c, scale, block, check, keep_carries=save_factors)
         ctx.saved_factors, ctx.x_dtype = save_factors, X.dtype
-        factors = prep.factors() + (X,) if save_factors else ()
+        factors = prep.factors() + (X, C) if save_factors else ()
         ctx.save_for_backward(q3, k3, v3, w3, beta3, c, out, lse, *factors)
         return out
 
@@ -735,11 +738,11 @@ class _PathAttention(torch.autograd.Function):
             return (torch.zeros_like(q3), torch.zeros_like(k3), torch.zeros_like(v3), torch.zeros_like(w3),
                     torch.zeros_like(beta3), None if c is None else torch.zeros_like(c)) + (None,) * 6
         out, lse, *factors = rest
-        prep = X = None
+        prep = X = C = None
         if ctx.saved_factors:
-            *kept, X = factors
+            *kept, X, C = factors
             prep = Prepared.from_factors(q3, k3, w3, beta3, x.n.T, ctx.block, *kept,
                                          precision=prep_precision(x.dtype))
-        grads = _path_bwd_launch(x, w3, beta3, c, out, lse, do, ctx.scale, ctx.block, ctx.x_dtype, prep, X,
+        grads = _path_bwd_launch(x, w3, beta3, c, out, lse, do, ctx.scale, ctx.block, ctx.x_dtype, prep, X, C,
                                  ctx.bwd_config)
         return grads + (None,) * 6

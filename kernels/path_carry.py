@@ -22,13 +22,13 @@ and for the left half, with ``N_J = k~_J^T dX_J`` ::
     dk~_J = dX_J E_J^T,     dPhi_B = E_B U_B^T,    U_B = sum_{J < B in the half} Phi_{B-1} ... Phi_{J+1} N_J,
     U_{B+1} = Phi_B U_B + N_B                      (left to right, U = 0 before the first block)
 
-So each sweep runs *against* the direction in which its carry was built: :func:`_carry_bwd` rebuilds
-the half's ``C`` (or ``E``) going one way, keeps them in a scratch tensor, and walks back the other way
-with ``S`` (or ``U``).  The scratch is global memory written and read by one program, but a carry's
-element is stored by the thread that holds it in the product's layout and loaded by another: a
-``tl.debug_barrier()`` between the two sweeps orders them.  (It was first added for a wrong bf16 ``dk`` at
-T = 77 on an H100; that failure came from one autotuning config of ``_path_bwd``, not from here: see
-``path_attention._BWD_CONFIGS``.  The barrier stays because the ordering it enforces is required.)  Every block
+So each sweep runs *against* the direction in which its carry was built: it needs ``C_B`` (or ``E_B``) in the
+order opposite to the one that makes them.  :func:`_carry_fwd` stores every block's carry as it goes
+(``keep_carries``; ``D x D`` per block and level, as many numbers as the level's rows of ``X`` when the block is
+``D`` rows), and :func:`_carry_bwd` reads them back while it walks the other way with ``S`` (or ``U``).  Until
+session 24 the backward rebuilt them instead, in a first sweep through a scratch tensor; reading them took 0.85 ms
+less per training step at T = 2048 on an H200 and storing them 0.27 ms more in the forward
+(``pathedu/data/ab_carries_kept.json``, ``kernels/NOTES_path.md`` section 20).  Every block
 belongs to one half per level, so one launch per level writes each gradient row once (level 1's launch, which folds
 level 0 in, writes every row; each later one adds to what the levels before left).  Products are
 :func:`._pieces._dot` at the preparation pass's precision (:func:`.ut_prepare.prep_precision`).
@@ -58,33 +58,38 @@ def _level_zero_rows(QT, KT, X0, b, rows, offs_d, HEAD_DIM: tl.constexpr, BT: tl
 
 
 @triton.jit
-def _carry_fwd(QT, KT, GM, X, X0, NB, h, stride_tb, stride_pb,
+def _carry_fwd(QT, KT, GM, X, X0, CS, NB, h, stride_tb, stride_pb,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, CARRY: tl.constexpr,
-               FIRST: tl.constexpr):
+               FIRST: tl.constexpr, SAVE: tl.constexpr):
     """One half of one node at one level (grid ``(nodes, 2, BH)``; halves of ``h`` blocks): its rows of ``X``.
     ``QT, KT``: ``(BH, NB * BT, D)``; ``X``: the same shape, any float dtype; ``GM``: ``(BH, NB, D, D)``,
     ``G_b = Phi_b - I`` (the preparation pass's ``G``: a carry moves as ``C + G C``); all three fp32, or fp16
     with ``CARRY = "fp16"``.  ``FIRST`` (level 1, ``h = 2``): the half's rows of level 0 too, into ``X0`` (shaped
     like ``X``): there every half is one block and its carry the identity, so ``X0`` is ``q~`` on odd blocks and
     ``k~`` on even ones, which the program reads anyway but for one tile (a launch and a pass through memory
-    fewer than a copy)."""
+    fewer than a copy).  ``SAVE``: also store each block's carry (``C_b`` or ``E_b``, before its own transition)
+    into ``CS`` (shaped like ``GM``, its dtype), where :func:`_carry_bwd` reads them instead of rebuilding them."""
     node = tl.program_id(0)
     bh = tl.program_id(2).to(tl.int64)
     mid = node * 2 * h + h  # the boundary, in blocks
     rows = tl.arange(0, BT)
     offs_d = tl.arange(0, BLOCK_D)
     CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    DD: tl.constexpr = HEAD_DIM * HEAD_DIM
     QT += bh * stride_tb
     KT += bh * stride_tb
     X += bh * stride_tb
     X0 += bh * stride_tb
     GM += bh * stride_pb
+    CS += bh * stride_pb
     carry = (offs_d[:, None] == offs_d[None, :]).to(tl.float32)  # [BD, BD]
     if tl.program_id(1) == 1:  # right half: queries carried left, C <- Phi_b C
         for t in range(0, tl.minimum(h, NB - mid)):
             b = mid + t
             q = _load_rows(QT + b * BT * HEAD_DIM, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
             _store_rows(X + b * BT * HEAD_DIM, _dot(q, carry, CARRY), rows, offs_d, HEAD_DIM, BT, HEAD_DIM)
+            if SAVE:
+                _store_rows(CS + b * DD, carry, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM)
             if FIRST:
                 _level_zero_rows(QT, KT, X0, b, rows, offs_d, HEAD_DIM, BT, CHECK_D)
             g = _load_rows(GM + b * HEAD_DIM * HEAD_DIM, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D,
@@ -95,6 +100,8 @@ def _carry_fwd(QT, KT, GM, X, X0, NB, h, stride_tb, stride_pb,
             b = mid - 1 - t
             k = _load_rows(KT + b * BT * HEAD_DIM, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
             _store_rows(X + b * BT * HEAD_DIM, _dot(k, carry, CARRY), rows, offs_d, HEAD_DIM, BT, HEAD_DIM)
+            if SAVE:
+                _store_rows(CS + b * DD, carry, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM)
             if FIRST:
                 _level_zero_rows(QT, KT, X0, b, rows, offs_d, HEAD_DIM, BT, CHECK_D)
             g = _load_rows(GM + b * HEAD_DIM * HEAD_DIM, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D,
@@ -127,14 +134,14 @@ def _add_dphi(ptr, a, b, nonzero, offs_d, HEAD_DIM: tl.constexpr, CHECK_D: tl.co
 
 
 @triton.jit
-def _carry_bwd(QT, KT, GM, DX, DX0, DQT, DKT, DGM, SCRATCH, NB, h, stride_tb, stride_pb,
-               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, CARRY: tl.constexpr,
-               PRECISION: tl.constexpr, FIRST: tl.constexpr):
+def _carry_bwd(QT, KT, GM, DX, DX0, DQT, DKT, DGM, CS, NB, h, stride_tb, stride_pb,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr,
+               FIRST: tl.constexpr):
     """The reverse of :func:`_carry_fwd` for one half: adds this level's ``dq~`` (right halves), ``dk~`` (left
     halves) and ``dPhi`` (both) to ``DQT``, ``DKT``, ``DGM`` (fp32, shaped like ``QT``, ``KT``, ``GM``).
-    ``DX``: the level's ``dX`` (fp32); ``SCRATCH``: ``(BH, NB, D, D)`` in ``GM``'s dtype, for the half's carries.
-    The carries are rebuilt in ``CARRY`` precision, as :func:`_carry_fwd` built them; every product with a
-    gradient runs in ``PRECISION`` (never fp16: gradients can be smaller than fp16's normal range).
+    ``DX``: the level's ``dX`` (fp32); ``CS``: the level's carries as :func:`_carry_fwd` stored them
+    (``(BH, NB, D, D)``, ``GM``'s dtype).  Every product with a gradient runs in ``PRECISION`` (never fp16:
+    gradients can be smaller than fp16's normal range).
 
     ``FIRST`` (level 1, ``h = 2``, the first launch): the outputs are written, not added to, and level 0 is
     folded in from ``DX0`` (its ``dX``; there ``dq~`` is ``dX``'s rows on odd blocks, ``dk~`` on even ones, and
@@ -156,20 +163,13 @@ def _carry_bwd(QT, KT, GM, DX, DX0, DQT, DKT, DGM, SCRATCH, NB, h, stride_tb, st
     DKT += bh * stride_tb
     GM += bh * stride_pb
     DGM += bh * stride_pb
-    SCRATCH += bh * stride_pb
-    carry = (offs_d[:, None] == offs_d[None, :]).to(tl.float32)
+    CS += bh * stride_pb
     if tl.program_id(1) == 1:  # right half
         n_right = tl.minimum(h, NB - mid)
-        for t in range(0, n_right):  # rebuild C_b, left to right
-            b = mid + t
-            _store_rows(SCRATCH + b * DD, carry, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM)
-            g = _load_rows(GM + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
-            carry += _dot(g, carry, CARRY)
-        tl.debug_barrier()  # the C_b just stored were written by other threads than those that read them back
         s = tl.zeros([BLOCK_D, BLOCK_D], dtype=tl.float32)  # S_b: later blocks' M_I carried back to b
         for tt in range(0, n_right):  # right to left
             b = mid + n_right - 1 - tt
-            c = _load_rows(SCRATCH + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
+            c = _load_rows(CS + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
             dx = _load_rows(DX + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D).to(tl.float32)
             q = _load_rows(QT + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
             g = _load_rows(GM + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
@@ -186,16 +186,10 @@ def _carry_bwd(QT, KT, GM, DX, DX0, DQT, DKT, DGM, SCRATCH, NB, h, stride_tb, st
                             offs_d, HEAD_DIM, BT, HEAD_DIM)
     else:  # left half
         t0 = tl.maximum(mid - NB, 0)
-        for t in range(t0, h):  # rebuild E_b, right to left
-            b = mid - 1 - t
-            _store_rows(SCRATCH + b * DD, carry, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM)
-            g = _load_rows(GM + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
-            carry += _dot(tl.trans(g), carry, CARRY)
-        tl.debug_barrier()  # as above: the E_b go through global memory between threads
         u = tl.zeros([BLOCK_D, BLOCK_D], dtype=tl.float32)  # U_b: earlier blocks' N_J carried forward to b
         for t in range(0, h - t0):  # left to right
             b = mid - h + t
-            e = _load_rows(SCRATCH + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
+            e = _load_rows(CS + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
             dx = _load_rows(DX + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D).to(tl.float32)
             k = _load_rows(KT + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
             g = _load_rows(GM + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
@@ -213,9 +207,9 @@ def _carry_bwd(QT, KT, GM, DX, DX0, DQT, DKT, DGM, SCRATCH, NB, h, stride_tb, st
 
 
 _CARRY_CONFIGS = [triton.Config({}, num_warps=w, num_stages=1) for w in (4, 8)]  # one stage: see carry_forward
-_carry_fwd_tuned = triton.autotune(_CARRY_CONFIGS, key=["HEAD_DIM", "BT", "CARRY", "h"])(_carry_fwd)
+_carry_fwd_tuned = triton.autotune(_CARRY_CONFIGS, key=["HEAD_DIM", "BT", "CARRY", "h", "SAVE"])(_carry_fwd)
 # The backward adds to its outputs: autotuning's trial runs must not leave their sums behind.
-_carry_bwd_tuned = triton.autotune(_CARRY_CONFIGS, key=["HEAD_DIM", "BT", "CARRY", "PRECISION", "h"],
+_carry_bwd_tuned = triton.autotune(_CARRY_CONFIGS, key=["HEAD_DIM", "BT", "PRECISION", "h"],
                                    restore_value=["DQT", "DKT", "DGM"])(_carry_bwd)
 
 
@@ -244,17 +238,22 @@ def levels(nb: int) -> int:
     return max(0, (nb - 1).bit_length())
 
 
-def carry_forward(qt, kt, g, block: int, dtype) -> torch.Tensor:
-    """The meeting-point rows ``X: (L, BH, T_pad, D)`` in ``dtype`` (:func:`_carry_fwd`, one launch per level
-    from level 1, whose launch writes level 0 too).
+def carry_forward(qt, kt, g, block: int, dtype, keep_carries: bool = False):
+    """``(X, C)``: the meeting-point rows ``X: (L, BH, T_pad, D)`` in ``dtype`` (:func:`_carry_fwd`, one launch per
+    level from level 1, whose launch writes level 0 too) and, with ``keep_carries``, the carries ``C`` (else None).
 
     ``qt, kt: (BH, T_pad, D)`` (``q~``, ``k~`` in blocks of ``block`` rows), ``g: (BH, T_pad / block, D, D)``
     (each block's ``G = Phi - I``), as :class:`.ut_prepare.Prepared` makes them: all fp32, or all fp16 (then
-    the carries are multiplied in fp16: :func:`_carry_precision`).
+    the carries are multiplied in fp16: :func:`_carry_precision`).  ``C: (L - 1, BH, T_pad / block, D, D)`` in
+    ``g``'s dtype: each block's carry at levels 1 .. L - 1 (level 0's are the identity), for
+    :func:`carry_backward`; ``D * D`` numbers per block and level, as many as ``X`` has per level when
+    ``block == D``.
     """
     BH, T_pad, D = qt.shape
     nb = T_pad // block
     X = torch.empty((levels(nb), BH, T_pad, D), dtype=dtype, device=qt.device)
+    C = torch.empty((max(X.shape[0] - 1, 0),) + tuple(g.shape), dtype=g.dtype, device=g.device) if keep_carries \
+        else None
     if X.shape[0] == 1:  # two blocks: level 0 alone, every half one block whose carry is the identity
         blocks = X[0].view(BH, nb, block, D)
         blocks[:, 1::2] = qt.view(BH, nb, block, D)[:, 1::2]
@@ -262,20 +261,24 @@ def carry_forward(qt, kt, g, block: int, dtype) -> torch.Tensor:
     kernel, fixed = _kernel(_carry_fwd_tuned, _carry_fwd)
     for lvl in range(1, X.shape[0]):
         h = 1 << lvl
-        kernel[(-(-nb // (2 * h)), 2, BH)](qt, kt, g, X[lvl], X[0], nb, h, qt.stride(0), g.stride(0), HEAD_DIM=D,
-                                           BLOCK_D=next_pow2(D), BT=block, CARRY=_carry_precision(g, D),
-                                           FIRST=lvl == 1, **fixed)
-    return X
+        kernel[(-(-nb // (2 * h)), 2, BH)](qt, kt, g, X[lvl], X[0], g if C is None else C[lvl - 1], nb, h,
+                                           qt.stride(0), g.stride(0), HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=block,
+                                           CARRY=_carry_precision(g, D), FIRST=lvl == 1, SAVE=C is not None, **fixed)
+    return X, C
 
 
-def carry_backward(qt, kt, g, block: int, dX, dtype):
-    """``dq~, dk~, dG`` (fp32, shaped like ``qt, kt, g``) from ``dX`` (:func:`carry_forward`'s output's gradient):
-    :func:`_carry_bwd` once per level from level 1 (whose launch writes the outputs, level 0 folded in), each later
-    one adding to what the levels before left.  ``dtype``: the inputs' (it sets the gradient products'
-    precision, in the version that keeps every NaN: :func:`._launch.keeping_nans`)."""
+def carry_backward(qt, kt, g, block: int, dX, dtype, carries):
+    """``dq~, dk~, dG`` (fp32, shaped like ``qt, kt, g``) from ``dX`` (:func:`carry_forward`'s output's gradient) and
+    the carries that made ``X`` (``carry_forward(..., keep_carries=True)``'s ``C``): :func:`_carry_bwd` once per
+    level from level 1 (whose launch writes the outputs, level 0 folded in), each later one adding to what the
+    levels before left.  ``dtype``: the inputs' (it sets the gradient products' precision, in the version that
+    keeps every NaN: :func:`._launch.keeping_nans`)."""
     BH, T_pad, D = qt.shape
     nb = T_pad // block
     L = dX.shape[0]
+    if carries.shape != (max(L - 1, 0),) + tuple(g.shape) or carries.dtype != g.dtype:
+        raise ValueError(f"`carries` must be carry_forward's C, {(max(L - 1, 0), *g.shape)} in {g.dtype}, "
+                         f"got {tuple(carries.shape)} in {carries.dtype}")
     make = torch.empty if L > 1 else torch.zeros  # from level 1 on, the first launch writes every row
     dqt, dkt = (make(qt.shape, dtype=torch.float32, device=qt.device) for _ in range(2))
     dg = make(g.shape, dtype=torch.float32, device=g.device)
@@ -283,14 +286,12 @@ def carry_backward(qt, kt, g, block: int, dX, dtype):
         blocks = dX[0].view(BH, nb, block, D)
         dqt.view(BH, nb, block, D)[:, 1::2] = blocks[:, 1::2]
         dkt.view(BH, nb, block, D)[:, 0::2] = blocks[:, 0::2]
-    scratch = torch.empty_like(g)
     kernel, fixed = _kernel(_carry_bwd_tuned, _carry_bwd)
     for lvl in range(1, L):
         h = 1 << lvl
-        kernel[(-(-nb // (2 * h)), 2, BH)](qt, kt, g, dX[lvl], dX[0], dqt, dkt, dg, scratch, nb, h, qt.stride(0),
-                                           g.stride(0), HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=block,
-                                           CARRY=_carry_precision(g, D), PRECISION=keeping_nans(_precision(dtype, D)),
-                                           FIRST=lvl == 1, **fixed)
+        kernel[(-(-nb // (2 * h)), 2, BH)](qt, kt, g, dX[lvl], dX[0], dqt, dkt, dg, carries[lvl - 1], nb, h,
+                                           qt.stride(0), g.stride(0), HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=block,
+                                           PRECISION=keeping_nans(_precision(dtype, D)), FIRST=lvl == 1, **fixed)
     return dqt, dkt, dg
 
 

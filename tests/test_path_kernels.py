@@ -409,7 +409,8 @@ def test_dyadic_level_is_the_highest_differing_bit():
 def test_triton_carries_and_their_reverse_match_autograd(nb, D, BT, dtype, tol):
     """``carry_forward`` (queries and keys to their meeting points) against ``path._meeting_points``, and
     ``carry_backward`` against autograd through it (interpreter) vs float64: with fp32 factors, and with the
-    fp16 factors of 16-bit inputs, whose carries are multiplied in fp16 (10 mantissa bits, as rounded tf32)."""
+    fp16 factors of 16-bit inputs, whose carries are multiplied in fp16 (10 mantissa bits, as rounded tf32); keeping
+    the carries leaves ``X`` as it was."""
     from pathedu.kernels.path_carry import carry_backward, carry_forward
 
     g = torch.Generator().manual_seed(nb * 100 + D)
@@ -422,13 +423,42 @@ def test_triton_carries_and_their_reverse_match_autograd(nb, D, BT, dtype, tol):
     dX = torch.randn(X.shape, generator=g, dtype=torch.float64)
     want = torch.autograd.grad(X, leaves, dX, allow_unused=True)
     flat = [x.to(dtype).flatten(1, 2).contiguous() for x in (qt, kt)]
-    got_X = carry_forward(flat[0], flat[1], G.to(dtype).contiguous(), BT, dtype)
-    assert got_X.dtype == dtype and rel_err(got_X.double(), X.flatten(-3, -2)) < tol
-    got = carry_backward(flat[0], flat[1], G.to(dtype).contiguous(), BT, dX.float().flatten(-3, -2).contiguous(),
-                         dtype)
+    Gd = G.to(dtype).contiguous()
+    got_X, none = carry_forward(flat[0], flat[1], Gd, BT, dtype)
+    assert none is None and got_X.dtype == dtype and rel_err(got_X.double(), X.flatten(-3, -2)) < tol
+    kept_X, C = carry_forward(flat[0], flat[1], Gd, BT, dtype, keep_carries=True)
+    assert torch.equal(kept_X, got_X) and C.shape == (X.shape[0] - 1, *Gd.shape) and C.dtype == dtype
+    got = carry_backward(flat[0], flat[1], Gd, BT, dX.float().flatten(-3, -2).contiguous(), dtype, C)
     for name, a, b, like in zip(("dq~", "dk~", "dG"), got, want, leaves):
         b = torch.zeros_like(like) if b is None else b
         assert a.dtype == torch.float32 and rel_err(a.double().reshape(b.shape), b) < tol, name
+
+
+def test_kept_carries_are_the_products_of_the_transitions():
+    """``carry_forward(..., keep_carries=True)``'s ``C[l - 1]`` holds, for every block ``b`` of a right half at level
+    ``l``, ``C_b = Phi_{b-1} ... Phi_mid`` (the identity at ``mid``), and for a left half ``E_b = Phi_{b+1}^T ...
+    Phi_{mid-1}^T``: what the reversed carries read (float64 products against the kernel, fp32, interpreter)."""
+    from pathedu.kernels.path_carry import carry_forward
+
+    nb, D, BT = 7, 16, 16  # three levels, a last node cut short
+    g = torch.Generator().manual_seed(3)
+    qt, kt = (torch.randn(1, nb * BT, D, generator=g) for _ in range(2))
+    w = torch.nn.functional.normalize(torch.randn(1, nb, 2, D, generator=g, dtype=torch.float64), dim=-1)
+    G = -0.7 * w.transpose(-1, -2) @ w
+    _, C = carry_forward(qt, kt, G.float().contiguous(), BT, torch.float32, keep_carries=True)
+    phi = torch.eye(D, dtype=torch.float64) + G[0]
+    assert C.shape == (2, 1, nb, D, D)
+    for lvl in (1, 2):
+        h = 1 << lvl
+        for mid in range(h, nb, 2 * h):
+            want = torch.eye(D, dtype=torch.float64)
+            for b in range(mid, min(mid + h, nb)):  # right half, left to right
+                assert rel_err(C[lvl - 1, 0, b].double(), want) < 1e-5, (lvl, b)
+                want = phi[b] @ want
+            want = torch.eye(D, dtype=torch.float64)
+            for b in range(mid - 1, mid - h - 1, -1):  # left half, right to left
+                assert rel_err(C[lvl - 1, 0, b].double(), want) < 1e-5, (lvl, b)
+                want = phi[b].T @ want
 
 
 def test_backward_tiles_fit_the_schedule():
@@ -503,13 +533,13 @@ def test_backward_differentiates_the_forwards_own_logits():
 def test_saved_for_backward_is_what_the_docstring_says():
     """What a forward to be differentiated keeps, counted by a saved-tensor hook (fp16, D = 64, 64-token blocks,
     T = 256: two levels; 128: one): the inputs, the output and its log-sum-exp; with ``save_factors`` also
-    ``q~, k~`` and ``G`` in fp16, ``Ã`` and the inverses in fp32 and ``L`` levels of meeting points in fp16, as many
-    bytes per token and head as :func:`path_attention`'s docstring says (read from it)."""
+    ``q~, k~`` and ``G`` in fp16, ``Ã`` and the inverses in fp32, ``L`` levels of meeting points and ``L - 1`` of
+    carries in fp16, as many bytes per token and head as :func:`path_attention`'s docstring says (read from it)."""
     import re
 
-    fixed = int(re.search(r"``\((\d+) \+ L\) \* 128`` more bytes per token", path_attention.__doc__).group(1))
+    fixed = int(re.search(r"``\((\d+) \+ 2 L\) \* 128`` more bytes per token", path_attention.__doc__).group(1))
     for T, levels in ((256, 2), (128, 1)):
-        _check_saved_bytes(T, levels, (fixed + levels) * 128)
+        _check_saved_bytes(T, levels, (fixed + 2 * levels) * 128)
 
 
 def _check_saved_bytes(T, levels, per_token, D=64, BH=1):

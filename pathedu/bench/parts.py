@@ -112,7 +112,8 @@ def _path_backward_parts(q, k, v, bench):
     fla's forward + backward.  The meeting-point rows ``X`` are timed in each storage dtype (fp32; fp16, the
     default for 16-bit inputs, :func:`pathedu.kernels.path_attention._stored_x_dtype`; bf16): the carries, the
     dyadic forward, ``_path_bwd`` and the whole forward + backward once per dtype; the later steps read the
-    default's ``dX``.  The whole step is timed with the factors kept (the default) and made again
+    default's ``dX`` (the reversed carries read the carries that the forward kept, as a training step does).  The
+    whole step is timed with the factors kept (the default) and made again
     (``save_factors=False``)."""
     from ..kernels import path_attention as pa
     from ..kernels._launch import per_token, prepare_qkv
@@ -140,8 +141,8 @@ def _path_backward_parts(q, k, v, bench):
     for dtype in _X_DTYPES:
         tag = tagged(dtype)
         times[f"forward 2: carries to the meeting points ({tag})"] = bench(
-            lambda: carry_forward(prep.qt, prep.kt, prep.g, block, dtype))
-        X = carry_forward(prep.qt, prep.kt, prep.g, block, dtype)
+            lambda: carry_forward(prep.qt, prep.kt, prep.g, block, dtype, keep_carries=True))
+        X, C = carry_forward(prep.qt, prep.kt, prep.g, block, dtype, keep_carries=True)
         times[f"forward 3: _path_dyadic_fwd ({tag})"] = bench(
             lambda: pa._dyadic_forward(x, None, scale, block, prep, X))
         out, lse = pa._dyadic_forward(x, None, scale, block, prep, X)
@@ -152,11 +153,12 @@ def _path_backward_parts(q, k, v, bench):
         if dtype == default:  # delta reads the output alone, whatever the meeting points: timed once
             times["backward 1: delta = dO . O"] = bench(lambda: bwd_delta(out, do))
             dX, dad, *_ = pa._bwd_kernel(x, None, do, lse, delta, scale, block, prep, X)
-        del X
+            kept = C
+        del X, C
     times["backward 3: reversed carries"] = bench(lambda: carry_backward(prep.qt, prep.kt, prep.g, block, dX,
-                                                                          x.dtype))
-    dqt, dkt, dg = carry_backward(prep.qt, prep.kt, prep.g, block, dX, x.dtype)
-    del dX
+                                                                          x.dtype, kept))
+    dqt, dkt, dg = carry_backward(prep.qt, prep.kt, prep.g, block, dX, x.dtype, kept)
+    del dX, kept
     times["backward 4: preparation pass backward"] = bench(lambda: ut_prepare_backward(x.q, x.k, w3, beta3, prep,
                                                                                        dqt, dkt, dad, dg))
     del prep, dqt, dkt, dg, dad, out, do, lse, delta

@@ -65,13 +65,14 @@ KERNELS = {
                                           STORE_INV=pass_ == "backward", PRECISION="tf32"),
         ("Q", "K", "QT", "KT", "GM"), warps)
        for pass_ in ("forward", "backward") for warps in (4, 8)},
-    # the carries at levels from 2, and at level 1 (FIRST), whose launch writes level 0's rows too
+    # the carries at levels from 2, and at level 1 (FIRST), whose launch writes level 0's rows too; a training
+    # forward keeps the carries themselves (SAVE) for the reversed carries
     **{f"_carry_fwd{' (level 1)' if first else ''}": (
-        "path_carry", "_carry_fwd", dict(_D, BT=64, CARRY="fp16", FIRST=first), ("QT", "KT", "GM", "X", "X0"), 4)
+        "path_carry", "_carry_fwd", dict(_D, BT=64, CARRY="fp16", FIRST=first, SAVE=True),
+        ("QT", "KT", "GM", "X", "X0", "CS"), 4)
        for first in (False, True)},
     **{f"_carry_bwd{' (level 1)' if first else ''}": (
-        "path_carry", "_carry_bwd", dict(_D, BT=64, CARRY="fp16", PRECISION="tf32", FIRST=first),
-        ("QT", "KT", "GM", "SCRATCH"), 4)
+        "path_carry", "_carry_bwd", dict(_D, BT=64, PRECISION="tf32", FIRST=first), ("QT", "KT", "GM", "CS"), 4)
        for first in (False, True)},
 }
 _FLASH = dict(HEAD_DIM=64, HEAD_DV=64, BLOCK_D=64, BLOCK_DV=64, PRECISION="tf32", STORE_LSE=False, ROTATE="none")

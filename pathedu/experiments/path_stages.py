@@ -48,10 +48,10 @@ def stages(args, do, device) -> dict:
 
     x, w3, beta3, scale, block = _setup(args, device)
     n = x.n
-    out, lse, prep, X = pa._path_train_forward(x, w3, beta3, None, scale, block)
+    out, lse, prep, X, C = pa._path_train_forward(x, w3, beta3, None, scale, block)
     do3 = do.to(x.device).reshape(x.BH, n.T, n.Dv).to(x.dtype).contiguous()
     dX, dad, dv, _, _ = pa._bwd_kernel(x, None, do3, lse, bwd_delta(out, do3), scale, block, prep, X)
-    dqt, dkt, dg = carry_backward(prep.qt, prep.kt, prep.g, block, dX, x.dtype)
+    dqt, dkt, dg = carry_backward(prep.qt, prep.kt, prep.g, block, dX, x.dtype, C)
     dq, dk, dw, dbeta = ut_prepare_backward(x.q, x.k, w3, beta3, prep, dqt, dkt, dad, dg)
     res = dict(out=out, lse=lse, qt=prep.qt, kt=prep.kt, ad=prep.ad, g=prep.g, inv=prep.inv, X=X, dX=dX, dad=dad,
                dv=dv, dqt=dqt, dkt=dkt, dg=dg, dq=dq, dk=dk, dw=dw, dbeta=dbeta)
@@ -82,11 +82,11 @@ def compare(args, do, gpu: dict) -> list[str]:
         setattr(prep, key, gpu[key].to(getattr(prep, key).dtype))
     do3 = do.reshape(x.BH, x.n.T, x.n.Dv).to(x.dtype).contiguous()
     X_gpu = gpu["X"].to(mine["X"].dtype)
-    X = carry_forward(prep.qt, prep.kt, prep.g, block, X_gpu.dtype)
+    X, C = carry_forward(prep.qt, prep.kt, prep.g, block, X_gpu.dtype, keep_carries=True)
     out, lse = pa._dyadic_forward(x, None, scale, block, prep, X_gpu)
     out_gpu = gpu["out"].to(out.dtype)
     dX, dad, dv, _, _ = pa._bwd_kernel(x, None, do3, gpu["lse"], bwd_delta(out_gpu, do3), scale, block, prep, X_gpu)
-    dqt, dkt, dg = carry_backward(prep.qt, prep.kt, prep.g, block, gpu["dX"].float(), x.dtype)
+    dqt, dkt, dg = carry_backward(prep.qt, prep.kt, prep.g, block, gpu["dX"].float(), x.dtype, C)
     dq, dk, dw, dbeta = ut_prepare_backward(x.q, x.k, w3, beta3, prep, gpu["dqt"], gpu["dkt"], gpu["dad"], gpu["dg"])
     lines += ["isolated (the interpreter's stage on the GPU's inputs, against the GPU's stage):",
               f"  X      {_rel(gpu['X'], X)}",
