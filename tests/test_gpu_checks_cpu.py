@@ -167,19 +167,20 @@ def test_register_report_compiles_for_sm90_without_a_gpu():
 
 def test_register_report_says_when_ptxas_serialises_the_tensor_core_products():
     """``--serialized`` compiles each kernel's PTX again with Triton's ptxas (``-v``) and reports its message C7515:
-    the FlashAttention template's main tile keeps its products pipelined; PaTH's reversed carries, at 255 registers,
-    do not (``kernels/NOTES_path.md`` section 17)."""
+    the FlashAttention template's main tile keeps its products pipelined; PaTH's forward carries do not
+    (``kernels/NOTES_path.md`` sections 17 and 20: the reversed carries did too until they stopped rebuilding the
+    carries, session 24)."""
     import subprocess
     import sys
 
     out = subprocess.run([sys.executable, "-m", "pathedu.bench.registers", "--serialized", "--kernels",
-                          "_flash_fwd (none, 64 x 64, 4 warps)", "_carry_bwd"], capture_output=True, text=True,
+                          "_flash_fwd (none, 64 x 64, 4 warps)", "_carry_fwd"], capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
     after = {lines[i][:48].strip(): lines[i + 1].strip() for i in range(1, len(lines) - 1, 2)}
     assert after["_flash_fwd (none, 64 x 64, 4 warps)"] == "tensor-core products pipelined"
-    assert after["_carry_bwd"].startswith("tensor-core products serialised by ptxas:") and "register" in after["_carry_bwd"]
+    assert after["_carry_fwd"].startswith("tensor-core products serialised by ptxas:") and "register" in after["_carry_fwd"]
 
 
 def _loop_mixes(name: str) -> list[dict]:
