@@ -180,7 +180,8 @@ def test_register_report_says_when_ptxas_serialises_the_tensor_core_products():
     lines = out.stdout.splitlines()
     after = {lines[i][:48].strip(): lines[i + 1].strip() for i in range(1, len(lines) - 1, 2)}
     assert after["_flash_fwd (none, 64 x 64, 4 warps)"] == "tensor-core products pipelined"
-    assert after["_carry_fwd"].startswith("tensor-core products serialised by ptxas:") and "register" in after["_carry_fwd"]
+    carries = after["_carry_fwd"]
+    assert carries.startswith("tensor-core products serialised by ptxas:") and "register" in carries
 
 
 def _loop_mixes(name: str) -> list[dict]:
