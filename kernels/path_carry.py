@@ -92,8 +92,7 @@ def _carry_fwd(QT, KT, GM, X, X0, CS, NB, h, stride_tb, stride_pb,
                 _store_rows(CS + b * DD, carry, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM)
             if FIRST:
                 _level_zero_rows(QT, KT, X0, b, rows, offs_d, HEAD_DIM, BT, CHECK_D)
-            g = _load_rows(GM + b * HEAD_DIM * HEAD_DIM, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D,
-                             CHECK_D)
+            g = _load_rows(GM + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
             carry += _dot(g, carry, CARRY)
     else:  # left half: keys carried right, E <- Phi_b^T E, from the boundary leftwards
         for t in range(tl.maximum(mid - NB, 0), h):  # blocks past NB (a last, partial node) are skipped
@@ -104,8 +103,7 @@ def _carry_fwd(QT, KT, GM, X, X0, CS, NB, h, stride_tb, stride_pb,
                 _store_rows(CS + b * DD, carry, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM)
             if FIRST:
                 _level_zero_rows(QT, KT, X0, b, rows, offs_d, HEAD_DIM, BT, CHECK_D)
-            g = _load_rows(GM + b * HEAD_DIM * HEAD_DIM, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D,
-                             CHECK_D)
+            g = _load_rows(GM + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
             carry += _dot(tl.trans(g), carry, CARRY)
 
 
