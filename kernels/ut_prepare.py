@@ -403,7 +403,7 @@ def _ut_bwd_aw(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, DQ, DK,
     # q~ = Q - QW (A W)
     tl.store(_ut_sq(DQW, bh, start, stride_ab, stride_at, BT), -_dot(dqt, tl.trans(_dot(a, w, PRECISION)), PRECISION))
     qw = tl.where(rows[:, None] >= rows[None, :],
-                  _dot(_ut_tile(Q, bh, start, stride_qb, stride_qt, T, HEAD_DIM, BLOCK_D, BT), tl.trans(w), PRECISION),
+                  _dot(_ut_tile_as_is(Q, bh, start, stride_qb, stride_qt, T, HEAD_DIM, BLOCK_D, BT), tl.trans(w), PRECISION),
                   0.0)  # [BT, BT]
     daw = -_dot(tl.trans(qw), dqt, PRECISION)  # [BT, BD]
     # G = -W^T (A W)
@@ -428,14 +428,14 @@ def _ut_bwd_scores(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, DQ,
     strict = rows[:, None] > rows[None, :]
     a = _ut_a(INV, BETA, bh, start, T, stride_ab, stride_at, BT)  # [BT, BT]
     w = _rn(_ut_tile(W, bh, start, stride_wb, stride_wt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)  # [BT, BD]
-    wk = tl.where(strict, _dot(w, tl.trans(_ut_tile(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT)),
+    wk = tl.where(strict, _dot(w, tl.trans(_ut_tile_as_is(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT)),
                                PRECISION), 0.0)  # [BT, BT]
     # Ã = lower(Q K^T) - (QW A) WK
     dad = tl.where(lower, tl.load(_ut_sq(DAD, bh, start, stride_ab, stride_at, BT)), 0.0)  # [BT, BT]
     dy = -_dot(dad, tl.trans(wk), PRECISION)  # d(QW A), [BT, BT]
     dqw = tl.load(_ut_sq(DQW, bh, start, stride_ab, stride_at, BT)) + _dot(dy, tl.trans(a), PRECISION)
     tl.store(_ut_sq(DQW, bh, start, stride_ab, stride_at, BT), tl.where(lower, dqw, 0.0))
-    qw = tl.where(lower, _dot(_ut_tile(Q, bh, start, stride_qb, stride_qt, T, HEAD_DIM, BLOCK_D, BT), tl.trans(w),
+    qw = tl.where(lower, _dot(_ut_tile_as_is(Q, bh, start, stride_qb, stride_qt, T, HEAD_DIM, BLOCK_D, BT), tl.trans(w),
                               PRECISION), 0.0)  # [BT, BT]
     da = _dot(tl.trans(qw), dy, PRECISION)  # [BT, BT]
     dwk = -_dot(tl.trans(_dot(qw, a, PRECISION)), dad, PRECISION)  # [BT, BT]
@@ -464,8 +464,8 @@ def _ut_bwd_qk(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, DQ, DK,
     left = T - start
     p_out = bh * stride_ob + start * stride_ot
     w = _rn(_ut_tile(W, bh, start, stride_wb, stride_wt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)  # [BT, BD]
-    k = _ut_tile(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT)  # [BT, BD]
-    q = _ut_tile(Q, bh, start, stride_qb, stride_qt, T, HEAD_DIM, BLOCK_D, BT)  # [BT, BD]
+    k = _ut_tile_as_is(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT)  # [BT, BD]
+    q = _ut_tile_as_is(Q, bh, start, stride_qb, stride_qt, T, HEAD_DIM, BLOCK_D, BT)  # [BT, BD]
     dad = tl.where(rows[:, None] >= rows[None, :], tl.load(_ut_sq(DAD, bh, start, stride_ab, stride_at, BT)), 0.0)
     dqw = tl.load(_ut_sq(DQW, bh, start, stride_ab, stride_at, BT))  # [BT, BT]
     dq = _ut_rd_load(DQT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT) + _dot(dad, k, PRECISION)
@@ -510,7 +510,7 @@ def _ut_bwd_w_inverse(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, 
     dw += _dot(dgram + tl.trans(dgram), w, PRECISION)
     # Through k~ = K - (A WK)^T W, G = -W^T (A W) and A W itself.
     a = xi * beta[None, :]  # [BT, BT], A = X D_beta (as _ut_a makes it)
-    wk = tl.where(strict, _dot(w, tl.trans(_ut_tile(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT)),
+    wk = tl.where(strict, _dot(w, tl.trans(_ut_tile_as_is(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT)),
                                PRECISION), 0.0)  # [BT, BT]
     dw -= _dot(_dot(a, wk, PRECISION), _ut_rd_load(DKT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT),
                PRECISION)
