@@ -192,7 +192,9 @@ def _ut_tile_as_is(ptr, bh, start, stride_b, stride_t, T, HEAD_DIM: tl.constexpr
                    BT: tl.constexpr):
     """Rows ``[start, start + BT)`` of head ``bh`` of a ``(BH, T, D)`` tensor: a ``[BT, BD]`` tile in the tensor's
     dtype (rows past ``T`` and columns past ``D`` load as 0).  A 16-bit tile takes half the registers of an fp32
-    one: the preparation pass keeps ``q`` and ``k`` this way and widens them where they are used."""
+    one: the preparation pass and its backward keep ``q`` and ``k`` this way and widen them where a product uses
+    them (a 16-bit value is a tf32 value: the products see the same numbers; in the backward this cut the spills and
+    3% of its time, ``kernels/NOTES_path.md`` section 21)."""
     return _load_rows(ptr + bh * stride_b + start * stride_t, tl.arange(0, BT), tl.arange(0, BLOCK_D), stride_t,
                       T - start, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
 
@@ -402,9 +404,8 @@ def _ut_bwd_aw(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, DQ, DK,
     dqt = _ut_rd_load(DQT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT)  # [BT, BD]
     # q~ = Q - QW (A W)
     tl.store(_ut_sq(DQW, bh, start, stride_ab, stride_at, BT), -_dot(dqt, tl.trans(_dot(a, w, PRECISION)), PRECISION))
-    qw = tl.where(rows[:, None] >= rows[None, :],
-                  _dot(_ut_tile_as_is(Q, bh, start, stride_qb, stride_qt, T, HEAD_DIM, BLOCK_D, BT), tl.trans(w), PRECISION),
-                  0.0)  # [BT, BT]
+    q = _ut_tile_as_is(Q, bh, start, stride_qb, stride_qt, T, HEAD_DIM, BLOCK_D, BT)  # [BT, BD], 16 bits for bf16
+    qw = tl.where(rows[:, None] >= rows[None, :], _dot(q, tl.trans(w), PRECISION), 0.0)  # [BT, BT]
     daw = -_dot(tl.trans(qw), dqt, PRECISION)  # [BT, BD]
     # G = -W^T (A W)
     daw -= _dot(w, _load_rows(DG + bh * stride_gb + blk * stride_gj, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM,
@@ -428,8 +429,8 @@ def _ut_bwd_scores(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, DQ,
     strict = rows[:, None] > rows[None, :]
     a = _ut_a(INV, BETA, bh, start, T, stride_ab, stride_at, BT)  # [BT, BT]
     w = _rn(_ut_tile(W, bh, start, stride_wb, stride_wt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)  # [BT, BD]
-    wk = tl.where(strict, _dot(w, tl.trans(_ut_tile_as_is(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT)),
-                               PRECISION), 0.0)  # [BT, BT]
+    k = _ut_tile_as_is(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT)  # [BT, BD]
+    wk = tl.where(strict, _dot(w, tl.trans(k), PRECISION), 0.0)  # [BT, BT]
     # Ã = lower(Q K^T) - (QW A) WK
     dad = tl.where(lower, tl.load(_ut_sq(DAD, bh, start, stride_ab, stride_at, BT)), 0.0)  # [BT, BT]
     dy = -_dot(dad, tl.trans(wk), PRECISION)  # d(QW A), [BT, BT]
@@ -510,8 +511,8 @@ def _ut_bwd_w_inverse(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, 
     dw += _dot(dgram + tl.trans(dgram), w, PRECISION)
     # Through k~ = K - (A WK)^T W, G = -W^T (A W) and A W itself.
     a = xi * beta[None, :]  # [BT, BT], A = X D_beta (as _ut_a makes it)
-    wk = tl.where(strict, _dot(w, tl.trans(_ut_tile_as_is(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT)),
-                               PRECISION), 0.0)  # [BT, BT]
+    k = _ut_tile_as_is(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT)  # [BT, BD]
+    wk = tl.where(strict, _dot(w, tl.trans(k), PRECISION), 0.0)  # [BT, BT]
     dw -= _dot(_dot(a, wk, PRECISION), _ut_rd_load(DKT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT),
                PRECISION)
     dg = _load_rows(DG + bh * stride_gb + blk * stride_gj, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D,

@@ -72,7 +72,7 @@ KERNELS = {
         ("QT", "KT", "GM", "X", "X0", "CS"), 4)
        for first in (False, True)},
     **{f"_carry_bwd{' (level 1)' if first else ''}": (
-        "path_carry", "_carry_bwd", dict(_D, BT=64, PRECISION="tf32", FIRST=first), ("QT", "KT", "GM", "CS"), 4)
+        "path_carry", "_carry_bwd", dict(_D, BT=64, PRECISION="tf32n", FIRST=first), ("QT", "KT", "GM", "CS"), 4)
        for first in (False, True)},
 }
 _FLASH = dict(HEAD_DIM=64, HEAD_DV=64, BLOCK_D=64, BLOCK_DV=64, PRECISION="tf32", STORE_LSE=False, ROTATE="none")
@@ -88,8 +88,9 @@ KERNELS.update({  # PaTH's scan, R blocks of 64 queries per program (the autotun
                              ("QT:fp16", "GM:fp16", "WC:fp16", "NU:fp16", "KT", "V", "O"), 4)
     for r in (1, 2)})
 _STAGES = {"_flash_fwd": 3, "_path_fwd": 2}  # the autotuner's pipelining depth for these tiles; 1 for the others
-KERNELS.update({  # the four kernels of the UT factors' backward, at 4 and 8 warps (the autotuner's two choices)
-    name + ("" if warps == 4 else f" ({warps} warps)"): ("ut_prepare", name, dict(_D, BT=64, PRECISION="tf32"),
+KERNELS.update({  # the four kernels of the UT factors' backward, at 4 and 8 warps (the autotuner's two choices); the
+    # backward's products keep every NaN ("tf32n", _launch.keeping_nans), as the reversed carries' above
+    name + ("" if warps == 4 else f" ({warps} warps)"): ("ut_prepare", name, dict(_D, BT=64, PRECISION="tf32n"),
                                                           ("Q", "K"), warps)
     for name in ("_ut_bwd_aw", "_ut_bwd_scores", "_ut_bwd_qk", "_ut_bwd_w_inverse") for warps in (4, 8)})
 _BWD = {k: v for k, v in _FLASH.items() if k not in ("STORE_LSE", "ROTATE")}  # the backward has neither
