@@ -229,6 +229,25 @@ def _dot(a, b, PRECISION: tl.constexpr):
 
 
 @triton.jit
+def _dot_ready(a, b, A_READY: tl.constexpr, B_READY: tl.constexpr, PRECISION: tl.constexpr):
+    """:func:`_dot` where the fp32 operands flagged ``*_READY`` already went through :func:`_rn` with
+    ``PRECISION``: in tf32 they are not rounded again (the rounding is idempotent, so the product is the same, bit
+    for bit, without a second rounded copy of the tile in registers); any other precision is :func:`_dot`'s."""
+    if PRECISION == "tf32" or PRECISION == "tf32n":
+        if A_READY:
+            ra = a
+        else:
+            ra = _rn(a, PRECISION)
+        if B_READY:
+            rb = b
+        else:
+            rb = _rn(b, PRECISION)
+        return tl.dot(ra, rb, input_precision="tf32")
+    else:
+        return _dot(a, b, PRECISION)
+
+
+@triton.jit
 def _input_dot(a, b, PRECISION: tl.constexpr):
     """``a @ b`` of two tiles in the inputs' dtype: 16-bit operands multiply exactly in fp32 (a plain product on
     the tensor cores, as exact as tf32 of the same values and at twice its rate); fp32 ones go through

@@ -43,7 +43,8 @@ import triton.language as tl
 
 from ..checks import check_positive_int, finite_condition, log_gate_condition, range_condition
 from ._launch import dot_precision, interpreting, keeping_nans, next_pow2
-from ._pieces import _dot, _finite_or_zero, _input_dot, _load_rows, _quiet_for, _quiet_fp32, _rn, _store_rows
+from ._pieces import (_dot, _dot_ready, _finite_or_zero, _input_dot, _load_rows, _quiet_for, _quiet_fp32, _rn,
+                      _store_rows)
 
 MAX_R = 2  # a query block holds at most this many UT blocks; prepared tensors are padded to MAX_R * block rows
 SUB = tl.constexpr(16)  # the triangular inverse is solved row by row on SUB x SUB diagonal blocks, then merged
@@ -401,17 +402,18 @@ def _ut_bwd_aw(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, DQ, DK,
     CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
     a = _ut_a(INV, BETA, bh, start, T, stride_ab, stride_at, BT)  # [BT, BT]
     w = _rn(_ut_tile(W, bh, start, stride_wb, stride_wt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)  # [BT, BD]
-    dqt = _ut_rd_load(DQT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT)  # [BT, BD]
+    dqt = _rn(_ut_rd_load(DQT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT), PRECISION)  # [BT, BD]
     # q~ = Q - QW (A W)
-    tl.store(_ut_sq(DQW, bh, start, stride_ab, stride_at, BT), -_dot(dqt, tl.trans(_dot(a, w, PRECISION)), PRECISION))
+    tl.store(_ut_sq(DQW, bh, start, stride_ab, stride_at, BT),
+             -_dot_ready(dqt, tl.trans(_dot_ready(a, w, False, True, PRECISION)), True, False, PRECISION))
     q = _ut_tile_as_is(Q, bh, start, stride_qb, stride_qt, T, HEAD_DIM, BLOCK_D, BT)  # [BT, BD], 16 bits for bf16
-    qw = tl.where(rows[:, None] >= rows[None, :], _dot(q, tl.trans(w), PRECISION), 0.0)  # [BT, BT]
-    daw = -_dot(tl.trans(qw), dqt, PRECISION)  # [BT, BD]
+    qw = tl.where(rows[:, None] >= rows[None, :], _dot_ready(q, tl.trans(w), False, True, PRECISION), 0.0)  # [BT, BT]
+    daw = -_dot_ready(tl.trans(qw), dqt, False, True, PRECISION)  # [BT, BD]
     # G = -W^T (A W)
-    daw -= _dot(w, _load_rows(DG + bh * stride_gb + blk * stride_gj, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM,
-                              CHECK_D, CHECK_D), PRECISION)
+    daw -= _dot_ready(w, _load_rows(DG + bh * stride_gb + blk * stride_gj, offs_d, offs_d, HEAD_DIM, HEAD_DIM,
+                                    HEAD_DIM, CHECK_D, CHECK_D), True, False, PRECISION)
     _ut_rd_store(DAW, daw, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT)
-    tl.store(_ut_sq(DA, bh, start, stride_ab, stride_at, BT), _dot(daw, tl.trans(w), PRECISION))
+    tl.store(_ut_sq(DA, bh, start, stride_ab, stride_at, BT), _dot_ready(daw, tl.trans(w), False, True, PRECISION))
 
 
 @triton.jit
@@ -427,25 +429,27 @@ def _ut_bwd_scores(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, DQ,
     rows = tl.arange(0, BT)
     lower = rows[:, None] >= rows[None, :]
     strict = rows[:, None] > rows[None, :]
-    a = _ut_a(INV, BETA, bh, start, T, stride_ab, stride_at, BT)  # [BT, BT]
+    # Every [BT, BT] tile here is read by products only: each is rounded once (_dot_ready), where it is made.
+    a = _rn(_ut_a(INV, BETA, bh, start, T, stride_ab, stride_at, BT), PRECISION)  # [BT, BT]
     w = _rn(_ut_tile(W, bh, start, stride_wb, stride_wt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)  # [BT, BD]
     k = _ut_tile_as_is(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT)  # [BT, BD]
-    wk = tl.where(strict, _dot(w, tl.trans(k), PRECISION), 0.0)  # [BT, BT]
+    wk = _rn(tl.where(strict, _dot_ready(w, tl.trans(k), True, False, PRECISION), 0.0), PRECISION)  # [BT, BT]
     # Ã = lower(Q K^T) - (QW A) WK
-    dad = tl.where(lower, tl.load(_ut_sq(DAD, bh, start, stride_ab, stride_at, BT)), 0.0)  # [BT, BT]
-    dy = -_dot(dad, tl.trans(wk), PRECISION)  # d(QW A), [BT, BT]
-    dqw = tl.load(_ut_sq(DQW, bh, start, stride_ab, stride_at, BT)) + _dot(dy, tl.trans(a), PRECISION)
+    dad = _rn(tl.where(lower, tl.load(_ut_sq(DAD, bh, start, stride_ab, stride_at, BT)), 0.0), PRECISION)  # [BT, BT]
+    dy = _rn(-_dot_ready(dad, tl.trans(wk), True, True, PRECISION), PRECISION)  # d(QW A), [BT, BT]
+    dqw = tl.load(_ut_sq(DQW, bh, start, stride_ab, stride_at, BT)) + _dot_ready(dy, tl.trans(a), True, True,
+                                                                                 PRECISION)
     tl.store(_ut_sq(DQW, bh, start, stride_ab, stride_at, BT), tl.where(lower, dqw, 0.0))
-    qw = tl.where(lower, _dot(_ut_tile_as_is(Q, bh, start, stride_qb, stride_qt, T, HEAD_DIM, BLOCK_D, BT), tl.trans(w),
-                              PRECISION), 0.0)  # [BT, BT]
-    da = _dot(tl.trans(qw), dy, PRECISION)  # [BT, BT]
-    dwk = -_dot(tl.trans(_dot(qw, a, PRECISION)), dad, PRECISION)  # [BT, BT]
+    q = _ut_tile_as_is(Q, bh, start, stride_qb, stride_qt, T, HEAD_DIM, BLOCK_D, BT)  # [BT, BD]
+    qw = _rn(tl.where(lower, _dot_ready(q, tl.trans(w), False, True, PRECISION), 0.0), PRECISION)  # [BT, BT]
+    da = _dot_ready(tl.trans(qw), dy, True, True, PRECISION)  # [BT, BT]
+    dwk = -_dot_ready(tl.trans(_dot_ready(qw, a, True, True, PRECISION)), dad, False, True, PRECISION)  # [BT, BT]
     # k~ = K - (A WK)^T W
-    dz = -_dot(w, tl.trans(_ut_rd_load(DKT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT)),
-               PRECISION)  # d(A WK), [BT, BT]
-    tl.store(_ut_sq(DWK, bh, start, stride_ab, stride_at, BT), tl.where(strict, dwk + _dot(tl.trans(a), dz, PRECISION),
-                                                                       0.0))
-    da += _dot(dz, tl.trans(wk), PRECISION)
+    dkt = _ut_rd_load(DKT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT)  # [BT, BD]
+    dz = _rn(-_dot_ready(w, tl.trans(dkt), True, False, PRECISION), PRECISION)  # d(A WK), [BT, BT]
+    tl.store(_ut_sq(DWK, bh, start, stride_ab, stride_at, BT),
+             tl.where(strict, dwk + _dot_ready(tl.trans(a), dz, True, True, PRECISION), 0.0))
+    da += _dot_ready(dz, tl.trans(wk), True, True, PRECISION)
     p_da = _ut_sq(DA, bh, start, stride_ab, stride_at, BT)
     tl.store(p_da, tl.load(p_da) + da)
 
@@ -467,15 +471,20 @@ def _ut_bwd_qk(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, DQ, DK,
     w = _rn(_ut_tile(W, bh, start, stride_wb, stride_wt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)  # [BT, BD]
     k = _ut_tile_as_is(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT)  # [BT, BD]
     q = _ut_tile_as_is(Q, bh, start, stride_qb, stride_qt, T, HEAD_DIM, BLOCK_D, BT)  # [BT, BD]
-    dad = tl.where(rows[:, None] >= rows[None, :], tl.load(_ut_sq(DAD, bh, start, stride_ab, stride_at, BT)), 0.0)
-    dqw = tl.load(_ut_sq(DQW, bh, start, stride_ab, stride_at, BT))  # [BT, BT]
-    dq = _ut_rd_load(DQT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT) + _dot(dad, k, PRECISION)
-    _store_rows(DQ + p_out, dq + _dot(dqw, w, PRECISION), rows, offs_d, stride_ot, left, HEAD_DIM)
-    dwk = tl.load(_ut_sq(DWK, bh, start, stride_ab, stride_at, BT))  # [BT, BT]
-    dk = _ut_rd_load(DKT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT) + _dot(tl.trans(dad), q, PRECISION)
-    _store_rows(DK + p_out, dk + _dot(tl.trans(dwk), w, PRECISION), rows, offs_d, stride_ot, left, HEAD_DIM)
-    _store_rows(DW + p_out, _dot(tl.trans(dqw), q, PRECISION) + _dot(dwk, k, PRECISION), rows, offs_d, stride_ot,
-                left, HEAD_DIM)
+    # dÃ, dQW and dWK are read by two products each: rounded once (_dot_ready)
+    dad = _rn(tl.where(rows[:, None] >= rows[None, :], tl.load(_ut_sq(DAD, bh, start, stride_ab, stride_at, BT)), 0.0),
+              PRECISION)  # [BT, BT]
+    dqw = _rn(tl.load(_ut_sq(DQW, bh, start, stride_ab, stride_at, BT)), PRECISION)  # [BT, BT]
+    dq = _ut_rd_load(DQT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT) + _dot_ready(dad, k, True, False,
+                                                                                              PRECISION)
+    _store_rows(DQ + p_out, dq + _dot_ready(dqw, w, True, True, PRECISION), rows, offs_d, stride_ot, left, HEAD_DIM)
+    dwk = _rn(tl.load(_ut_sq(DWK, bh, start, stride_ab, stride_at, BT)), PRECISION)  # [BT, BT]
+    dk = _ut_rd_load(DKT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT) + _dot_ready(tl.trans(dad), q, True,
+                                                                                              False, PRECISION)
+    _store_rows(DK + p_out, dk + _dot_ready(tl.trans(dwk), w, True, True, PRECISION), rows, offs_d, stride_ot, left,
+                HEAD_DIM)
+    _store_rows(DW + p_out, _dot_ready(tl.trans(dqw), q, True, False, PRECISION)
+                + _dot_ready(dwk, k, True, False, PRECISION), rows, offs_d, stride_ot, left, HEAD_DIM)
 
 
 @triton.jit

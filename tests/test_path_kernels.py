@@ -14,7 +14,7 @@ from helpers import TOL_TRITON, case_id, rand_qkv, rel_err
 
 from pathedu import path, pathfox
 from pathedu.kernels.delta_rule import chunked_delta_rule, chunked_householder
-from pathedu.kernels._pieces import _dot, _quiet_for, _quiet_nan, _rn
+from pathedu.kernels._pieces import _dot, _dot_ready, _quiet_for, _quiet_nan, _rn
 from pathedu.kernels.path_attention import MAX_R, Prepared, path_attention
 
 CASES = [((2, 3), 1, 16, 16), ((1, 2), 37, 16, 24), ((), 65, 64, 32), ((2, 1, 2), 19, 32, 16),
@@ -623,6 +623,31 @@ def test_backward_products_keep_the_gpus_nans(precision):
     assert torch.isfinite(plain).all()  # the documented loss
     assert torch.isnan(kept[5]).all() and torch.isfinite(kept[torch.arange(16) != 5]).all()
     assert torch.equal(kept[torch.arange(16) != 5], plain[torch.arange(16) != 5])
+
+
+@triton.jit
+def _ready_product(A, B, C, N: tl.constexpr, PRECISION: tl.constexpr):
+    offs = tl.arange(0, N)
+    tile = offs[:, None] * N + offs[None, :]
+    a = _rn(tl.load(A + tile), PRECISION)  # rounded once where it is made, as the UT backward's tiles are
+    tl.store(C + tile, _dot_ready(a, tl.load(B + tile), True, False, PRECISION))
+
+
+@pytest.mark.parametrize("precision", ["tf32n", "x3n", "ieee"])
+def test_an_operand_rounded_once_gives_the_same_product(precision):
+    """``_pieces._dot_ready`` skips the rounding of an operand that already went through ``_rn`` (the UT factors'
+    backward rounds each tile that only products read once, where it is made; ``kernels/NOTES_path.md`` section
+    21): the rounding is idempotent, so the product is ``_dot``'s bit for bit, NaNs included; with ``"x3n"`` or
+    ``"ieee"`` it is ``_dot`` itself (``_rn`` leaves those operands alone)."""
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(16, 16, generator=g), torch.randn(16, 16, generator=g)
+    a.view(torch.int32)[3, 7] = 0x7FFFFFFF  # NVIDIA's canonical NaN
+    a[0, 0] = 1 + 2.0 ** -12  # a value the rounding moves
+    plain, ready = torch.empty(16, 16), torch.empty(16, 16)
+    _product[(1,)](a, b, plain, 16, precision)
+    _ready_product[(1,)](a, b, ready, 16, precision)
+    assert torch.equal(ready.nan_to_num(), plain.nan_to_num()) and torch.equal(ready.isnan(), plain.isnan())
+    assert torch.isnan(ready[3]).all()
 
 
 @triton.jit
