@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from ._launch import interpreting, keeping_nans, next_pow2
-from ._pieces import _dot, _load_rows, _store_rows
+from ._pieces import _dot, _dot_ready, _load_rows, _rn, _store_rows
 from .ut_prepare import prep_precision
 
 
@@ -118,17 +118,19 @@ def _level_zero_grad(DX0, b, PARITY: tl.constexpr, rows, offs_d, HEAD_DIM: tl.co
 
 @triton.jit
 def _add_dphi(ptr, a, b, nonzero, offs_d, HEAD_DIM: tl.constexpr, CHECK_D: tl.constexpr, PRECISION: tl.constexpr,
-              FIRST: tl.constexpr):
+              FIRST: tl.constexpr, A_READY: tl.constexpr, B_READY: tl.constexpr):
     """``dPhi += a b`` at ``ptr`` (a ``D x D`` tile) where ``nonzero`` (a half's end block has none to add); with
-    ``FIRST`` the tile is written instead, zeros where ``not nonzero``."""
+    ``FIRST`` the tile is written instead, zeros where ``not nonzero``.  ``*_READY``: as :func:`._pieces._dot_ready`."""
     if FIRST:
         if nonzero:
-            _store_rows(ptr, _dot(a, b, PRECISION), offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM)
+            _store_rows(ptr, _dot_ready(a, b, A_READY, B_READY, PRECISION), offs_d, offs_d, HEAD_DIM, HEAD_DIM,
+                        HEAD_DIM)
         else:
             _store_rows(ptr, tl.zeros_like(a), offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM)
     elif nonzero:
         dg = _load_rows(ptr, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
-        _store_rows(ptr, dg + _dot(a, b, PRECISION), offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM)
+        _store_rows(ptr, dg + _dot_ready(a, b, A_READY, B_READY, PRECISION), offs_d, offs_d, HEAD_DIM, HEAD_DIM,
+                    HEAD_DIM)
 
 
 @triton.jit
@@ -168,16 +170,20 @@ def _carry_bwd(QT, KT, GM, DX, DX0, DQT, DKT, DGM, CS, NB, h, stride_tb, stride_
         for tt in range(0, n_right):  # right to left
             b = mid + n_right - 1 - tt
             c = _load_rows(CS + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
-            dx = _load_rows(DX + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D).to(tl.float32)
+            dx = _rn(_load_rows(DX + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D).to(tl.float32),
+                     PRECISION)  # [BT, BD], read by two products: rounded once
             q = _load_rows(QT + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
             g = _load_rows(GM + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
             if FIRST:
                 dq = _level_zero_grad(DX0, b, 1, rows, offs_d, HEAD_DIM, BT, CHECK_D)
             else:
                 dq = _load_rows(DQT + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
-            _store_rows(DQT + b * RD, dq + _dot(dx, tl.trans(c), PRECISION), rows, offs_d, HEAD_DIM, BT, HEAD_DIM)
-            _add_dphi(DGM + b * DD, s, tl.trans(c), tt > 0, offs_d, HEAD_DIM, CHECK_D, PRECISION, FIRST)
-            s += _dot(tl.trans(q), dx, PRECISION) + _dot(tl.trans(g), s, PRECISION)
+            _store_rows(DQT + b * RD, dq + _dot_ready(dx, tl.trans(c), True, False, PRECISION), rows, offs_d, HEAD_DIM,
+                        BT, HEAD_DIM)
+            s_r = _rn(s, PRECISION)  # read by two products
+            _add_dphi(DGM + b * DD, s_r, tl.trans(c), tt > 0, offs_d, HEAD_DIM, CHECK_D, PRECISION, FIRST, True, False)
+            s += _dot_ready(tl.trans(q), dx, False, True, PRECISION) + _dot_ready(tl.trans(g), s_r, False, True,
+                                                                                  PRECISION)
         if FIRST:  # the left half's dq~ rows: level 0's alone
             for b in range(mid - h, tl.minimum(mid, NB)):
                 _store_rows(DQT + b * RD, _level_zero_grad(DX0, b, 1, rows, offs_d, HEAD_DIM, BT, CHECK_D), rows,
@@ -188,16 +194,19 @@ def _carry_bwd(QT, KT, GM, DX, DX0, DQT, DKT, DGM, CS, NB, h, stride_tb, stride_
         for t in range(0, h - t0):  # left to right
             b = mid - h + t
             e = _load_rows(CS + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
-            dx = _load_rows(DX + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D).to(tl.float32)
+            dx = _rn(_load_rows(DX + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D).to(tl.float32),
+                     PRECISION)  # [BT, BD], read by two products: rounded once
             k = _load_rows(KT + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
             g = _load_rows(GM + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
             if FIRST:
                 dk = _level_zero_grad(DX0, b, 0, rows, offs_d, HEAD_DIM, BT, CHECK_D)
             else:
                 dk = _load_rows(DKT + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
-            _store_rows(DKT + b * RD, dk + _dot(dx, tl.trans(e), PRECISION), rows, offs_d, HEAD_DIM, BT, HEAD_DIM)
-            _add_dphi(DGM + b * DD, e, tl.trans(u), t > 0, offs_d, HEAD_DIM, CHECK_D, PRECISION, FIRST)
-            u += _dot(g, u, PRECISION) + _dot(tl.trans(k), dx, PRECISION)
+            _store_rows(DKT + b * RD, dk + _dot_ready(dx, tl.trans(e), True, False, PRECISION), rows, offs_d, HEAD_DIM,
+                        BT, HEAD_DIM)
+            u_r = _rn(u, PRECISION)  # read by two products
+            _add_dphi(DGM + b * DD, e, tl.trans(u_r), t > 0, offs_d, HEAD_DIM, CHECK_D, PRECISION, FIRST, False, True)
+            u += _dot_ready(g, u_r, False, True, PRECISION) + _dot_ready(tl.trans(k), dx, False, True, PRECISION)
         if FIRST:  # the right half's dk~ rows: level 0's alone
             for b in range(mid, tl.minimum(mid + h, NB)):
                 _store_rows(DKT + b * RD, _level_zero_grad(DX0, b, 0, rows, offs_d, HEAD_DIM, BT, CHECK_D), rows,
