@@ -464,7 +464,8 @@ def path_attention(q, k, v, w, beta, *, scale=None, block=None, log_f=None, save
     (bool, only then): keep the preparation pass's factors, the meeting points and the carries that made them
     from the forward for the backward (fastest: ``(6 + 2 L) * 128`` more bytes per token and head for ``D = 64``,
     blocks of 64 and 16-bit inputs, with ``L = ceil(log2(T / 64))`` levels, T rounded up to a multiple of 128)
-    rather than only the output and its log-sum-exp, recomputing the rest (FlashAttention-2's memory; two launches more in the backward).
+    rather than only the output and its log-sum-exp, recomputing the rest (FlashAttention-2's memory; two
+    launches more in the backward).
 
     ``_config`` (for tests and tuning; the scan's keys only without gradients): ``dict(R=..., num_warps=...,
     num_stages=...)`` fixes the scan's tiles (query blocks of ``R * block`` rows, R in 1..MAX_R) instead of
@@ -712,7 +713,8 @@ class _PathAttention(torch.autograd.Function):
     the value check that receives the counts of bad ``w`` and ``beta``.  Saves the inputs, the output and its
     log-sum-exp, and with ``save_factors`` the preparation pass's factors (:meth:`.ut_prepare.Prepared.factors`),
     the meeting points and the carries that made them (:func:`.path_carry.carry_forward`), all through
-    ``save_for_backward`` (so that saved-tensor hooks see every byte).  ``dc = rows - cols``: ``c_i`` enters row ``i``'s logits, ``-c_j`` column ``j``'s.
+    ``save_for_backward`` (so that saved-tensor hooks see every byte).  ``dc = rows - cols``: ``c_i`` enters row
+    ``i``'s logits, ``-c_j`` column ``j``'s.
     """
 
     @staticmethod
