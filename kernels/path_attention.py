@@ -283,7 +283,7 @@ def _key_levels(start, lvl, T, BT: tl.constexpr):
 def _path_dyadic_fwd(X, AD, V, O, C, LSE, T, LEVELS, qk_scale, stride_xl, stride_xb, stride_ab, stride_vb,
                      stride_vt, stride_ob, stride_ot, HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr,
                      BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BT: tl.constexpr, INNER: tl.constexpr,
-                     BIAS: tl.constexpr, PRECISION: tl.constexpr, PAIRS: tl.constexpr):
+                     BIAS: tl.constexpr, PRECISION: tl.constexpr):
     """The training forward: the output and its log-sum-exp from the logits exactly as :func:`_path_bwd` computes
     them, one UT block of queries per program (grid ``(blocks, BH)``).
 
@@ -297,35 +297,27 @@ def _path_dyadic_fwd(X, AD, V, O, C, LSE, T, LEVELS, qk_scale, stride_xl, stride
     (``LSE``, log2 units, fp32 ``(BH, T)``) is the one of the logits that the backward differentiates, as in
     FlashAttention-2.  ``O``: ``(BH, T, Dv)``.  Non-finite values: the diagonal tile folds through
     :func:`._pieces._masked_dot` and the rows that see a NaN or inf value get it back at the end
-    (:func:`._pieces._poison`), as in the scan.  ``PAIRS``: programs of two UT blocks, as :func:`_path_bwd`'s
-    (whose logits these must be)."""
-    OUTER: tl.constexpr = 2 * BT if PAIRS else BT  # the program's rows
-    FIRST: tl.constexpr = 1 if PAIRS else 0  # the first level walked tile by tile
-    bh, start, offs_b, X, V, bias_arg = _schedule_program(X, V, C, T, stride_xb, stride_vb, OUTER, BIAS)
+    (:func:`._pieces._poison`), as in the scan."""
+    bh, start, offs_b, X, V, bias_arg = _schedule_program(X, V, C, T, stride_xb, stride_vb, BT, BIAS)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    rel = tl.arange(0, OUTER)  # positions relative to the block, for the non-finite bookkeeping
+    rel = tl.arange(0, BT)  # positions relative to the block, for the non-finite bookkeeping
     CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
     CHECK_DV: tl.constexpr = BLOCK_DV != HEAD_DV
-    m_i = tl.full([OUTER], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([OUTER], dtype=tl.float32)
-    acc = tl.zeros([OUTER, BLOCK_DV], dtype=tl.float32)
-    # The diagonal tile (with PAIRS the pair's diagonal region, level 0 included); its rows of later queries hide
-    # the later keys (selected away).
-    if PAIRS:
-        x0 = _load_rows(X, offs_b, offs_d, HEAD_DIM, T, HEAD_DIM, True, CHECK_D)  # [2BT, BD], level 0's rows
-        s_d = _pair_scores(AD, x0, bh, offs_b, stride_ab, T, BT, PRECISION) * qk_scale
-    else:
-        s_d = _diagonal_scores(AD, bh, start, stride_ab, T, BT) * qk_scale
-    s_d = _bwd_logits(s_d, bias_arg, offs_b[:, None], offs_b[None, :], T, True, BIAS)  # [OUTER, OUTER]
-    v_b = _load_rows(V, offs_b, offs_dv, stride_vt, T, HEAD_DV, True, CHECK_DV)  # [OUTER, BDV]
+    m_i = tl.full([BT], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BT], dtype=tl.float32)
+    acc = tl.zeros([BT, BLOCK_DV], dtype=tl.float32)
+    # The diagonal tile, from the in-block scores; its rows of later queries hide the later keys (selected away).
+    s_d = _diagonal_scores(AD, bh, start, stride_ab, T, BT) * qk_scale
+    s_d = _bwd_logits(s_d, bias_arg, offs_b[:, None], offs_b[None, :], T, True, BIAS)  # [BT, BT]
+    v_b = _load_rows(V, offs_b, offs_dv, stride_vt, T, HEAD_DV, True, CHECK_DV)  # [BT, BDV]
     acc, m_i, l_i = _softmax_fold(acc, m_i, l_i, s_d, v_b, True, True, PRECISION)
     bad = _first_nonfinite(v_b, rel, _no_nonfinite(BLOCK_DV))
     # Every earlier block, at the level where it meets this one: whole key tiles, no mask.
-    XL = X + FIRST * stride_xl
-    for lvl in range(FIRST, LEVELS):
+    XL = X
+    for lvl in range(0, LEVELS):
         lo, hi, _ = _query_levels(start, lvl, BT)  # the tiles of _path_bwd's query role
-        q = _load_rows(XL, offs_b, offs_d, HEAD_DIM, T, HEAD_DIM, True, CHECK_D)  # [OUTER, BD]
+        q = _load_rows(XL, offs_b, offs_d, HEAD_DIM, T, HEAD_DIM, True, CHECK_D)  # [BT, BD]
         for start_n in range(lo, hi, INNER):
             offs_n = start_n + tl.arange(0, INNER)
             k = _load_rows(XL, offs_n, offs_d, HEAD_DIM, T, HEAD_DIM, False, CHECK_D)  # [BN, BD]
@@ -341,43 +333,10 @@ def _path_dyadic_fwd(X, AD, V, O, C, LSE, T, LEVELS, qk_scale, stride_xl, stride
 
 
 @triton.jit
-def _pair_scores(AD, x0, bh, offs_b, stride_ab, T, BT: tl.constexpr, PRECISION: tl.constexpr):
-    """The scores of a pair of UT blocks against itself, ``[2 BT, 2 BT]`` (rows: queries, columns: keys): within
-    each block its in-block scores ``Ã`` (``AD``, gathered from its ``(BH, T_pad, BT)`` rows), and for the second
-    block's queries against the first's keys the level-0 product of their meeting-point rows ``x0`` (``X[0]``'s
-    rows of the pair, ``[2 BT, BD]``).  The first block's queries against the second's keys are later keys: any
-    value, the mask selects them away."""
-    same = (offs_b[:, None] // BT) == (offs_b[None, :] // BT)  # [2BT, 2BT]: the two diagonal tiles
-    ad = tl.load(AD + bh * stride_ab + offs_b[:, None] * BT + offs_b[None, :] % BT,
-                 mask=same & (offs_b[:, None] < T), other=0.0)
-    return tl.where(same, ad, tl.dot(x0, tl.trans(x0), input_precision=PRECISION))
-
-
-@triton.jit
-def _pair_level0_grad(DAD, DX, dz, x0, do, scale, bh, offs_b, offs_d, stride_ab, T, BT: tl.constexpr,
-                      HEAD_DIM: tl.constexpr, PRECISION: tl.constexpr):
-    """Role 1's share of a pair's diagonal region, from its ``dz`` (``[2 BT, 2 BT]``, as :func:`_pair_scores`):
-    ``dÃ = scale dz`` of both blocks (the two diagonal tiles, into ``DAD``), and level 0's rows of ``dX`` for
-    both (into ``DX``, level 0).  The first block's rows are keys at level 0 and get ``scale dz_x^T x0``, the
-    second's are queries and get ``scale dz_x x0``, where ``dz_x`` is ``dz`` on the second block's rows and the
-    first block's columns; each product is zero on the other block's rows, so one product with
-    ``dz_x + dz_x^T`` gives both.  The product runs in dO's dtype (``do``), as the level walks'
-    (:func:`.flash_attention._dkdv_steps` says why); one of the two terms is zero, so their sum is exact."""
-    first = (offs_b // BT) % 2 == 0  # [2BT]: the pair's first block
-    same = (offs_b[:, None] // BT) == (offs_b[None, :] // BT)
-    tl.store(DAD + bh * stride_ab + offs_b[:, None] * BT + offs_b[None, :] % BT, dz * scale,
-             mask=same & (offs_b[:, None] < T))
-    dz_x = tl.where((~first)[:, None] & first[None, :], dz, 0.0)  # [2BT, 2BT]
-    dx0 = tl.dot((dz_x + tl.trans(dz_x)).to(do.dtype), x0.to(do.dtype), input_precision=PRECISION)  # [2BT, BD]
-    _store_rows(DX, dx0 * scale, offs_b, offs_d, HEAD_DIM, T, HEAD_DIM)
-
-
-@triton.jit
 def _path_bwd(X, AD, V, DO, LSE, DELTA, C, DX, DAD, DV, DBR, DBC, T, LEVELS, qk_scale, scale,
               stride_xl, stride_xb, stride_ab, stride_vb, stride_vt,
               HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-              BT: tl.constexpr, INNER: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr,
-              PAIRS: tl.constexpr):
+              BT: tl.constexpr, INNER: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr):
     """PaTH's backward pass over every pair of blocks: FlashAttention's backward on the dyadic schedule.
 
     Grid ``(blocks of BT, BH, 2)``, one UT block per program.  Query block ``I`` and key block
@@ -395,16 +354,8 @@ def _path_bwd(X, AD, V, DO, LSE, DELTA, C, DX, DAD, DV, DBR, DBC, T, LEVELS, qk_
     role 1 writes ``dÃ = scale dz`` (``DAD``) and its row sums.  Every row of ``dX`` and ``dÃ`` is
     written by exactly one program.  ``X``, ``DX``: ``(L, BH, T_pad, D)``; ``V``, ``DO``, ``DV``:
     ``(BH, T, Dv)``; ``C``: the cumulative log gate (``BIAS == "loggate"``, PaTH-FoX).
-
-    ``PAIRS`` (needs ``LEVELS >= 1``): a program owns two UT blocks, ``2j`` and ``2j + 1``, on a grid of half as
-    many.  From level 1 on the two sit in the same half of every dyadic node, so they meet the same tiles: one
-    ``2 BT``-row block streams them, as the template's 128-row programs do, each streamed tile read once for
-    both.  What lies between the two, level 0, joins their diagonal tiles in one ``2 BT x 2 BT`` diagonal
-    region (:func:`_pair_scores`), whose level-0 rows of ``dX`` role 1 writes (:func:`_pair_level0_grad`).
     """
-    OUTER: tl.constexpr = 2 * BT if PAIRS else BT  # the program's rows
-    FIRST: tl.constexpr = 1 if PAIRS else 0  # the first level walked tile by tile
-    bh, start, offs_b, X, V, bias_arg = _schedule_program(X, V, C, T, stride_xb, stride_vb, OUTER, BIAS)
+    bh, start, offs_b, X, V, bias_arg = _schedule_program(X, V, C, T, stride_xb, stride_vb, BT, BIAS)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
@@ -413,13 +364,8 @@ def _path_bwd(X, AD, V, DO, LSE, DELTA, C, DX, DAD, DV, DBR, DBC, T, LEVELS, qk_
     DX += bh * stride_xb
     LSE += bh * T
     DELTA += bh * T
-    # The diagonal tile, from the in-block scores (rows: this block's queries, columns: its keys); with PAIRS,
-    # the pair's diagonal region, level 0 included.
-    if PAIRS:
-        x0 = _load_rows(X, offs_b, offs_d, HEAD_DIM, T, HEAD_DIM, True, CHECK_D)  # [2BT, BD], level 0's rows
-        ad = _pair_scores(AD, x0, bh, offs_b, stride_ab, T, BT, PRECISION)  # [2BT, 2BT]
-    else:
-        ad = _diagonal_scores(AD, bh, start, stride_ab, T, BT)  # [BT, BT]
+    # The diagonal tile, from the in-block scores (rows: this block's queries, columns: its keys).
+    ad = _diagonal_scores(AD, bh, start, stride_ab, T, BT)  # [BT, BT]
     do_b = _load_rows(DO, offs_b, offs_dv, stride_vt, T, HEAD_DV, True, CHECK_DV)  # [BT, BDV]
     v_b = _load_rows(V, offs_b, offs_dv, stride_vt, T, HEAD_DV, True, CHECK_DV)  # [BT, BDV]
     lse_b = tl.load(LSE + offs_b, mask=offs_b < T, other=0.0)
@@ -430,13 +376,13 @@ def _path_bwd(X, AD, V, DO, LSE, DELTA, C, DX, DAD, DV, DBR, DBC, T, LEVELS, qk_
     if tl.program_id(2) == 0:
         dv = tl.dot(tl.trans(p.to(do_b.dtype)), do_b, input_precision=PRECISION)  # [BT, BDV]
         col = tl.sum(dz, axis=0)
-        XL = X + FIRST * stride_xl  # level lvl's rows of X and dX
-        DXL = DX + FIRST * stride_xl
-        for lvl in range(FIRST, LEVELS):
-            lo, hi, left = _key_levels(start, lvl, T, BT)  # (a pair's blocks share every level from 1)
+        XL = X  # level lvl's rows of X and dX
+        DXL = DX
+        for lvl in range(0, LEVELS):
+            lo, hi, left = _key_levels(start, lvl, T, BT)
             whole = lo + ((hi - lo) // INNER) * INNER
-            k = _load_rows(XL, offs_b, offs_d, HEAD_DIM, T, HEAD_DIM, True, CHECK_D)  # [OUTER, BD], at the boundary
-            dk = tl.zeros([OUTER, BLOCK_D], dtype=tl.float32)
+            k = _load_rows(XL, offs_b, offs_d, HEAD_DIM, T, HEAD_DIM, True, CHECK_D)  # [BT, BD], at the boundary
+            dk = tl.zeros([BT, BLOCK_D], dtype=tl.float32)
             dk, dv, col = _dkdv_steps(dk, dv, col, k, v_b, XL, DO, LSE, DELTA, bias_arg, offs_b, lo, whole, T,
                                       qk_scale, HEAD_DIM, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER,
                                       False, BIAS, PRECISION, DXL, DBC, False)
@@ -450,18 +396,15 @@ def _path_bwd(X, AD, V, DO, LSE, DELTA, C, DX, DAD, DV, DBR, DBC, T, LEVELS, qk_
         if BIAS != "none":
             tl.store(DBC + bh * T + offs_b, col, mask=offs_b < T)
     else:
-        if PAIRS:
-            _pair_level0_grad(DAD, DX, dz, x0, do_b, scale, bh, offs_b, offs_d, stride_ab, T, BT, HEAD_DIM, PRECISION)
-        else:
-            _store_rows(DAD + bh * stride_ab + start * BT, dz * scale, tl.arange(0, BT), tl.arange(0, BT), BT,
-                        T - start, BT)  # dÃ, [BT, BT]
+        _store_rows(DAD + bh * stride_ab + start * BT, dz * scale, tl.arange(0, BT), tl.arange(0, BT), BT, T - start,
+                    BT)  # dÃ, [BT, BT]
         row = tl.sum(dz, axis=1)
-        XL = X + FIRST * stride_xl
-        DXL = DX + FIRST * stride_xl
-        for lvl in range(FIRST, LEVELS):
+        XL = X
+        DXL = DX
+        for lvl in range(0, LEVELS):
             lo, hi, right = _query_levels(start, lvl, BT)
-            q = _load_rows(XL, offs_b, offs_d, HEAD_DIM, T, HEAD_DIM, True, CHECK_D)  # [OUTER, BD], at the boundary
-            dq = tl.zeros([OUTER, BLOCK_D], dtype=tl.float32)
+            q = _load_rows(XL, offs_b, offs_d, HEAD_DIM, T, HEAD_DIM, True, CHECK_D)  # [BT, BD], at the boundary
+            dq = tl.zeros([BT, BLOCK_D], dtype=tl.float32)
             dq, row = _dq_steps(dq, row, q, do_b, lse_b, delta_b, XL, V, bias_arg, offs_b, lo, hi, T, qk_scale,
                                 HEAD_DIM, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER, False, BIAS,
                                 PRECISION)
@@ -472,16 +415,13 @@ def _path_bwd(X, AD, V, DO, LSE, DELTA, C, DX, DAD, DV, DBR, DBC, T, LEVELS, qk_
             tl.store(DBR + bh * T + offs_b, row, mask=offs_b < T)
 
 
-# Backward tiles: the program's block is one UT block (levels are defined on UT blocks) or, with PAIRS, two;
-# INNER-row tiles stream past it, two stages only (as the template's backward, kernels/NOTES_flash.md).
+# Backward tiles: the program's block is one UT block (levels are defined on UT blocks); INNER-row
+# tiles stream past it, two stages only (as the template's backward, kernels/NOTES_flash.md).
 # No 8-warp config with 64-row tiles: with triton 3.6 on an H100 it gave wrong dk, dw, dbeta at D = 32 in
 # bf16 and fp16 and an illegal memory access at Dv = 32, the others right at every probed shape; chosen only
 # when it timed fastest, it failed in some runs and not others (the probe: NOTES_path.md, section 7).
-# With PAIRS a program owns two blocks (128 rows at BT = 64) with 8 warps, as the template's 128-row backward
-# programs (the miscompiled 8-warp tiles were 64 rows; 128 rows with 4 warps spill 704 bytes offline).
-_BWD_CONFIGS = ([triton.Config({"INNER": i, "PAIRS": False}, num_warps=4, num_stages=2) for i in (16, 32, 64)]
-                + [triton.Config({"INNER": i, "PAIRS": True}, num_warps=w, num_stages=2)
-                   for i, w in [(16, 4), (32, 4), (64, 4), (32, 8), (64, 8)]])  # 16: for block = 16
+_BWD_CONFIGS = [triton.Config({"INNER": i}, num_warps=w, num_stages=2)
+                for i, w in [(16, 4), (32, 4), (64, 4)]]  # 16: for block = 16
 
 
 def _inner_within_block(configs, nargs, **kwargs):
@@ -491,42 +431,14 @@ def _inner_within_block(configs, nargs, **kwargs):
     return [c for c in configs if c.kwargs["INNER"] <= bt and (c.kwargs["INNER"] > 16 or bt == 16)]
 
 
-def _pairs(levels: int, block: int) -> bool:
-    """Whether the backward's programs own two UT blocks (``PAIRS``): when there is a level 0 to join them, and
-    their ``2 block`` rows are at most the template's 128."""
-    return levels >= 1 and block <= 64
-
-
-def _bwd_tiles(configs, nargs, **kwargs):
-    """The backward's tiles (:data:`_BWD_CONFIGS`): programs of two blocks where :func:`_pairs` says, else of one.
-    A pair's levels start at 1, where a half is two blocks at least, so its inner tiles may be two blocks long
-    (one block's: :func:`_inner_within_block`); 8 warps for 128-row programs, 4 below."""
-    bt = kwargs.get("BT", nargs.get("BT"))
-    if not _pairs(nargs["LEVELS"], bt):
-        return _inner_within_block([c for c in configs if not c.kwargs["PAIRS"]], nargs, **kwargs)
-    return [c for c in configs if c.kwargs["PAIRS"] and c.kwargs["INNER"] <= 2 * bt
-            and (c.kwargs["INNER"] > 16 or bt == 16) and c.num_warps == (8 if 2 * bt >= 128 else 4)]
-
-
-def _dyadic_tiles(configs, nargs, **kwargs):
-    """The training forward's tiles (:data:`_DYADIC_CONFIGS`): programs of two blocks where :func:`_pairs` says, as
-    the backward's, else of one; inner tiles as :func:`_bwd_tiles` allows them."""
-    bt = kwargs.get("BT", nargs.get("BT"))
-    if not _pairs(nargs["LEVELS"], bt):
-        return _inner_within_block([c for c in configs if not c.kwargs["PAIRS"]], nargs, **kwargs)
-    return [c for c in configs if c.kwargs["PAIRS"] and c.kwargs["INNER"] <= 2 * bt
-            and (c.kwargs["INNER"] > 16 or bt == 16) and (c.num_warps == 4 or 2 * bt >= 128)]
-
-
 _BWD_KEY = ["T", "HEAD_DIM", "HEAD_DV", "BT", "BIAS", "PRECISION"]
 _path_bwd_tuned = triton.autotune(_BWD_CONFIGS, key=_BWD_KEY,
-                                  prune_configs_by={"early_config_prune": _bwd_tiles})(_path_bwd)
+                                  prune_configs_by={"early_config_prune": _inner_within_block})(_path_bwd)
 # The training forward's key tiles: 32 rows (128 registers offline, four programs per multiprocessor) or 64
 # (166, three), two or three stages; the backward's schedule either way.
-_DYADIC_CONFIGS = [triton.Config({"INNER": i, "PAIRS": p}, num_warps=w, num_stages=s)
-                   for i in (16, 32, 64) for s in (2, 3) for p, w in ((False, 4), (True, 4), (True, 8))]
+_DYADIC_CONFIGS = [triton.Config({"INNER": i}, num_warps=4, num_stages=s) for i in (16, 32, 64) for s in (2, 3)]
 _path_dyadic_fwd_tuned = triton.autotune(_DYADIC_CONFIGS, key=_BWD_KEY,
-                                         prune_configs_by={"early_config_prune": _dyadic_tiles})(
+                                         prune_configs_by={"early_config_prune": _inner_within_block})(
     _path_dyadic_fwd)
 
 
@@ -580,7 +492,7 @@ def path_attention(q, k, v, w, beta, *, scale=None, block=None, log_f=None, save
     # prefix sums' launch (taken once, in fp32, outside the kernels), w and beta by the preparation pass's first.
     with checked_after() as check:
         c = None if log_f3 is None else cumulative_log_gates(log_f3, "log_f", check)
-        bwd_cfg = _backward_tiles(cfg.pop("backward", None), n.T, block)
+        bwd_cfg = cfg.pop("backward", None)
         if wants_grad(x.q, x.k, x.v, w3, beta3, c):
             if cfg:  # the scan's tiles and precisions: a forward to be differentiated does not run the scan
                 raise ValueError(f"`_config` keys {sorted(cfg)} tune the scan, which runs only without gradients "
@@ -660,30 +572,17 @@ def _dyadic_meta(x: Flat, c, block: int) -> dict:
                 BIAS="none" if c is None else "loggate", PRECISION=dot_precision(x.dtype))
 
 
-def _untuned_tiles(meta: dict, block: int, levels: int):
-    """The tiles of a launch of the dyadic schedule that is not autotuned: whole blocks in the interpreter, in
-    programs of two blocks where :func:`_pairs` says (as a GPU's autotuned launches); 32-row tiles in programs of one
-    block for fp32 inputs (exact products, whose compile time would dominate autotuning); None: autotune."""
-    if interpreting():
-        return dict(INNER=block, PAIRS=_pairs(levels, block))
-    if meta["PRECISION"] == "ieee":
-        return dict(INNER=min(32, block), PAIRS=False, num_warps=4)
-    return None
-
-
-def _schedule_launch(plain, tuned, T: int, grid_tail: tuple, args, meta: dict, block: int, levels: int,
-                     fixed=None) -> None:
-    """Launch a kernel of the dyadic schedule (:func:`_path_dyadic_fwd`, :func:`_path_bwd`) on the grid ``(programs,
-    *grid_tail)``, one program per block or pair of blocks of the ``T`` rows (``PAIRS``): with the ``fixed`` tiles
-    when given (``dict(INNER=..., PAIRS=..., num_warps=...)``, two stages unless it says), else those of
-    :func:`_untuned_tiles`, else autotuned (``tuned``)."""
-    fixed = _untuned_tiles(meta, block, levels) if fixed is None else fixed
-
-    def grid(kw):
-        return (triton.cdiv(T, block * (2 if kw["PAIRS"] else 1)),) + grid_tail
-
+def _schedule_launch(plain, tuned, grid, args, meta: dict, block: int, fixed=None) -> None:
+    """Launch a kernel of the dyadic schedule (:func:`_path_dyadic_fwd`, :func:`_path_bwd`): with the ``fixed``
+    tiles when given (``dict(INNER=..., num_warps=...)``, two stages unless it says), whole blocks in the
+    interpreter, 32-row tiles for fp32 inputs (exact products, whose compile time would dominate autotuning), else
+    autotuned (``tuned``)."""
     if fixed is not None:
         plain[grid](*args, **{"num_stages": 2, **fixed}, **meta)
+    elif interpreting():
+        plain[grid](*args, INNER=block, **meta)
+    elif meta["PRECISION"] == "ieee":
+        plain[grid](*args, INNER=min(32, block), num_warps=4, num_stages=2, **meta)
     else:
         tuned[grid](*args, **meta)
 
@@ -700,7 +599,7 @@ def _dyadic_forward(x: Flat, c, scale: float, block: int, prep: Prepared, X):
     args = (X, prep.ad, x.v, out, lse if c is None else c, lse, n.T, levels, scale * LOG2E,
             X.stride(0) if levels else 0, X.stride(1) if levels else 0, prep.ad.stride(0), x.v.stride(0),
             x.v.stride(1), out.stride(0), out.stride(1))
-    _schedule_launch(_path_dyadic_fwd, _path_dyadic_fwd_tuned, n.T, (x.BH,), args, meta, block, levels)
+    _schedule_launch(_path_dyadic_fwd, _path_dyadic_fwd_tuned, (triton.cdiv(n.T, block), x.BH), args, meta, block)
     return out, lse
 
 
@@ -731,7 +630,9 @@ def _bwd_kernel(x: Flat, c, do, lse, delta, scale: float, block: int, prep: Prep
             X.stride(0) if levels else 0, X.stride(1) if levels else 0, prep.ad.stride(0), x.v.stride(0),
             x.v.stride(1))
     meta = _dyadic_meta(x, c, block)
-    _schedule_launch(_path_bwd, _path_bwd_tuned, n.T, (x.BH, 2), args, meta, block, levels, _config)
+    if _config is not None and _config.get("INNER", block) > block:
+        raise ValueError(f"`_config['backward']['INNER']` must be at most the block ({block}), got {_config['INNER']}")
+    _schedule_launch(_path_bwd, _path_bwd_tuned, (triton.cdiv(n.T, block), x.BH, 2), args, meta, block, _config)
     return dX, dad, dv, rows, cols
 
 
@@ -743,25 +644,6 @@ def _bwd_kernel(x: Flat, c, do, lse, delta, scale: float, block: int, prep: Prep
 # for bf16 inputs; for fp16 inputs fp16, as in any fp16 attention backward (train with a scaled loss).
 # An override for every input dtype (meeting_point_dtype); None: the rule above.
 _BWD_X_DTYPE = None
-
-
-def _backward_tiles(cfg, T: int, block: int):
-    """``_config['backward']`` checked (None passes): a dict of ``INNER``, ``PAIRS`` (default False: programs of
-    one block) and launch options, or a ``ValueError``/``TypeError`` naming the key."""
-    if cfg is None:
-        return None
-    if not isinstance(cfg, dict):
-        raise TypeError(f"`_config['backward']` must be a dict, got {type(cfg).__name__}")
-    cfg = {"PAIRS": False, **cfg}
-    if not isinstance(cfg["PAIRS"], bool):
-        raise TypeError(f"`_config['backward']['PAIRS']` must be True or False, got {cfg['PAIRS']!r}")
-    if cfg["PAIRS"] and T <= block:  # one block: no level 0 to join
-        raise ValueError(f"`_config['backward']['PAIRS']` needs two blocks or more (T > block = {block}), got T = {T}")
-    outer = block * (2 if cfg["PAIRS"] else 1)
-    if cfg.get("INNER", block) > outer:
-        raise ValueError(f"`_config['backward']['INNER']` must be at most the program's rows ({outer}: the block, "
-                         f"twice it with PAIRS), got {cfg['INNER']}")
-    return cfg
 
 
 def _stored_x_dtype(input_dtype):

@@ -463,65 +463,17 @@ def test_kept_carries_are_the_products_of_the_transitions():
 
 def test_backward_tiles_fit_the_schedule():
     """The backward kernel's (and its schedule's forward's) inner tiles never exceed a UT block (a level's half can
-    be one block) in programs of one block, nor two blocks in programs of two (whose levels start at 1); programs
-    of two blocks whenever there are two blocks (and they make at most 128 rows), 8 warps only for 128 rows (8-warp
-    64-row programs miscompiled); and the UT backward never gets 8 warps below D = 64 (a miscompilation on the
-    H100): the autotuners' pruning."""
-    from pathedu.kernels.path_attention import _BWD_CONFIGS, _DYADIC_CONFIGS, _bwd_tiles, _inner_within_block
+    be one block), and the UT backward never gets 8 warps below D = 64 (a miscompilation on the H100): the
+    autotuners' pruning."""
+    from pathedu.kernels.path_attention import _BWD_CONFIGS, _DYADIC_CONFIGS, _inner_within_block
     from pathedu.kernels.ut_prepare import _UT_BWD_CONFIGS, _warps_that_compile
 
     for bt in (16, 32, 64, 128):
-        kept = _inner_within_block(_DYADIC_CONFIGS, {}, BT=bt)  # the forward on the backward's schedule
-        assert kept and all(c.kwargs["INNER"] <= bt for c in kept), bt
-        for levels in (0, 1, 5):
-            kept = _bwd_tiles(_BWD_CONFIGS, {"LEVELS": levels}, BT=bt)
-            pairs = levels >= 1 and bt <= 64
-            rows = 2 * bt if pairs else bt
-            assert kept and all(c.kwargs["PAIRS"] == pairs and c.kwargs["INNER"] <= rows for c in kept), (bt, levels)
-            assert all(c.num_warps == (8 if rows == 128 and pairs else 4) for c in kept), (bt, levels)
-    assert {c.kwargs["INNER"] for c in _bwd_tiles(_BWD_CONFIGS, {"LEVELS": 3}, BT=64)} == {32, 64}
+        for configs in (_BWD_CONFIGS, _DYADIC_CONFIGS):  # the backward's and the forward's on its schedule
+            kept = _inner_within_block(configs, {}, BT=bt)
+            assert kept and all(c.kwargs["INNER"] <= bt for c in kept), bt
     assert [c.num_warps for c in _warps_that_compile(_UT_BWD_CONFIGS, {}, HEAD_DIM=16)] == [4]
     assert sorted(c.num_warps for c in _warps_that_compile(_UT_BWD_CONFIGS, {}, HEAD_DIM=64)) == [4, 8]
-
-
-@pytest.mark.parametrize("T, D, block, gated", [(300, 32, 64, False), (77, 16, 16, True), (130, 24, 32, True),
-                                                 (128, 16, 64, False)])
-def test_backward_programs_of_two_blocks_match_programs_of_one(T, D, block, gated):
-    """The backward's programs of two UT blocks (``PAIRS``: level 0 inside the pair's diagonal region, the levels
-    above walked with two-block tiles; the interpreter's default from two blocks on) and its programs of one block
-    (what fp32 inputs run on a GPU) give the same gradients, and both those of float64 autograd through the matrix
-    form: five blocks (the last pair half empty), T past the last whole block, two blocks exactly, the gate."""
-    q, k, v, w, beta = _path_case(T, D, seed=T, lead=(1, 2))
-    log_f = -torch.rand(1, 2, T, generator=torch.Generator().manual_seed(1), dtype=torch.float64) if gated else None
-    base = [q, k, v, w, beta] + ([log_f] if gated else [])
-    g = torch.randn(1, 2, T, D, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
-    leaves = [x.clone().requires_grad_() for x in base]
-    ref = (pathfox.pathfox_matrix(*leaves) if gated else path.path_matrix(*leaves))
-    want = torch.autograd.grad(ref, leaves, g)
-    got = {}
-    for pairs in (True, False):
-        leaves = [x.float().requires_grad_() for x in base]
-        out = path_attention(*leaves[:5], block=block, log_f=leaves[5] if gated else None,
-                             _config=dict(backward=dict(INNER=block, PAIRS=pairs)))
-        got[pairs] = torch.autograd.grad(out, leaves, g.float())
-    for name, a, b, want_ in zip("q k v w beta log_f".split(), got[True], got[False], want):
-        assert rel_err(a, want_) < 5e-5 and rel_err(b, want_) < 5e-5, name
-        assert rel_err(a, b) < 5e-6, name
-
-
-def test_backward_rejects_bad_tiles():
-    """``_config['backward']`` is checked where the call is made, not when the backward runs."""
-    q, k, v = rand_qkv((2,), 8, 16, dtype=torch.float32)
-    w, b = torch.ones(2, 8, 16) / 4, torch.ones(2, 8)
-    q.requires_grad_()
-    with pytest.raises(TypeError, match=r"`_config\['backward'\]\['PAIRS'\]`"):
-        path_attention(q, k, v, w, b, block=16, _config=dict(backward=dict(PAIRS=1)))
-    with pytest.raises(ValueError, match=r"`_config\['backward'\]\['PAIRS'\]` needs two blocks"):
-        path_attention(q, k, v, w, b, block=16, _config=dict(backward=dict(PAIRS=True)))
-    with pytest.raises(ValueError, match=r"`_config\['backward'\]\['INNER'\]`.*\(16"):
-        path_attention(q, k, v, w, b, block=16, _config=dict(backward=dict(INNER=32)))
-    with pytest.raises(TypeError, match=r"`_config\['backward'\]` must be a dict"):
-        path_attention(q, k, v, w, b, block=16, _config=dict(backward=32))
 
 
 def test_backward_keeps_gradients_below_fp16s_range():

@@ -100,21 +100,12 @@ KERNELS.update({  # the attention backward passes, with the autotuner's tiles (f
         "flash_attention", "_flash_bwd", dict(_BWD, BIAS=bias, OUTER=o, INNER=i, ATOMIC_DQ=atomic), ("Q", "K", "V", "DO"), w)
        for bias in ("none", "loggate") for o, i, w in ((64, 64, 4), (128, 64, 8)) for atomic in (False, True)
        if not (atomic and bias != "none")},
-    **{f"_path_bwd (INNER = {i})": ("path_attention", "_path_bwd",
-                                    dict(_BWD, BT=64, INNER=i, BIAS="none", PAIRS=False), ("X:fp16", "V", "DO"), 4)
-       for i in (32, 64)},
-    # programs of two UT blocks (PAIRS): the configs _bwd_tiles keeps at BT = 64
-    **{f"_path_bwd (pairs, INNER = {i}, {w} warps)": ("path_attention", "_path_bwd",
-                                                      dict(_BWD, BT=64, INNER=i, BIAS="none", PAIRS=True),
-                                                      ("X:fp16", "V", "DO"), w) for i, w in ((32, 8), (64, 8))},
+    **{f"_path_bwd (INNER = {i})": ("path_attention", "_path_bwd", dict(_BWD, BT=64, INNER=i, BIAS="none"),
+                                    ("X:fp16", "V", "DO"), 4) for i in (32, 64)},
     # the forward of a call to be differentiated (the backward's schedule; the output in the inputs' dtype)
     **{f"_path_dyadic_fwd (INNER = {i})": ("path_attention", "_path_dyadic_fwd",
-                                           dict(_BWD, BT=64, INNER=i, BIAS="none", PAIRS=False),
-                                           ("X:fp16", "V", "O"), 4) for i in (32, 64)},
-    **{f"_path_dyadic_fwd (pairs, INNER = {i}, {w} warps)": ("path_attention", "_path_dyadic_fwd",
-                                                             dict(_BWD, BT=64, INNER=i, BIAS="none", PAIRS=True),
-                                                             ("X:fp16", "V", "O"), w)
-       for i in (32, 64) for w in (4, 8)},
+                                           dict(_BWD, BT=64, INNER=i, BIAS="none"), ("X:fp16", "V", "O"), 4)
+       for i in (32, 64)},
 })
 _STAGES.update({"_flash_bwd": 2, "_path_bwd": 2, "_path_dyadic_fwd": 2})
 _INTS = ("T", "NB", "h", "LEVELS")  # integer scalars besides the strides
