@@ -492,7 +492,7 @@ def path_attention(q, k, v, w, beta, *, scale=None, block=None, log_f=None, save
     # prefix sums' launch (taken once, in fp32, outside the kernels), w and beta by the preparation pass's first.
     with checked_after() as check:
         c = None if log_f3 is None else cumulative_log_gates(log_f3, "log_f", check)
-        bwd_cfg = cfg.pop("backward", None)
+        bwd_cfg = _backward_tiles(cfg.pop("backward", None), block)
         if wants_grad(x.q, x.k, x.v, w3, beta3, c):
             if cfg:  # the scan's tiles and precisions: a forward to be differentiated does not run the scan
                 raise ValueError(f"`_config` keys {sorted(cfg)} tune the scan, which runs only without gradients "
@@ -630,8 +630,6 @@ def _bwd_kernel(x: Flat, c, do, lse, delta, scale: float, block: int, prep: Prep
             X.stride(0) if levels else 0, X.stride(1) if levels else 0, prep.ad.stride(0), x.v.stride(0),
             x.v.stride(1))
     meta = _dyadic_meta(x, c, block)
-    if _config is not None and _config.get("INNER", block) > block:
-        raise ValueError(f"`_config['backward']['INNER']` must be at most the block ({block}), got {_config['INNER']}")
     _schedule_launch(_path_bwd, _path_bwd_tuned, (triton.cdiv(n.T, block), x.BH, 2), args, meta, block, _config)
     return dX, dad, dv, rows, cols
 
@@ -644,6 +642,18 @@ def _bwd_kernel(x: Flat, c, do, lse, delta, scale: float, block: int, prep: Prep
 # for bf16 inputs; for fp16 inputs fp16, as in any fp16 attention backward (train with a scaled loss).
 # An override for every input dtype (meeting_point_dtype); None: the rule above.
 _BWD_X_DTYPE = None
+
+
+def _backward_tiles(cfg, block: int):
+    """``_config['backward']`` checked where the call is made (None passes): a dict of launch options whose inner
+    tiles (``INNER``) are at most one UT block (:func:`_inner_within_block` says why)."""
+    if cfg is None:
+        return None
+    if not isinstance(cfg, dict):
+        raise TypeError(f"`_config['backward']` must be a dict, got {type(cfg).__name__}")
+    if cfg.get("INNER", block) > block:
+        raise ValueError(f"`_config['backward']['INNER']` must be at most the block ({block}), got {cfg['INNER']}")
+    return cfg
 
 
 def _stored_x_dtype(input_dtype):

@@ -369,6 +369,17 @@ def test_path_rejects_bad_config():
         path_attention(q.requires_grad_(), k, v, w, b, _config=dict(R=1))
 
 
+def test_backward_tiles_are_checked_at_the_call():
+    """``_config['backward']`` fails where the call is made, naming the key, not later inside ``.backward()``."""
+    q, k, v = rand_qkv((2,), 40, 16, dtype=torch.float32)
+    w, b = torch.ones(2, 40, 16) / 4, torch.ones(2, 40)
+    q.requires_grad_()
+    with pytest.raises(ValueError, match=r"`_config\['backward'\]\['INNER'\]` must be at most the block \(16\)"):
+        path_attention(q, k, v, w, b, block=16, _config=dict(backward=dict(INNER=32)))
+    with pytest.raises(TypeError, match=r"`_config\['backward'\]` must be a dict"):
+        path_attention(q, k, v, w, b, block=16, _config=dict(backward=32))
+
+
 # ---------------------------------------------------------------------------
 # The backward pass's schedule: every pair of blocks meets once, at a dyadic boundary
 # ---------------------------------------------------------------------------
