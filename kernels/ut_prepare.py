@@ -22,9 +22,11 @@ The triangular inverse is the only sequential part.  :func:`_ut_diag_inverse` so
 on the tensor cores, the substitution in exact fp32, small tiles, many programs per multiprocessor), and :func:`_ut_prepare` merges them into
 the ``BT x BT`` inverse with two matrix products per level (block forward substitution:
 stable for every ``beta`` in [0, 2], also for reflections of nearly parallel ``w``) before
-everything else.  Products are :func:`._pieces._dot`: tf32 with operands rounded to
-nearest for 16-bit inputs, three tf32 products ("x3") for fp32 inputs on a GPU, exact fp32
-in the interpreter (:func:`prep_precision`).  :class:`Prepared` runs both launches.
+everything else.  Products are :func:`._pieces._dot`: for 16-bit inputs operands with 10 mantissa
+bits (fp16 in :func:`_ut_prepare`, the rows of ``q`` and ``k`` scaled by powers of two into its range:
+:func:`main_pass_precision`; tf32 rounded to nearest elsewhere), three tf32 products ("x3") for
+fp32 inputs on a GPU, exact fp32 in the interpreter (:func:`prep_precision`).  :class:`Prepared`
+runs both launches.
 
 Non-finite inputs.  Every mask is a select (``tl.where``), never a multiply by 0, so a NaN
 or inf in ``q_i`` or ``k_j`` reaches only the rows and columns that use it (``q~_i``,
@@ -58,6 +60,16 @@ def prep_precision(dtype) -> str:
     ``"x3"`` for fp32 inputs on a GPU, exact ``"ieee"`` in the interpreter."""
     p = dot_precision(dtype)
     return "x3" if p == "ieee" and not interpreting() else p
+
+
+def main_pass_precision(precision: str) -> str:
+    """The products of :func:`_ut_prepare` for a pass of ``precision`` (:func:`prep_precision`): where the pass
+    would round fp32 operands to tf32 it converts them to fp16, which keeps the same 10 mantissa bits (so the
+    same numbers) in half the registers and multiplies at twice the tensor cores' rate: 0.65 ms against 1.02 for
+    the pass at T = 1024, B = H = 32, D = 64 on an H200 (``kernels/NOTES_path.md``, section 23).  What it multiplies
+    stays inside fp16's range: the factors of reflections (unit ``w``, as for the scan's fp16 ``G``) and the rows
+    of ``q`` and ``k`` scaled by powers of two (:func:`_pow2_rows`).  Other precisions are kept."""
+    return "fp16" if precision == "tf32" else precision
 
 
 @triton.jit
@@ -208,6 +220,34 @@ def _ut_tile(ptr, bh, start, stride_b, stride_t, T, HEAD_DIM: tl.constexpr, BLOC
 
 
 @triton.jit
+def _ten_bits(x, PRECISION: tl.constexpr):
+    """An fp32 tile as the products of ``PRECISION`` read it, rounded once: fp16 for ``"fp16"`` (a tile kept in
+    half the registers), rounded tf32 for ``"tf32"`` (:func:`._pieces._rn`), ``x`` itself otherwise."""
+    if PRECISION == "fp16":
+        return x.to(tl.float16)
+    else:
+        return _rn(x, PRECISION)
+
+
+@triton.jit
+def _pow2_rows(x, SCALE: tl.constexpr):
+    """``(s, 1 / s)``, ``[BT]`` fp32: for each row of the tile ``x``, the power of two ``s`` that brings the row's
+    largest finite ``|entry|`` into [1, 2) (exponents clamped so that ``s`` and ``1 / s`` are normal numbers; a
+    row of zeros gets ``2^125``).  Scaled so, a bf16 row converts to fp16 without overflow, and exactly down to
+    entries ``2^-17`` of its largest (below that, fp16's subnormals keep fewer bits); multiplying by a power of two
+    changes no bit of a normal fp32 number, and a NaN or inf stays where it is.  Ones without ``SCALE``."""
+    if SCALE:
+        a = tl.abs(x.to(tl.float32))
+        m = tl.max(tl.where(a < float("inf"), a, 0.0), axis=1)  # [BT]
+        e = tl.minimum(tl.maximum((m.to(tl.int32, bitcast=True) >> 23) & 0xFF, 2), 253)  # m's biased exponent
+        s = ((254 - e) << 23).to(tl.float32, bitcast=True)  # 2^(127 - e): m s in [1, 2)
+        return s, (e << 23).to(tl.float32, bitcast=True)  # 1 / s = 2^(e - 127)
+    else:
+        ones = tl.full([x.shape[0]], 1.0, tl.float32)
+        return ones, ones
+
+
+@triton.jit
 def _ut_sq(ptr, bh, start, stride_b, stride_t, BT: tl.constexpr):
     """Pointers to the ``[BT, BT]`` tile of block rows ``[start, start + BT)`` of head ``bh`` (``AD``'s layout),
     made where they are used: a tile of 64-bit pointers kept between a load and a store costs registers."""
@@ -271,26 +311,33 @@ def _ut_prepare(Q, K, W, BETA, QT, QN, KT, AD, GM, WC, NU, INV, T,
     products below need more such tiles than fit.  So each tile is loaded where it is first needed (``k`` twice,
     the second time from the L2 cache) and dies as early as the order allows: 27% less time than loading
     ``q``, ``k``, ``w`` up front (``kernels/NOTES_path.md``, section 11, with a two-launch split that was slower).
+    ``PRECISION="fp16"`` (:func:`main_pass_precision`) halves what the products' operands take and the tensor
+    cores' steps: no spill at 4 warps, 36% less time (section 23).
     """
     blk = tl.program_id(0)
     start = blk * BT
     bh = tl.program_id(1).to(tl.int64)
     rows = tl.arange(0, BT)
     offs_d = tl.arange(0, BLOCK_D)
+    # "fp16" products: the rows of bf16 (or fp32) q and k are scaled by powers of two into fp16's range first
+    # (_pow2_rows), and every result that depends on them scaled back; fp16 q and k need nothing.
+    SCALE_ROWS: tl.constexpr = PRECISION == "fp16" and Q.dtype.element_ty != tl.float16
     beta = tl.load(BETA + bh * T + start + rows, mask=rows < T - start, other=0.0)  # [BT]
-    w = _rn(_ut_tile(W, bh, start, stride_wb, stride_wt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)  # [BT, BD]
-    # (every product sees the same, rounded, w)
+    w = _ten_bits(_ut_tile(W, bh, start, stride_wb, stride_wt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)  # [BT, BD]
+    # (rounded once: every product sees the same w)
     # The triangular inverse: SUB x SUB diagonal blocks from _ut_diag_inverse, merged here.
     n = tl.where(rows[:, None] > rows[None, :], beta[:, None] * _dot(w, tl.trans(w), PRECISION), 0.0)
     x = _merged_inverse(_ut_sq(AD, bh, start, stride_ab, stride_at, BT), n, rows, BT, PRECISION)  # [BT, BT]
     if STORE_INV:
         tl.store(_ut_sq(INV, bh, start, stride_ab, stride_at, BT), x)
     a = x * beta[None, :]  # [BT, BT]: A = (I + N)^{-1} D_beta
-    # The keys' side: C = A strictLower(W K^T), then k~ = K - C^T W.
+    # The keys' side: C = A strictLower(W K^T), then k~ = K - C^T W.  Both are linear in each key k_j, so they are
+    # formed from the scaled keys s_j k_j (C's columns and k~'s rows come out times s_j) and k~ scaled back.
     k = _quiet_fp32(_ut_tile_as_is(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT))  # [BT, BD], k's dtype
-    c = _dot(a, tl.where(rows[:, None] > rows[None, :], _dot(w, tl.trans(k.to(tl.float32)), PRECISION), 0.0),
-             PRECISION)  # [BT, BT]: C_tj = sum_s A_ts (w_s . k_j), s > j
-    kt = k.to(tl.float32) - _dot(tl.trans(c), w, PRECISION)  # k~_j = H_e ... H_{j+1} k_j
+    k_s, k_u = _pow2_rows(k, SCALE_ROWS)  # [BT]: s_j and 1 / s_j (ones without SCALE_ROWS)
+    c = _dot(a, tl.where(rows[:, None] > rows[None, :], _dot(w, tl.trans(k.to(tl.float32) * k_s[:, None]), PRECISION),
+                         0.0), PRECISION)  # [BT, BT]: C_tj = s_j sum_s A_ts (w_s . k_j), s > j
+    kt = k.to(tl.float32) - _dot(tl.trans(c), w, PRECISION) * k_u[:, None]  # k~_j = H_e ... H_{j+1} k_j
     _ut_rd_store(KT, kt, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT)
     # The block's transition: -U = -A W, G = W^T (-U).  A dies here.
     nu = -_dot(a, w, PRECISION)  # [BT, BD]
@@ -299,19 +346,28 @@ def _ut_prepare(Q, K, W, BETA, QT, QN, KT, AD, GM, WC, NU, INV, T,
     if STORE_UT:
         _ut_rd_store(WC, w, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT)
         _ut_rd_store(NU, nu, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT)
-    # The queries' side, through -U and C (the products with A are done): q~ = Q + lower(Q W^T)(-U).
+    # The queries' side, through -U and C (the products with A are done): q~ = Q + lower(Q W^T)(-U), again from the
+    # scaled rows r_i q_i (q~'s rows come out times r_i).
     q = _quiet_fp32(_ut_tile_as_is(Q, bh, start, stride_qb, stride_qt, T, HEAD_DIM, BLOCK_D, BT))  # [BT, BD], q's dtype
+    q_s, q_u = _pow2_rows(q, SCALE_ROWS)  # [BT]: r_i and 1 / r_i
     lower = rows[:, None] >= rows[None, :]  # s <= i (diagonal kept)
-    qw = tl.where(lower, _dot(q.to(tl.float32), tl.trans(w), PRECISION), 0.0)  # q_i . w_s, s <= i
-    qt = q.to(tl.float32) + _dot(qw, nu, PRECISION)  # q~_i = H_s ... H_i q_i
+    qw = tl.where(lower, _dot(q.to(tl.float32) * q_s[:, None], tl.trans(w), PRECISION), 0.0)  # r_i q_i . w_s, s <= i
+    qt = q.to(tl.float32) * q_s[:, None] + _dot(qw, nu, PRECISION)  # r_i q~_i, q~_i = H_s ... H_i q_i
     if NORM_Q:
-        # Any positive stand-in for a zero norm is exact: q~ / n and n multiply back to q~.
+        # Any positive stand-in for a zero norm is exact: q~ / n and n multiply back to q~.  The row's scale
+        # cancels in q~ / |q~| and comes out of the norm.
         norm = tl.maximum(tl.sqrt(tl.sum(qt * qt, axis=1)), 1e-30)
-        tl.store(QN + bh * stride_nb + start + rows, norm)
+        tl.store(QN + bh * stride_nb + start + rows, norm * q_u)
         qt = qt / norm[:, None]
+    else:
+        qt = qt * q_u[:, None]
     _ut_rd_store(QT, qt, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT)
     k = _quiet_fp32(_ut_tile_as_is(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT))  # again: cheaper than keeping it
-    intra = tl.where(lower, _input_dot(q, tl.trans(k), PRECISION) - _dot(qw, c, PRECISION), 0.0)  # Ã_ij, j <= i
+    if SCALE_ROWS:  # Ã_ij = (r_i s_j Ã_ij) / (r_i s_j), from the scaled rows and C's scaled columns
+        qk = _dot(q.to(tl.float32) * q_s[:, None], tl.trans(k.to(tl.float32) * k_s[:, None]), PRECISION)
+        intra = tl.where(lower, (qk - _dot(qw, c, PRECISION)) * q_u[:, None] * k_u[None, :], 0.0)
+    else:
+        intra = tl.where(lower, _input_dot(q, tl.trans(k), PRECISION) - _dot(qw, c, PRECISION), 0.0)  # Ã_ij, j <= i
     tl.debug_barrier()  # every thread has read its part of the diagonal inverses before Ã overwrites them
     tl.store(_ut_sq(AD, bh, start, stride_ab, stride_at, BT), intra)  # (NaNs as they come: see _linear_chunks)
 
@@ -706,7 +762,8 @@ class Prepared:
             q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), w3.stride(0), w3.stride(1),
             self.qt.stride(0), self.qt.stride(1), self.qn.stride(0), self.ad.stride(0), self.ad.stride(1),
             self.g.stride(0), self.g.stride(1),
-            HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=self.block, **self._flags, num_warps=self._num_warps,
+            HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=self.block,
+            **dict(self._flags, PRECISION=main_pass_precision(self._flags["PRECISION"])), num_warps=self._num_warps,
             num_stages=1)
 
 

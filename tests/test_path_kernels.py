@@ -209,6 +209,54 @@ def test_prepared_factors_match_their_definitions():
     assert (p.kt[0, T:] == 0).all() and (p.ad[0, T:] == 0).all()
 
 
+@pytest.mark.parametrize("norm_q", [True, False], ids=["forward", "backward"])
+def test_fp16_products_of_the_main_pass_scale_the_rows_of_q_and_k(norm_q):
+    """On a GPU the main pass multiplies in fp16 where it would round to tf32 (``main_pass_precision``), with the
+    rows of q and k scaled by powers of two into fp16's range.  Rows from 1e-12 to 1e12 (bf16 values, which fp16
+    would overflow or flush unscaled) give every factor within 10-bit rounding of the exact pass's, and a NaN or inf
+    reaches the same entries in both."""
+    from pathedu.kernels.ut_prepare import main_pass_precision
+
+    assert main_pass_precision("tf32") == "fp16" and main_pass_precision("x3") == "x3"
+    T, D, block = 100, 32, 32
+    g = torch.Generator().manual_seed(27)
+    scales = 10.0 ** torch.randint(-12, 13, (1, T, 1), generator=g).float()
+    # bf16 values held in fp32: the pass's scaled path, exercised by the interpreter (which cannot multiply bf16)
+    q = (torch.randn(1, T, D, generator=g) * scales).bfloat16().float()
+    k = (torch.randn(1, T, D, generator=g) * scales.flip(1)).bfloat16().float()
+    w, beta = transitions((1,), T, D, seed=28)
+    f32 = dict(q_dtype=torch.float32, k_dtype=torch.float32, update_dtype=torch.float32)
+    kinds = dict(norm_q=True) if norm_q else dict(keep_inverse=True)
+    exact = Prepared(q, k, w.float(), beta.float(), T, block, precision="ieee", **f32, **kinds)
+    fast = Prepared(q, k, w.float(), beta.float(), T, block, precision="tf32", **f32, **kinds)
+    qn, kn = q.norm(dim=-1)[0], k.norm(dim=-1)[0]
+    rows = torch.arange(T)
+    # q~ (unit rows, or q~ itself) and k~ row by row, relative to their own size; Ã entry by entry against |q_i| |k_j|
+    for name, ref_rows in (("qt", None if norm_q else qn), ("kt", kn)):
+        err = (getattr(fast, name)[0, :T] - getattr(exact, name)[0, :T]).norm(dim=-1)
+        size = getattr(exact, name)[0, :T].norm(dim=-1)
+        assert torch.isfinite(getattr(fast, name)).all()
+        assert (err <= 3e-3 * size).all(), name
+    cols = (rows[:, None] // block) * block + torch.arange(block)[None, :]  # key of column c in row i
+    seen = cols <= rows[:, None]
+    d_ad = (fast.ad[0, :T] - exact.ad[0, :T]).abs() / (qn[:, None] * kn[cols.clamp(max=T - 1)])
+    assert (d_ad[seen] <= 2e-3).all() and (fast.ad[0, :T][~seen] == 0).all()
+    assert rel_err(fast.g, exact.g) <= 2e-3
+    if norm_q:
+        assert ((fast.qn[0, :T] / exact.qn[0, :T] - 1).abs() <= 2e-3).all()
+    # the power-of-two scale at work: without it, rows of 1e12 overflow fp16
+    assert (q.abs().amax(dim=-1) > 65504).any() and (k.abs().amax(dim=-1) > 65504).any()
+
+    # a NaN in one query, an inf in one key: the same entries are non-finite in both passes
+    q[0, 40, 3], k[0, 70, 5] = float("nan"), float("inf")
+    exact = Prepared(q, k, w.float(), beta.float(), T, block, precision="ieee", **f32, **kinds)
+    fast = Prepared(q, k, w.float(), beta.float(), T, block, precision="tf32", **f32, **kinds)
+    for name in ("qt", "kt", "ad", "g"):
+        bad = ~torch.isfinite(getattr(exact, name))
+        assert bad.any() or name == "g"
+        assert torch.equal(~torch.isfinite(getattr(fast, name)), bad), name
+
+
 # ---------------------------------------------------------------------------
 # The linear side: chunked Householder RNN and DeltaNet
 # ---------------------------------------------------------------------------

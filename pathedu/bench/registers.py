@@ -59,10 +59,11 @@ KERNELS = {
                                       ("Q", "K", "O"), 4),
     "_linear_fwd (Gated DeltaNet: delta + decay)": ("linear_attention", "_linear_fwd",
                                                     dict(_LIN, GATE="delta", DECAY="token"), ("Q", "K", "O"), 4),
-    # PaTH's preparation pass (the forward's; the backward's keeps the inverses), then its backward's O(T D^2) steps
+    # PaTH's preparation pass (the forward's; the backward's keeps the inverses), with the fp16 products that a
+    # tf32 pass launches (ut_prepare.main_pass_precision), then its backward's O(T D^2) steps
     **{f"_ut_prepare (PaTH {pass_}{', 8 warps' if warps == 8 else ''})": (
         "ut_prepare", "_ut_prepare", dict(_D, BT=64, NORM_Q=pass_ == "forward", STORE_UT=False,
-                                          STORE_INV=pass_ == "backward", PRECISION="tf32"),
+                                          STORE_INV=pass_ == "backward", PRECISION="fp16"),
         ("Q", "K", "QT", "KT", "GM"), warps)
        for pass_ in ("forward", "backward") for warps in (4, 8)},
     # the carries at levels from 2, and at level 1 (FIRST), whose launch writes level 0's rows too; a training
