@@ -321,7 +321,8 @@ def _ut_prepare(Q, K, W, BETA, QT, QN, KT, AD, GM, WC, NU, INV, T,
     offs_d = tl.arange(0, BLOCK_D)
     # "fp16" products: the rows of bf16 (or fp32) q and k are scaled by powers of two into fp16's range first
     # (_pow2_rows), and every result that depends on them scaled back; fp16 q and k need nothing.
-    SCALE_ROWS: tl.constexpr = PRECISION == "fp16" and Q.dtype.element_ty != tl.float16
+    SCALE_ROWS: tl.constexpr = PRECISION == "fp16" and (Q.dtype.element_ty != tl.float16
+                                                         or K.dtype.element_ty != tl.float16)
     beta = tl.load(BETA + bh * T + start + rows, mask=rows < T - start, other=0.0)  # [BT]
     w = _ten_bits(_ut_tile(W, bh, start, stride_wb, stride_wt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)  # [BT, BD]
     # (rounded once: every product sees the same w)
