@@ -35,6 +35,27 @@ def rand_qkv(lead, T, D, Dv=None, *, dtype=torch.float64, seed=0, device="cpu"):
 N_FIXED = 4  # random_shapes(...)[:N_FIXED]: the fixed cases, without the random ones (for the costly Triton tests)
 
 
+def prepared_errors(fast, exact, q, k, T: int, block: int) -> dict:
+    """How far a preparation pass (:class:`pathedu.kernels.ut_prepare.Prepared`) is from a more exact one made from the
+    same ``q, k: (1, T, D)``: ``qt``, ``kt`` the worst row's distance relative to the row; ``ad`` the worst in-block
+    score's distance relative to ``|q_i| |k_j|`` (``ad_above``: whether every entry above the diagonal is 0);
+    ``g`` the relative error of every block's transition; ``qn`` the worst norm's relative distance (forward passes)."""
+    def rows(name):
+        a, b = (getattr(p, name)[0, :T].double() for p in (fast, exact))
+        return ((a - b).norm(dim=-1) / b.norm(dim=-1).clamp_min(1e-300)).max().item()
+
+    qn, kn = (x[0].double().norm(dim=-1) for x in (q, k))
+    i = torch.arange(T, device=q.device)
+    cols = (i[:, None] // block) * block + torch.arange(block, device=q.device)[None, :]  # key of column c in row i
+    seen = cols <= i[:, None]
+    d_ad = (fast.ad[0, :T].double() - exact.ad[0, :T].double()).abs() / (qn[:, None] * kn[cols.clamp(max=T - 1)])
+    out = dict(qt=rows("qt"), kt=rows("kt"), ad=d_ad[seen].max().item(), ad_above=bool((fast.ad[0, :T][~seen] == 0).all()),
+               g=rel_err(fast.g, exact.g))
+    if fast.qn is not fast.ad:  # made with norm_q
+        out["qn"] = (fast.qn[0, :T].double() / exact.qn[0, :T].double() - 1).abs().max().item()
+    return out
+
+
 def random_shapes(n: int, *, seed: int, max_T: int = 80, dims=(16, 32), extra=()):
     """Randomized (lead, T, D, Dv) cases, always including T = 1, a T that is no
     multiple of any block size, several leading dims and Dv != D: the first

@@ -103,6 +103,38 @@ def _plant(x, at, d, value):
     return x
 
 
+@pytest.mark.parametrize("norm_q", [True, False], ids=["forward", "backward"])
+def test_preparation_pass_holds_any_bf16_magnitude(norm_q):
+    """The preparation pass multiplies in fp16 on a GPU, the rows of bf16 q and k scaled by powers of two
+    (kernels/ut_prepare.py, main_pass_precision): rows from 1e-12 to 1e12, which fp16 holds only scaled, give every
+    factor within 10-bit rounding of an "x3" pass on the same numbers in fp32 (the CPU test's bounds; k~, which the
+    forward stores in bf16, within 1e-2).  The forward's pass stores what PaTH's stores (fp16 q~ and G, bf16 k~);
+    the backward's keeps fp32 here, since its fp16 q~ and k~ would not hold rows of 1e12 however they were made."""
+    from helpers import prepared_errors
+
+    from pathedu.kernels.ut_prepare import Prepared
+
+    T, D, block = 1000, 64, 64
+    g = torch.Generator(device="cuda").manual_seed(30)
+    scales = 10.0 ** torch.randint(-12, 13, (1, T, 1), generator=g, device="cuda").float()
+    q = (torch.randn(1, T, D, generator=g, device="cuda") * scales).bfloat16()
+    k = (torch.randn(1, T, D, generator=g, device="cuda") * scales.flip(1)).bfloat16()
+    w = torch.nn.functional.normalize(torch.randn(1, T, D, generator=g, device="cuda"), dim=-1)
+    beta = 2 * torch.rand(1, T, generator=g, device="cuda")
+    f32 = dict(q_dtype=torch.float32, k_dtype=torch.float32, update_dtype=torch.float32)
+    if norm_q:
+        kinds, stored = dict(norm_q=True), dict(q_dtype=torch.float16, k_dtype=torch.bfloat16, update_dtype=torch.float16)
+    else:
+        kinds, stored = dict(keep_inverse=True), f32
+    fast = Prepared(q, k, w, beta, T, block, precision="tf32", **stored, **kinds)
+    exact = Prepared(q.float(), k.float(), w, beta, T, block, precision="x3", **f32, **kinds)
+    err = prepared_errors(fast, exact, q.float(), k.float(), T, block)
+    assert all(torch.isfinite(getattr(fast, name)[0, :T]).all() for name in ("qt", "kt", "ad")), err
+    kt_bound = 1e-2 if norm_q else 3e-3
+    assert err["qt"] <= 3e-3 and err["kt"] <= kt_bound and err["ad"] <= 2e-3 and err["ad_above"], err
+    assert err["g"] <= 2e-3 and err.get("qn", 0.0) <= 2e-3, err
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("where", ["v", "zero_key", "k", "q"])
 @pytest.mark.parametrize("form", TRITON, ids=lambda f: f.name)
