@@ -312,7 +312,8 @@ def _ut_prepare(Q, K, W, BETA, QT, QN, KT, AD, GM, WC, NU, INV, T,
     the second time from the L2 cache) and dies as early as the order allows: 27% less time than loading
     ``q``, ``k``, ``w`` up front (``kernels/NOTES_path.md``, section 11, with a two-launch split that was slower).
     ``PRECISION="fp16"`` (:func:`main_pass_precision`) halves what the products' operands take and the tensor
-    cores' steps: no spill at 4 warps, 36% less time (section 23).
+    cores' steps: the forward's variant no longer spills (4 warps, sm_90), and the pass takes 36% less time
+    (section 23).
     """
     blk = tl.program_id(0)
     start = blk * BT
