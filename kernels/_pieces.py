@@ -143,7 +143,7 @@ def _query_block(BLOCK_M: tl.constexpr):
 
 @triton.jit
 def _rn(x, PRECISION: tl.constexpr):
-    """Round fp32 ``x`` to the nearest tf32 value when products run in tf32.
+    """Round fp32 ``x`` once to what the products of ``PRECISION`` read: the nearest tf32 value in tf32.
 
     The tensor cores read an fp32 operand's top 19 bits, i.e. they *truncate*
     towards zero.  A biased rounding is harmless once, but the block transitions
@@ -163,10 +163,13 @@ def _rn(x, PRECISION: tl.constexpr):
     select (``FSETP`` of ``|x| >= inf``, a predicated add, the mask; Triton 3.6, offline).
 
     ``"tf32n"`` is that select: the rounding for tiles that come out of arithmetic on gradients, where a NaN may
-    arrive from anywhere upstream (the backward kernels: :func:`._launch.keeping_nans`).
+    arrive from anywhere upstream (the backward kernels: :func:`._launch.keeping_nans`).  ``"fp16"``: the same ten
+    bits as an fp16 tile (round to nearest even; NaNs kept), in half the registers, for :func:`_dot`'s fp16 products.
     """
     if x.dtype != tl.float32:  # fp16 and bf16 values are tf32 values already
         return x.to(tl.float32)
+    elif PRECISION == "fp16":
+        return x.to(tl.float16)
     elif PRECISION == "tf32" or PRECISION == "tf32n":
         r = ((x.to(tl.int32, bitcast=True) + 4096) & -8192).to(tl.float32, bitcast=True)
         if PRECISION == "tf32n":  # every NaN stays one (the tensor cores read a NaN's top bits as a NaN)

@@ -220,16 +220,6 @@ def _ut_tile(ptr, bh, start, stride_b, stride_t, T, HEAD_DIM: tl.constexpr, BLOC
 
 
 @triton.jit
-def _ten_bits(x, PRECISION: tl.constexpr):
-    """An fp32 tile as the products of ``PRECISION`` read it, rounded once: fp16 for ``"fp16"`` (a tile kept in
-    half the registers), rounded tf32 for ``"tf32"`` (:func:`._pieces._rn`), ``x`` itself otherwise."""
-    if PRECISION == "fp16":
-        return x.to(tl.float16)
-    else:
-        return _rn(x, PRECISION)
-
-
-@triton.jit
 def _pow2_rows(x, SCALE: tl.constexpr):
     """``(s, 1 / s)``, ``[BT]`` fp32: for each row of the tile ``x``, the power of two ``s`` that brings the row's
     largest finite ``|entry|`` into [1, 2) (exponents clamped so that ``s`` and ``1 / s`` are normal numbers; a
@@ -325,7 +315,7 @@ def _ut_prepare(Q, K, W, BETA, QT, QN, KT, AD, GM, WC, NU, INV, T,
     SCALE_ROWS: tl.constexpr = PRECISION == "fp16" and (Q.dtype.element_ty != tl.float16
                                                          or K.dtype.element_ty != tl.float16)
     beta = tl.load(BETA + bh * T + start + rows, mask=rows < T - start, other=0.0)  # [BT]
-    w = _ten_bits(_ut_tile(W, bh, start, stride_wb, stride_wt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)  # [BT, BD]
+    w = _rn(_ut_tile(W, bh, start, stride_wb, stride_wt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)  # [BT, BD]
     # (rounded once: every product sees the same w)
     # The triangular inverse: SUB x SUB diagonal blocks from _ut_diag_inverse, merged here.
     n = tl.where(rows[:, None] > rows[None, :], beta[:, None] * _dot(w, tl.trans(w), PRECISION), 0.0)

@@ -227,8 +227,12 @@ def test_fp16_products_of_the_main_pass_scale_the_rows_of_q_and_k(norm_q):
     w, beta = transitions((1,), T, D, seed=28)
     f32 = dict(q_dtype=torch.float32, k_dtype=torch.float32, update_dtype=torch.float32)
     kinds = dict(norm_q=True) if norm_q else dict(keep_inverse=True)
-    exact = Prepared(q, k, w.float(), beta.float(), T, block, precision="ieee", **f32, **kinds)
-    fast = Prepared(q, k, w.float(), beta.float(), T, block, precision="tf32", **f32, **kinds)
+
+    def passes():  # (exact, fast) from the current q and k
+        return tuple(Prepared(q, k, w.float(), beta.float(), T, block, precision=p, **f32, **kinds)
+                     for p in ("ieee", "tf32"))
+
+    exact, fast = passes()
     err = prepared_errors(fast, exact, q, k, T, block)
     for name in ("qt", "kt"):
         assert torch.isfinite(getattr(fast, name)).all()
@@ -239,8 +243,7 @@ def test_fp16_products_of_the_main_pass_scale_the_rows_of_q_and_k(norm_q):
 
     # a NaN in one query, an inf in one key: the same entries are non-finite in both passes
     q[0, 40, 3], k[0, 70, 5] = float("nan"), float("inf")
-    exact = Prepared(q, k, w.float(), beta.float(), T, block, precision="ieee", **f32, **kinds)
-    fast = Prepared(q, k, w.float(), beta.float(), T, block, precision="tf32", **f32, **kinds)
+    exact, fast = passes()
     for name in ("qt", "kt", "ad", "g"):
         bad = ~torch.isfinite(getattr(exact, name))
         assert bad.any() or name == "g"
