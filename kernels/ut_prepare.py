@@ -72,6 +72,14 @@ def main_pass_precision(precision: str) -> str:
     return "fp16" if precision == "tf32" else precision
 
 
+def backward_precision(precision: str) -> str:
+    """The products of the UT backward (:func:`ut_prepare_backward`) for a pass of ``precision``: fp16 where the pass
+    multiplies in fp16 (:func:`main_pass_precision`), every tile of gradients (and of ``q``, ``k``) scaled into its
+    range by a power of two per tile (:func:`_scaled`); otherwise the version that keeps every NaN of the gradients'
+    arithmetic (:func:`._launch.keeping_nans`: ``"x3n"`` for fp32 inputs, ``"ieee"`` in the interpreter)."""
+    return keeping_nans(main_pass_precision(precision))
+
+
 @triton.jit
 def _diag_block_n(K, W, BETA, LOG_F, T, start, bh, stride_kb, stride_kt, stride_wb, stride_wt,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, W_IS_K: tl.constexpr, GATED: tl.constexpr,
@@ -220,18 +228,29 @@ def _ut_tile(ptr, bh, start, stride_b, stride_t, T, HEAD_DIM: tl.constexpr, BLOC
 
 
 @triton.jit
+def _finite_abs(x):
+    """``|x|`` in fp32, with 0 for every NaN and inf."""
+    a = tl.abs(x.to(tl.float32))
+    return tl.where(a < float("inf"), a, 0.0)
+
+
+@triton.jit
+def _pow2(m):
+    """``(s, 1 / s)``, fp32 of ``m``'s shape: for finite magnitudes ``m >= 0``, the powers of two ``s`` that bring
+    ``m s`` into [1, 2) (exponents clamped so that ``s`` and ``1 / s`` are normal numbers; ``m = 0`` gets
+    ``2^125``).  Multiplying by a power of two changes no bit of a normal fp32 number, and a NaN or inf stays one."""
+    e = tl.minimum(tl.maximum((m.to(tl.int32, bitcast=True) >> 23) & 0xFF, 2), 253)  # m's biased exponent
+    return ((254 - e) << 23).to(tl.float32, bitcast=True), (e << 23).to(tl.float32, bitcast=True)  # 2^(127 - e), 2^(e - 127)
+
+
+@triton.jit
 def _pow2_rows(x, SCALE: tl.constexpr):
-    """``(s, 1 / s)``, ``[BT]`` fp32: for each row of the tile ``x``, the power of two ``s`` that brings the row's
-    largest finite ``|entry|`` into [1, 2) (exponents clamped so that ``s`` and ``1 / s`` are normal numbers; a
-    row of zeros gets ``2^125``).  Scaled so, a bf16 row converts to fp16 without overflow, and exactly down to
-    entries ``2^-17`` of its largest (below that, fp16's subnormals keep fewer bits); multiplying by a power of two
-    changes no bit of a normal fp32 number, and a NaN or inf stays where it is.  Ones without ``SCALE``."""
+    """``(s, 1 / s)``, ``[BT]`` fp32: for each row of the tile ``x``, the power of two (:func:`_pow2`) that brings the
+    row's largest finite ``|entry|`` into [1, 2).  Scaled so, a bf16 row converts to fp16 without overflow, and
+    exactly down to entries ``2^-17`` of its largest (below that, fp16's subnormals keep fewer bits).  Ones without
+    ``SCALE``."""
     if SCALE:
-        a = tl.abs(x.to(tl.float32))
-        m = tl.max(tl.where(a < float("inf"), a, 0.0), axis=1)  # [BT]
-        e = tl.minimum(tl.maximum((m.to(tl.int32, bitcast=True) >> 23) & 0xFF, 2), 253)  # m's biased exponent
-        s = ((254 - e) << 23).to(tl.float32, bitcast=True)  # 2^(127 - e): m s in [1, 2)
-        return s, (e << 23).to(tl.float32, bitcast=True)  # 1 / s = 2^(e - 127)
+        return _pow2(tl.max(_finite_abs(x), axis=1))
     else:
         ones = tl.full([x.shape[0]], 1.0, tl.float32)
         return ones, ones
@@ -423,6 +442,28 @@ def _wy_prepare(K, V, BETA, LOG_F, AD, WW, WU, T, stride_kb, stride_kt, stride_v
 # gradients to the next through memory (a 64 x 64 fp32 tile is 16 KB; a spilled one is read and written many
 # times; five kernels at first, the last two merged since: kernels/NOTES_path.md, section 19).  All four take the
 # same arguments, so one launcher runs them in order.
+#
+# Their products run in fp16 for 16-bit inputs (:func:`backward_precision`).  Two kinds of operand go in: the
+# factors of reflections (``w``, the inverse, ``A``, ``A W``), bounded, converted as they are (:func:`._pieces._rn`);
+# and tiles that carry a gradient or the caller's ``q``, ``k``, of any magnitude, which :func:`_scaled` brings into
+# fp16's range by one power of two per tile.  A product of such tiles is multiplied back by each factor's ``1 / s``
+# in turn (never by their product, which can leave fp32's range where each factor does not); a tile made by such a
+# product and read by the next one keeps its scale (``# ~ 1/s of ...``: what it still has to be multiplied by).
+
+
+@triton.jit
+def _scaled(x, PRECISION: tl.constexpr):
+    """``(x s, 1 / s)`` for a tile ``x`` whose magnitude is the caller's (a gradient, ``q``, ``k``): with
+    ``"fp16"`` products, ``s`` is the power of two that brings the tile's largest finite ``|entry|`` into [1, 2)
+    (:func:`_pow2`) and ``x s`` is fp16: exact for every entry down to ``2^-14`` of the largest (below that fp16's
+    subnormals keep fewer bits: absolute errors under ``2^-25`` of the largest, far below what the tile's bf16
+    outputs round away), a NaN or inf where it was.  Other precisions: ``(_rn(x), 1)``."""
+    if PRECISION == "fp16":
+        xf = x.to(tl.float32)
+        s, u = _pow2(tl.max(tl.max(_finite_abs(xf), axis=1), axis=0))
+        return (xf * s).to(tl.float16), u
+    else:
+        return _rn(x, PRECISION), 1.0
 
 
 @triton.jit
@@ -448,20 +489,25 @@ def _ut_bwd_aw(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, DQ, DK,
     rows = tl.arange(0, BT)
     offs_d = tl.arange(0, BLOCK_D)
     CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
-    a = _ut_a(INV, BETA, bh, start, T, stride_ab, stride_at, BT)  # [BT, BT]
+    a = _rn(_ut_a(INV, BETA, bh, start, T, stride_ab, stride_at, BT), PRECISION)  # [BT, BT]
     w = _rn(_ut_tile(W, bh, start, stride_wb, stride_wt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)  # [BT, BD]
-    dqt = _rn(_ut_rd_load(DQT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT), PRECISION)  # [BT, BD]
+    aw = _rn(_dot_ready(a, w, True, True, PRECISION), PRECISION)  # [BT, BD]: A W
+    dqt, dqt_u = _scaled(_ut_rd_load(DQT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT), PRECISION)
     # q~ = Q - QW (A W)
     tl.store(_ut_sq(DQW, bh, start, stride_ab, stride_at, BT),
-             -_dot_ready(dqt, tl.trans(_dot_ready(a, w, False, True, PRECISION)), True, False, PRECISION))
-    q = _ut_tile_as_is(Q, bh, start, stride_qb, stride_qt, T, HEAD_DIM, BLOCK_D, BT)  # [BT, BD], 16 bits for bf16
-    qw = tl.where(rows[:, None] >= rows[None, :], _dot_ready(q, tl.trans(w), False, True, PRECISION), 0.0)  # [BT, BT]
-    daw = -_dot_ready(tl.trans(qw), dqt, False, True, PRECISION)  # [BT, BD]
+             -_dot_ready(dqt, tl.trans(aw), True, True, PRECISION) * dqt_u)
+    q, q_u = _scaled(_ut_tile_as_is(Q, bh, start, stride_qb, stride_qt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)
+    qw = _rn(tl.where(rows[:, None] >= rows[None, :], _dot_ready(q, tl.trans(w), True, True, PRECISION), 0.0),
+             PRECISION)  # [BT, BT] ~ 1/s of q
+    daw = -_dot_ready(tl.trans(qw), dqt, True, True, PRECISION) * q_u * dqt_u  # [BT, BD]
     # G = -W^T (A W)
-    daw -= _dot_ready(w, _load_rows(DG + bh * stride_gb + blk * stride_gj, offs_d, offs_d, HEAD_DIM, HEAD_DIM,
-                                    HEAD_DIM, CHECK_D, CHECK_D), True, False, PRECISION)
+    dg, dg_u = _scaled(_load_rows(DG + bh * stride_gb + blk * stride_gj, offs_d, offs_d, HEAD_DIM, HEAD_DIM,
+                                  HEAD_DIM, CHECK_D, CHECK_D), PRECISION)  # [BD, BD]
+    daw -= _dot_ready(w, dg, True, True, PRECISION) * dg_u
     _ut_rd_store(DAW, daw, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT)
-    tl.store(_ut_sq(DA, bh, start, stride_ab, stride_at, BT), _dot_ready(daw, tl.trans(w), False, True, PRECISION))
+    daw, daw_u = _scaled(daw, PRECISION)
+    tl.store(_ut_sq(DA, bh, start, stride_ab, stride_at, BT),
+             _dot_ready(daw, tl.trans(w), True, True, PRECISION) * daw_u)
 
 
 @triton.jit
@@ -477,27 +523,28 @@ def _ut_bwd_scores(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, DQ,
     rows = tl.arange(0, BT)
     lower = rows[:, None] >= rows[None, :]
     strict = rows[:, None] > rows[None, :]
-    # Every [BT, BT] tile here is read by products only: each is rounded once (_dot_ready), where it is made.
+    # Every [BT, BT] tile here is read by products only: each is made ready (rounded or scaled) once, where it is made.
     a = _rn(_ut_a(INV, BETA, bh, start, T, stride_ab, stride_at, BT), PRECISION)  # [BT, BT]
     w = _rn(_ut_tile(W, bh, start, stride_wb, stride_wt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)  # [BT, BD]
-    k = _ut_tile_as_is(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT)  # [BT, BD]
-    wk = _rn(tl.where(strict, _dot_ready(w, tl.trans(k), True, False, PRECISION), 0.0), PRECISION)  # [BT, BT]
+    k, k_u = _scaled(_ut_tile_as_is(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)
+    wk = _rn(tl.where(strict, _dot_ready(w, tl.trans(k), True, True, PRECISION), 0.0), PRECISION)  # ~ 1/s of k
     # Ã = lower(Q K^T) - (QW A) WK
-    dad = _rn(tl.where(lower, tl.load(_ut_sq(DAD, bh, start, stride_ab, stride_at, BT)), 0.0), PRECISION)  # [BT, BT]
-    dy = _rn(-_dot_ready(dad, tl.trans(wk), True, True, PRECISION), PRECISION)  # d(QW A), [BT, BT]
+    dad, dad_u = _scaled(tl.where(lower, tl.load(_ut_sq(DAD, bh, start, stride_ab, stride_at, BT)), 0.0), PRECISION)
+    dy = _rn(-_dot_ready(dad, tl.trans(wk), True, True, PRECISION), PRECISION)  # d(QW A) ~ 1/s of dÃ and k
     dqw = tl.load(_ut_sq(DQW, bh, start, stride_ab, stride_at, BT)) + _dot_ready(dy, tl.trans(a), True, True,
-                                                                                 PRECISION)
+                                                                                 PRECISION) * dad_u * k_u
     tl.store(_ut_sq(DQW, bh, start, stride_ab, stride_at, BT), tl.where(lower, dqw, 0.0))
-    q = _ut_tile_as_is(Q, bh, start, stride_qb, stride_qt, T, HEAD_DIM, BLOCK_D, BT)  # [BT, BD]
-    qw = _rn(tl.where(lower, _dot_ready(q, tl.trans(w), False, True, PRECISION), 0.0), PRECISION)  # [BT, BT]
-    da = _dot_ready(tl.trans(qw), dy, True, True, PRECISION)  # [BT, BT]
-    dwk = -_dot_ready(tl.trans(_dot_ready(qw, a, True, True, PRECISION)), dad, False, True, PRECISION)  # [BT, BT]
+    q, q_u = _scaled(_ut_tile_as_is(Q, bh, start, stride_qb, stride_qt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)
+    qw = _rn(tl.where(lower, _dot_ready(q, tl.trans(w), True, True, PRECISION), 0.0), PRECISION)  # ~ 1/s of q
+    da = _dot_ready(tl.trans(qw), dy, True, True, PRECISION) * q_u * dad_u * k_u  # [BT, BT]
+    qwa = _rn(_dot_ready(qw, a, True, True, PRECISION), PRECISION)  # QW A ~ 1/s of q
+    dwk = -_dot_ready(tl.trans(qwa), dad, True, True, PRECISION) * q_u * dad_u  # [BT, BT]
     # k~ = K - (A WK)^T W
-    dkt = _ut_rd_load(DKT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT)  # [BT, BD]
-    dz = _rn(-_dot_ready(w, tl.trans(dkt), True, False, PRECISION), PRECISION)  # d(A WK), [BT, BT]
+    dkt, dkt_u = _scaled(_ut_rd_load(DKT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT), PRECISION)
+    dz = _rn(-_dot_ready(w, tl.trans(dkt), True, True, PRECISION), PRECISION)  # d(A WK) ~ 1/s of dk~
     tl.store(_ut_sq(DWK, bh, start, stride_ab, stride_at, BT),
-             tl.where(strict, dwk + _dot_ready(tl.trans(a), dz, True, True, PRECISION), 0.0))
-    da += _dot_ready(dz, tl.trans(wk), True, True, PRECISION)
+             tl.where(strict, dwk + _dot_ready(tl.trans(a), dz, True, True, PRECISION) * dkt_u, 0.0))
+    da += _dot_ready(dz, tl.trans(wk), True, True, PRECISION) * dkt_u * k_u
     p_da = _ut_sq(DA, bh, start, stride_ab, stride_at, BT)
     tl.store(p_da, tl.load(p_da) + da)
 
@@ -517,22 +564,23 @@ def _ut_bwd_qk(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, DQ, DK,
     left = T - start
     p_out = bh * stride_ob + start * stride_ot
     w = _rn(_ut_tile(W, bh, start, stride_wb, stride_wt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)  # [BT, BD]
-    k = _ut_tile_as_is(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT)  # [BT, BD]
-    q = _ut_tile_as_is(Q, bh, start, stride_qb, stride_qt, T, HEAD_DIM, BLOCK_D, BT)  # [BT, BD]
-    # dÃ, dQW and dWK are read by two products each: rounded once (_dot_ready)
-    dad = _rn(tl.where(rows[:, None] >= rows[None, :], tl.load(_ut_sq(DAD, bh, start, stride_ab, stride_at, BT)), 0.0),
-              PRECISION)  # [BT, BT]
-    dqw = _rn(tl.load(_ut_sq(DQW, bh, start, stride_ab, stride_at, BT)), PRECISION)  # [BT, BT]
-    dq = _ut_rd_load(DQT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT) + _dot_ready(dad, k, True, False,
-                                                                                              PRECISION)
-    _store_rows(DQ + p_out, dq + _dot_ready(dqw, w, True, True, PRECISION), rows, offs_d, stride_ot, left, HEAD_DIM)
-    dwk = _rn(tl.load(_ut_sq(DWK, bh, start, stride_ab, stride_at, BT)), PRECISION)  # [BT, BT]
-    dk = _ut_rd_load(DKT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT) + _dot_ready(tl.trans(dad), q, True,
-                                                                                              False, PRECISION)
-    _store_rows(DK + p_out, dk + _dot_ready(tl.trans(dwk), w, True, True, PRECISION), rows, offs_d, stride_ot, left,
+    k, k_u = _scaled(_ut_tile_as_is(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)
+    q, q_u = _scaled(_ut_tile_as_is(Q, bh, start, stride_qb, stride_qt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)
+    # dÃ, dQW and dWK are read by two products each: made ready once
+    dad, dad_u = _scaled(tl.where(rows[:, None] >= rows[None, :], tl.load(_ut_sq(DAD, bh, start, stride_ab, stride_at,
+                                                                                  BT)), 0.0), PRECISION)  # [BT, BT]
+    dqw, dqw_u = _scaled(tl.load(_ut_sq(DQW, bh, start, stride_ab, stride_at, BT)), PRECISION)  # [BT, BT]
+    dq = (_ut_rd_load(DQT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT)
+          + _dot_ready(dad, k, True, True, PRECISION) * dad_u * k_u)
+    _store_rows(DQ + p_out, dq + _dot_ready(dqw, w, True, True, PRECISION) * dqw_u, rows, offs_d, stride_ot, left,
                 HEAD_DIM)
-    _store_rows(DW + p_out, _dot_ready(tl.trans(dqw), q, True, False, PRECISION)
-                + _dot_ready(dwk, k, True, False, PRECISION), rows, offs_d, stride_ot, left, HEAD_DIM)
+    dwk, dwk_u = _scaled(tl.load(_ut_sq(DWK, bh, start, stride_ab, stride_at, BT)), PRECISION)  # [BT, BT]
+    dk = (_ut_rd_load(DKT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT)
+          + _dot_ready(tl.trans(dad), q, True, True, PRECISION) * dad_u * q_u)
+    _store_rows(DK + p_out, dk + _dot_ready(tl.trans(dwk), w, True, True, PRECISION) * dwk_u, rows, offs_d, stride_ot,
+                left, HEAD_DIM)
+    _store_rows(DW + p_out, _dot_ready(tl.trans(dqw), q, True, True, PRECISION) * dqw_u * q_u
+                + _dot_ready(dwk, k, True, True, PRECISION) * dwk_u * k_u, rows, offs_d, stride_ot, left, HEAD_DIM)
 
 
 @triton.jit
@@ -560,22 +608,29 @@ def _ut_bwd_w_inverse(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, 
     # Through the inverse: dbeta, and dw's terms of the Gram matrix.
     da = tl.load(_ut_sq(DA, bh, start, stride_ab, stride_at, BT))  # [BT, BT]
     dbeta = tl.sum(xi * da, axis=0)
-    dn = tl.where(strict, -_dot(_dot(tl.trans(xi), da * beta[None, :], PRECISION), tl.trans(xi), PRECISION), 0.0)
-    tl.store(DBETA + bh * T + start + rows, dbeta + tl.sum(dn * _dot(w, tl.trans(w), PRECISION), axis=1),
-             mask=rows < left)
+    da, da_u = _scaled(da * beta[None, :], PRECISION)
+    xit = tl.trans(_rn(xi, PRECISION))
+    dn = tl.where(strict, -_dot_ready(_rn(_dot_ready(xit, da, True, True, PRECISION), PRECISION), xit, True, True,
+                                      PRECISION), 0.0)  # ~ 1/s of dA
+    tl.store(DBETA + bh * T + start + rows, dbeta + tl.sum(dn * _dot_ready(w, tl.trans(w), True, True, PRECISION),
+                                                          axis=1) * da_u, mask=rows < left)
     dgram = dn * beta[:, None]
+    dgram, dgram_u = _scaled(dgram + tl.trans(dgram), PRECISION)
     dw = _ut_tile(DW, bh, start, stride_ob, stride_ot, T, HEAD_DIM, BLOCK_D, BT)  # [BT, BD]
-    dw += _dot(dgram + tl.trans(dgram), w, PRECISION)
+    dw += _dot_ready(dgram, w, True, True, PRECISION) * dgram_u * da_u
     # Through k~ = K - (A WK)^T W, G = -W^T (A W) and A W itself.
-    a = xi * beta[None, :]  # [BT, BT], A = X D_beta (as _ut_a makes it)
-    k = _ut_tile_as_is(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT)  # [BT, BD]
-    wk = tl.where(strict, _dot(w, tl.trans(k), PRECISION), 0.0)  # [BT, BT]
-    dw -= _dot(_dot(a, wk, PRECISION), _ut_rd_load(DKT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT),
-               PRECISION)
-    dg = _load_rows(DG + bh * stride_gb + blk * stride_gj, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D,
-                    CHECK_D)  # [BD, BD]
-    dw -= _dot(_dot(a, w, PRECISION), tl.trans(dg), PRECISION)
-    dw += _dot(tl.trans(a), _ut_rd_load(DAW, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT), PRECISION)
+    a = _rn(xi * beta[None, :], PRECISION)  # [BT, BT], A = X D_beta (as _ut_a makes it)
+    k, k_u = _scaled(_ut_tile_as_is(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)
+    wk = _rn(tl.where(strict, _dot_ready(w, tl.trans(k), True, True, PRECISION), 0.0), PRECISION)  # ~ 1/s of k
+    awk = _rn(_dot_ready(a, wk, True, True, PRECISION), PRECISION)  # A WK ~ 1/s of k
+    dkt, dkt_u = _scaled(_ut_rd_load(DKT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT), PRECISION)
+    dw -= _dot_ready(awk, dkt, True, True, PRECISION) * k_u * dkt_u
+    dg, dg_u = _scaled(_load_rows(DG + bh * stride_gb + blk * stride_gj, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM,
+                                  CHECK_D, CHECK_D), PRECISION)  # [BD, BD]
+    dw -= _dot_ready(_rn(_dot_ready(a, w, True, True, PRECISION), PRECISION), tl.trans(dg), True, True,
+                     PRECISION) * dg_u
+    daw, daw_u = _scaled(_ut_rd_load(DAW, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT), PRECISION)
+    dw += _dot_ready(tl.trans(a), daw, True, True, PRECISION) * daw_u
     _store_rows(DW + p_out, dw, rows, offs_d, stride_ot, left, HEAD_DIM)
 
 
@@ -612,8 +667,7 @@ def ut_prepare_backward(q3, k3, w3, beta3, prep: "Prepared", dqt, dkt, dad, dg):
             q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), w3.stride(0), w3.stride(1),
             prep.qt.stride(0), prep.qt.stride(1), prep.ad.stride(0), prep.ad.stride(1), prep.g.stride(0),
             prep.g.stride(1), dq.stride(0), dq.stride(1))
-    # the pass's precision in the version that keeps every NaN of the gradients' arithmetic (_launch.keeping_nans)
-    meta = dict(HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=prep.block, PRECISION=keeping_nans(prep._flags["PRECISION"]))
+    meta = dict(HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=prep.block, PRECISION=backward_precision(prep._flags["PRECISION"]))
     kernels = _UT_BWD_TUNED
     if interpreting():
         kernels = _UT_BWD_KERNELS

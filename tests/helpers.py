@@ -56,6 +56,49 @@ def prepared_errors(fast, exact, q, k, T: int, block: int) -> dict:
     return out
 
 
+def ut_backward_case(T: int, D: int, block: int, *, seed: int, device, qk_dtype):
+    """The UT backward's inputs with every block at its own magnitude: ``q``, ``k`` (``(1, T, D)``, bf16 values in
+    ``qk_dtype``) from 1e-12 to 1e12 a block, ``dq~, dk~, dÃ, dG`` (fp32, in :class:`Prepared`'s layouts) from 1e-20
+    to 1e20 a block, rows within a block spread over two decades, zero past ``T``; unit ``w``, ``beta`` in [0, 2).
+    Returns ``q, k, w, beta, prep, grads``: ``prep`` made in exact fp32 ("ieee", "x3" on a GPU) with its inverse."""
+    from pathedu.kernels.ut_prepare import Prepared
+
+    g = torch.Generator(device=device).manual_seed(seed)
+    nb = -(-T // block)
+
+    def per_block(lo, hi, rows):  # a magnitude per block, spread over its rows
+        mag = 10.0 ** torch.randint(lo, hi + 1, (nb + 2,), generator=g, device=device).float()
+        return mag.repeat_interleave(block)[:rows] * 10.0 ** (2 * torch.rand(rows, generator=g, device=device) - 1)
+
+    q, k = ((torch.randn(1, T, D, generator=g, device=device) * per_block(-12, 12, T)[None, :, None])
+            .bfloat16().to(qk_dtype) for _ in range(2))
+    w = torch.nn.functional.normalize(torch.randn(1, T, D, generator=g, device=device), dim=-1)
+    beta = 2 * torch.rand(1, T, generator=g, device=device)
+    f32 = dict(q_dtype=torch.float32, k_dtype=torch.float32, update_dtype=torch.float32)
+    prep = Prepared(q.float(), k.float(), w, beta, T, block, keep_inverse=True,
+                    precision="ieee" if device == "cpu" else "x3", **f32)
+    Tp = prep.T_pad
+    grads = [torch.randn(1, Tp, D, generator=g, device=device) * per_block(-20, 20, Tp)[None, :, None]
+             for _ in range(2)]
+    grads.append(torch.randn(1, Tp, block, generator=g, device=device) * per_block(-20, 20, Tp)[None, :, None])
+    grads.append(torch.randn(1, Tp // block, D, D, generator=g, device=device)
+                 * per_block(-20, 20, Tp)[::block][None, :, None, None])
+    for x in grads[:3]:
+        x[:, T:] = 0
+    return q, k, w, beta, prep, grads
+
+
+def blockwise_errors(outs, refs, T: int, block: int, names=("dq", "dk", "dw", "dbeta")) -> dict:
+    """The worst block's distance of each output (``(1, T, ...)``) from its reference, relative to that block of the
+    reference: the error measure for tensors whose blocks differ in size by many decades."""
+    worst = {}
+    for name, a, b in zip(names, outs, refs):
+        for s in range(0, T, block):
+            x, y = a[0, s:s + block].double(), b[0, s:s + block].double()
+            worst[name] = max(worst.get(name, 0.0), ((x - y).norm() / y.norm()).item())
+    return worst
+
+
 def random_shapes(n: int, *, seed: int, max_T: int = 80, dims=(16, 32), extra=()):
     """Randomized (lead, T, D, Dv) cases, always including T = 1, a T that is no
     multiple of any block size, several leading dims and Dv != D: the first

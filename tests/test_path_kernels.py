@@ -10,7 +10,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from helpers import TOL_TRITON, case_id, prepared_errors, rand_qkv, rel_err
+from helpers import TOL_TRITON, blockwise_errors, case_id, prepared_errors, rand_qkv, rel_err, ut_backward_case
 
 from pathedu import path, pathfox
 from pathedu.kernels.delta_rule import chunked_delta_rule, chunked_householder
@@ -248,6 +248,40 @@ def test_fp16_products_of_the_main_pass_scale_the_rows_of_q_and_k(norm_q):
         bad = ~torch.isfinite(getattr(exact, name))
         assert bad.any() or name == "g"
         assert torch.equal(~torch.isfinite(getattr(fast, name)), bad), name
+
+
+def test_fp16_products_of_the_ut_backward_scale_each_tile():
+    """On a GPU the UT backward multiplies in fp16 where the pass does (``backward_precision``), each tile of
+    gradients and of q, k scaled by one power of two into fp16's range (``ut_prepare._scaled``).  Blocks from 1e-12
+    to 1e12 (q, k) and 1e-20 to 1e20 (gradients), far outside fp16's range unscaled: every block of dq, dk, dw and
+    dbeta within 10-bit rounding of the exact backward's, relative to that block; a NaN in one gradient entry
+    reaches the same entries in both."""
+    from pathedu.kernels.ut_prepare import backward_precision, ut_prepare_backward
+
+    assert backward_precision("tf32") == "fp16" and backward_precision("x3") == "x3n"
+    assert backward_precision("ieee") == "ieee"
+    T, D, block = 100, 32, 32
+    # bf16 values held in fp32: the scaled path, exercised by the interpreter (which cannot multiply bf16)
+    q, k, w, beta, prep, grads = ut_backward_case(T, D, block, seed=28, device="cpu", qk_dtype=torch.float32)
+
+    def backward(precision):  # the same pass, its backward in the exact precision or the GPU's fp16 products
+        prep._flags["PRECISION"] = precision
+        return ut_prepare_backward(q, k, w, beta, prep, *grads)
+
+    exact, fast = backward("ieee"), backward("tf32")
+    assert all(torch.isfinite(a).all() for a in fast)
+    worst = blockwise_errors(fast, exact, T, block)
+    assert all(v <= 2e-3 for v in worst.values()), worst
+    # what the scaling is for: unscaled, these tiles leave fp16's range
+    assert q.abs().max() > 65504 and max(x.abs().max() for x in grads) > 65504
+
+    grads[0][0, 40, 3] = float("nan")  # dq~ of one query
+    grads[2][0, 70, 5] = float("inf")  # dÃ of one score
+    exact, fast = backward("ieee"), backward("tf32")
+    for name, a, b in zip(("dq", "dk", "dw", "dbeta"), fast, exact):
+        bad = ~torch.isfinite(b)
+        assert bad.any(), name
+        assert torch.equal(~torch.isfinite(a), bad), name
 
 
 # ---------------------------------------------------------------------------

@@ -89,9 +89,9 @@ KERNELS.update({  # PaTH's scan, R blocks of 64 queries per program (the autotun
                              ("QT:fp16", "GM:fp16", "WC:fp16", "NU:fp16", "KT", "V", "O"), 4)
     for r in (1, 2)})
 _STAGES = {"_flash_fwd": 3, "_path_fwd": 2}  # the autotuner's pipelining depth for these tiles; 1 for the others
-KERNELS.update({  # the four kernels of the UT factors' backward, at 4 and 8 warps (the autotuner's two choices); the
-    # backward's products keep every NaN ("tf32n", _launch.keeping_nans), as the reversed carries' above
-    name + ("" if warps == 4 else f" ({warps} warps)"): ("ut_prepare", name, dict(_D, BT=64, PRECISION="tf32n"),
+KERNELS.update({  # the four kernels of the UT factors' backward, at 4 and 8 warps (the autotuner's two choices), with
+    # the products of 16-bit inputs: fp16, each tile of gradients scaled (ut_prepare.backward_precision)
+    name + ("" if warps == 4 else f" ({warps} warps)"): ("ut_prepare", name, dict(_D, BT=64, PRECISION="fp16"),
                                                           ("Q", "K"), warps)
     for name in ("_ut_bwd_aw", "_ut_bwd_scores", "_ut_bwd_qk", "_ut_bwd_w_inverse") for warps in (4, 8)})
 _BWD = {k: v for k, v in _FLASH.items() if k not in ("STORE_LSE", "ROTATE")}  # the backward has neither

@@ -135,6 +135,28 @@ def test_preparation_pass_holds_any_bf16_magnitude(norm_q):
     assert err["g"] <= 2e-3 and err.get("qn", 0.0) <= 2e-3, err
 
 
+def test_ut_backward_holds_any_magnitude():
+    """The UT backward multiplies in fp16 on a GPU, every tile of gradients and of bf16 q, k scaled by a power of two
+    (kernels/ut_prepare.py, backward_precision): blocks of q, k from 1e-12 to 1e12 and of gradients from 1e-20 to
+    1e20 give every block of dq, dk (bf16, as PaTH returns them), dw and dbeta within 10-bit rounding of the "x3"
+    backward of the same pass (the CPU test's bound, 2e-3, and 1e-2 for the bf16 outputs)."""
+    from helpers import blockwise_errors, ut_backward_case
+
+    from pathedu.kernels.ut_prepare import ut_prepare_backward
+
+    T, D, block = 1000, 64, 64
+    q, k, w, beta, prep, grads = ut_backward_case(T, D, block, seed=31, device="cuda", qk_dtype=torch.bfloat16)
+
+    def backward(precision):
+        prep._flags["PRECISION"] = precision
+        return ut_prepare_backward(q, k, w, beta, prep, *grads)
+
+    exact, fast = backward("x3"), backward("tf32")
+    assert fast[0].dtype == torch.bfloat16 and all(torch.isfinite(a).all() for a in fast)
+    worst = blockwise_errors(fast, exact, T, block)
+    assert worst["dq"] <= 1e-2 and worst["dk"] <= 1e-2 and worst["dw"] <= 2e-3 and worst["dbeta"] <= 2e-3, worst
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("where", ["v", "zero_key", "k", "q"])
 @pytest.mark.parametrize("form", TRITON, ids=lambda f: f.name)
