@@ -598,7 +598,6 @@ def _ut_bwd_w_inverse(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, 
     start = blk * BT
     rows = tl.arange(0, BT)
     offs_d = tl.arange(0, BLOCK_D)
-    CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
     strict = rows[:, None] > rows[None, :]
     left = T - start
     p_out = bh * stride_ob + start * stride_ot
@@ -625,10 +624,19 @@ def _ut_bwd_w_inverse(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, 
     awk = _rn(_dot_ready(a, wk, True, True, PRECISION), PRECISION)  # A WK ~ 1/s of k
     dkt, dkt_u = _scaled(_ut_rd_load(DKT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT), PRECISION)
     dw -= _dot_ready(awk, dkt, True, True, PRECISION) * k_u * dkt_u
-    dg, dg_u = _scaled(_load_rows(DG + bh * stride_gb + blk * stride_gj, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM,
-                                  CHECK_D, CHECK_D), PRECISION)  # [BD, BD]
-    dw -= _dot_ready(_rn(_dot_ready(a, w, True, True, PRECISION), PRECISION), tl.trans(dg), True, True,
-                     PRECISION) * dg_u
+    p_dg = DG + bh * stride_gb + blk * stride_gj
+    if BLOCK_D < 64:
+        # dG^T loaded as such (row c of the tile is column c of dG): with fp16 tiles of 16 x 16 or 32 x 32, tl.trans
+        # of the scaled dG made Triton 3.6 emit a kernel that faults on the H200 (illegal address); from 64 on the
+        # transpose in registers is what runs (the strided load spills 32 bytes more at D = 64)
+        dgt, dg_u = _scaled(tl.load(p_dg + offs_d[:, None] + offs_d[None, :] * HEAD_DIM,
+                                    mask=(offs_d[:, None] < HEAD_DIM) & (offs_d[None, :] < HEAD_DIM), other=0.0),
+                            PRECISION)  # [BD, BD]
+    else:
+        dg, dg_u = _scaled(_load_rows(p_dg, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, BLOCK_D != HEAD_DIM,
+                                      BLOCK_D != HEAD_DIM), PRECISION)  # [BD, BD]
+        dgt = tl.trans(dg)
+    dw -= _dot_ready(_rn(_dot_ready(a, w, True, True, PRECISION), PRECISION), dgt, True, True, PRECISION) * dg_u
     daw, daw_u = _scaled(_ut_rd_load(DAW, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT), PRECISION)
     dw += _dot_ready(tl.trans(a), daw, True, True, PRECISION) * daw_u
     _store_rows(DW + p_out, dw, rows, offs_d, stride_ot, left, HEAD_DIM)
