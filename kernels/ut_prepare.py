@@ -72,12 +72,16 @@ def main_pass_precision(precision: str) -> str:
     return "fp16" if precision == "tf32" else precision
 
 
-def backward_precision(precision: str) -> str:
-    """The products of the UT backward (:func:`ut_prepare_backward`) for a pass of ``precision``: fp16 where the pass
-    multiplies in fp16 (:func:`main_pass_precision`), every tile of gradients (and of ``q``, ``k``) scaled into its
-    range by a power of two per tile (:func:`_scaled`); otherwise the version that keeps every NaN of the gradients'
-    arithmetic (:func:`._launch.keeping_nans`: ``"x3n"`` for fp32 inputs, ``"ieee"`` in the interpreter)."""
-    return keeping_nans(main_pass_precision(precision))
+def backward_precision(precision: str, head_dim: int) -> str:
+    """The products of the UT backward (:func:`ut_prepare_backward`) for a pass of ``precision`` and head dim
+    ``head_dim``: fp16 where the pass multiplies in fp16 (:func:`main_pass_precision`), every tile of gradients (and
+    of ``q``, ``k``) scaled into its range by a power of two per tile (:func:`_scaled`), for ``D > 32``; otherwise the
+    version that keeps every NaN of the gradients' arithmetic (:func:`._launch.keeping_nans`: ``"tf32n"``, ``"x3n"``
+    for fp32 inputs, ``"ieee"`` in the interpreter).  With ``D <= 32`` (tiles of 16 or 32 columns) Triton 3.6 made
+    fp16 versions of :func:`_ut_bwd_w_inverse` that fault on the H200 (illegal address, at some T and warps only;
+    ``kernels/NOTES_path.md`` section 24); such heads are small, and tf32 costs them little."""
+    p = main_pass_precision(precision)
+    return keeping_nans(precision if p == "fp16" and head_dim <= 32 else p)
 
 
 @triton.jit
@@ -624,18 +628,9 @@ def _ut_bwd_w_inverse(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, 
     awk = _rn(_dot_ready(a, wk, True, True, PRECISION), PRECISION)  # A WK ~ 1/s of k
     dkt, dkt_u = _scaled(_ut_rd_load(DKT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT), PRECISION)
     dw -= _dot_ready(awk, dkt, True, True, PRECISION) * k_u * dkt_u
-    p_dg = DG + bh * stride_gb + blk * stride_gj
-    if BLOCK_D < 64:
-        # dG^T loaded as such (row c of the tile is column c of dG): with fp16 tiles of 16 x 16 or 32 x 32, tl.trans
-        # of the scaled dG made Triton 3.6 emit a kernel that faults on the H200 (illegal address); from 64 on the
-        # transpose in registers is what runs (the strided load spills 32 bytes more at D = 64)
-        dgt, dg_u = _scaled(tl.load(p_dg + offs_d[:, None] + offs_d[None, :] * HEAD_DIM,
-                                    mask=(offs_d[:, None] < HEAD_DIM) & (offs_d[None, :] < HEAD_DIM), other=0.0),
-                            PRECISION)  # [BD, BD]
-    else:
-        dg, dg_u = _scaled(_load_rows(p_dg, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, BLOCK_D != HEAD_DIM,
-                                      BLOCK_D != HEAD_DIM), PRECISION)  # [BD, BD]
-        dgt = tl.trans(dg)
+    dg, dg_u = _scaled(_load_rows(DG + bh * stride_gb + blk * stride_gj, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM,
+                                  BLOCK_D != HEAD_DIM, BLOCK_D != HEAD_DIM), PRECISION)  # [BD, BD]
+    dgt = tl.trans(dg)
     dw -= _dot_ready(_rn(_dot_ready(a, w, True, True, PRECISION), PRECISION), dgt, True, True, PRECISION) * dg_u
     daw, daw_u = _scaled(_ut_rd_load(DAW, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT), PRECISION)
     dw += _dot_ready(tl.trans(a), daw, True, True, PRECISION) * daw_u
@@ -675,7 +670,8 @@ def ut_prepare_backward(q3, k3, w3, beta3, prep: "Prepared", dqt, dkt, dad, dg):
             q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), w3.stride(0), w3.stride(1),
             prep.qt.stride(0), prep.qt.stride(1), prep.ad.stride(0), prep.ad.stride(1), prep.g.stride(0),
             prep.g.stride(1), dq.stride(0), dq.stride(1))
-    meta = dict(HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=prep.block, PRECISION=backward_precision(prep._flags["PRECISION"]))
+    meta = dict(HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=prep.block,
+                PRECISION=backward_precision(prep._flags["PRECISION"], D))
     kernels = _UT_BWD_TUNED
     if interpreting():
         kernels = _UT_BWD_KERNELS

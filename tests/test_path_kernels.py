@@ -258,9 +258,9 @@ def test_fp16_products_of_the_ut_backward_scale_each_tile():
     reaches the same entries in both."""
     from pathedu.kernels.ut_prepare import backward_precision, ut_prepare_backward
 
-    assert backward_precision("tf32") == "fp16" and backward_precision("x3") == "x3n"
-    assert backward_precision("ieee") == "ieee"
-    T, D, block = 100, 32, 32
+    assert backward_precision("tf32", 64) == "fp16" and backward_precision("x3", 64) == "x3n"
+    assert backward_precision("ieee", 64) == "ieee" and backward_precision("tf32", 32) == "tf32n"
+    T, D, block = 100, 64, 32
     # bf16 values held in fp32: the scaled path, exercised by the interpreter (which cannot multiply bf16)
     q, k, w, beta, prep, grads = ut_backward_case(T, D, block, seed=28, device="cpu", qk_dtype=torch.float32)
 
