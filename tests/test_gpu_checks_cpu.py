@@ -184,6 +184,20 @@ def test_register_report_says_when_ptxas_serialises_the_tensor_core_products():
     assert carries.startswith("tensor-core products serialised by ptxas:") and "register" in carries
 
 
+def test_sass_fingerprint_ignores_addresses_and_sees_instructions():
+    """``registers --sass`` compares two trees' machine code by a hash of the SASS instructions without their
+    addresses: the same instructions at other addresses hash alike, one changed operand does not."""
+    from pathedu.bench.registers import sass_fingerprint
+
+    listing = """        /*0000*/                   MOV R1, c[0x0][0x28] ;            /* 0x00000a0000017a02 */
+        /*0010*/                   S2R R0, SR_TID.X ;                /* 0x0000000000007919 */
+        /*0020*/              @!P0 BRA 0x40 ;                        /* 0x000000000000a947 */"""
+    moved = listing.replace("/*0000*/", "/*0100*/").replace("/*0010*/", "/*0110*/").replace("/*0020*/", "/*0120*/")
+    digest, n = sass_fingerprint(listing)
+    assert n == 3 and sass_fingerprint(moved) == (digest, 3)
+    assert sass_fingerprint(listing.replace("R1,", "R2,"))[0] != digest
+
+
 def _loop_mixes(name: str) -> list[dict]:
     """``python -m pathedu.bench.registers --loops`` on kernel variant ``name`` (compiled for sm_90 in a process of
     its own, Triton's interpreter off): per loop of its machine code, the printed opcodes (the ten most frequent) and

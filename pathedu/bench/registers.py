@@ -1,6 +1,6 @@
 """Registers, spills and shared memory of the kernels, compiled for an H100 (sm_90) on any machine.
 
-    python -m pathedu.bench.registers [--kernels NAME ...] [--dtype bf16] [--loops] [--serialized]
+    python -m pathedu.bench.registers [--kernels NAME ...] [--dtype bf16] [--loops] [--serialized] [--sass]
 
 Triton compiles for a GPU that it does not have to run on: this compiles each named kernel variant for sm_90
 (``triton.compile`` with a ``GPUTarget``; no GPU, no CUDA driver) and reads its cubin's resource usage with the
@@ -94,6 +94,11 @@ KERNELS.update({  # the four kernels of the UT factors' backward, at 4 and 8 war
     name + ("" if warps == 4 else f" ({warps} warps)"): ("ut_prepare", name, dict(_D, BT=64, PRECISION="fp16"),
                                                           ("Q", "K"), warps)
     for name in ("_ut_bwd_aw", "_ut_bwd_scores", "_ut_bwd_qk", "_ut_bwd_w_inverse") for warps in (4, 8)})
+KERNELS.update({  # the same at the head dims that keep tf32 products (ut_prepare.backward_precision): --sass compares
+    # their machine code with an older tree's (kernels/NOTES_path.md, section 24)
+    f"{name} (D = {d}, tf32n)": ("ut_prepare", name, dict(HEAD_DIM=d, BLOCK_D=d, BT=64, PRECISION="tf32n"),
+                                 ("Q", "K"), 4)
+    for d in (16, 32) for name in ("_ut_bwd_aw", "_ut_bwd_scores", "_ut_bwd_qk", "_ut_bwd_w_inverse")})
 _BWD = {k: v for k, v in _FLASH.items() if k not in ("STORE_LSE", "ROTATE")}  # the backward has neither
 KERNELS.update({  # the attention backward passes, with the autotuner's tiles (flash_attention and path_attention's
     # _BWD_CONFIGS): 16-bit q, k, v, dO, fp16 meeting-point rows X for PaTH, fp32 statistics and accumulators
@@ -224,6 +229,19 @@ def loop_mix(sass: str) -> list[dict]:
     return loops
 
 
+def sass_fingerprint(sass: str) -> tuple[str, int]:
+    """``(hash, instructions)`` of a SASS listing (``cuobjdump -sass``): a short SHA-1 of its instructions with their
+    addresses removed, and how many there are.  Two trees whose kernel compiles to the same fingerprint run the same
+    machine code: a change that should not touch a kernel can be checked offline (``kernels/NOTES_path.md`` section
+    24 checked that way that PaTH's UT backward at D = 16 and 32 is the code its GPU tests ran)."""
+    import hashlib
+    import re
+
+    ins = [re.sub(r"/\*[0-9a-f]{4,}\*/", "", line).strip() for line in sass.splitlines()
+           if re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+\S", line) and ";" in line]
+    return hashlib.sha1("\n".join(ins).encode()).hexdigest()[:12], len(ins)
+
+
 def loops(name: str, dtype: str = "bf16") -> list[dict]:
     """:func:`loop_mix` of kernel variant ``name`` compiled for sm_90."""
     return loop_mix(_cubin_tool(_compile(name, dtype).asm["cubin"], "-sass"))
@@ -238,13 +256,17 @@ def main(argv=None) -> int:
     p.add_argument("--loops", action="store_true", help="also each loop's instructions per iteration (SASS)")
     p.add_argument("--serialized", action="store_true",
                    help="also whether ptxas serialises the kernel's tensor-core products, and why (ptxas -v)")
+    p.add_argument("--sass", action="store_true",
+                   help="also a fingerprint of the machine code (a hash of its instructions, and their number): "
+                        "the same in two trees means the same kernel")
     args = p.parse_args(argv)
     import pathedu
 
     if pathedu.triton_mode() == "interpreter":  # see the module docstring
         env = dict(os.environ, TRITON_INTERPRET="0")
         cmd = [sys.executable, "-m", "pathedu.bench.registers", "--dtype", args.dtype, *(["--loops"] if args.loops else []),
-               *(["--serialized"] if args.serialized else []), "--kernels", *args.kernels]
+               *(["--serialized"] if args.serialized else []), *(["--sass"] if args.sass else []),
+               "--kernels", *args.kernels]
         return subprocess.run(cmd, env=env).returncode
     print(f"{'kernel (sm_90, ' + args.dtype + ' inputs)':48s} {'warps':>5s} {'registers':>9s} {'stack B':>8s} "
           f"{'programs/SM (by registers)':>27s}")
@@ -255,6 +277,9 @@ def main(argv=None) -> int:
         if args.serialized:
             why = wgmma_serialized(name, args.dtype)
             print(f"    tensor-core products serialised by ptxas: {why}" if why else "    tensor-core products pipelined")
+        if args.sass:
+            digest, n = sass_fingerprint(_cubin_tool(_compile(name, args.dtype).asm["cubin"], "-sass"))
+            print(f"    machine code {digest}, {n} instructions")
         if args.loops:
             for lp in loops(name, args.dtype):
                 top = ", ".join(f"{op} {n}" for op, n in list(lp["opcodes"].items())[:10])
