@@ -24,7 +24,8 @@ the ``BT x BT`` inverse with two matrix products per level (block forward substi
 stable for every ``beta`` in [0, 2], also for reflections of nearly parallel ``w``) before
 everything else.  Products are :func:`._pieces._dot`: for 16-bit inputs operands with 10 mantissa
 bits (fp16 in :func:`_ut_prepare`, the rows of ``q`` and ``k`` scaled by powers of two into its range:
-:func:`main_pass_precision`; tf32 rounded to nearest elsewhere), three tf32 products ("x3") for
+:func:`main_pass_precision`; fp16 in the backward too, each tile of gradients scaled: :func:`backward_precision`;
+tf32 rounded to nearest elsewhere), three tf32 products ("x3") for
 fp32 inputs on a GPU, exact fp32 in the interpreter (:func:`prep_precision`).  :class:`Prepared`
 runs both launches.
 
@@ -657,7 +658,8 @@ def ut_prepare_backward(q3, k3, w3, beta3, prep: "Prepared", dqt, dkt, dad, dg):
     dbeta`` (fp32; ``(BH, T, D)`` and ``(BH, T)``) of PaTH's preparation pass, from the
     gradients of its outputs (fp32, in :class:`Prepared`'s layouts) and ``prep`` (made with
     ``keep_inverse=True`` and ``norm_q=False``).  Four launches, one block per program (:func:`_ut_bwd_aw`,
-    :func:`_ut_bwd_scores`, :func:`_ut_bwd_qk`, :func:`_ut_bwd_w_inverse`; 4 or 8 warps, autotuned on a GPU)."""
+    :func:`_ut_bwd_scores`, :func:`_ut_bwd_qk`, :func:`_ut_bwd_w_inverse`; 4 or 8 warps, autotuned on a GPU), their
+    products in :func:`backward_precision`'s precision."""
     T, D = prep._args[4:]
     BH = q3.shape[0]
     # written once, by _ut_bwd_qk, which rounds its fp32 sums to the inputs' dtype: no fp32 copy to convert
