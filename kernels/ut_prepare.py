@@ -245,7 +245,8 @@ def _pow2(m):
     ``m s`` into [1, 2) (exponents clamped so that ``s`` and ``1 / s`` are normal numbers; ``m = 0`` gets
     ``2^125``).  Multiplying by a power of two changes no bit of a normal fp32 number, and a NaN or inf stays one."""
     e = tl.minimum(tl.maximum((m.to(tl.int32, bitcast=True) >> 23) & 0xFF, 2), 253)  # m's biased exponent
-    return ((254 - e) << 23).to(tl.float32, bitcast=True), (e << 23).to(tl.float32, bitcast=True)  # 2^(127 - e), 2^(e - 127)
+    s = ((254 - e) << 23).to(tl.float32, bitcast=True)  # 2^(127 - e): m s in [1, 2)
+    return s, (e << 23).to(tl.float32, bitcast=True)  # 1 / s = 2^(e - 127)
 
 
 @triton.jit
