@@ -209,6 +209,40 @@ def _quiet_for(ptr, x):
 
 
 @triton.jit
+def _finite_abs(x):
+    """``|x|`` in fp32, with 0 for every NaN and inf."""
+    a = tl.abs(x.to(tl.float32))
+    return tl.where(a < float("inf"), a, 0.0)
+
+
+@triton.jit
+def _pow2(m):
+    """``(s, 1 / s)``, fp32 of ``m``'s shape: for finite magnitudes ``m >= 0``, the powers of two ``s`` that bring
+    ``m s`` into [1, 2) (exponents clamped so that ``s`` and ``1 / s`` are normal numbers; ``m = 0`` gets
+    ``2^125``).  Multiplying by a power of two changes no bit of a normal fp32 number, and a NaN or inf stays one."""
+    e = tl.minimum(tl.maximum((m.to(tl.int32, bitcast=True) >> 23) & 0xFF, 2), 253)  # m's biased exponent
+    s = ((254 - e) << 23).to(tl.float32, bitcast=True)  # 2^(127 - e): m s in [1, 2)
+    return s, (e << 23).to(tl.float32, bitcast=True)  # 1 / s = 2^(e - 127)
+
+
+@triton.jit
+def _scaled(x, PRECISION: tl.constexpr):
+    """``(x s, 1 / s)`` for a tile ``x`` whose magnitude is the caller's (a gradient, ``q``, ``k``): with
+    ``"fp16"`` products, ``s`` is the power of two that brings the tile's largest finite ``|entry|`` into [1, 2)
+    (:func:`_pow2`) and ``x s`` is fp16: exact for every entry down to ``2^-14`` of the largest (below that fp16's
+    subnormals keep fewer bits: absolute errors under ``2^-25`` of the largest), a NaN or inf where it was.  One
+    power of two for the whole tile commutes with any product, whatever index it sums over: ``(s L)(t R) = s t L R``
+    exactly (a scale per row would not, on the summed index).  Other precisions: ``(_rn(x), 1)``.  For the
+    backward kernels' fp16 products (:func:`.ut_prepare.backward_precision`, :mod:`.path_carry`)."""
+    if PRECISION == "fp16":
+        xf = x.to(tl.float32)
+        s, u = _pow2(tl.max(tl.max(_finite_abs(xf), axis=1), axis=0))
+        return (xf * s).to(tl.float16), u
+    else:
+        return _rn(x, PRECISION), 1.0
+
+
+@triton.jit
 def _dot(a, b, PRECISION: tl.constexpr):
     """``a @ b`` (fp32) for fp32 or 16-bit tiles.  ``"tf32"``: operands rounded to nearest first; ``"x3"``:
     three tf32 products of high and low parts (``a_hi b_hi + a_hi b_lo + a_lo b_hi``,

@@ -46,8 +46,8 @@ import triton.language as tl
 
 from ..checks import check_positive_int, finite_condition, log_gate_condition, range_condition
 from ._launch import dot_precision, interpreting, keeping_nans, next_pow2
-from ._pieces import (_dot, _dot_ready, _finite_or_zero, _input_dot, _load_rows, _quiet_for, _quiet_fp32, _rn,
-                      _store_rows)
+from ._pieces import (_dot, _dot_ready, _finite_abs, _finite_or_zero, _input_dot, _load_rows, _pow2, _quiet_for,
+                      _quiet_fp32, _rn, _scaled, _store_rows)
 
 MAX_R = 2  # a query block holds at most this many UT blocks; prepared tensors are padded to MAX_R * block rows
 SUB = tl.constexpr(16)  # the triangular inverse is solved row by row on SUB x SUB diagonal blocks, then merged
@@ -76,9 +76,9 @@ def main_pass_precision(precision: str) -> str:
 def backward_precision(precision: str, head_dim: int) -> str:
     """The products of the UT backward (:func:`ut_prepare_backward`) for a pass of ``precision`` and head dim
     ``head_dim``: fp16 where the pass multiplies in fp16 (:func:`main_pass_precision`), every tile of gradients (and
-    of ``q``, ``k``) scaled into its range by a power of two per tile (:func:`_scaled`), for ``D > 32``; otherwise the
-    version that keeps every NaN of the gradients' arithmetic (:func:`._launch.keeping_nans`: ``"tf32n"``, ``"x3n"``
-    for fp32 inputs, ``"ieee"`` in the interpreter).  With ``D <= 32`` (tiles of 16 or 32 columns) Triton 3.6 made
+    of ``q``, ``k``) scaled into its range by a power of two per tile (:func:`._pieces._scaled`), for ``D > 32``;
+    otherwise the version that keeps every NaN of the gradients' arithmetic (:func:`._launch.keeping_nans`:
+    ``"tf32n"``, ``"x3n"`` for fp32 inputs, ``"ieee"`` in the interpreter).  With ``D <= 32`` (tiles of 16 or 32 columns) Triton 3.6 made
     fp16 versions of :func:`_ut_bwd_w_inverse` that fault on the H200 (illegal address, at some T and warps only;
     ``kernels/NOTES_path.md`` section 24); such heads are small, and tf32 costs them little."""
     p = main_pass_precision(precision)
@@ -230,23 +230,6 @@ def _ut_tile(ptr, bh, start, stride_b, stride_t, T, HEAD_DIM: tl.constexpr, BLOC
              BT: tl.constexpr):
     """:func:`_ut_tile_as_is` in fp32."""
     return _ut_tile_as_is(ptr, bh, start, stride_b, stride_t, T, HEAD_DIM, BLOCK_D, BT).to(tl.float32)
-
-
-@triton.jit
-def _finite_abs(x):
-    """``|x|`` in fp32, with 0 for every NaN and inf."""
-    a = tl.abs(x.to(tl.float32))
-    return tl.where(a < float("inf"), a, 0.0)
-
-
-@triton.jit
-def _pow2(m):
-    """``(s, 1 / s)``, fp32 of ``m``'s shape: for finite magnitudes ``m >= 0``, the powers of two ``s`` that bring
-    ``m s`` into [1, 2) (exponents clamped so that ``s`` and ``1 / s`` are normal numbers; ``m = 0`` gets
-    ``2^125``).  Multiplying by a power of two changes no bit of a normal fp32 number, and a NaN or inf stays one."""
-    e = tl.minimum(tl.maximum((m.to(tl.int32, bitcast=True) >> 23) & 0xFF, 2), 253)  # m's biased exponent
-    s = ((254 - e) << 23).to(tl.float32, bitcast=True)  # 2^(127 - e): m s in [1, 2)
-    return s, (e << 23).to(tl.float32, bitcast=True)  # 1 / s = 2^(e - 127)
 
 
 @triton.jit
@@ -451,25 +434,10 @@ def _wy_prepare(K, V, BETA, LOG_F, AD, WW, WU, T, stride_kb, stride_kt, stride_v
 #
 # Their products run in fp16 for 16-bit inputs (:func:`backward_precision`).  Two kinds of operand go in: the
 # factors of reflections (``w``, the inverse, ``A``, ``A W``), bounded, converted as they are (:func:`._pieces._rn`);
-# and tiles that carry a gradient or the caller's ``q``, ``k``, of any magnitude, which :func:`_scaled` brings into
-# fp16's range by one power of two per tile.  A product of such tiles is multiplied back by each factor's ``1 / s``
+# and tiles that carry a gradient or the caller's ``q``, ``k``, of any magnitude, which :func:`._pieces._scaled`
+# brings into fp16's range by one power of two per tile.  A product of such tiles is multiplied back by each factor's ``1 / s``
 # in turn (never by their product, which can leave fp32's range where each factor does not); a tile made by such a
 # product and read by the next one keeps its scale (``# ~ 1/s of ...``: what it still has to be multiplied by).
-
-
-@triton.jit
-def _scaled(x, PRECISION: tl.constexpr):
-    """``(x s, 1 / s)`` for a tile ``x`` whose magnitude is the caller's (a gradient, ``q``, ``k``): with
-    ``"fp16"`` products, ``s`` is the power of two that brings the tile's largest finite ``|entry|`` into [1, 2)
-    (:func:`_pow2`) and ``x s`` is fp16: exact for every entry down to ``2^-14`` of the largest (below that fp16's
-    subnormals keep fewer bits: absolute errors under ``2^-25`` of the largest, far below what the tile's bf16
-    outputs round away), a NaN or inf where it was.  Other precisions: ``(_rn(x), 1)``."""
-    if PRECISION == "fp16":
-        xf = x.to(tl.float32)
-        s, u = _pow2(tl.max(tl.max(_finite_abs(xf), axis=1), axis=0))
-        return (xf * s).to(tl.float16), u
-    else:
-        return _rn(x, PRECISION), 1.0
 
 
 @triton.jit

@@ -252,7 +252,7 @@ def test_fp16_products_of_the_main_pass_scale_the_rows_of_q_and_k(norm_q):
 
 def test_fp16_products_of_the_ut_backward_scale_each_tile():
     """On a GPU the UT backward multiplies in fp16 where the pass does (``backward_precision``), each tile of
-    gradients and of q, k scaled by one power of two into fp16's range (``ut_prepare._scaled``).  Blocks from 1e-12
+    gradients and of q, k scaled by one power of two into fp16's range (``_pieces._scaled``).  Blocks from 1e-12
     to 1e12 (q, k) and 1e-20 to 1e20 (gradients), far outside fp16's range unscaled: every block of dq, dk, dw and
     dbeta within 10-bit rounding of the exact backward's, relative to that block; a NaN in one gradient entry
     reaches the same entries in both."""
