@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from ._launch import interpreting, keeping_nans, next_pow2
-from ._pieces import _dot, _dot_ready, _load_rows, _rn, _store_rows
+from ._pieces import _dot, _dot_ready, _load_rows, _scaled, _store_rows
 from .ut_prepare import prep_precision
 
 
@@ -117,20 +117,22 @@ def _level_zero_grad(DX0, b, PARITY: tl.constexpr, rows, offs_d, HEAD_DIM: tl.co
 
 
 @triton.jit
-def _add_dphi(ptr, a, b, nonzero, offs_d, HEAD_DIM: tl.constexpr, CHECK_D: tl.constexpr, PRECISION: tl.constexpr,
-              FIRST: tl.constexpr, A_READY: tl.constexpr, B_READY: tl.constexpr):
-    """``dPhi += a b`` at ``ptr`` (a ``D x D`` tile) where ``nonzero`` (a half's end block has none to add); with
-    ``FIRST`` the tile is written instead, zeros where ``not nonzero``.  ``*_READY``: as :func:`._pieces._dot_ready`."""
+def _add_dphi(ptr, a, b, scale, nonzero, offs_d, HEAD_DIM: tl.constexpr, CHECK_D: tl.constexpr,
+              PRECISION: tl.constexpr, FIRST: tl.constexpr, A_READY: tl.constexpr, B_READY: tl.constexpr):
+    """``dPhi += (a b) scale`` at ``ptr`` (a ``D x D`` tile) where ``nonzero`` (a half's end block has none to add);
+    with ``FIRST`` the tile is written instead, zeros where ``not nonzero``.  ``*_READY``: as
+    :func:`._pieces._dot_ready`; ``scale``: the ``1 / s`` of a scaled operand (:func:`._pieces._scaled`), or 1."""
     if FIRST:
         if nonzero:
-            _store_rows(ptr, _dot_ready(a, b, A_READY, B_READY, PRECISION), offs_d, offs_d, HEAD_DIM, HEAD_DIM,
+            _store_rows(ptr, _dot_ready(a, b, A_READY, B_READY, PRECISION) * scale, offs_d, offs_d, HEAD_DIM, HEAD_DIM,
                         HEAD_DIM)
         else:
-            _store_rows(ptr, tl.zeros_like(a), offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM)
+            _store_rows(ptr, tl.zeros([a.shape[0], b.shape[1]], dtype=tl.float32), offs_d, offs_d, HEAD_DIM, HEAD_DIM,
+                        HEAD_DIM)
     elif nonzero:
         dg = _load_rows(ptr, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
-        _store_rows(ptr, dg + _dot_ready(a, b, A_READY, B_READY, PRECISION), offs_d, offs_d, HEAD_DIM, HEAD_DIM,
-                    HEAD_DIM)
+        _store_rows(ptr, dg + _dot_ready(a, b, A_READY, B_READY, PRECISION) * scale, offs_d, offs_d, HEAD_DIM,
+                    HEAD_DIM, HEAD_DIM)
 
 
 @triton.jit
@@ -140,8 +142,9 @@ def _carry_bwd(QT, KT, GM, DX, DX0, DQT, DKT, DGM, CS, NB, h, stride_tb, stride_
     """The reverse of :func:`_carry_fwd` for one half: adds this level's ``dq~`` (right halves), ``dk~`` (left
     halves) and ``dPhi`` (both) to ``DQT``, ``DKT``, ``DGM`` (fp32, shaped like ``QT``, ``KT``, ``GM``).
     ``DX``: the level's ``dX`` (fp32); ``CS``: the level's carries as :func:`_carry_fwd` stored them
-    (``(BH, NB, D, D)``, ``GM``'s dtype).  Every product with a gradient runs in ``PRECISION`` (never fp16:
-    gradients can be smaller than fp16's normal range).
+    (``(BH, NB, D, D)``, ``GM``'s dtype).  Every product with a gradient runs in ``PRECISION``; with ``"fp16"`` (fp16
+    factors only) each tile of ``dX`` and each trip's running sum ``S`` or ``U`` is scaled into fp16's range by a power
+    of two first (:func:`._pieces._scaled`: gradients can be far smaller, or larger, than fp16's normal range).
 
     ``FIRST`` (level 1, ``h = 2``, the first launch): the outputs are written, not added to, and level 0 is
     folded in from ``DX0`` (its ``dX``; there ``dq~`` is ``dX``'s rows on odd blocks, ``dk~`` on even ones, and
@@ -170,20 +173,21 @@ def _carry_bwd(QT, KT, GM, DX, DX0, DQT, DKT, DGM, CS, NB, h, stride_tb, stride_
         for tt in range(0, n_right):  # right to left
             b = mid + n_right - 1 - tt
             c = _load_rows(CS + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
-            dx = _rn(_load_rows(DX + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D).to(tl.float32),
-                     PRECISION)  # [BT, BD], read by two products: rounded once
+            dx, dx_u = _scaled(_load_rows(DX + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False,
+                                          CHECK_D).to(tl.float32), PRECISION)  # [BT, BD], read by two products
             q = _load_rows(QT + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
             g = _load_rows(GM + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
             if FIRST:
                 dq = _level_zero_grad(DX0, b, 1, rows, offs_d, HEAD_DIM, BT, CHECK_D)
             else:
                 dq = _load_rows(DQT + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
-            _store_rows(DQT + b * RD, dq + _dot_ready(dx, tl.trans(c), True, False, PRECISION), rows, offs_d, HEAD_DIM,
-                        BT, HEAD_DIM)
-            s_r = _rn(s, PRECISION)  # read by two products
-            _add_dphi(DGM + b * DD, s_r, tl.trans(c), tt > 0, offs_d, HEAD_DIM, CHECK_D, PRECISION, FIRST, True, False)
-            s += _dot_ready(tl.trans(q), dx, False, True, PRECISION) + _dot_ready(tl.trans(g), s_r, False, True,
-                                                                                  PRECISION)
+            _store_rows(DQT + b * RD, dq + _dot_ready(dx, tl.trans(c), True, False, PRECISION) * dx_u, rows, offs_d,
+                        HEAD_DIM, BT, HEAD_DIM)
+            s_r, s_u = _scaled(s, PRECISION)  # read by two products
+            _add_dphi(DGM + b * DD, s_r, tl.trans(c), s_u, tt > 0, offs_d, HEAD_DIM, CHECK_D, PRECISION, FIRST, True,
+                      False)
+            s += (_dot_ready(tl.trans(q), dx, False, True, PRECISION) * dx_u
+                  + _dot_ready(tl.trans(g), s_r, False, True, PRECISION) * s_u)
         if FIRST:  # the left half's dq~ rows: level 0's alone
             for b in range(mid - h, tl.minimum(mid, NB)):
                 _store_rows(DQT + b * RD, _level_zero_grad(DX0, b, 1, rows, offs_d, HEAD_DIM, BT, CHECK_D), rows,
@@ -194,19 +198,21 @@ def _carry_bwd(QT, KT, GM, DX, DX0, DQT, DKT, DGM, CS, NB, h, stride_tb, stride_
         for t in range(0, h - t0):  # left to right
             b = mid - h + t
             e = _load_rows(CS + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
-            dx = _rn(_load_rows(DX + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D).to(tl.float32),
-                     PRECISION)  # [BT, BD], read by two products: rounded once
+            dx, dx_u = _scaled(_load_rows(DX + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False,
+                                          CHECK_D).to(tl.float32), PRECISION)  # [BT, BD], read by two products
             k = _load_rows(KT + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
             g = _load_rows(GM + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
             if FIRST:
                 dk = _level_zero_grad(DX0, b, 0, rows, offs_d, HEAD_DIM, BT, CHECK_D)
             else:
                 dk = _load_rows(DKT + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
-            _store_rows(DKT + b * RD, dk + _dot_ready(dx, tl.trans(e), True, False, PRECISION), rows, offs_d, HEAD_DIM,
-                        BT, HEAD_DIM)
-            u_r = _rn(u, PRECISION)  # read by two products
-            _add_dphi(DGM + b * DD, e, tl.trans(u_r), t > 0, offs_d, HEAD_DIM, CHECK_D, PRECISION, FIRST, False, True)
-            u += _dot_ready(g, u_r, False, True, PRECISION) + _dot_ready(tl.trans(k), dx, False, True, PRECISION)
+            _store_rows(DKT + b * RD, dk + _dot_ready(dx, tl.trans(e), True, False, PRECISION) * dx_u, rows, offs_d,
+                        HEAD_DIM, BT, HEAD_DIM)
+            u_r, u_u = _scaled(u, PRECISION)  # read by two products
+            _add_dphi(DGM + b * DD, e, tl.trans(u_r), u_u, t > 0, offs_d, HEAD_DIM, CHECK_D, PRECISION, FIRST, False,
+                      True)
+            u += (_dot_ready(g, u_r, False, True, PRECISION) * u_u
+                  + _dot_ready(tl.trans(k), dx, False, True, PRECISION) * dx_u)
         if FIRST:  # the right half's dk~ rows: level 0's alone
             for b in range(mid, tl.minimum(mid + h, NB)):
                 _store_rows(DKT + b * RD, _level_zero_grad(DX0, b, 0, rows, offs_d, HEAD_DIM, BT, CHECK_D), rows,
@@ -274,18 +280,27 @@ def carry_forward(qt, kt, g, block: int, dtype, keep_carries: bool = False):
     return X, C
 
 
-def carry_backward(qt, kt, g, block: int, dX, dtype, carries):
+def carry_backward(qt, kt, g, block: int, dX, dtype, carries, precision=None):
     """``dq~, dk~, dG`` (fp32, shaped like ``qt, kt, g``) from ``dX`` (:func:`carry_forward`'s output's gradient) and
     the carries that made ``X`` (``carry_forward(..., keep_carries=True)``'s ``C``): :func:`_carry_bwd` once per
     level from level 1 (whose launch writes the outputs, level 0 folded in), each later one adding to what the
     levels before left.  ``dtype``: the inputs' (it sets the gradient products' precision, in the version that
-    keeps every NaN: :func:`._launch.keeping_nans`)."""
+    keeps every NaN: :func:`._launch.keeping_nans`).  ``precision``: ``"fp16"`` instead, for fp16 factors (16-bit
+    inputs): the products in fp16, every gradient tile scaled by a power of two (``kernels/NOTES_path.md`` section
+    24: an option to be timed against the default before it becomes one)."""
     BH, T_pad, D = qt.shape
     nb = T_pad // block
     L = dX.shape[0]
     if carries.shape != (max(L - 1, 0),) + tuple(g.shape) or carries.dtype != g.dtype:
         raise ValueError(f"`carries` must be carry_forward's C, {(max(L - 1, 0), *g.shape)} in {g.dtype}, "
                          f"got {tuple(carries.shape)} in {carries.dtype}")
+    if precision is None:
+        precision = keeping_nans(_precision(dtype, D))
+    elif precision != "fp16":
+        raise ValueError(f"`precision` must be None or 'fp16', got {precision!r}")
+    elif not all(x.dtype == torch.float16 for x in (qt, kt, g)):
+        raise ValueError("`precision='fp16'` needs fp16 factors (qt, kt, g: a 16-bit input's preparation pass), got "
+                         f"{qt.dtype}, {kt.dtype}, {g.dtype}")
     make = torch.empty if L > 1 else torch.zeros  # from level 1 on, the first launch writes every row
     dqt, dkt = (make(qt.shape, dtype=torch.float32, device=qt.device) for _ in range(2))
     dg = make(g.shape, dtype=torch.float32, device=g.device)
@@ -298,7 +313,7 @@ def carry_backward(qt, kt, g, block: int, dX, dtype, carries):
         h = 1 << lvl
         kernel[(-(-nb // (2 * h)), 2, BH)](qt, kt, g, dX[lvl], dX[0], dqt, dkt, dg, carries[lvl - 1], nb, h,
                                            qt.stride(0), g.stride(0), HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=block,
-                                           PRECISION=keeping_nans(_precision(dtype, D)), FIRST=lvl == 1, **fixed)
+                                           PRECISION=precision, FIRST=lvl == 1, **fixed)
     return dqt, dkt, dg
 
 

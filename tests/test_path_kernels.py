@@ -520,6 +520,44 @@ def test_triton_carries_and_their_reverse_match_autograd(nb, D, BT, dtype, tol):
         assert a.dtype == torch.float32 and rel_err(a.double().reshape(b.shape), b) < tol, name
 
 
+def test_fp16_reversed_carries_scale_each_gradient_tile():
+    """``carry_backward(..., precision="fp16")``, an option for fp16 factors: the products in fp16, each block's ``dX``
+    tile and each trip's running sum scaled by a power of two.  With ``dX`` blocks from 1e-20 to 1e20 (fp16's range
+    is 6e-5 to 65504), every block of ``dq~``, ``dk~`` and ``dG`` agrees with the default reverse, whose tf32 products
+    round to the same ten bits, within 2e-4 of that block (the two roundings differ on ties); a NaN in ``dX``
+    reaches the same entries; the option refuses fp32 factors."""
+    from pathedu.kernels.path_carry import carry_backward, carry_forward
+
+    nb, D, BT = 8, 32, 16
+    g = torch.Generator().manual_seed(24)
+    qt, kt = (torch.randn(1, nb * BT, D, generator=g).half() for _ in range(2))
+    w = torch.nn.functional.normalize(torch.randn(1, nb, 4, D, generator=g, dtype=torch.float64), dim=-1)
+    G = (-1.5 * w.transpose(-1, -2) @ w / 4).half().contiguous()
+    X, C = carry_forward(qt, kt, G, BT, torch.float16, keep_carries=True)
+    mag = 10.0 ** torch.randint(-20, 21, (1, 1, nb), generator=g).float()  # a block's rows alike at every level
+    dX = torch.randn(X.shape, generator=g) * mag.repeat_interleave(BT, dim=-1)[..., None]
+    exact = carry_backward(qt, kt, G, BT, dX, torch.float16, C)  # the default: rounded tf32 products
+    fast = carry_backward(qt, kt, G, BT, dX, torch.float16, C, precision="fp16")
+    assert dX.abs().max() > 1e15 and dX.abs()[dX != 0].min() < 1e-15  # far outside fp16's range unscaled
+    worst = {}
+    for name, a, b in zip(("dq~", "dk~", "dG"), fast, exact):
+        assert torch.isfinite(a).all(), name
+        blocks = [(a.view(nb, -1)[i], b.view(nb, -1)[i]) for i in range(nb)]  # each block's rows (or D x D tile)
+        worst[name] = max(((x - y).norm() / y.norm()).item() for x, y in blocks if y.norm() > 0)
+    assert all(v <= 2e-4 for v in worst.values()), worst
+
+    dX[2, 0, 5 * BT + 3, 7] = float("nan")  # level 2, block 5
+    exact = carry_backward(qt, kt, G, BT, dX, torch.float16, C)
+    fast = carry_backward(qt, kt, G, BT, dX, torch.float16, C, precision="fp16")
+    for name, a, b in zip(("dq~", "dk~", "dG"), fast, exact):
+        assert torch.equal(a.isnan(), b.isnan()), name
+    assert any(b.isnan().any() for b in exact)
+    with pytest.raises(ValueError, match="fp16 factors"):
+        carry_backward(qt.float(), kt.float(), G.float(), BT, dX, torch.float32, C.float(), precision="fp16")
+    with pytest.raises(ValueError, match="precision"):
+        carry_backward(qt, kt, G, BT, dX, torch.float16, C, precision="tf32")
+
+
 def test_kept_carries_are_the_products_of_the_transitions():
     """``carry_forward(..., keep_carries=True)``'s ``C[l - 1]`` holds, for every block ``b`` of a right half at level
     ``l``, ``C_b = Phi_{b-1} ... Phi_mid`` (the identity at ``mid``), and for a left half ``E_b = Phi_{b+1}^T ...

@@ -75,6 +75,11 @@ KERNELS = {
     **{f"_carry_bwd{' (level 1)' if first else ''}": (
         "path_carry", "_carry_bwd", dict(_D, BT=64, PRECISION="tf32n", FIRST=first), ("QT", "KT", "GM", "CS"), 4)
        for first in (False, True)},
+    # the same with carry_backward's precision="fp16" (fp16 factors, each gradient tile scaled): an option to be timed
+    **{f"_carry_bwd (fp16{', level 1' if first else ''})": (
+        "path_carry", "_carry_bwd", dict(_D, BT=64, PRECISION="fp16", FIRST=first),
+        ("QT:fp16", "KT:fp16", "GM:fp16", "CS:fp16"), 4)
+       for first in (False, True)},
 }
 _FLASH = dict(HEAD_DIM=64, HEAD_DV=64, BLOCK_D=64, BLOCK_DV=64, PRECISION="tf32", STORE_LSE=False, ROTATE="none")
 KERNELS.update({  # the FlashAttention template's fast pass, with the tiles the autotuner picked at T = 1024 / 8192
