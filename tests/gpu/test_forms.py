@@ -158,7 +158,7 @@ def test_ut_backward_holds_any_magnitude():
 
 
 @pytest.mark.parametrize("T", [1, 77, 300])
-@pytest.mark.parametrize("D", [16, 24, 32, 48, 64, 96, 128])
+@pytest.mark.parametrize("D", [16, 32, 48, 128])  # D = 64: test_ut_backward_holds_any_magnitude
 def test_ut_backward_at_every_head_dim(D, T):
     """The UT backward in the precision it runs at each head dim (fp16 products above 32, tf32 at 32 and below:
     ut_prepare.backward_precision, after fp16 kernels of D = 16 and 32 faulted on the H200, kernels/NOTES_path.md
