@@ -238,7 +238,9 @@ def sass_fingerprint(sass: str) -> tuple[str, int]:
     """``(hash, instructions)`` of a SASS listing (``cuobjdump -sass``): a short SHA-1 of its instructions with their
     addresses removed, and how many there are.  Two trees whose kernel compiles to the same fingerprint run the same
     machine code: a change that should not touch a kernel can be checked offline (``kernels/NOTES_path.md`` section
-    24 checked that way that PaTH's UT backward at D = 16 and 32 is the code its GPU tests ran)."""
+    24).  Compare trees with care: a tree put on ``PYTHONPATH`` beside an editable install imports its own
+    ``pathedu`` but the install's ``pathedu.kernels`` unless its ``kernels/`` is linked into its ``pathedu/``
+    (:func:`main` prints where the kernels came from)."""
     import hashlib
     import re
 
@@ -273,6 +275,12 @@ def main(argv=None) -> int:
                *(["--serialized"] if args.serialized else []), *(["--sass"] if args.sass else []),
                "--kernels", *args.kernels]
         return subprocess.run(cmd, env=env).returncode
+    if args.sass:  # the tree compared (sass_fingerprint's docstring: an editable install can lend its kernels)
+        import triton
+
+        import pathedu.kernels
+
+        print(f"kernels from {os.path.dirname(pathedu.kernels.__file__)}, triton {triton.__version__}")
     print(f"{'kernel (sm_90, ' + args.dtype + ' inputs)':48s} {'warps':>5s} {'registers':>9s} {'stack B':>8s} "
           f"{'programs/SM (by registers)':>27s}")
     for name in args.kernels:
