@@ -232,9 +232,12 @@ def _scaled(x, PRECISION: tl.constexpr):
     (:func:`_pow2`) and ``x s`` is fp16: exact for every entry down to ``2^-14`` of the largest (below that fp16's
     subnormals keep fewer bits: absolute errors under ``2^-25`` of the largest), a NaN or inf where it was.  One
     power of two for the whole tile commutes with any product, whatever index it sums over: ``(s L)(t R) = s t L R``
-    exactly (a scale per row would not, on the summed index).  Other precisions: ``(_rn(x), 1)``.  For the
-    backward kernels' fp16 products (:func:`.ut_prepare.backward_precision`, :mod:`.path_carry`)."""
-    if PRECISION == "fp16":
+    exactly (a scale per row would not, on the summed index).  An fp16 tile comes back as it is: scaling it down
+    could only push its small entries into the subnormals that they were not in.  Other precisions: ``(_rn(x),
+    1)``.  For the backward kernels' fp16 products (:func:`.ut_prepare.backward_precision`, :mod:`.path_carry`)."""
+    if PRECISION == "fp16" and x.dtype == tl.float16:
+        return x, 1.0
+    elif PRECISION == "fp16":
         xf = x.to(tl.float32)
         s, u = _pow2(tl.max(tl.max(_finite_abs(xf), axis=1), axis=0))
         return (xf * s).to(tl.float16), u

@@ -520,6 +520,35 @@ def test_triton_carries_and_their_reverse_match_autograd(nb, D, BT, dtype, tol):
         assert a.dtype == torch.float32 and rel_err(a.double().reshape(b.shape), b) < tol, name
 
 
+def test_fp16_products_of_the_ut_backward_leave_fp16_inputs_as_they_are():
+    """fp16 q and k need no scale to enter fp16 products, and a scale for the tile would push a small row under a
+    large one into fp16's subnormals: a block whose only gradient is one score of a query of 1e-4, beside a query of
+    6e4, gives the same dk as the exact backward (scaled by the tile's 2^-15, that query would flush to 0)."""
+    from pathedu.kernels.ut_prepare import Prepared, ut_prepare_backward
+
+    T, D, block = 64, 64, 64
+    g = torch.Generator().manual_seed(5)
+    q, k = (torch.randn(1, T, D, generator=g) for _ in range(2))
+    q[0, 0] *= 6e4 / q[0, 0].abs().max()  # the tile's largest entry 6e4
+    q[0, 9] *= 1e-4
+    q, k = q.half(), k.half()
+    w = torch.nn.functional.normalize(torch.randn(1, T, D, generator=g), dim=-1)
+    beta = 2 * torch.rand(1, T, generator=g)
+    prep = Prepared(q.float(), k.float(), w, beta, T, block, q_dtype=torch.float32, k_dtype=torch.float32,
+                    update_dtype=torch.float32, keep_inverse=True, precision="ieee")
+    dqt, dkt = (torch.zeros(1, prep.T_pad, D) for _ in range(2))
+    dad, dg = torch.zeros(1, prep.T_pad, block), torch.zeros(1, prep.T_pad // block, D, D)
+    dad[0, 9, 4] = 1.0  # the score of query 9 (of 1e-4) and key 4
+
+    def backward(precision):
+        prep._flags["PRECISION"] = precision
+        return ut_prepare_backward(q, k, w, beta, prep, dqt, dkt, dad, dg)
+
+    (_, dk, _, _), (_, dk_exact, _, _) = backward("tf32"), backward("ieee")
+    assert dk_exact.float().norm() > 0
+    assert rel_err(dk.double(), dk_exact.double()) < 2e-3
+
+
 def test_fp16_reversed_carries_scale_each_gradient_tile():
     """``carry_backward(..., precision="fp16")``, an option for fp16 factors: the products in fp16, each block's ``dX``
     tile and each trip's running sum scaled by a power of two.  With ``dX`` blocks from 1e-20 to 1e20 (fp16's range
