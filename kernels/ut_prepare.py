@@ -78,9 +78,9 @@ def backward_precision(precision: str, head_dim: int) -> str:
     ``head_dim``: fp16 where the pass multiplies in fp16 (:func:`main_pass_precision`), every tile of gradients (and
     of ``q``, ``k``) scaled into its range by a power of two per tile (:func:`._pieces._scaled`), for ``D > 32``;
     otherwise the version that keeps every NaN of the gradients' arithmetic (:func:`._launch.keeping_nans`:
-    ``"tf32n"``, ``"x3n"`` for fp32 inputs, ``"ieee"`` in the interpreter).  With ``D <= 32`` (tiles of 16 or 32 columns) Triton 3.6 made
-    fp16 versions of :func:`_ut_bwd_w_inverse` that fault on the H200 (illegal address, at some T and warps only;
-    ``kernels/NOTES_path.md`` section 24); such heads are small, and tf32 costs them little."""
+    ``"tf32n"``, ``"x3n"`` for fp32 inputs, ``"ieee"`` in the interpreter).  With ``D <= 32`` (tiles of 16 or 32
+    columns) Triton 3.6 made fp16 versions of :func:`_ut_bwd_w_inverse` that fault on the H200 (illegal address, at
+    some T and warps only; ``kernels/NOTES_path.md`` section 24); such heads are small, and tf32 costs them little."""
     p = main_pass_precision(precision)
     return keeping_nans(precision if p == "fp16" and head_dim <= 32 else p)
 
@@ -435,9 +435,10 @@ def _wy_prepare(K, V, BETA, LOG_F, AD, WW, WU, T, stride_kb, stride_kt, stride_v
 # Their products run in fp16 for 16-bit inputs (:func:`backward_precision`).  Two kinds of operand go in: the
 # factors of reflections (``w``, the inverse, ``A``, ``A W``), bounded, converted as they are (:func:`._pieces._rn`);
 # and tiles that carry a gradient or the caller's ``q``, ``k``, of any magnitude, which :func:`._pieces._scaled`
-# brings into fp16's range by one power of two per tile.  A product of such tiles is multiplied back by each factor's ``1 / s``
-# in turn (never by their product, which can leave fp32's range where each factor does not); a tile made by such a
-# product and read by the next one keeps its scale (``# ~ 1/s of ...``: what it still has to be multiplied by).
+# brings into fp16's range by one power of two per tile.  A product of such tiles is multiplied back by each
+# factor's ``1 / s`` in turn (never by their product, which can leave fp32's range where each factor does not); a
+# tile made by such a product and read by the next one keeps its scale (``# ~ 1/s of ...``: what it still has to be
+# multiplied by).
 
 
 @triton.jit
@@ -600,8 +601,8 @@ def _ut_bwd_w_inverse(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, 
     dw -= _dot_ready(awk, dkt, True, True, PRECISION) * k_u * dkt_u
     dg, dg_u = _scaled(_load_rows(DG + bh * stride_gb + blk * stride_gj, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM,
                                   BLOCK_D != HEAD_DIM, BLOCK_D != HEAD_DIM), PRECISION)  # [BD, BD]
-    dgt = tl.trans(dg)
-    dw -= _dot_ready(_rn(_dot_ready(a, w, True, True, PRECISION), PRECISION), dgt, True, True, PRECISION) * dg_u
+    dw -= _dot_ready(_rn(_dot_ready(a, w, True, True, PRECISION), PRECISION), tl.trans(dg), True, True,
+                     PRECISION) * dg_u
     daw, daw_u = _scaled(_ut_rd_load(DAW, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT), PRECISION)
     dw += _dot_ready(tl.trans(a), daw, True, True, PRECISION) * daw_u
     _store_rows(DW + p_out, dw, rows, offs_d, stride_ot, left, HEAD_DIM)

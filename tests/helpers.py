@@ -88,6 +88,15 @@ def ut_backward_case(T: int, D: int, block: int, *, seed: int, device, qk_dtype)
     return q, k, w, beta, prep, grads
 
 
+def ut_backward_in(precision: str, q, k, w, beta, prep, grads) -> tuple:
+    """``ut_prepare_backward`` of ``prep`` as if the pass had been made in ``precision`` (the backward reads its
+    products' precision from the pass: ``"tf32"`` for the GPU's fast path, ``"x3"`` or ``"ieee"`` for a reference)."""
+    from pathedu.kernels.ut_prepare import ut_prepare_backward
+
+    prep._flags["PRECISION"] = precision
+    return ut_prepare_backward(q, k, w, beta, prep, *grads)
+
+
 def blockwise_errors(outs, refs, T: int, block: int, names=("dq", "dk", "dw", "dbeta")) -> dict:
     """The worst block's distance of each output (``(1, T, ...)``) from its reference, relative to that block of the
     reference: the error measure for tensors whose blocks differ in size by many decades."""

@@ -10,7 +10,8 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from helpers import TOL_TRITON, blockwise_errors, case_id, prepared_errors, rand_qkv, rel_err, ut_backward_case
+from helpers import (TOL_TRITON, blockwise_errors, case_id, prepared_errors, rand_qkv, rel_err, ut_backward_case,
+                     ut_backward_in)
 
 from pathedu import path, pathfox
 from pathedu.kernels.delta_rule import chunked_delta_rule, chunked_householder
@@ -256,19 +257,15 @@ def test_fp16_products_of_the_ut_backward_scale_each_tile():
     to 1e12 (q, k) and 1e-20 to 1e20 (gradients), far outside fp16's range unscaled: every block of dq, dk, dw and
     dbeta within 10-bit rounding of the exact backward's, relative to that block; a NaN in one gradient entry
     reaches the same entries in both."""
-    from pathedu.kernels.ut_prepare import backward_precision, ut_prepare_backward
+    from pathedu.kernels.ut_prepare import backward_precision
 
     assert backward_precision("tf32", 64) == "fp16" and backward_precision("x3", 64) == "x3n"
     assert backward_precision("ieee", 64) == "ieee" and backward_precision("tf32", 32) == "tf32n"
     T, D, block = 100, 64, 32
     # bf16 values held in fp32: the scaled path, exercised by the interpreter (which cannot multiply bf16)
-    q, k, w, beta, prep, grads = ut_backward_case(T, D, block, seed=28, device="cpu", qk_dtype=torch.float32)
-
-    def backward(precision):  # the same pass, its backward in the exact precision or the GPU's fp16 products
-        prep._flags["PRECISION"] = precision
-        return ut_prepare_backward(q, k, w, beta, prep, *grads)
-
-    exact, fast = backward("ieee"), backward("tf32")
+    case = ut_backward_case(T, D, block, seed=28, device="cpu", qk_dtype=torch.float32)
+    q, grads = case[0], case[-1]  # grads: the list the case holds, changed in place below
+    exact, fast = ut_backward_in("ieee", *case), ut_backward_in("tf32", *case)  # exact, and the GPU's fp16 products
     assert all(torch.isfinite(a).all() for a in fast)
     worst = blockwise_errors(fast, exact, T, block)
     assert all(v <= 2e-3 for v in worst.values()), worst
@@ -277,7 +274,7 @@ def test_fp16_products_of_the_ut_backward_scale_each_tile():
 
     grads[0][0, 40, 3] = float("nan")  # dq~ of one query
     grads[2][0, 70, 5] = float("inf")  # dÃ of one score
-    exact, fast = backward("ieee"), backward("tf32")
+    exact, fast = ut_backward_in("ieee", *case), ut_backward_in("tf32", *case)
     for name, a, b in zip(("dq", "dk", "dw", "dbeta"), fast, exact):
         bad = ~torch.isfinite(b)
         assert bad.any(), name
@@ -524,7 +521,7 @@ def test_fp16_products_of_the_ut_backward_leave_fp16_inputs_as_they_are():
     """fp16 q and k need no scale to enter fp16 products, and a scale for the tile would push a small row under a
     large one into fp16's subnormals: a block whose only gradient is one score of a query of 1e-4, beside a query of
     6e4, gives the same dk as the exact backward (scaled by the tile's 2^-15, that query would flush to 0)."""
-    from pathedu.kernels.ut_prepare import Prepared, ut_prepare_backward
+    from pathedu.kernels.ut_prepare import Prepared
 
     T, D, block = 64, 64, 64
     g = torch.Generator().manual_seed(5)
@@ -539,12 +536,8 @@ def test_fp16_products_of_the_ut_backward_leave_fp16_inputs_as_they_are():
     dqt, dkt = (torch.zeros(1, prep.T_pad, D) for _ in range(2))
     dad, dg = torch.zeros(1, prep.T_pad, block), torch.zeros(1, prep.T_pad // block, D, D)
     dad[0, 9, 4] = 1.0  # the score of query 9 (of 1e-4) and key 4
-
-    def backward(precision):
-        prep._flags["PRECISION"] = precision
-        return ut_prepare_backward(q, k, w, beta, prep, dqt, dkt, dad, dg)
-
-    (_, dk, _, _), (_, dk_exact, _, _) = backward("tf32"), backward("ieee")
+    case = (q, k, w, beta, prep, (dqt, dkt, dad, dg))
+    (_, dk, _, _), (_, dk_exact, _, _) = ut_backward_in("tf32", *case), ut_backward_in("ieee", *case)
     assert dk_exact.float().norm() > 0
     assert rel_err(dk.double(), dk_exact.double()) < 2e-3
 

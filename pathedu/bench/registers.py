@@ -249,9 +249,14 @@ def sass_fingerprint(sass: str) -> tuple[str, int]:
     return hashlib.sha1("\n".join(ins).encode()).hexdigest()[:12], len(ins)
 
 
+def sass_listing(name: str, dtype: str = "bf16") -> str:
+    """The SASS listing (``cuobjdump -sass``) of kernel variant ``name`` compiled for sm_90."""
+    return _cubin_tool(_compile(name, dtype).asm["cubin"], "-sass")
+
+
 def loops(name: str, dtype: str = "bf16") -> list[dict]:
     """:func:`loop_mix` of kernel variant ``name`` compiled for sm_90."""
-    return loop_mix(_cubin_tool(_compile(name, dtype).asm["cubin"], "-sass"))
+    return loop_mix(sass_listing(name, dtype))
 
 
 def main(argv=None) -> int:
@@ -291,7 +296,7 @@ def main(argv=None) -> int:
             why = wgmma_serialized(name, args.dtype)
             print(f"    tensor-core products serialised by ptxas: {why}" if why else "    tensor-core products pipelined")
         if args.sass:
-            digest, n = sass_fingerprint(_cubin_tool(_compile(name, args.dtype).asm["cubin"], "-sass"))
+            digest, n = sass_fingerprint(sass_listing(name, args.dtype))
             print(f"    machine code {digest}, {n} instructions")
         if args.loops:
             for lp in loops(name, args.dtype):

@@ -140,18 +140,11 @@ def test_ut_backward_holds_any_magnitude():
     (kernels/ut_prepare.py, backward_precision): blocks of q, k from 1e-12 to 1e12 and of gradients from 1e-20 to
     1e20 give every block of dq, dk (bf16, as PaTH returns them), dw and dbeta within 10-bit rounding of the "x3"
     backward of the same pass (the CPU test's bound, 2e-3, and 1e-2 for the bf16 outputs)."""
-    from helpers import blockwise_errors, ut_backward_case
-
-    from pathedu.kernels.ut_prepare import ut_prepare_backward
+    from helpers import blockwise_errors, ut_backward_case, ut_backward_in
 
     T, D, block = 1000, 64, 64
-    q, k, w, beta, prep, grads = ut_backward_case(T, D, block, seed=31, device="cuda", qk_dtype=torch.bfloat16)
-
-    def backward(precision):
-        prep._flags["PRECISION"] = precision
-        return ut_prepare_backward(q, k, w, beta, prep, *grads)
-
-    exact, fast = backward("x3"), backward("tf32")
+    case = ut_backward_case(T, D, block, seed=31, device="cuda", qk_dtype=torch.bfloat16)
+    exact, fast = ut_backward_in("x3", *case), ut_backward_in("tf32", *case)
     assert fast[0].dtype == torch.bfloat16 and all(torch.isfinite(a).all() for a in fast)
     worst = blockwise_errors(fast, exact, T, block)
     assert worst["dq"] <= 1e-2 and worst["dk"] <= 1e-2 and worst["dw"] <= 2e-3 and worst["dbeta"] <= 2e-3, worst
@@ -165,19 +158,13 @@ def test_ut_backward_at_every_head_dim(D, T):
     section 24), autotuned, against the "x3" backward: every output finite, dq and dk (bf16) within 1e-2 of each
     block, dw and dbeta within 5e-3 (a block of one token's dbeta is one sum that cancels: 2.2e-3 measured on the
     CPU at D = 96, T = 1)."""
-    from helpers import blockwise_errors, ut_backward_case
+    from helpers import blockwise_errors, ut_backward_case, ut_backward_in
 
-    from pathedu.kernels.ut_prepare import check_block, ut_prepare_backward
+    from pathedu.kernels.ut_prepare import check_block
 
     block = check_block(None, D)
-    q, k, w, beta, prep, grads = ut_backward_case(T, D, block, seed=D * 1000 + T, device="cuda",
-                                                  qk_dtype=torch.bfloat16)
-
-    def backward(precision):
-        prep._flags["PRECISION"] = precision
-        return ut_prepare_backward(q, k, w, beta, prep, *grads)
-
-    exact, fast = backward("x3"), backward("tf32")
+    case = ut_backward_case(T, D, block, seed=D * 1000 + T, device="cuda", qk_dtype=torch.bfloat16)
+    exact, fast = ut_backward_in("x3", *case), ut_backward_in("tf32", *case)
     torch.cuda.synchronize()  # a fault shows here, in this test
     assert all(torch.isfinite(a).all() for a in fast)
     worst = blockwise_errors(fast, exact, T, block)
