@@ -281,6 +281,25 @@ def test_fp16_products_of_the_ut_backward_scale_each_tile():
         assert torch.equal(~torch.isfinite(a), bad), name
 
 
+def test_fp16_ut_backward_matches_tf32_products_where_a_sum_cancels():
+    """A block of one token has one dbeta, ``-(q.w)(dq~.w) - w^T dG w``, a sum that cancels: its distance from the
+    exact backward is that of ten-bit ``w`` and gradients (up to 3.7e-3 of itself in these cases, 9.6e-3 in a GPU run)
+    and says little about the kernel.  The fp16 products (scaled per tile) and the tf32 products ("tf32n": the same
+    ten bits, rounded the same way, fp32's range) must agree to far better than that: measured 1e-5..1e-4 (an
+    unscaled fp16 tile of these gradients overflows or flushes to zero: checked, the test then fails)."""
+    from pathedu.kernels.ut_prepare import check_block
+
+    D = 128
+    block = check_block(None, D)
+    for seed, out_of_range in enumerate((1e9, 1e-9, 1e9)):  # gradients beyond fp16's range, whatever the draw
+        case = ut_backward_case(1, D, block, seed=seed, device="cpu", qk_dtype=torch.float32)
+        for x in case[-1]:
+            x.mul_(out_of_range)
+        fast, tf32 = ut_backward_in("tf32", *case), ut_backward_in("tf32n", *case)
+        apart = blockwise_errors(fast, tf32, 1, block)
+        assert all(v <= 1e-3 for v in apart.values()), apart
+
+
 # ---------------------------------------------------------------------------
 # The linear side: chunked Householder RNN and DeltaNet
 # ---------------------------------------------------------------------------

@@ -155,20 +155,28 @@ def test_ut_backward_holds_any_magnitude():
 def test_ut_backward_at_every_head_dim(D, T):
     """The UT backward in the precision it runs at each head dim (fp16 products above 32, tf32 at 32 and below:
     ut_prepare.backward_precision, after fp16 kernels of D = 16 and 32 faulted on the H200, kernels/NOTES_path.md
-    section 24), autotuned, against the "x3" backward: every output finite, dq and dk (bf16) within 1e-2 of each
-    block, dw and dbeta within 5e-3 (a block of one token's dbeta is one sum that cancels: 2.2e-3 measured on the
-    CPU at D = 96, T = 1)."""
+    section 24), autotuned: every output finite; against the "x3" backward, dq and dk (bf16) within 1e-2 of each
+    block, dw within 5e-3, and dbeta within 5e-3 where a block holds more than one token; and within 1e-3 of the
+    same backward with tf32 products ("tf32n", the ten bits rounded the same way), dbeta included.
+
+    A block of one token has one dbeta, a sum that cancels (here ``-(q.w)(dq~.w) - w^T dG w``): rounding ``w`` and
+    the gradients to ten bits moves it by 1e-5..4e-3 of itself on the CPU (12 seeds at D = 128) and by 9.6e-3 in
+    the GPU run at D = 128 (2026-11-28), in fp16 and tf32 alike.  So the comparison that can find a fault of the
+    fp16 scaling there is the one with tf32 products, not with "x3"."""
     from helpers import blockwise_errors, ut_backward_case, ut_backward_in
 
     from pathedu.kernels.ut_prepare import check_block
 
     block = check_block(None, D)
     case = ut_backward_case(T, D, block, seed=D * 1000 + T, device="cuda", qk_dtype=torch.bfloat16)
-    exact, fast = ut_backward_in("x3", *case), ut_backward_in("tf32", *case)
+    exact, fast, tf32 = (ut_backward_in(p, *case) for p in ("x3", "tf32", "tf32n"))
     torch.cuda.synchronize()  # a fault shows here, in this test
     assert all(torch.isfinite(a).all() for a in fast)
     worst = blockwise_errors(fast, exact, T, block)
-    assert worst["dq"] <= 1e-2 and worst["dk"] <= 1e-2 and worst["dw"] <= 5e-3 and worst["dbeta"] <= 5e-3, worst
+    assert worst["dq"] <= 1e-2 and worst["dk"] <= 1e-2 and worst["dw"] <= 5e-3, worst
+    assert worst["dbeta"] <= 5e-3 or T == 1, worst
+    apart = blockwise_errors(fast, tf32, T, block)
+    assert apart["dq"] <= 1e-2 and apart["dk"] <= 1e-2 and apart["dw"] <= 1e-3 and apart["dbeta"] <= 1e-3, apart
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
