@@ -285,20 +285,25 @@ def carry_backward(qt, kt, g, block: int, dX, dtype, carries, precision=None):
     the carries that made ``X`` (``carry_forward(..., keep_carries=True)``'s ``C``): :func:`_carry_bwd` once per
     level from level 1 (whose launch writes the outputs, level 0 folded in), each later one adding to what the
     levels before left.  ``dtype``: the inputs' (it sets the gradient products' precision, in the version that
-    keeps every NaN: :func:`._launch.keeping_nans`).  ``precision``: ``"fp16"`` instead, for fp16 factors (16-bit
-    inputs): the products in fp16, every gradient tile scaled by a power of two (``kernels/NOTES_path.md`` section
-    24: an option to be timed against the default before it becomes one)."""
+    keeps every NaN: :func:`._launch.keeping_nans`).  For fp16 factors (16-bit inputs) with ``D > 32`` the products
+    run in fp16, every gradient tile scaled by a power of two (:func:`._pieces._scaled`): 3.91 against 4.58 ms for
+    tf32's at T = 2048, B = H = 32, D = 64 on an H200 (``kernels/NOTES_path.md`` section 25); heads of 16 or 32 keep
+    tf32, as the UT backward does (:func:`.ut_prepare.backward_precision`).  ``precision``: ``"fp16"`` or
+    ``"tf32n"`` to choose (fp16 needs fp16 factors), None for that default."""
     BH, T_pad, D = qt.shape
     nb = T_pad // block
     L = dX.shape[0]
     if carries.shape != (max(L - 1, 0),) + tuple(g.shape) or carries.dtype != g.dtype:
         raise ValueError(f"`carries` must be carry_forward's C, {(max(L - 1, 0), *g.shape)} in {g.dtype}, "
                          f"got {tuple(carries.shape)} in {carries.dtype}")
+    fp16_factors = all(x.dtype == torch.float16 for x in (qt, kt, g))
     if precision is None:
         precision = keeping_nans(_precision(dtype, D))
-    elif precision != "fp16":
-        raise ValueError(f"`precision` must be None or 'fp16', got {precision!r}")
-    elif not all(x.dtype == torch.float16 for x in (qt, kt, g)):
+        if precision == "tf32n" and fp16_factors and D > 32:
+            precision = "fp16"
+    elif precision not in ("fp16", "tf32n"):
+        raise ValueError(f"`precision` must be None, 'fp16' or 'tf32n', got {precision!r}")
+    elif precision == "fp16" and not fp16_factors:
         raise ValueError("`precision='fp16'` needs fp16 factors (qt, kt, g: a 16-bit input's preparation pass), got "
                          f"{qt.dtype}, {kt.dtype}, {g.dtype}")
     make = torch.empty if L > 1 else torch.zeros  # from level 1 on, the first launch writes every row

@@ -599,6 +599,30 @@ def test_fp16_reversed_carries_scale_each_gradient_tile():
         carry_backward(qt, kt, G, BT, dX, torch.float16, C, precision="tf32")
 
 
+@pytest.mark.parametrize("D", [32, 48])
+def test_reversed_carries_default_to_fp16_products_above_32(D):
+    """The reversed carries' default for fp16 factors: fp16 products for ``D > 32`` (measured faster), tf32 ones
+    ("tf32n") for ``D <= 32``, as the UT backward; fp32 factors never take fp16."""
+    from pathedu.kernels.path_carry import carry_backward, carry_forward
+
+    nb, BT = 4, 16
+    g = torch.Generator().manual_seed(D)
+    qt, kt = (torch.randn(1, nb * BT, D, generator=g).half() for _ in range(2))
+    w = torch.nn.functional.normalize(torch.randn(1, nb, 4, D, generator=g, dtype=torch.float64), dim=-1)
+    G = (-1.5 * w.transpose(-1, -2) @ w / 4).half().contiguous()
+    X, C = carry_forward(qt, kt, G, BT, torch.float16, keep_carries=True)
+    # entries over ten decades within a tile: fp16's subnormals keep fewer bits of the smallest than tf32 does,
+    # which tells the two precisions apart
+    dX = torch.randn(X.shape, generator=g) * 10.0 ** torch.randint(-10, 1, X.shape, generator=g)
+    default = carry_backward(qt, kt, G, BT, dX, torch.float16, C)
+    expected = carry_backward(qt, kt, G, BT, dX, torch.float16, C, precision="fp16" if D > 32 else "tf32n")
+    other = carry_backward(qt, kt, G, BT, dX, torch.float16, C, precision="tf32n" if D > 32 else "fp16")
+    assert all(torch.equal(a, b) for a, b in zip(default, expected))
+    assert not all(torch.equal(a, b) for a, b in zip(default, other))  # the two precisions differ here
+    fp32 = carry_backward(qt.float(), kt.float(), G.float(), BT, dX, torch.float16, C.float())
+    assert all(torch.isfinite(a).all() for a in fp32)
+
+
 def test_kept_carries_are_the_products_of_the_transitions():
     """``carry_forward(..., keep_carries=True)``'s ``C[l - 1]`` holds, for every block ``b`` of a right half at level
     ``l``, ``C_b = Phi_{b-1} ... Phi_mid`` (the identity at ``mid``), and for a left half ``E_b = Phi_{b+1}^T ...

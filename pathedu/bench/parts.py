@@ -113,7 +113,7 @@ def _path_backward_parts(q, k, v, bench):
     default for 16-bit inputs, :func:`pathedu.kernels.path_attention._stored_x_dtype`; bf16): the carries, the
     dyadic forward, ``_path_bwd`` and the whole forward + backward once per dtype; the later steps read the
     default's ``dX`` (the reversed carries read the carries that the forward kept, as a training step does; with
-    fp16 factors they are also timed with ``precision="fp16"``, an option not yet measured on a GPU).  The whole
+    fp16 factors they are also timed in each product precision, ``"fp16"`` and ``"tf32n"``).  The whole
     step is timed with the factors kept (the default) and made again (``save_factors=False``)."""
     from ..kernels import path_attention as pa
     from ..kernels._launch import per_token, prepare_qkv
@@ -157,9 +157,10 @@ def _path_backward_parts(q, k, v, bench):
         del X, C
     times["backward 3: reversed carries"] = bench(lambda: carry_backward(prep.qt, prep.kt, prep.g, block, dX,
                                                                           x.dtype, kept))
-    if prep.g.dtype == torch.float16:  # the option to be timed against the default (kernels/NOTES_path.md, 24)
-        times["backward 3: reversed carries (fp16 products, precision='fp16')"] = bench(
-            lambda: carry_backward(prep.qt, prep.kt, prep.g, block, dX, x.dtype, kept, precision="fp16"))
+    if prep.g.dtype == torch.float16:  # both product precisions of fp16 factors (kernels/NOTES_path.md, 25)
+        for p in ("fp16", "tf32n"):
+            times[f"backward 3: reversed carries (precision='{p}')"] = bench(
+                lambda: carry_backward(prep.qt, prep.kt, prep.g, block, dX, x.dtype, kept, precision=p))
     dqt, dkt, dg = carry_backward(prep.qt, prep.kt, prep.g, block, dX, x.dtype, kept)
     del dX, kept
     times["backward 4: preparation pass backward"] = bench(lambda: ut_prepare_backward(x.q, x.k, w3, beta3, prep,
