@@ -72,10 +72,11 @@ KERNELS = {
         "path_carry", "_carry_fwd", dict(_D, BT=64, CARRY="fp16", FIRST=first, SAVE=True),
         ("QT", "KT", "GM", "X", "X0", "CS"), 4)
        for first in (False, True)},
+    # the reversed carries with tf32 products (fp32 factors; fp16 ones for heads of 32 or fewer)
     **{f"_carry_bwd{' (level 1)' if first else ''}": (
         "path_carry", "_carry_bwd", dict(_D, BT=64, PRECISION="tf32n", FIRST=first), ("QT", "KT", "GM", "CS"), 4)
        for first in (False, True)},
-    # the same with carry_backward's precision="fp16" (fp16 factors, each gradient tile scaled): an option to be timed
+    # the same with fp16 products (fp16 factors, each gradient tile scaled): carry_backward's default for D > 32
     **{f"_carry_bwd (fp16{', level 1' if first else ''})": (
         "path_carry", "_carry_bwd", dict(_D, BT=64, PRECISION="fp16", FIRST=first),
         ("QT:fp16", "KT:fp16", "GM:fp16", "CS:fp16"), 4)
