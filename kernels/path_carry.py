@@ -42,7 +42,7 @@ import triton.language as tl
 
 from ._launch import interpreting, keeping_nans, next_pow2
 from ._pieces import _dot, _dot_ready, _load_rows, _scaled, _store_rows
-from .ut_prepare import prep_precision
+from .ut_prepare import backward_precision, prep_precision
 
 
 @triton.jit
@@ -297,10 +297,9 @@ def carry_backward(qt, kt, g, block: int, dX, dtype, carries, precision=None):
         raise ValueError(f"`carries` must be carry_forward's C, {(max(L - 1, 0), *g.shape)} in {g.dtype}, "
                          f"got {tuple(carries.shape)} in {carries.dtype}")
     fp16_factors = all(x.dtype == torch.float16 for x in (qt, kt, g))
-    if precision is None:
-        precision = keeping_nans(_precision(dtype, D))
-        if precision == "tf32n" and fp16_factors and D > 32:
-            precision = "fp16"
+    if precision is None:  # fp16 factors: the UT backward's rule (fp16 products for D > 32, tf32 below)
+        p = _precision(dtype, D)
+        precision = backward_precision(p, D) if fp16_factors else keeping_nans(p)
     elif precision not in ("fp16", "tf32n"):
         raise ValueError(f"`precision` must be None, 'fp16' or 'tf32n', got {precision!r}")
     elif precision == "fp16" and not fp16_factors:

@@ -562,20 +562,30 @@ def test_fp16_products_of_the_ut_backward_leave_fp16_inputs_as_they_are():
     assert rel_err(dk.double(), dk_exact.double()) < 2e-3
 
 
+def _fp16_carries(nb: int, D: int, BT: int, *, seed: int):
+    """fp16 factors of ``nb`` blocks of ``BT`` tokens (random ``q~``, ``k~``; each block's ``G`` from four unit
+    reflections with beta = 1.5) and their carries: ``(generator, qt, kt, G, X, C)``, the generator left to draw
+    the gradients from."""
+    from pathedu.kernels.path_carry import carry_forward
+
+    g = torch.Generator().manual_seed(seed)
+    qt, kt = (torch.randn(1, nb * BT, D, generator=g).half() for _ in range(2))
+    w = torch.nn.functional.normalize(torch.randn(1, nb, 4, D, generator=g, dtype=torch.float64), dim=-1)
+    G = (-1.5 * w.transpose(-1, -2) @ w / 4).half().contiguous()
+    X, C = carry_forward(qt, kt, G, BT, torch.float16, keep_carries=True)
+    return g, qt, kt, G, X, C
+
+
 def test_fp16_reversed_carries_scale_each_gradient_tile():
     """``carry_backward(..., precision="fp16")``, an option for fp16 factors: the products in fp16, each block's ``dX``
     tile and each trip's running sum scaled by a power of two.  With ``dX`` blocks from 1e-20 to 1e20 (fp16's range
     is 6e-5 to 65504), every block of ``dq~``, ``dk~`` and ``dG`` agrees with the default reverse, whose tf32 products
     round to the same ten bits, within 2e-4 of that block (the two roundings differ on ties); a NaN in ``dX``
     reaches the same entries; the option refuses fp32 factors."""
-    from pathedu.kernels.path_carry import carry_backward, carry_forward
+    from pathedu.kernels.path_carry import carry_backward
 
     nb, D, BT = 8, 32, 16
-    g = torch.Generator().manual_seed(24)
-    qt, kt = (torch.randn(1, nb * BT, D, generator=g).half() for _ in range(2))
-    w = torch.nn.functional.normalize(torch.randn(1, nb, 4, D, generator=g, dtype=torch.float64), dim=-1)
-    G = (-1.5 * w.transpose(-1, -2) @ w / 4).half().contiguous()
-    X, C = carry_forward(qt, kt, G, BT, torch.float16, keep_carries=True)
+    g, qt, kt, G, X, C = _fp16_carries(nb, D, BT, seed=24)
     mag = 10.0 ** torch.randint(-20, 21, (1, 1, nb), generator=g).float()  # a block's rows alike at every level
     dX = torch.randn(X.shape, generator=g) * mag.repeat_interleave(BT, dim=-1)[..., None]
     exact = carry_backward(qt, kt, G, BT, dX, torch.float16, C)  # the default: rounded tf32 products
@@ -604,14 +614,10 @@ def test_fp16_reversed_carries_scale_each_gradient_tile():
 def test_reversed_carries_default_to_fp16_products_above_32(D):
     """The reversed carries' default for fp16 factors: fp16 products for ``D > 32`` (measured faster), tf32 ones
     ("tf32n") for ``D <= 32``, as the UT backward; fp32 factors never take fp16."""
-    from pathedu.kernels.path_carry import carry_backward, carry_forward
+    from pathedu.kernels.path_carry import carry_backward
 
     nb, BT = 4, 16
-    g = torch.Generator().manual_seed(D)
-    qt, kt = (torch.randn(1, nb * BT, D, generator=g).half() for _ in range(2))
-    w = torch.nn.functional.normalize(torch.randn(1, nb, 4, D, generator=g, dtype=torch.float64), dim=-1)
-    G = (-1.5 * w.transpose(-1, -2) @ w / 4).half().contiguous()
-    X, C = carry_forward(qt, kt, G, BT, torch.float16, keep_carries=True)
+    g, qt, kt, G, X, C = _fp16_carries(nb, D, BT, seed=D)
     # entries over ten decades within a tile: fp16's subnormals keep fewer bits of the smallest than tf32 does,
     # which tells the two precisions apart
     dX = torch.randn(X.shape, generator=g) * 10.0 ** torch.randint(-10, 1, X.shape, generator=g)
