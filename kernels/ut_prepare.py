@@ -90,11 +90,10 @@ def _diag_block_n(K, W, BETA, LOG_F, T, start, bh, stride_kb, stride_kt, stride_
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, W_IS_K: tl.constexpr, GATED: tl.constexpr,
                   PRECISION: tl.constexpr):
     """``(N_bb, bad)``: ``N_bb``, ``[SUB, SUB]`` fp32, the strictly lower ``D_beta W W^T`` of the ``SUB x SUB``
-    diagonal block at rows ``[start, start + SUB)`` (with ``GATED``, entry ``(i, j)`` times
-    ``exp(sum_{r=j+1..i} log_f[r])``, a difference of prefix sums over this small block); ``bad``, ``[4]`` fp32,
-    how many of the values read break their condition, in :data:`COUNTED`'s order: ``w`` not finite (0 with
-    ``W_IS_K``, whose non-finite entries are dropped), ``beta`` outside [0, 2], ``log_f`` outside (-inf, 0]
-    (0 without ``GATED``), and a 0.  NaN breaks every condition (a comparison with NaN is false); padding loads
+    diagonal block at rows ``[start, start + SUB)``, or with ``W_IS_K`` (DeltaNet's WY pass) the column form
+    ``strictLower(K K^T) D_beta`` (never gated: :func:`_wy_prepare` says why); ``bad``, ``[4]`` fp32, how many of the values read break their condition, in
+    :data:`COUNTED`'s order: ``w`` not finite (0 with ``W_IS_K``, whose non-finite entries are dropped), ``beta``
+    outside [0, 2], ``log_f`` outside (-inf, 0] (read only with ``GATED``, to be counted; else 0), and a 0.  NaN breaks every condition (a comparison with NaN is false); padding loads
     as 0, which breaks none.
 
     The Gram matrix runs on the tensor cores: for 16-bit ``w`` as a plain product (two 16-bit numbers
@@ -124,14 +123,15 @@ def _diag_block_n(K, W, BETA, LOG_F, T, start, bh, stride_kb, stride_kt, stride_
     bad_b = tl.sum(tl.where((beta >= 0.0) & (beta <= 2.0), 0.0, 1.0))
     lower = rows[:, None] > rows[None, :]
     bad_f = 0.0
-    if GATED:  # masked before exp, so every exponent is <= 0
+    if GATED:
         log_f = tl.load(LOG_F + bh * T + start + rows, mask=rows < T - start, other=0.0)  # [SUB]
         bad_f = tl.sum(tl.where((log_f <= 0.0) & (log_f > float("-inf")), 0.0, 1.0))
-        b = tl.cumsum(log_f, axis=0)  # [SUB]
-        gram = gram * tl.exp(tl.where(lower, b[:, None] - b[None, :], float("-inf")))
     which = tl.arange(0, 4)
     bad = tl.where(which == 0, bad_w, tl.where(which == 1, bad_b, tl.where(which == 2, bad_f, 0.0)))  # [4]
-    return tl.where(lower, gram * beta[:, None], 0.0), bad
+    if W_IS_K:  # DeltaNet's WY pass inverts the column form I + strictLower(K K^T) D_beta (_wy_prepare says why)
+        return tl.where(lower, gram * beta[None, :], 0.0), bad
+    else:
+        return tl.where(lower, gram * beta[:, None], 0.0), bad
 
 
 @triton.jit
@@ -160,9 +160,9 @@ def _ut_diag_inverse(K, W, BETA, LOG_F, X, BAD, T, stride_kb, stride_kt, stride_
                      GATED: tl.constexpr, COUNT: tl.constexpr, PRECISION: tl.constexpr):
     """First half of the triangular inverse: ``(I + N_bb)^{-1}`` for one ``SUB x SUB`` diagonal block.
 
-    ``N = strictLower(D_beta W W^T)`` of the enclosing ``BT`` block, or with ``GATED`` (Gated DeltaNet's WY
-    factors, :func:`_wy_prepare`) ``N_ij = beta_i (w_i . w_j) exp(sum_{r=j+1..i} log_f[r])`` (``LOG_F``:
-    ``(BH, T)`` fp32): :func:`_diag_block_n`.  The block's inverse (:func:`_unit_lower_inverse`) goes to rows
+    ``N = strictLower(D_beta W W^T)`` of the enclosing ``BT`` block, or ``strictLower(K K^T) D_beta`` with
+    ``W_IS_K`` (:func:`_diag_block_n`; ``GATED``: Gated DeltaNet's log gates ``LOG_F``, ``(BH, T)`` fp32, are read
+    and counted, not applied).  The block's inverse (:func:`_unit_lower_inverse`) goes to rows
     ``[s, s + SUB)``, columns ``[c, c + SUB)`` of ``X`` (``(BH, T_pad, BT)``, ``c`` = the block's offset inside
     its ``BT`` block); the rest of ``X`` is left alone.  One warp per program, so that many programs share
     each multiprocessor (64-72 registers compiled for sm_90: 28-32 programs, the hardware's limit being 32).
@@ -200,10 +200,16 @@ def _merge(x, n, rows, SIZE: tl.constexpr, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _merged_inverse(p_ad, n, rows, BT: tl.constexpr, PRECISION: tl.constexpr):
-    """``(I + N)^{-1}`` (``BT x BT``) from the ``SUB x SUB`` diagonal inverses at ``p_ad`` (a ``[BT, BT]`` tile of
-    pointers, as :func:`_ut_diag_inverse` left them) and the strictly lower ``N``: one :func:`_merge` per level."""
-    x = tl.load(p_ad, mask=rows[:, None] // SUB == rows[None, :] // SUB, other=0.0)
+def _diagonal_blocks(p_ad, rows):
+    """The ``SUB x SUB`` diagonal inverses at ``p_ad`` (a ``[BT, BT]`` tile of pointers, as
+    :func:`_ut_diag_inverse` left them) as one block-diagonal ``[BT, BT]`` fp32 tile (zero elsewhere)."""
+    return tl.load(p_ad, mask=rows[:, None] // SUB == rows[None, :] // SUB, other=0.0)
+
+
+@triton.jit
+def _merged_inverse(x, n, rows, BT: tl.constexpr, PRECISION: tl.constexpr):
+    """``(I + N)^{-1}`` (``BT x BT``) from the block-diagonal tile ``x`` of the ``SUB x SUB`` diagonal inverses
+    (:func:`_diagonal_blocks`) and the strictly lower ``N``: one :func:`_merge` per level."""
     if BT >= 32:
         x = _merge(x, n, rows, 32, PRECISION)
     if BT >= 64:
@@ -327,7 +333,8 @@ def _ut_prepare(Q, K, W, BETA, QT, QN, KT, AD, GM, WC, NU, INV, T,
     # (rounded once: every product sees the same w)
     # The triangular inverse: SUB x SUB diagonal blocks from _ut_diag_inverse, merged here.
     n = tl.where(rows[:, None] > rows[None, :], beta[:, None] * _dot(w, tl.trans(w), PRECISION), 0.0)
-    x = _merged_inverse(_ut_sq(AD, bh, start, stride_ab, stride_at, BT), n, rows, BT, PRECISION)  # [BT, BT]
+    x = _merged_inverse(_diagonal_blocks(_ut_sq(AD, bh, start, stride_ab, stride_at, BT), rows), n, rows, BT,
+                        PRECISION)  # [BT, BT]
     if STORE_INV:
         tl.store(_ut_sq(INV, bh, start, stride_ab, stride_at, BT), x)
     a = x * beta[None, :]  # [BT, BT]: A = (I + N)^{-1} D_beta
@@ -381,10 +388,35 @@ def _wy_prepare(K, V, BETA, LOG_F, AD, WW, WU, T, stride_kb, stride_kt, stride_v
 
     ``A = (I + N)^{-1} D_beta`` with ``N_ij = beta_i (k_i . k_j) Gamma_ij`` for ``j < i``, ``Gamma_ij =
     exp(b_i - b_j)`` and ``b`` the prefix sum of ``log_f`` from the block start (``GATED``; else ``Gamma = 1``,
-    ``b = 0``): :func:`pathedu.pathfox.gated_deltanet_chunked` line by line.  On entry ``AD`` holds the
-    ``SUB x SUB`` diagonal inverses (:func:`_ut_diag_inverse` with ``W_IS_K``); they are merged here as in
-    :func:`_ut_prepare`.  Writes rows ``[s, s + BT)`` of ``WW`` (``(BH, T_pad, HEAD_DIM)``) and ``WU``
-    (``(BH, T_pad, HEAD_DV)``), in their dtypes.
+    ``b = 0``): the factors of :func:`pathedu.pathfox.gated_deltanet_chunked`.  Writes rows ``[s, s + BT)`` of
+    ``WW`` (``(BH, T_pad, HEAD_DIM)``) and ``WU`` (``(BH, T_pad, HEAD_DV)``), in their dtypes.  Two identities
+    shape the pass.
+
+    * The decay leaves the inverse.  A scalar gate commutes with every transition: ``N = E N~ E^-1`` with ``E =
+      diag(e^b)`` and the ungated ``N~ = strictLower(D_beta K K^T)``, so ``(I + N)^{-1} = E (I + N~)^{-1} E^-1``,
+      entry by entry ``Gamma_ij`` times the ungated inverse.  No factor is ever multiplied by ``e^{-b}``, which
+      leaves fp32's range for strong gates.
+    * ``beta`` goes on the columns: ``(I + D_beta G)^{-1} D_beta = D_beta (I + G D_beta)^{-1}`` (push-through, ``G =
+      strictLower(K K^T)``).  With ``Y = (I + G D_beta)^{-1}``, ``-Y_ij = (k_i^T H_{i-1} ... H_{j+1} k_j) beta_j``
+      (``j < i``) is bounded, and a row of ``Y`` is not made small by a small ``beta_i``: that one stays outside
+      the products, as an fp32 row factor. ::
+
+        W = E D_beta (Y K),          U~ = D_beta V + D_beta (strictLower(Y o Gamma) V)      (o: entrywise)
+
+    On entry ``AD`` holds ``Y``'s ``SUB x SUB`` diagonal blocks (:func:`_ut_diag_inverse` with ``W_IS_K``); they are
+    merged here as in :func:`_ut_prepare`.
+
+    ``"fp16"`` products (:func:`main_pass_precision`, 16-bit inputs): the keys need not be unit vectors (only
+    ``beta_j |k_j|^2 <= 2``), so the block is conjugated by ``S = diag(s)``, ``s_i`` the power of two that brings
+    ``|k_i|`` into [1, 2) (1 for a zero key; unit keys rounded to 16 bits get 1 or 2).  With ``K^ = S K`` and
+    ``c_j = beta_j / s_j^2``: ``Y' = S Y S^-1 = (I + strictLower(K^ K^^T) D_c)^{-1}`` and ::
+
+        W = E D_{beta/s} (Y' K^),       U~ = D_beta V + D_{beta/s} (strictLower(Y' o Gamma) D_s) (V C) C^-1
+
+    with ``C`` the powers of two that bring each value channel's largest finite ``|v|`` in the block into [1, 2).
+    Every operand is then bounded whatever the keys' lengths (``c_j <= beta_j |k_j|^2 <= 2``, ``|Y'_ij s_j| <= 2
+    beta_j |k_j| <= 4``, ``|K^| < 2``) and every row factor too (``beta_i / s_i <= 2``).  Powers of two change no
+    bit of an fp32 number; the scales are applied one at a time.
 
     Non-finite inputs: the transitions use ``k`` with NaN/inf replaced by 0 (the module docstring says
     why), and ``U~`` is formed from the finite values only, its rows at or after a channel's
@@ -398,28 +430,46 @@ def _wy_prepare(K, V, BETA, LOG_F, AD, WW, WU, T, stride_kb, stride_kt, stride_v
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     left = T - start
-    k = _load_rows(K + bh * stride_kb + start * stride_kt, rows, offs_d, stride_kt, left, HEAD_DIM, True,
-                   BLOCK_D != HEAD_DIM).to(tl.float32)
-    k = _rn(_finite_or_zero(k), PRECISION)  # [BT, BD]: every product below sees the same k
+    SCALE: tl.constexpr = PRECISION == "fp16"
+    k = _finite_or_zero(_load_rows(K + bh * stride_kb + start * stride_kt, rows, offs_d, stride_kt, left, HEAD_DIM,
+                                   True, BLOCK_D != HEAD_DIM).to(tl.float32))  # [BT, BD]
+    beta = tl.load(BETA + bh * T + start + rows, mask=rows < left, other=0.0)  # [BT]
+    y = _diagonal_blocks(AD + bh * stride_ab + (start + rows[:, None]) * stride_at + rows[None, :], rows)  # [BT, BT]
+    if SCALE:
+        norm = tl.sqrt(tl.sum(k * k, axis=1))  # [BT]
+        s, s_inv = _pow2(norm)  # [BT]: |k_i| s_i in [1, 2)
+        s = tl.where(norm > 0.0, s, 1.0)
+        s_inv = tl.where(norm > 0.0, s_inv, 1.0)
+        k = k * s[:, None]  # K^
+        y = y * s[:, None] * s_inv[None, :]  # the diagonal blocks of Y' = S Y S^-1
+        c = beta * s_inv * s_inv  # [BT]: beta_j / s_j^2
+        row = beta * s_inv  # [BT]: beta_i / s_i
+    else:
+        c = beta
+        row = beta
+    k = _rn(k, PRECISION)  # [BT, BD]: every product below sees the same keys
+    strict = rows[:, None] > rows[None, :]
+    n = tl.where(strict, _dot(k, tl.trans(k), PRECISION) * c[None, :], 0.0)  # [BT, BT]
+    y = _merged_inverse(y, n, rows, BT, PRECISION)  # [BT, BT], unit lower: Y'
+
+    w = _dot(y, k, PRECISION) * row[:, None]  # [BT, BD]
     v = _load_rows(V + bh * stride_vb + start * stride_vt, rows, offs_dv, stride_vt, left, HEAD_DV, True,
                    BLOCK_DV != HEAD_DV).to(tl.float32)  # [BT, BDV]
-    beta = tl.load(BETA + bh * T + start + rows, mask=rows < left, other=0.0)  # [BT]
-    strict = rows[:, None] > rows[None, :]
-
-    gram = _dot(k, tl.trans(k), PRECISION)  # [BT, BT]
-    if GATED:
-        b = tl.cumsum(tl.load(LOG_F + bh * T + start + rows, mask=rows < left, other=0.0), axis=0)  # [BT]
-        gram = gram * tl.exp(tl.where(strict, b[:, None] - b[None, :], float("-inf")))  # every exponent <= 0
-        k = k * tl.exp(b)[:, None]
-    n = tl.where(strict, beta[:, None] * gram, 0.0)  # [BT, BT]
-    p_ad = AD + bh * stride_ab + (start + rows[:, None]) * stride_at + rows[None, :]
-    a = _merged_inverse(p_ad, n, rows, BT, PRECISION) * beta[None, :]  # A = (I + N)^{-1} D_beta, [BT, BT]
-
     finite = tl.abs(v) < float("inf")
     first = tl.min(tl.where(finite, BT, rows[:, None]), axis=0)  # [BDV]: a channel's first non-finite row
-    u = _dot(a, tl.where(finite, v, 0.0), PRECISION)  # [BT, BDV]
-    u = tl.where(rows[:, None] >= first[None, :], float("nan"), u)
-    w = _dot(a, k, PRECISION)  # [BT, BD]
+    v = tl.where(finite, v, 0.0)
+    if GATED:
+        b = tl.cumsum(tl.load(LOG_F + bh * T + start + rows, mask=rows < left, other=0.0), axis=0)  # [BT]
+        y = y * tl.exp(tl.where(strict, b[:, None] - b[None, :], float("-inf")))  # every exponent <= 0
+        w = w * tl.exp(b)[:, None]
+    else:
+        y = tl.where(strict, y, 0.0)
+    if SCALE:
+        cv, cv_inv = _pow2(tl.max(tl.abs(v), axis=0))  # [BDV]
+        u = _dot(y * s[None, :], v * cv[None, :], PRECISION) * row[:, None] * cv_inv[None, :]
+    else:
+        u = _dot(y, v, PRECISION) * row[:, None]
+    u = tl.where(rows[:, None] >= first[None, :], float("nan"), u + beta[:, None] * v)  # [BT, BDV]
     _store_rows(WW + bh * stride_wb + start * stride_wt, w, rows, offs_d, stride_wt, BT, HEAD_DIM)
     _store_rows(WU + bh * stride_ub + start * stride_ut, u, rows, offs_dv, stride_ut, BT, HEAD_DV)
 
@@ -656,7 +706,8 @@ def ut_prepare_backward(q3, k3, w3, beta3, prep: "Prepared", dqt, dkt, dad, dg):
 
 def invert_diagonal_blocks(k3, w3, beta3, log_f3, x, T: int, block: int, *, w_is_k: bool, check=None) -> None:
     """Launch :func:`_ut_diag_inverse`: the ``SUB x SUB`` diagonal blocks of ``(I + N)^{-1}`` into ``x``
-    (``(BH, T_pad, block)`` fp32); ``log_f3`` (``(BH, T)`` fp32) or None: the gated ``N`` of DeltaNet's WY form.
+    (``(BH, T_pad, block)`` fp32); ``log_f3`` (``(BH, T)`` fp32) or None: Gated DeltaNet's gates, counted here
+    (the inverse stays the ungated one, :func:`_wy_prepare`).
     ``check``: a :class:`pathedu.checks.checked_after` that receives the conditions on what the launch reads
     ("``w`` is finite" unless ``w_is_k``, "``beta`` in [0, 2]", "``log_f`` a log gate" when given), decided from
     the launch's counts (:meth:`~pathedu.checks.checked_after.defer`), or None."""
@@ -711,7 +762,7 @@ class WYPrepared:
             k3.stride(0), k3.stride(1), v3.stride(0), v3.stride(1), self._inv.stride(0), self._inv.stride(1),
             self.w.stride(0), self.w.stride(1), self.u.stride(0), self.u.stride(1),
             HEAD_DIM=D, HEAD_DV=Dv, BLOCK_D=next_pow2(D), BLOCK_DV=next_pow2(Dv), BT=self.block,
-            GATED=log_f3 is not None, PRECISION=self._precision, num_warps=4, num_stages=1)
+            GATED=log_f3 is not None, PRECISION=main_pass_precision(self._precision), num_warps=4, num_stages=1)
 
 
 class Prepared:

@@ -337,6 +337,63 @@ def test_wy_factors_match_their_definitions(gated):
     assert torch.isfinite(p.u[0, 32:T]).all()  # the next chunk does not inherit it: the state carries it there
 
 
+def _wy_reference(k, v, beta, log_f, block):
+    """Float64 ``W = A diag(e^b) K``, ``U~ = A V`` block by block (``A = (I + N)^{-1} diag(beta)``, the gated ``N``
+    formed directly), and the scales the kernel's errors are measured against: ``|W_i| <= e^{b_i} beta_i |k_i|``
+    and ``|U~_i| <= sum_j |A_ij| |v_j|`` (``(T, D)``, ``(T, Dv)``, ``(T,)``, ``(T, Dv)``)."""
+    T = k.shape[0]
+    W, U, w_scale, u_scale = (torch.zeros(T, k.shape[1]), torch.zeros(T, v.shape[1]), torch.zeros(T),
+                              torch.zeros(T, v.shape[1]))
+    W, U, w_scale, u_scale = (x.double() for x in (W, U, w_scale, u_scale))
+    for s in range(0, T, block):
+        e = min(s + block, T)
+        kc, vc, bc = k[s:e], v[s:e], beta[s:e]
+        b = log_f[s:e].cumsum(0) if log_f is not None else torch.zeros(e - s, dtype=torch.float64)
+        gamma = torch.exp((b[:, None] - b[None, :]).tril(-1)).tril(-1)
+        A = torch.linalg.inv(torch.eye(e - s, dtype=torch.float64) + bc[:, None] * (kc @ kc.T) * gamma) * bc
+        W[s:e], U[s:e] = A @ (torch.exp(b)[:, None] * kc), A @ vc
+        w_scale[s:e] = torch.exp(b) * bc * kc.norm(dim=1)
+        u_scale[s:e] = A.abs() @ vc.abs()
+    return W, U, w_scale, u_scale
+
+
+@pytest.mark.parametrize("gated", [False, True], ids=["ungated", "gated"])
+def test_wy_factors_in_fp16_products(gated):
+    """The pass's fp16 products (16-bit inputs, :func:`main_pass_precision`) on a hard block: key lengths and value
+    magnitudes spread over four decades (1e-2 to 1e2), ``beta_i |k_i|^2`` from 0 to 2 with every eleventh ``beta``
+    1e-7, a zero key, gates down to -20 a token.  Each row of ``W`` within 3e-3 of its bound ``e^{b_i} beta_i |k_i|``
+    (plus 1e-35: ``e^b`` leaves fp32's range at the end of a strongly gated block) and each entry of ``U~`` within
+    1e-2 of ``sum_j |A_ij| |v_j|``; the tf32 products this replaced measured 6e-4..1.6e-3 and 2.4e-3..5e-3 on such
+    blocks, the fp16 ones 3e-4..7e-4 and 2.9e-3..6.7e-3 (three seeds each).  The conjugation by the keys' powers of
+    two keeps every operand in fp16's range, and ``beta`` on the inverse's columns keeps a small ``beta_i`` out of
+    the products: with ``beta`` on the rows (the first version) rows with ``beta_i |k_i|^2 < 1e-5`` were off by
+    more than their own size."""
+    from pathedu.kernels.ut_prepare import WYPrepared, main_pass_precision
+
+    assert main_pass_precision("tf32") == "fp16"
+    T, D, Dv, block = 128, 32, 16, 64
+    g = torch.Generator().manual_seed(40)
+    k = unit(torch.randn(T, D, generator=g, dtype=torch.float64)) * 10 ** (4 * torch.rand(T, 1, generator=g,
+                                                                                                dtype=torch.float64) - 2)
+    k[37] = 0.0
+    beta = torch.rand(T, generator=g, dtype=torch.float64) ** 4 * (2 / k.pow(2).sum(1).clamp_min(1.0)).clamp(max=2.0)
+    beta[5::11] = 1e-7
+    v = torch.randn(T, Dv, generator=g, dtype=torch.float64) * 10 ** (4 * torch.rand(T, 1, generator=g,
+                                                                                    dtype=torch.float64) - 2)
+    log_f = None
+    if gated:
+        log_f = -torch.rand(T, generator=g, dtype=torch.float64)
+        log_f[::7] = -20.0
+    W, U, w_scale, u_scale = _wy_reference(k, v, beta, log_f, block)
+    f32 = lambda x: None if x is None else x.float()[None].contiguous()  # noqa: E731
+    p = WYPrepared(f32(k), f32(v), f32(beta[None])[0], f32(log_f), T, block, dtype=torch.float32, precision="tf32")
+    assert torch.isfinite(p.w).all() and torch.isfinite(p.u).all()
+    assert (p.w[0, 37] == 0).all()  # a zero key: W's row is exactly 0
+    w_err = (p.w[0, :T].double() - W).norm(dim=1) / (w_scale + 1e-35)
+    u_err = (p.u[0, :T].double() - U).abs() / u_scale
+    assert w_err.max() <= 3e-3 and u_err.max() <= 1e-2, (w_err.max().item(), u_err.max().item())
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_householder_and_delta_match_float64(case, dtype):
