@@ -22,7 +22,8 @@ corrected by what the state already predicts, and one triangular system gives th
 
 With a scalar gate (Gated DeltaNet, chapter 6) the decay enters the inverse, ``W_c`` carries
 ``e^{b}`` and the template's ``DECAY`` hook does the rest
-(:func:`pathedu.pathfox.gated_deltanet_chunked`).  The pass writes two ``T x D`` tensors where the
+(:func:`pathedu.pathfox.gated_deltanet_chunked`); the pass computes that inverse as the ungated one times
+``exp(b_i - b_j)`` entry by entry (:func:`.ut_prepare._wy_prepare`).  The pass writes two ``T x D`` tensors where the
 UT form below writes four (``q~``, ``k~``, ``Ã``, ``G``), and the loop reads the raw q and k: this is
 flash-linear-attention's factorisation.
 
@@ -48,7 +49,10 @@ fp32 otherwise (fp16's exponent range is too narrow for ``U~ = A V``), or in ``f
 (kernels/NOTES_path.md, sections 9 and 12).  Products are tf32 for 16-bit inputs with
 operands rounded to nearest (the state is multiplied by ``I - K^T W`` or ``I + G_c`` chunk after
 chunk, and the tensor cores' truncation would shrink it a little every time), and about fp32 for
-fp32 inputs (three tf32 products on a GPU, exact in the interpreter); see :func:`._pieces._dot`.
+fp32 inputs (three tf32 products on a GPU, exact in the interpreter); see :func:`._pieces._dot`.  DeltaNet's WY
+pass multiplies 16-bit inputs' factors in fp16 instead (the same ten mantissa bits, each block conjugated into
+fp16's range by powers of two: :func:`.ut_prepare._wy_prepare`; 29% less time for the pass on an H200,
+kernels/NOTES_path.md, section 26).
 A NaN or inf in ``q``, ``k`` or ``v`` at position ``t`` changes outputs at positions ``>= t`` only
 (:mod:`.ut_prepare` says how, for DeltaNet's ``w = k``).  Inputs are validated once, at the entry
 points below (see :mod:`._launch`).
