@@ -148,12 +148,19 @@ def _channel_scores(Q, K, G, offs_t, in_t, stride_qt, stride_kt,
 
 
 @triton.jit
-def _chunk_decay(b, offs_c, causal, CHUNK: tl.constexpr):
-    """A chunk's cumulative log gates ``b [C]`` (``b_i``: the gates of its rows ``<= i`` summed) -> ``b``, its last
-    entry ``b_last`` and the decays ``e^{b_i - b_j}`` ``[C, C]``, 0 above the diagonal: masked before exp, so every
-    exponent is a sum of gates, ``<= 0``."""
-    b_last = tl.sum(tl.where(offs_c == CHUNK - 1, b, 0.0), axis=0)
-    return b, b_last, tl.exp(tl.where(causal, b[:, None] - b[None, :], float("-inf")))
+def _chunk_last(b, offs_c, CHUNK: tl.constexpr):
+    """The last entry ``b_last`` of a chunk's cumulative log gates ``b [C]`` (``b_i``: the gates of its rows ``<= i``
+    summed)."""
+    return tl.sum(tl.where(offs_c == CHUNK - 1, b, 0.0), axis=0)
+
+
+@triton.jit
+def _decay_tile(b, causal):
+    """The decays ``e^{b_i - b_j}`` ``[C, C]`` of a chunk's cumulative log gates ``b [C]``, 0 above the diagonal:
+    masked before exp, so every exponent is a sum of gates, ``<= 0``.  A ``[C, C]`` fp32 tile is 32 registers per
+    thread at 4 warps: made where it is used, not kept through the chunk (Gated DeltaNet's loop spilled 152 bytes a
+    thread with it made at the chunk's start, 8 without; ``kernels/NOTES_path.md``, section 26)."""
+    return tl.exp(tl.where(causal, b[:, None] - b[None, :], float("-inf")))
 
 
 @triton.jit
@@ -186,7 +193,9 @@ def _linear_chunks(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
     CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
 
     if DECAY == "head":  # RetNet: b_i = (i + 1) log gamma in every chunk, so the decays are made once
-        b, b_last, decay = _chunk_decay(tl.load(LOG_F + bh) * (offs_c + 1).to(tl.float32), offs_c, causal, CHUNK)
+        b = tl.load(LOG_F + bh) * (offs_c + 1).to(tl.float32)
+        b_last = _chunk_last(b, offs_c, CHUNK)
+        decay = _decay_tile(b, causal)
     H = tl.zeros([BLOCK_D, BLOCK_DV], dtype=tl.float32)  # the state S^T, on chip for the whole sequence
     if SAFE:
         first = tl.full([BLOCK_DV], CHUNK, tl.int32)  # no NaN/inf value seen yet
@@ -226,8 +235,8 @@ def _linear_chunks(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
         if DECAY == "token":
             # The scalar log gate, from the chunk start: b_i = sum_{s<=i} log_f[s] (padding past T
             # gets 0, a = 1: it changes nothing, and k = v = 0 there).
-            b, b_last, decay = _chunk_decay(tl.cumsum(tl.load(LOG_F + bh * T + offs_t, mask=offs_t < T, other=0.0),
-                                                      axis=0), offs_c, causal, CHUNK)
+            b = tl.cumsum(tl.load(LOG_F + bh * T + offs_t, mask=offs_t < T, other=0.0), axis=0)
+            b_last = _chunk_last(b, offs_c, CHUNK)
         # Each transition gives the inter-chunk output o = Q H, the intra-chunk scores s (zero
         # above the diagonal) and the carried state h = P^T H before this chunk's writes.
         if GATE == "channel":
@@ -249,7 +258,6 @@ def _linear_chunks(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
         elif GATE == "delta":
             # V holds U~ (A V), AD the rows of W (A diag(e^b) K): the pseudo-values U = U~ - W S^T given
             # the state, then the plain template with U in place of V.
-            s = tl.where(causal, _input_dot(q, tl.trans(k), PRECISION), 0.0)  # [C, C]
             wc = _load_rows(AD + bh * stride_ab, offs_t, offs_d, stride_at, T, HEAD_DIM, True, CHECK_D)  # [C, BD]
             v -= _dot(wc.to(tl.float32), H, PRECISION)  # [C, BDV]
             if not SAFE:
@@ -257,7 +265,8 @@ def _linear_chunks(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
                 # the state's update would turn into -0.0: the state would stay finite and the flag miss it.
                 v = _quiet_nan(v)
             o = _dot(q.to(tl.float32), H, PRECISION)
-            h = H
+            s = tl.where(causal, _input_dot(q, tl.trans(k), PRECISION), 0.0)  # [C, C]: late, so that it is not
+            h = H  # kept through the two products above (registers)
         else:
             if ROTATE == "none":
                 s = tl.where(causal, _input_dot(q, tl.trans(k), PRECISION), 0.0)
@@ -270,7 +279,10 @@ def _linear_chunks(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
             # e^{b_i}, score (i, j) by e^{b_i - b_j}, the carried state by e^{b_last}, and key j's
             # write by e^{b_last - b_j}.
             o = o * tl.exp(b)[:, None]
-            s = s * decay
+            if DECAY == "token":
+                s = s * _decay_tile(b, causal)
+            else:
+                s = s * decay
             h = h * tl.exp(b_last)
             k = k.to(tl.float32) * tl.exp(b_last - b)[:, None]
             if GATE == "householder" or GATE == "delta":
