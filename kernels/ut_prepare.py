@@ -24,8 +24,8 @@ the ``BT x BT`` inverse with two matrix products per level (block forward substi
 stable for every ``beta`` in [0, 2], also for reflections of nearly parallel ``w``) before
 everything else.  Products are :func:`._pieces._dot`: for 16-bit inputs operands with 10 mantissa
 bits (fp16 in :func:`_ut_prepare`, the rows of ``q`` and ``k`` scaled by powers of two into its range, and in
-:func:`_wy_prepare`, each block conjugated into it: :func:`main_pass_precision`; fp16 in the backward too, each tile of gradients scaled: :func:`backward_precision`;
-tf32 rounded to nearest elsewhere), three tf32 products ("x3") for
+:func:`_wy_prepare`, each block conjugated into it: :func:`main_pass_precision`; fp16 in the backward too, each tile
+of gradients scaled: :func:`backward_precision`; tf32 rounded to nearest elsewhere), three tf32 products ("x3") for
 fp32 inputs on a GPU, exact fp32 in the interpreter (:func:`prep_precision`).  :class:`Prepared`
 runs both launches.
 
@@ -93,10 +93,11 @@ def _diag_block_n(K, W, BETA, LOG_F, T, start, bh, stride_kb, stride_kt, stride_
                   PRECISION: tl.constexpr):
     """``(N_bb, bad)``: ``N_bb``, ``[SUB, SUB]`` fp32, the strictly lower ``D_beta W W^T`` of the ``SUB x SUB``
     diagonal block at rows ``[start, start + SUB)``, or with ``W_IS_K`` (DeltaNet's WY pass) the column form
-    ``strictLower(K K^T) D_beta`` (never gated: :func:`_wy_prepare` says why); ``bad``, ``[4]`` fp32, how many of the values read break their condition, in
-    :data:`COUNTED`'s order: ``w`` not finite (0 with ``W_IS_K``, whose non-finite entries are dropped), ``beta``
-    outside [0, 2], ``log_f`` outside (-inf, 0] (read only with ``GATED``, to be counted; else 0), and a 0.  NaN breaks every condition (a comparison with NaN is false); padding loads
-    as 0, which breaks none.
+    ``strictLower(K K^T) D_beta`` (never gated: :func:`_wy_prepare` says why); ``bad``, ``[4]`` fp32, how many of
+    the values read break their condition, in :data:`COUNTED`'s order: ``w`` not finite (0 with ``W_IS_K``, whose
+    non-finite entries are dropped), ``beta`` outside [0, 2], ``log_f`` outside (-inf, 0] (read only with
+    ``GATED``, to be counted; else 0), and a 0.  NaN breaks every condition (a comparison with NaN is false); padding
+    loads as 0, which breaks none.
 
     The Gram matrix runs on the tensor cores: for 16-bit ``w`` as a plain product (two 16-bit numbers
     multiply exactly in fp32, and the sums are fp32), for fp32 ``w`` as :func:`._pieces._dot` in

@@ -341,10 +341,9 @@ def _wy_reference(k, v, beta, log_f, block):
     """Float64 ``W = A diag(e^b) K``, ``U~ = A V`` block by block (``A = (I + N)^{-1} diag(beta)``, the gated ``N``
     formed directly), and the scales the kernel's errors are measured against: ``|W_i| <= e^{b_i} beta_i |k_i|``
     and ``|U~_i| <= sum_j |A_ij| |v_j|`` (``(T, D)``, ``(T, Dv)``, ``(T,)``, ``(T, Dv)``)."""
-    T = k.shape[0]
-    W, U, w_scale, u_scale = (torch.zeros(T, k.shape[1]), torch.zeros(T, v.shape[1]), torch.zeros(T),
-                              torch.zeros(T, v.shape[1]))
-    W, U, w_scale, u_scale = (x.double() for x in (W, U, w_scale, u_scale))
+    T, f64 = k.shape[0], dict(dtype=torch.float64)
+    W, U, w_scale, u_scale = (torch.zeros(T, k.shape[1], **f64), torch.zeros(T, v.shape[1], **f64),
+                              torch.zeros(T, **f64), torch.zeros(T, v.shape[1], **f64))
     for s in range(0, T, block):
         e = min(s + block, T)
         kc, vc, bc = k[s:e], v[s:e], beta[s:e]
