@@ -250,11 +250,12 @@ def _linear_chunks(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
             k = k.to(tl.float32) * tl.exp(bc_last[None, :] - bc)
         elif GATE == "householder":
             # Q, K hold q~, k~; Ã (zero above the diagonal) and G_c come from the preparation pass.
-            s = _load_rows(AD + bh * stride_ab, offs_t, offs_c, stride_at, T, CHUNK, False, False)  # [C, C]
             g = _load_rows(GM + bh * stride_gb + (start // CHUNK) * stride_gj, offs_d, offs_d, HEAD_DIM, HEAD_DIM,
                            HEAD_DIM, CHECK_D, CHECK_D)  # [BD, BD]
             o = _dot(q, H, PRECISION)
             h = H + _dot(g, H, PRECISION)  # P^T H
+            s = _load_rows(AD + bh * stride_ab, offs_t, offs_c, stride_at, T, CHUNK, False, False)  # [C, C]: late,
+            # as DeltaNet's scores below (registers)
         elif GATE == "delta":
             # V holds U~ (A V), AD the rows of W (A diag(e^b) K): the pseudo-values U = U~ - W S^T given
             # the state, then the plain template with U in place of V.

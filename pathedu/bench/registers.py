@@ -59,6 +59,10 @@ KERNELS = {
                                       ("Q", "K", "O"), 4),
     "_linear_fwd (Gated DeltaNet: delta + decay)": ("linear_attention", "_linear_fwd",
                                                     dict(_LIN, GATE="delta", DECAY="token"), ("Q", "K", "O"), 4),
+    "_linear_fwd (Householder RNN)": ("linear_attention", "_linear_fwd", dict(_LIN, GATE="householder", DECAY="none"),
+                                      ("Q", "K", "O"), 4),
+    "_linear_fwd (gated Householder RNN)": ("linear_attention", "_linear_fwd",
+                                            dict(_LIN, GATE="householder", DECAY="token"), ("Q", "K", "O"), 4),
     # PaTH's preparation pass (the forward's; the backward's keeps the inverses), with the fp16 products that a
     # tf32 pass launches (ut_prepare.main_pass_precision), then its backward's O(T D^2) steps
     **{f"_ut_prepare (PaTH {pass_}{', 8 warps' if warps == 8 else ''})": (
