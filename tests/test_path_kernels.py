@@ -305,38 +305,6 @@ def test_fp16_ut_backward_matches_tf32_products_where_a_sum_cancels():
 # The linear side: chunked Householder RNN and DeltaNet
 # ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("gated", [False, True], ids=["ungated", "gated"])
-def test_wy_factors_match_their_definitions(gated):
-    """DeltaNet's preparation pass: per chunk W = A diag(e^b) K and U~ = A V with A = (I + N)^{-1} diag(beta),
-    N_ij = beta_i (k_i . k_j) e^{b_i - b_j} (j < i), b the chunk-local prefix sum of log_f; rows past T are zero;
-    a NaN in v reaches the rows of U~ at or after it, in its channel only."""
-    from pathedu.kernels.ut_prepare import WYPrepared
-
-    T, D, Dv, block = 40, 16, 8, 16
-    _, k, v = rand_qkv((1,), T, D, Dv, seed=20)
-    k = unit(k)
-    _, beta = transitions((1,), T, D, seed=21)
-    log_f = -torch.rand(1, T, dtype=torch.float64, generator=torch.Generator().manual_seed(22)) * 3 if gated else None
-    v = v.clone()
-    v[0, 21, 3] = float("nan")
-    f32 = lambda x: None if x is None else x.float().contiguous()  # noqa: E731
-    p = WYPrepared(f32(k), f32(v), f32(beta), f32(log_f), T, block, dtype=torch.float32, precision="ieee")
-    assert p.T_pad == 48 and p.w.shape == (1, 48, D) and p.u.shape == (1, 48, Dv)
-    for s in range(0, T, block):
-        e = min(s + block, T)
-        kc, vc, bc = k[0, s:e], v[0, s:e], beta[0, s:e]
-        b = log_f[0, s:e].cumsum(0) if gated else torch.zeros(e - s, dtype=torch.float64)
-        gamma = torch.exp(b[:, None] - b[None, :]).tril(-1)
-        A = torch.linalg.inv(torch.eye(e - s, dtype=torch.float64) + bc[:, None] * (kc @ kc.T) * gamma) * bc
-        assert torch.allclose(p.w[0, s:e].double(), A @ (torch.exp(b)[:, None] * kc), atol=1e-5)
-        u_ref = A @ torch.nan_to_num(vc, nan=0.0)
-        u_ref[21 - s:, 3] = float("nan") if s <= 21 < e else u_ref[21 - s:, 3]
-        assert torch.allclose(p.u[0, s:e].double(), u_ref, atol=1e-5, equal_nan=True)
-    assert (p.w[0, T:] == 0).all() and (p.u[0, T:] == 0).all()
-    assert torch.isnan(p.u[0, 21:32, 3]).all() and torch.isfinite(p.u[0, :21]).all()
-    assert torch.isfinite(p.u[0, 32:T]).all()  # the next chunk does not inherit it: the state carries it there
-
-
 def _wy_reference(k, v, beta, log_f, block):
     """Float64 ``W = A diag(e^b) K``, ``U~ = A V`` block by block (``A = (I + N)^{-1} diag(beta)``, the gated ``N``
     formed directly), and the scales the kernel's errors are measured against: ``|W_i| <= e^{b_i} beta_i |k_i|``
@@ -354,6 +322,32 @@ def _wy_reference(k, v, beta, log_f, block):
         w_scale[s:e] = torch.exp(b) * bc * kc.norm(dim=1)
         u_scale[s:e] = A.abs() @ vc.abs()
     return W, U, w_scale, u_scale
+
+
+@pytest.mark.parametrize("gated", [False, True], ids=["ungated", "gated"])
+def test_wy_factors_match_their_definitions(gated):
+    """DeltaNet's preparation pass: per chunk W = A diag(e^b) K and U~ = A V with A = (I + N)^{-1} diag(beta),
+    N_ij = beta_i (k_i . k_j) e^{b_i - b_j} (j < i), b the chunk-local prefix sum of log_f; rows past T are zero;
+    a NaN in v reaches the rows of U~ at or after it, in its channel only."""
+    from pathedu.kernels.ut_prepare import WYPrepared
+
+    T, D, Dv, block = 40, 16, 8, 16
+    _, k, v = rand_qkv((1,), T, D, Dv, seed=20)
+    k = unit(k)
+    _, beta = transitions((1,), T, D, seed=21)
+    log_f = -torch.rand(1, T, dtype=torch.float64, generator=torch.Generator().manual_seed(22)) * 3 if gated else None
+    v = v.clone()
+    v[0, 21, 3] = float("nan")
+    f32 = lambda x: None if x is None else x.float().contiguous()  # noqa: E731
+    p = WYPrepared(f32(k), f32(v), f32(beta), f32(log_f), T, block, dtype=torch.float32, precision="ieee")
+    assert p.T_pad == 48 and p.w.shape == (1, 48, D) and p.u.shape == (1, 48, Dv)
+    W, U, _, _ = _wy_reference(k[0], torch.nan_to_num(v[0], nan=0.0), beta[0], log_f[0] if gated else None, block)
+    U[21:32, 3] = float("nan")  # from the NaN's row to the end of its chunk
+    assert torch.allclose(p.w[0, :T].double(), W, atol=1e-5)
+    assert torch.allclose(p.u[0, :T].double(), U, atol=1e-5, equal_nan=True)
+    assert (p.w[0, T:] == 0).all() and (p.u[0, T:] == 0).all()
+    assert torch.isnan(p.u[0, 21:32, 3]).all() and torch.isfinite(p.u[0, :21]).all()
+    assert torch.isfinite(p.u[0, 32:T]).all()  # the next chunk does not inherit it: the state carries it there
 
 
 @pytest.mark.parametrize("gated", [False, True], ids=["ungated", "gated"])
