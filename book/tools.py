@@ -1,4 +1,4 @@
-"""Book maintenance, four commands (run from anywhere; paths are the repository's):
+"""Book maintenance, five commands (run from anywhere; paths are the repository's):
 
 ``python book/tools.py assets [--force]``
     Fetch the web assets that let the built book render math and widgets with
@@ -24,6 +24,13 @@
     committed outputs must be the CPU ones), ``PYTHONHASHSEED=0``, widget state
     stored, no per-cell timing metadata.  Seeding random generators is the
     notebook's job (its first code cell after the imports).
+
+``python book/tools.py page PAGE.md [...] [--no-run]``
+    Read a chapter page as its reader meets it: execute its cells (as the
+    book build does, in ``book/``), then report the failing cell if any, the
+    words of prose (``book/style.py`` says what counts), every sentence that
+    speaks of how the project was made, the schematics, and cell outputs
+    longer than the reading flow allows.  Exit 1 when something is wrong.
 
 ``python book/tools.py slides [--out DIR]``
     Build one reveal.js slide deck per chapter of ``_toc.yml`` from
@@ -298,6 +305,82 @@ def cmd_execute(args) -> None:
         client.execute()
         nbformat.write(nb, path)
         print(f"executed {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+
+
+# ---------------------------------------------------------------------------
+# page: one chapter as its reader meets it
+# ---------------------------------------------------------------------------
+
+MAX_OUTPUT_LINES = 15   # a cell's text output in the reading flow, beyond which it must be folded or summarised
+PART_ONE_WORDS = 5000   # the prose of a chapter of Part I, at most
+
+
+def load_style():
+    """``book/style.py`` as a module (the book's folder is not a package)."""
+    spec = importlib.util.spec_from_file_location("pathedu_book_style", ROOT / "book" / "style.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def read_page(path: Path):
+    """A MyST Markdown page as an nbformat notebook (myst-nb's reader, as the build uses)."""
+    from myst_nb.core.read import read_myst_markdown_notebook
+
+    return read_myst_markdown_notebook(path.read_text(encoding="utf8"), path=path)
+
+
+def output_lines(cell) -> int:
+    """Lines of text a code cell shows in the page: streams and plain-text results (figures count 0).
+    Cells tagged ``hide-output``/``remove-output`` (folded or hidden) show none in the reading flow."""
+    tags = set(cell.get("metadata", {}).get("tags", []) or [])
+    if tags & {"hide-output", "remove-output", "remove-cell", "hide-cell"}:
+        return 0
+    lines = 0
+    for out in cell.get("outputs", []):
+        if out.get("output_type") == "stream":
+            lines += "".join(out.get("text", "")).rstrip("\n").count("\n") + 1
+        elif out.get("output_type") in ("execute_result", "display_data"):
+            data = out.get("data", {})
+            if "text/plain" in data and not ({"image/png", "text/html"} & set(data)):
+                lines += "".join(data["text/plain"]).rstrip("\n").count("\n") + 1
+    return lines
+
+
+def cmd_page(args) -> None:
+    from nbclient import NotebookClient
+
+    style = load_style()
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    bad = False
+    for name in args.pages:
+        path = Path(name).resolve()
+        if path.suffix != ".md" or not path.is_file():
+            die(f"`{name}` is not a MyST Markdown page")
+        text = path.read_text(encoding="utf8")
+        nb = read_page(path)
+        print(f"{path.relative_to(ROOT)}: {style.prose_words(text)} words of prose, "
+              f"{sum(style.is_schematic(c) for c in nb.cells)} schematic(s)")
+        for line, found, why in style.register_violations(text):
+            bad = True
+            print(f"  line {line}: {found!r} ({why})")
+        if args.no_run:
+            continue
+        client = NotebookClient(nb, kernel_name=KERNEL, timeout=args.timeout, allow_errors=True,
+                                resources={"metadata": {"path": str(path.parent)}})
+        client.execute()
+        for n, cell in enumerate(nb.cells):
+            if cell.cell_type != "code":
+                continue
+            errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+            first = cell.source.strip().splitlines()[0][:70] if cell.source.strip() else ""
+            if errors:
+                bad = True
+                print(f"  cell {n} failed ({first!r}): {errors[0]['ename']}: {errors[0]['evalue'][:300]}")
+            if (lines := output_lines(cell)) > MAX_OUTPUT_LINES:
+                bad = True
+                print(f"  cell {n} shows {lines} lines of output ({first!r}): fold or summarise it")
+    sys.exit(1 if bad else 0)
 
 
 # ---------------------------------------------------------------------------
@@ -660,6 +743,11 @@ def main(argv=None) -> None:
     p.add_argument("notebooks", nargs="+", metavar="NOTEBOOK")
     p.add_argument("--timeout", type=int, default=600, help="per-cell timeout in seconds (default 600)")
     p.set_defaults(func=cmd_execute)
+    p = sub.add_parser("page", help="execute chapter pages and report what their readers would trip over")
+    p.add_argument("pages", nargs="+", metavar="PAGE")
+    p.add_argument("--no-run", action="store_true", help="read only: words, register, schematics")
+    p.add_argument("--timeout", type=int, default=600, help="per-cell timeout in seconds (default 600)")
+    p.set_defaults(func=cmd_page)
     p = sub.add_parser("slides", help="build the chapters' reveal.js slide decks (needs the assets)")
     p.add_argument("--out", default=str(SLIDES_OUT), help="output folder (default _build/html/slides)")
     p.set_defaults(func=cmd_slides)

@@ -20,7 +20,7 @@ corrected by what the state already predicts, and one triangular system gives th
     W_c = A_c K_c,   U~_c = A_c V_c                                      (preparation pass, :class:`.ut_prepare.WYPrepared`)
     U_c = U~_c - W_c H,   O_c = Q_c H + (Q_c K_c^T * M) U_c,   H <- H + K_c^T U_c      (chunk loop)
 
-With a scalar gate (Gated DeltaNet, chapter 6) the decay enters the inverse, ``W_c`` carries
+With a scalar gate (Gated DeltaNet, chapter 7) the decay enters the inverse, ``W_c`` carries
 ``e^{b}`` and the template's ``DECAY`` hook does the rest
 (:func:`pathedu.pathfox.gated_deltanet_chunked`); the pass computes that inverse as the ungated one times
 ``exp(b_i - b_j)`` entry by entry (:func:`.ut_prepare._wy_prepare`).  The pass writes two ``T x D`` tensors where the
@@ -118,7 +118,7 @@ def chunked_householder(q, k, v, w, beta, *, log_f=None, chunk=None):
     """The Householder RNN ``S_t = a_t S_{t-1} H_t + v_t k_t^T``, ``o_t = S_t q_t``, chunked.
 
     ``H_t = I - beta_t w_t w_t^T`` (``w`` used as given); ``a_t = exp(log_f[t])``, or 1
-    when ``log_f`` is None (chapter 5; with a gate it is chapter 6's gated Householder
+    when ``log_f`` is None (chapter 5; with a gate it is chapter 7's gated Householder
     RNN).  Shapes: ``q, k, w: (..., T, D)``, ``v: (..., T, Dv)``, ``beta, log_f: (..., T)``
     -> ``(..., T, Dv)``; ``D, Dv`` in 16..128; any T.  fp16/bf16/fp32 ``q, k, v``
     (the output has their dtype), ``w`` (finite) and ``beta`` (in [0, 2]) used in

@@ -77,7 +77,7 @@ per-token scalar, and ``GATE`` picks the transition itself:
 
   with products whose operands are rounded to nearest (:func:`._pieces._dot`: the
   state is multiplied by ``I + G_c`` chunk after chunk, and truncated tf32 operands
-  would shrink it a little every time).  With ``DECAY`` on top this is chapter 6's
+  would shrink it a little every time).  With ``DECAY`` on top this is chapter 7's
   gated Householder RNN: the UT factors stay gate-free.
 
 * ``"delta"``: DeltaNet's transition ``S_t = S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T`` in the
@@ -423,7 +423,7 @@ def _linear_launch(x: Flat, gate: str, log_f3=None, *, chunk: int = 64, prep=Non
     ``gate``: ``"none"``, ``"scalar"`` / ``"channel"`` (``log_f3``: fp32 ``(BH, T)`` /
     ``(BH, T, D)``), ``"head"`` (``log_f3``: fp32 ``(BH,)``, one log gate per head: RetNet) or ``"householder"`` (``prep``: the :class:`.ut_prepare.Prepared`
     factors of chunks of ``chunk`` tokens, read in place of ``q`` and ``k``; with
-    ``log_f3`` (fp32 ``(BH, T)``) the transition is ``a_t H_t``, chapter 6's gated
+    ``log_f3`` (fp32 ``(BH, T)``) the transition is ``a_t H_t``, chapter 7's gated
     Householder RNN), or ``"delta"`` (``prep``: the :class:`.ut_prepare.WYPrepared` factors, read in
     place of ``v``; with ``log_f3``, made with the same gate: Gated DeltaNet).
     """

@@ -108,7 +108,7 @@ def _transition(qh, GM, WC, NU, cols, offs_d, stride_pt, HEAD_DIM: tl.constexpr,
 
 @triton.jit
 def _gate_bias(C, c_ref, offs_n, T, GATED: tl.constexpr):
-    """The FoX bias hook of the scan (PaTH-FoX, chapter 6), in log2 units, for key block ``offs_n``:
+    """The FoX bias hook of the scan (PaTH-FoX, chapter 7), in log2 units, for key block ``offs_n``:
     ``(c_r - c_j) log2(e)`` with ``c`` the fp32 cumulative log gate and ``r`` the query block's first row
     (:func:`._pieces._gate_keys`).  As in the FlashAttention template the per-row rest ``c_i - c_r`` is
     left out (softmax ignores it), so the bias does not depend on the order in which key blocks are visited."""
@@ -454,7 +454,7 @@ def path_attention(q, k, v, w, beta, *, scale=None, block=None, log_f=None, save
     (key block) size, 16/32/64/128 (``None``: 64 for ``D <= 64``, else 32).
     ``w`` is used as given (models pass unit vectors).  ``log_f`` ``(..., T)`` (finite,
     <= 0), if given, adds the FoX bias ``sum_{s=j+1..i} log_f[s]`` to every logit, not
-    multiplied by ``scale`` (PaTH-FoX, chapter 6).  Every argument is validated
+    multiplied by ``scale`` (PaTH-FoX, chapter 7).  Every argument is validated
     here (values read once the kernels are queued: :class:`pathedu.checks.checked_after`).
 
     When autograd wants gradients (of ``q, k, v, w, beta`` or ``log_f``), the output has a ``grad_fn``

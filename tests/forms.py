@@ -170,7 +170,7 @@ FORMS: list[Form] = (
     + _family(path, "path", "path", householder_extras, _SOFTMAX, {"recurrent": ("page",), "blockwise": ("block",)})
     + _family(path, "householder", "householder", householder_extras, _LINEAR, _LINEAR_TUNING)
     + _family(path, "deltanet", "deltanet", deltanet_extras, _LINEAR, _LINEAR_TUNING)
-    # chapter 6
+    # chapter 7
     + _family(pathfox, "pathfox", "pathfox", gated_householder_extras, _SOFTMAX,
               {"recurrent": ("page",), "blockwise": ("block",)})
     + _family(pathfox, "gated_householder", "gated_householder", gated_householder_extras, _LINEAR,

@@ -130,7 +130,7 @@ def case_id(case) -> str:
 
 
 # ---------------------------------------------------------------------------
-# Float64 references of the Householder products (chapters 5 and 6), written independently of the modules
+# Float64 references of the Householder products (chapters 5 and 7), written independently of the modules
 # ---------------------------------------------------------------------------
 
 def H(w_s, b_s):

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf8"))
 LAB = "notebooks/01_nope_linear_lab"
 CHAPTER = "book/ch01_nope_linear"
-CLOSING = "book/ch07_six_dualities"  # the closing chapter: the six dualities side by side, no lab
+CLOSING = "book/ch08_six_dualities"  # the closing chapter: the six dualities side by side, no lab
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
@@ -207,7 +207,7 @@ def test_front_pages(html):
     text = _page(html, "book/how_to_use")
     assert f"Triton mode: {pathedu.triton_mode()}" in text  # the page was executed on this machine
     assert "git clone " + CONFIG["repository"]["url"] in re.sub(r"<[^>]+>", "", text)
-    # The chapter map links every written chapter of the six dualities (ch01 .. ch06) and marks the
+    # The chapter map links every written chapter of the six dualities (ch01 .. ch07) and marks the
     # other ones of the six; it also links the closing chapter, which is not one of the six.
     intro = _page(html, "book/intro")
     chapters = [name for name in TOC_FILES if re.fullmatch(r"book/ch0[1-6]_\w+", name)]

@@ -102,8 +102,8 @@ def test_submissions_name_the_student_by_folder_or_file(tmp_path):
 
 
 def test_the_exercises_a_notebook_checks_are_read_from_its_cells():
-    assert course.expected_exercises(_nb(LABS[5])) == [("ch06", "1"), ("ch06", "2"), ("ch06", "3a"), ("ch06", "3b"),
-                                                       ("ch06", "4")]
+    assert course.expected_exercises(_nb(LABS[5])) == [("ch07", "1"), ("ch07", "2"), ("ch07", "3a"), ("ch07", "3b"),
+                                                       ("ch07", "4")]
     assert course.expected_exercises(course.student_copy(_nb(LABS[0]))) == [("ch01", "1"), ("ch01", "2"),
                                                                             ("ch01", "3")]
 

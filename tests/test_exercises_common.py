@@ -5,9 +5,9 @@ import pytest
 
 import test_exercises_ch01
 import test_exercises_ch05
-import test_exercises_ch06
+import test_exercises_ch07
 
-TABLES = test_exercises_ch01.CHECKS + test_exercises_ch05.CASES + test_exercises_ch06.CASES
+TABLES = test_exercises_ch01.CHECKS + test_exercises_ch05.CASES + test_exercises_ch07.CASES
 CHECKS = [check for check, _, _ in TABLES]
 IDS = [f"{check.__module__.rsplit('.', 1)[-1]}-{check.__name__}" for check in CHECKS]
 WRONG_CASES = [(check, name, fn) for check, _, wrong in TABLES for name, fn in wrong.items()]

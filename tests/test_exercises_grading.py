@@ -12,7 +12,7 @@ from helpers import exercise_modules
 
 import pathedu
 from pathedu import alibi, cope, course, fox, nope, path, pathfox, rope, stickbreaking, tasks
-from pathedu.exercises import _grader, ch01, ch02, ch03, ch04, ch05, ch06, ch08, ch09, ch10, grading, grading_mode
+from pathedu.exercises import _grader, ch01, ch02, ch03, ch04, ch05, ch07, ch09, ch10, ch11, grading, grading_mode
 from pathedu.nope import linear_recurrent as imported_before_grading
 
 # (check, pathedu's own answer, the function the verdict must name): at least one per chapter, by identity
@@ -33,16 +33,16 @@ OWN = [
     (ch05.check_householder_chunk_step,
      lambda q, k, v, w, b, S: path.householder_chunked(q, k, v, w, b, chunk=q.shape[-2], initial_state=S,
                                                        return_state=True), "pathedu.path.householder_chunked"),
-    (ch06.check_gamma, lambda lf: torch.exp(fox.log_gate_matrix(lf)), "pathedu.fox.log_gate_matrix"),
-    (ch06.check_gated_deltanet_chunk,
+    (ch07.check_gamma, lambda lf: torch.exp(fox.log_gate_matrix(lf)), "pathedu.fox.log_gate_matrix"),
+    (ch07.check_gated_deltanet_chunk,
      lambda q, k, v, b, lf, S: pathfox.gated_deltanet_chunked(q, k, v, b, lf, chunk=q.shape[0], initial_state=S,
                                                               return_state=True),
      "pathedu.pathfox.gated_deltanet_chunked"),
-    (ch08.check_flipflop_answers, lambda tokens: tasks.flipflop_reads(tokens), "pathedu.tasks.flipflop_reads"),
-    (ch09.check_stick_log_weights,  # z_ij = z_i . e_j: the logits as queries against unit keys, scale 1
+    (ch09.check_flipflop_answers, lambda tokens: tasks.flipflop_reads(tokens), "pathedu.tasks.flipflop_reads"),
+    (ch10.check_stick_log_weights,  # z_ij = z_i . e_j: the logits as queries against unit keys, scale 1
      lambda z: stickbreaking.stickbreaking_log_weights(z, torch.eye(z.shape[-1], dtype=z.dtype).expand_as(z),
                                                        scale=1.0), "pathedu.stickbreaking.stickbreaking_log_weights"),
-    (ch10.check_cope_matrix, cope.cope_matrix, "pathedu.cope.cope_matrix"),
+    (ch11.check_cope_matrix, cope.cope_matrix, "pathedu.cope.cope_matrix"),
 ]
 OWN_IDS = [f"{c.__module__[-4:]}-{c.__name__}" for c, _, _ in OWN]
 
@@ -82,7 +82,7 @@ def test_grading_mode_accepts_every_solution_of_the_labs(lab, capsys):
     Householder chunk)."""
     ns, calls = _solutions(lab)
     assert len(calls) == sum(course.is_solution(c) for c in json.loads(lab.read_text())["cells"]) + (
-        1 if lab.name.startswith("06") else 0)  # lab 6's exercise 3 has two checks in one cell
+        1 if lab.name.startswith("06") else 0)  # lab 7's exercise 3 has two checks in one cell
     modules = exercise_modules()
     with grading():
         for chapter, name, args in calls:
@@ -181,12 +181,12 @@ def test_every_check_records_its_verdict_when_asked(tmp_path, monkeypatch, capsy
     results = tmp_path / "results.jsonl"
     monkeypatch.setenv("PATHEDU_GRADING_RESULTS", str(results))
     ch01.check_linear_matrix(lambda q, k, v: (q @ k.mT * torch.ones(q.shape[-2], q.shape[-2]).tril().double()) @ v)
-    ch06.check_gamma(lambda lf: 1 / 0)
+    ch07.check_gamma(lambda lf: 1 / 0)
     with grading():
         ch01.check_linear_matrix(nope.linear_matrix)
     rows = [json.loads(line) for line in results.read_text().splitlines()]
     assert [(r["chapter"], r["exercise"], r["check"], r["ok"], r["grading"]) for r in rows] == [
         ("ch01", "1", "check_linear_matrix", True, False),
-        ("ch06", "3a", "check_gamma", False, False),
+        ("ch07", "3a", "check_gamma", False, False),
         ("ch01", "1", "check_linear_matrix", False, True)]
     assert "ZeroDivisionError" in rows[1]["message"] and "pathedu.nope.linear_matrix" in rows[2]["message"]

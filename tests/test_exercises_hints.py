@@ -9,10 +9,10 @@ import torch
 
 from helpers import exercise_modules
 from pathedu import course, fox
-from pathedu.exercises import REGISTRY, ch01, ch02, ch03, ch04, ch05, ch06
+from pathedu.exercises import REGISTRY, ch01, ch02, ch03, ch04, ch05, ch07
 
 CHAPTERS = list(exercise_modules().values())
-EXERCISE_COUNTS = {"ch01": 3, "ch02": 4, "ch03": 4, "ch04": 3, "ch05": 5, "ch06": 4, "ch08": 3, "ch09": 3, "ch10": 3}
+EXERCISE_COUNTS = {"ch01": 3, "ch02": 4, "ch03": 4, "ch04": 3, "ch05": 5, "ch07": 4, "ch09": 3, "ch10": 3, "ch11": 3}
 
 
 def _chapter(module):
@@ -105,8 +105,8 @@ GENERIC_WRONG = [  # (check, an answer no known mistake matches)
     (ch04.check_complex_step, lambda S, q, k, v, omega: (S, v)),
     (ch05.check_delta_step, lambda S, k, v, beta: S),
     (ch05.check_householder_chunk_step, lambda q, k, v, w, beta, S: (v, S)),
-    (ch06.check_gated_delta_step, lambda S, k, v, beta, log_f: S),
-    (ch06.check_gated_deltanet_matrix, lambda q, k, v, beta, log_f: v),
+    (ch07.check_gated_delta_step, lambda S, k, v, beta, log_f: S),
+    (ch07.check_gated_deltanet_matrix, lambda q, k, v, beta, log_f: v),
 ]
 
 

@@ -1,5 +1,5 @@
-"""The tables and figures that chapter 8 draws from the experiment records (``pathedu.experiments.plots``), and
-the chapter's exercise checks (``pathedu.exercises.ch08``)."""
+"""The tables and figures that chapter 9 draws from the experiment records (``pathedu.experiments.plots``), and
+the chapter's exercise checks (``pathedu.exercises.ch09``)."""
 from __future__ import annotations
 
 import json
@@ -12,7 +12,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from pathedu import tasks  # noqa: E402
-from pathedu.exercises import ch08  # noqa: E402
+from pathedu.exercises import ch09  # noqa: E402
 from pathedu.experiments import make_config, plots, run_experiment  # noqa: E402
 
 MAX_WIDTH_IN = 7.0
@@ -168,7 +168,7 @@ def test_mqrar_accuracies_list_every_run_by_mixer_and_n(tiny):
 
 
 def test_two_mqrar_records_share_one_axis(tiny):
-    """Chapter 8 draws the unaffected mixers of one series and the rerun ones of another on one axis: each call
+    """Chapter 9 draws the unaffected mixers of one series and the rerun ones of another on one axis: each call
     draws only the mixers asked for, tagged in the legend; a mixer the record did not run is refused."""
     rec = tiny["mqrar"]
     first, second = rec["config"]["mixers"][:1], rec["config"]["mixers"][1:]
@@ -184,7 +184,7 @@ def test_two_mqrar_records_share_one_axis(tiny):
 
 
 def test_combine_keeps_the_selected_runs_and_recomputes_the_summary(tiny):
-    """Chapter 8 reads runs of several series side by side: ``combine`` keeps exactly the selected runs, says how
+    """Chapter 9 reads runs of several series side by side: ``combine`` keeps exactly the selected runs, says how
     many came from each part, and summarises them as the experiment does; mixed experiments are refused."""
     from pathedu.experiments import word_problem
 
@@ -212,7 +212,7 @@ def test_a_record_round_trips_through_json(tmp_path, tiny):
 
 
 # ---------------------------------------------------------------------------
-# The exercises of lab 8
+# The exercises of lab 9
 # ---------------------------------------------------------------------------
 
 def _answers(tokens):
@@ -241,9 +241,9 @@ def _fewest(acc, threshold):
 
 
 @pytest.mark.parametrize("check, right, wrongs", [
-    (ch08.check_flipflop_answers, _answers, ch08._FLIPFLOP_WRONG),
-    (ch08.check_prefix_products, _prefix, ch08._WORD_WRONG),
-    (ch08.check_fewest_layers, _fewest, ch08._LAYERS_WRONG),
+    (ch09.check_flipflop_answers, _answers, ch09._FLIPFLOP_WRONG),
+    (ch09.check_prefix_products, _prefix, ch09._WORD_WRONG),
+    (ch09.check_fewest_layers, _fewest, ch09._LAYERS_WRONG),
 ], ids=["flipflop", "prefix", "fewest"])
 def test_checks_accept_the_solution_and_name_each_known_mistake(check, right, wrongs, capsys):
     assert check(right)

@@ -1,4 +1,4 @@
-"""Chapter 6: every form of PaTH-FoX, the gated Householder RNN and Gated DeltaNet against float64 references
+"""Chapter 7: every form of PaTH-FoX, the gated Householder RNN and Gated DeltaNet against float64 references
 written here from the definitions, the reductions to chapters 3 and 5, decoding precision, and the seeds' errors."""
 import pytest
 import torch

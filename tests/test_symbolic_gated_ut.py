@@ -1,4 +1,4 @@
-"""Chapter 6: the sympy derivations behind PaTH-FoX, the gated Householder RNN and Gated DeltaNet hold exactly
+"""Chapter 7: the sympy derivations behind PaTH-FoX, the gated Householder RNN and Gated DeltaNet hold exactly
 (and the wrong variants do not), and they agree with the torch module."""
 import time
 

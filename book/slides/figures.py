@@ -138,7 +138,7 @@ def _pair_inputs(T=16, Dh=8, seed=2):
     return q, k, w, beta, log_f
 
 
-def ch06_split(out) -> None:
+def ch07_split(out) -> None:
     """PaTH-FoX's linear weight = FoX's factor e^G times PaTH's score."""
     q, k, w, beta, log_f = _pair_inputs()
     tau = q.shape[-1] ** -0.5
@@ -160,7 +160,7 @@ def ch06_split(out) -> None:
     _save(fig, out)
 
 
-def ch07_six(out) -> None:
+def ch08_six(out) -> None:
     """The linear side's weight W = e^G (l - G) / tau, read off each softmax side's logits."""
     q, k, w, beta, log_f = _pair_inputs()
     T, Dh = q.shape
@@ -187,9 +187,9 @@ def ch07_six(out) -> None:
     _save(fig, out)
 
 
-def ch08_word_problem(out) -> None:
+def ch09_word_problem(out) -> None:
     """A5 at length 20 from the committed GPU records: accuracy against depth, every run a dot; RoPE from the first
-    series, PaTH with the fixed backward, FoX and DeltaNet from a third call (as chapter 8's last word-problem
+    series, PaTH with the fixed backward, FoX and DeltaNet from a third call (as chapter 9's last word-problem
     figure, both seeds where two ran)."""
     from pathedu.experiments import plots
 
@@ -207,8 +207,8 @@ def ch08_word_problem(out) -> None:
     _save(fig, out)
 
 
-def ch08_min_layers(out) -> None:
-    """The fewest layers reaching 90% (all positions) against the word length, A5 and S5, seed 0 (chapter 8's
+def ch09_min_layers(out) -> None:
+    """The fewest layers reaching 90% (all positions) against the word length, A5 and S5, seed 0 (chapter 9's
     Fig. 2 reading): :func:`pathedu.experiments.plots.word_problem_grid`."""
     from pathedu.experiments import plots
 
@@ -222,7 +222,7 @@ def ch08_min_layers(out) -> None:
     _save(fig, out)
 
 
-def ch08_mqrar(out) -> None:
+def ch09_mqrar(out) -> None:
     """MQRAR-N from the committed GPU record: accuracy against N, every run a dot."""
     from pathedu.experiments import plots
 
@@ -242,7 +242,7 @@ def ch08_mqrar(out) -> None:
     _save(fig, out)
 
 
-def ch08_mqrar_conv(out) -> None:
+def ch09_mqrar_conv(out) -> None:
     """MQRAR-N with the short convolution on q, k, v, every mixer (seed 0), from the committed GPU records."""
     from pathedu.experiments import plots
 
@@ -262,5 +262,5 @@ def ch08_mqrar_conv(out) -> None:
 
 
 FIGURES = {f.__name__: f for f in (ch01_decay, ch02_decay, ch03_gates, ch04_kernel, ch05_rectangle,
-                                    ch06_split, ch07_six, ch08_word_problem, ch08_min_layers, ch08_mqrar,
-                                    ch08_mqrar_conv)}
+                                    ch07_split, ch08_six, ch09_word_problem, ch09_min_layers, ch09_mqrar,
+                                    ch09_mqrar_conv)}

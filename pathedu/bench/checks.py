@@ -660,10 +660,10 @@ def path_robust(rec, dev, fla, *, robust_T=16384, robust_H=2, D=64, **_):
 
 
 # =============================================================================
-# Chapter 6: PaTH-FoX, the gated Householder RNN and Gated DeltaNet
+# Chapter 7: PaTH-FoX, the gated Householder RNN and Gated DeltaNet
 # =============================================================================
 
-FLA_AGREEMENT = 5e-3  # chapter 6's bound on rel_rms against fla and float64 (the issue's 0.005)
+FLA_AGREEMENT = 5e-3  # chapter 7's bound on rel_rms against fla and float64 (the issue's 0.005)
 
 
 def _pathfox_gates(dev, lead, T, seed, *, strong=False):
@@ -1002,7 +1002,7 @@ def fox_fla_backward(rec, dev, fla, *, fla_T=2048, fla_lead=(1, 4), **_):
 
 # chapter -> {section: function}; a later chapter adds its entry here.
 # =============================================================================
-# Chapters 9 and 10: stick-breaking attention and CoPE (forward kernels)
+# Chapters 10 and 11: stick-breaking attention and CoPE (forward kernels)
 # =============================================================================
 
 def stickbreaking_robust(rec, dev, fla, *, T=4096, H=2, D=64, fp32_T=1024, **_):

@@ -1,4 +1,4 @@
-"""Chapter 10 ops: CoPE's forward kernel, timed beside PyTorch's SDPA.
+"""Chapter 11 ops: CoPE's forward kernel, timed beside PyTorch's SDPA.
 
 * ``sdpa``: PyTorch SDPA, causal softmax without positions (the floor that CoPE's counts and gathers add to);
 * ``cope_triton``: our kernel (:func:`pathedu.kernels.cope.cope_attention`) with one table of ``P = 64`` position

@@ -2,7 +2,7 @@
 
     python -m pathedu.bench.parts [--T 1024 8192] [--out FILE]
 
-The chunked DeltaNet kernel (chapter 5; Gated DeltaNet of chapter 6 shares it) is two passes: the WY
+The chunked DeltaNet kernel (chapter 5; Gated DeltaNet of chapter 7 shares it) is two passes: the WY
 preparation pass (:class:`pathedu.kernels.ut_prepare.WYPrepared`: ``_ut_diag_inverse``, then
 ``_wy_prepare``) and the chunk loop of the linear template (``_linear_fwd``, its ``"delta"`` hook, with
 and without the scalar decay).  PaTH and PaTH-FoX

@@ -1,4 +1,4 @@
-"""Chapter 6 ops: PaTH-FoX and Gated DeltaNet, our Triton kernels against SDPA and flash-linear-attention.
+"""Chapter 7 ops: PaTH-FoX and Gated DeltaNet, our Triton kernels against SDPA and flash-linear-attention.
 
 ``ops()`` is what ``python -m pathedu.bench pathfox`` times.  Inputs, made in ``setup`` outside
 the timed region from generators seeded by T, so that ours and fla's see the same numbers:

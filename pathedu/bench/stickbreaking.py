@@ -1,4 +1,4 @@
-"""Chapter 9 ops: stick-breaking attention's forward kernel, timed beside PyTorch's SDPA.
+"""Chapter 10 ops: stick-breaking attention's forward kernel, timed beside PyTorch's SDPA.
 
 * ``sdpa``: PyTorch SDPA, causal softmax (a different function: the speed of light for one pass of attention);
 * ``fla_stickbreaking``: flash-linear-attention's ``parallel_stickbreaking_attn`` (``attend_current=False``:

@@ -1,243 +1,246 @@
-"""Check functions for the exercises of chapter 9 (stick-breaking attention).
+"""Chapter 9 exercises: check functions for ``notebooks/09_what_they_learn_lab.ipynb``.
 
-Each ``check_*`` takes the student's answer, prints a one-line verdict with a
-hint and returns a :class:`pathedu.exercises.Verdict` (truthy when right).  A
-wrong answer, or one that raises, never raises here.  ``hint(n, level=1)`` prints a hint for
-exercise ``n``: level 1 a nudge, 2 the structure, 3 the recipe.
+Each ``check_*`` function takes the student's function, runs it on a few fresh
+seeded inputs from :mod:`pathedu.tasks`, compares it with the library's own
+labels and prints one line: ``Correct [...]`` or ``Not yet [...]`` with a hint
+(naming the mistake when the answer matches a known wrong variant).  It returns a
+:class:`~pathedu.exercises.Verdict` and never raises because of the answer: a stub
+that raises ``NotImplementedError`` gets a friendly "Not yet".
 
-Positions are 0-based: row ``i`` of a ``(..., T, T)`` logit matrix ``z`` is the query, column ``j`` the key,
-and a query sees the keys ``j < i`` only (the first token sees nothing).
+Exercises:
+
+1. :func:`check_flipflop_answers`: the flip-flop read rule.  From ``tokens (n, length)``
+   (ids ``w=0, r=1, i=2, '0'=3, '1'=4``), return the answers a perfect model gives: at each
+   bit that follows an ``r``, the id of the bit of the most recent ``w``; ``-100`` elsewhere
+   (:func:`pathedu.tasks.flipflop_reads`).
+2. :func:`check_prefix_products`: the labels of a word problem.  From a group's composition
+   table (``table[a, b]`` = index of ``p_a o p_b``, ``p_b`` applied first) and ``tokens (n, length)``,
+   return the prefix products, ``labels[:, t] = table[tokens[:, t], labels[:, t-1]]`` from the
+   identity (:func:`pathedu.tasks.word_problem_labels`).
+3. :func:`check_fewest_layers`: the reading of the paper's Fig. 2.  From ``acc (cases, depths)``, the accuracy of
+   models of 1, 2, ... layers (one row per task, mixer and length), return ``(cases,)`` long: the fewest layers
+   whose accuracy is at least ``threshold``, 0 where no depth reaches it (:func:`pathedu.experiments.plots.min_layers`
+   reads the committed records the same way).
+
+``hint(n, level=1)`` prints a hint for exercise ``n``: level 1 a nudge, 2 the structure, 3 the recipe.
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from .. import stickbreaking as sb
-from ..masks import causal_mask
-from ._grader import (Exercises, Verdict, call_student as _call, check_function, check_parts, fallback_hint,
-                      student_failed, verdict)
+from .. import tasks
+from ._grader import Exercises, Verdict, check_function
 
-__all__ = ["check_stick_log_weights", "check_stick_remainder", "check_stick_block_step", "hint"]
+__all__ = ["check_flipflop_answers", "check_prefix_products", "check_fewest_layers", "hint"]
 
 EXERCISES = Exercises("ch09", {
-    1: ("Walk the stick backwards from the query: key j takes sigma(z_ij) of what the keys between j and the query "
-        "left. Which keys lie strictly between them, and in which space do you add their shares up?",
-        "log A[..., i, j] = logsigmoid(z[..., i, j]) + the sum of logsigmoid(-z[..., i, m]) over m = j+1 .. i-1; "
-        "-inf where j >= i (the query itself and the future are not keys). For each row that sum is a reverse "
-        "cumulative sum along the keys, strictly after j; the gates of keys m >= i must be 0 before you sum.",
-        "seen = torch.ones(T, T, dtype=torch.bool).tril(-1); g = F.logsigmoid(-z).masked_fill(~seen, 0.0); "
-        "after = g.flip(-1).cumsum(-1).flip(-1) - g (the sum over m > j); "
-        "return (F.logsigmoid(z) + after).masked_fill(~seen, -inf). Never torch.log(1 - torch.sigmoid(z))."),
-    2: ("Each key breaks off a share of the stick; what is left after query i has visited all its keys is a "
-        "product of one factor per key. Which keys does row i visit, and how long is the stick of a query that "
-        "has no key at all?",
-        "r[..., i] = prod over j < i of (1 - sigma(z[..., i, j])): the output has shape (..., T), and r[..., 0] "
-        "is an empty product. In log space, 1 - sigma(z) is sigma(-z), so the product is exp of a masked sum of "
-        "logsigmoid(-z) along the last dim.",
-        "seen = torch.ones(T, T, dtype=torch.bool).tril(-1); "
-        "return torch.exp(F.logsigmoid(-z).masked_fill(~seen, 0.0).sum(-1)) (row 0 sums nothing: exp(0) = 1)."),
-    3: ("The keys right of the block have already broken off their shares: the carry is the log of what they left. "
-        "Every weight in this block is scaled by that leftover, and the block leaves less for the keys on its left.",
-        "With g = logsigmoid(-z) (..., M, N): log w[..., r, c] = logsigmoid(z[..., r, c]) + (sum of g[..., r, m] "
-        "over block columns m > c) + carry[..., r]; acc' = acc + exp(log w) @ v (..., M, Dv); carry' = carry + "
-        "g.sum(-1) (..., M). No mask: every key of the block is left of every query.",
-        "g = F.logsigmoid(-z); after = g.flip(-1).cumsum(-1).flip(-1) - g; "
-        "w = torch.exp(F.logsigmoid(z) + after + carry[..., None]); return acc + w @ v, carry + g.sum(-1)."),
+    1: ("Walk along the sequence one instruction/bit pair at a time and keep one thing in memory. Which pairs "
+        "change it, and at which position does a read put its answer?",
+        "tokens (n, length): instructions at even positions, bits at odd ones. Keep `last` (n,), the id of the "
+        "most recently written bit; the answer of a read at pair p sits at position 2p + 1 (the bit after the r); "
+        "every other position of the (n, length) long output is -100.",
+        "out = full_like(tokens, -100); for t in 0, 2, 4, ...: where tokens[:, t] == r, out[:, t + 1] = last; "
+        "where tokens[:, t] == w, last = tokens[:, t + 1] (read before you update)."),
+    2: ("The label at t is the state after every element up to and including t has acted. Which element acts "
+        "first, and which side of the table's product is it on?",
+        "cur (n,) starts at the identity, index 0; for each t, one table lookup combines the new element "
+        "tokens[:, t] with cur; labels (n, length) long holds cur after each step.",
+        "cur = zeros(n, long); for t in range(length): cur = table[tokens[:, t], cur]; labels[:, t] = cur."),
+    3: ("For each row, which depths are good enough, and which of those is the answer? What does a row with none "
+        "return?",
+        "ok = acc >= threshold, (cases, depths) bool; column j is depth j + 1. The answer is the first True "
+        "column of each row, plus one; rows without a True get 0.",
+        "ok = acc >= threshold; first = ok.long().argmax(dim=1) (the first maximum: the first True); "
+        "return torch.where(ok.any(dim=1), first + 1, 0)."),
 })
 hint = EXERCISES.hint
 
-_NEG_INF = float("-inf")
+
+# ---------------------------------------------------------------------------
+# Exercise 1: the flip-flop read rule
+# ---------------------------------------------------------------------------
+
+def _flipflop_inputs(seed):
+    n, length, p_ignore = [(4, 40, 0.8), (3, 64, 0.5), (5, 30, 0.2)][seed % 3]
+    tokens, _ = tasks.flipflop(n, length, p_ignore=p_ignore, seed=800 + seed)
+    return (tokens,)
 
 
-def _logits(seed, shapes, scales):
-    """Float64 logits ``(..., T, T)``; the scale of trial ``seed`` sets how large they get."""
-    g = torch.Generator().manual_seed(900 + seed)
-    return scales[seed] * torch.randn(*shapes[seed], generator=g, dtype=torch.float64)
+def _flipflop_reference(tokens):
+    return tasks.flipflop_reads(tokens)
 
 
-def _seen(T):
-    return causal_mask(T, strict=True)  # j < i
+def _flipflop_with(tokens, *, remember="write", where="bit", first=False, ids=True, every=False):
+    """Variants of the read rule: what is remembered (the last written bit or the last bit of any pair),
+    where the answer is put (after the r, or on the r), the first write instead of the last, bits as 0/1."""
+    n, L = tokens.shape
+    out = torch.full_like(tokens, tasks.IGNORE)
+    last = torch.full((n,), tasks.IGNORE, dtype=torch.long)
+    seen = torch.zeros(n, dtype=torch.bool)
+    for t in range(0, L - 1, 2):
+        ins, bit = tokens[:, t], tokens[:, t + 1]
+        value = last if ids else torch.where(last >= 0, last - tasks.ZERO, last)
+        pos = t + 1 if where == "bit" else t
+        at = torch.ones_like(seen) if every else ins == tasks.R
+        out[:, pos] = torch.where(at, value, out[:, pos])
+        update = (ins == tasks.W) if remember == "write" else torch.ones_like(seen)
+        if first:
+            update = update & ~seen
+        last = torch.where(update, bit, last)
+        seen = seen | (ins == tasks.W)
+    return out
 
 
-# Known mistakes of exercise 1, each a function of z, and what to say about it.
-def _log_weights_inclusive(z):
-    """Key j's own gate counted too: sum over m = j .. i-1."""
-    seen = _seen(z.shape[-1])
-    return (sb._log_weights(z) + F.logsigmoid(-z)).masked_fill(~seen, _NEG_INF)
-
-
-def _log_weights_through_query(z):
-    """The query's own token counted as a gate: sum over m = j+1 .. i."""
-    seen = _seen(z.shape[-1])
-    own = torch.diagonal(F.logsigmoid(-z), dim1=-2, dim2=-1)[..., :, None]
-    return (sb._log_weights(z) + own).masked_fill(~seen, _NEG_INF)
-
-
-def _log_weights_linear(z):
-    """The factors 1 - sigma(z) formed in linear space, then their log."""
-    seen = _seen(z.shape[-1])
-    g = torch.log(1 - torch.sigmoid(z)).masked_fill(~seen, 0.0)
-    after = g.flip(-1).cumsum(-1).flip(-1) - g
-    return (torch.log(torch.sigmoid(z)) + after).masked_fill(~seen, _NEG_INF)
+_FLIPFLOP_WRONG = [
+    (lambda tokens: _flipflop_with(tokens, remember="any"),
+     "Your answer is the bit of the previous pair, whatever its instruction: an `i` pair's bit is noise. Remember "
+     "only the bits that follow a `w`."),
+    (lambda tokens: _flipflop_with(tokens, first=True),
+     "Your answer is the *first* written bit: every later `w` overwrites the memory, so a read returns the most "
+     "recent write."),
+    (lambda tokens: _flipflop_with(tokens, where="instruction"),
+     "You put each answer on the `r` itself: the answer belongs at the position of the bit that follows the `r` "
+     "(the model predicts it at the `r`, one position earlier, but the label sits on the bit)."),
+    (lambda tokens: _flipflop_with(tokens, ids=False),
+     "You returned bits 0/1: return token ids, '0' = 3 and '1' = 4 (tasks.ZERO, tasks.ONE)."),
+    (lambda tokens: _flipflop_with(tokens, every=True),
+     "You answered after every instruction: only the bits that follow an `r` are scored; put -100 after `w` "
+     "and `i`."),
+]
 
 
 @EXERCISES.check(1)
-def check_stick_log_weights(fn) -> Verdict:
-    """``fn(z: (..., T, T)) -> log A: (..., T, T)`` with ``log A_ij = log sigma(z_ij) + sum_{m=j+1..i-1}
-    log sigma(-z_im)`` for ``j < i`` and ``-inf`` for ``j >= i``; checked on float64 logits of a few shapes,
-    the last trial with logits large enough (|z| > 37) that ``1 - sigmoid(z)`` rounds to 0 even in float64."""
-    name = "stick-breaking log weights"
-    shapes, scales = [(2, 7, 7), (3, 11, 11), (1, 9, 9)], [1.5, 3.0, 25.0]
-    for seed in range(3):
-        z = _logits(seed, shapes, scales)
-        T = z.shape[-1]
-        got, err = _call(fn, z.clone())
-        if err:
-            return student_failed(name, err)
-        if not isinstance(got, torch.Tensor):
-            return verdict(name, False, f"expected a torch.Tensor, got {type(got).__name__}.")
-        if tuple(got.shape) != tuple(z.shape):
-            return verdict(name, False, f"expected shape {tuple(z.shape)} for z of shape {tuple(z.shape)}, "
-                                        f"got {tuple(got.shape)}.")
-        got = got.double()
-        seen = _seen(T)
-        if bool(torch.isnan(got).any()):
-            return verdict(name, False, "your answer has NaN entries, an -inf - (-inf) somewhere. Either the log "
-                                        "gates were formed as log(1 - sigmoid(z)), which is -inf once z > 37 (1 - "
-                                        "sigmoid(z) rounds to 0, even in float64): form them as logsigmoid(-z); or "
-                                        "-inf was put in before summing: give the gates of the keys a row does not "
-                                        "see the value 0, sum, and write -inf only at the end.")
-        hidden = got[..., ~seen]
-        if not bool((hidden == _NEG_INF).all()):
-            diag = torch.diagonal(got, dim1=-2, dim2=-1)
-            if bool((diag > _NEG_INF).any()):
-                return verdict(name, False, "the diagonal must be -inf too: a query is not a key of its own row "
-                                            "(keys j < i only), so the first token sees nothing and row 0 is all "
-                                            "-inf.")
-            return verdict(name, False, "above the diagonal (j > i, the future) log A must be -inf, not 0: "
-                                        "exp(0) = 1 would give every future key a whole stick.")
-        want = sb._log_weights(z)
-        got_s, want_s = got[..., seen], want[..., seen]
-        if bool(torch.isneginf(got_s).any()):
-            return verdict(name, False, "some weights below the diagonal are exactly 0 (log = -inf) where the true "
-                                        "value is tiny but positive: 1 - sigmoid(z) rounds to 0 once z > 37 even in "
-                                        "float64. Form log(1 - sigma(z)) as logsigmoid(-z), never as "
-                                        "log(1 - sigmoid(z)).")
-        if not torch.allclose(got_s, want_s, rtol=1e-9, atol=1e-9):
-            for wrong, message in [
-                (_log_weights_inclusive, "you counted key j's own gate: the product runs over the keys strictly "
-                                         "after j, m = j+1 .. i-1 (key j takes sigma(z_ij), it does not also "
-                                         "leave 1 - sigma(z_ij))."),
-                (_log_weights_through_query, "you counted the query's own token as a gate: the product stops at "
-                                             "m = i-1, since the query is not a key of its own row."),
-                (lambda x: -sb._log_weights(x), "the sign is flipped: every log weight is <= 0."),
-            ]:
-                ref = wrong(z)[..., seen]
-                if torch.allclose(got_s, ref, rtol=1e-9, atol=1e-9):
-                    return verdict(name, False, message)
-            return verdict(name, False, "wrong values below the diagonal: log A_ij = logsigmoid(z_ij) + "
-                                        "logsigmoid(-z_i,j+1) + ... + logsigmoid(-z_i,i-1). " + fallback_hint())
-    return verdict(name, True, "-inf on and above the diagonal, and below it log sigma(z_ij) plus the log gates "
-                               "of the keys between j and the query, exact even where 1 - sigmoid(z) rounds to 0.")
+def check_flipflop_answers(flipflop_answers) -> Verdict:
+    """Exercise 1: ``flipflop_answers(tokens) -> answers``, both ``(n, length)`` long.
+
+    ``tokens`` alternate an instruction (``w=0, r=1, i=2``) and a bit (``'0'=3, '1'=4``), the first
+    instruction a write.  ``answers[:, t]`` is, at each bit ``t`` whose instruction ``t - 1`` is ``r``,
+    the id of the bit of the most recent ``w`` before it; ``-100`` at every other position.
+    """
+    return check_function("flip-flop read rule", flipflop_answers, _flipflop_reference, _flipflop_inputs,
+                          trials=3, rtol=0.0, wrong_variants=_FLIPFLOP_WRONG)
 
 
-def _remainder_reference(z):
-    seen = _seen(z.shape[-1])
-    return torch.exp(F.logsigmoid(-z).masked_fill(~seen, 0.0).sum(-1))
+# ---------------------------------------------------------------------------
+# Exercise 2: prefix products of a word
+# ---------------------------------------------------------------------------
+
+_WORD_GROUPS = ("S3", "A4", "S4")  # non-abelian, of sizes 6, 12, 24: the order of a product matters
+_GROUP_OF_SIZE = {len(tasks.group_elements(g)): g for g in _WORD_GROUPS}
+
+
+def _word_inputs(seed):
+    group = _WORD_GROUPS[seed % 3]
+    n, length = [(4, 12), (3, 20), (2, 9)][seed % 3]
+    tokens, _ = tasks.word_problem(group, n, length, seed=880 + seed)
+    return tasks.compose_table(group), tokens
+
+
+def _word_reference(table, tokens):
+    return tasks.word_problem_labels(_GROUP_OF_SIZE[table.shape[0]], tokens)
+
+
+def _word_with(table, tokens, *, order="new_first", shift=False, accumulate=True):
+    n, L = tokens.shape
+    cur = torch.zeros(n, dtype=torch.long)
+    labels = torch.empty_like(tokens)
+    for t in range(L):
+        before = cur
+        if not accumulate:
+            cur = tokens[:, t]
+        elif order == "new_first":
+            cur = table[tokens[:, t], cur]
+        else:
+            cur = table[cur, tokens[:, t]]
+        labels[:, t] = before if shift else cur
+    return labels
+
+
+_WORD_WRONG = [
+    (lambda table, tokens: _word_with(table, tokens, order="old_first"),
+     "Your product is in the other order, table[cur, token]: that applies the new element *before* the earlier "
+     "ones. The earlier elements act first, so the new one is on the left: table[token, cur]."),
+    (lambda table, tokens: _word_with(table, tokens, shift=True),
+     "Your labels lag by one: labels[:, t] must include the element at t itself (update, then store)."),
+    (lambda table, tokens: _word_with(table, tokens, accumulate=False),
+     "You returned the elements themselves: the label is the product of the whole prefix."),
+]
 
 
 @EXERCISES.check(2)
-def check_stick_remainder(fn) -> Verdict:
-    """``fn(z: (..., T, T)) -> r: (..., T)`` with ``r_i = prod_{j<i} (1 - sigma(z_ij))`` (``r_0 = 1``): what
-    each query leaves of its stick, ``1 - sum_j A_ij``; checked against the log-space form on float64 logits."""
-    shapes = [(2, 8, 8), (3, 13, 13), (1, 1, 1)]
+def check_prefix_products(prefix_products) -> Verdict:
+    """Exercise 2: ``prefix_products(table, tokens) -> labels``.
 
-    def make(seed):
-        return (_logits(seed, shapes, [1.5, 2.0, 1.0]),)
-
-    def diag_too(z):
-        keep = torch.ones(z.shape[-1], z.shape[-1], dtype=torch.bool).tril()
-        return torch.exp(F.logsigmoid(-z).masked_fill(~keep, 0.0).sum(-1))
-
-    def first_zero(z):
-        r = _remainder_reference(z).clone()
-        r[..., 0] = 0.0
-        return r
-
-    def broken_not_left(z):
-        return 1 - _remainder_reference(z)
-
-    def sigma_not_complement(z):
-        return torch.exp(F.logsigmoid(z).masked_fill(~_seen(z.shape[-1]), 0.0).sum(-1))
-
-    wrong = [
-        (diag_too, "you included the diagonal j = i: a query is not a key of its own row, so its own logit breaks "
-                   "nothing (the product runs over j < i)."),
-        (first_zero, "the first token has no key, so it breaks nothing: its whole stick is left, r_0 = 1 "
-                     "(an empty product), not 0."),
-        (broken_not_left, "that is the stick that was broken off (the row sum of A), not what is left: "
-                          "r_i = 1 - sum_j A_ij."),
-        (sigma_not_complement, "each key leaves 1 - sigma(z_ij) = sigma(-z_ij) of the stick, not sigma(z_ij)."),
-    ]
-    return check_function("the leftover stick", fn, _remainder_reference, make, rtol=1e-9, wrong_variants=wrong)
+    ``table (G, G)`` long: ``table[a, b]`` is the index of ``p_a o p_b`` (``p_b`` applied first), as
+    :func:`pathedu.tasks.compose_table`; ``tokens (n, length)`` long indices of group elements.
+    ``labels[:, t]`` is the index of ``g_t o ... o g_1 o g_0``: ``labels[:, t] = table[tokens[:, t],
+    labels[:, t - 1]]``, starting from the identity (index 0).
+    """
+    return check_function("prefix products", prefix_products, _word_reference, _word_inputs, trials=3, rtol=0.0,
+                          wrong_variants=_WORD_WRONG)
 
 
-def _block_reference(z, v, carry, acc):
-    log_w, new_carry = sb._block_log_weights(z, carry)
-    return acc + torch.exp(log_w) @ v, new_carry
+# ---------------------------------------------------------------------------
+# Exercise 3: the fewest layers that solve a task
+# ---------------------------------------------------------------------------
+
+THRESHOLD = 0.9
+
+
+def _layers_inputs(seed):
+    """Accuracies on a grid of 0.05 with the threshold itself among them (a ">" answer then differs), rows where
+    no depth reaches it, and rows that dip below it again after reaching it (the deepest is not the fewest)."""
+    g = torch.Generator().manual_seed(830 + seed)
+    cases, depths = [(12, 4), (9, 6), (15, 3)][seed % 3]
+    acc = torch.randint(10, 21, (cases, depths), generator=g).double() / 20
+    acc[0] = 0.5
+    acc[1, :] = THRESHOLD
+    acc[2] = torch.linspace(0.95, 0.6, depths, dtype=torch.float64)
+    return acc, THRESHOLD
+
+
+def _layers_reference(acc, threshold):
+    ok = acc >= threshold
+    return torch.where(ok.any(dim=1), ok.long().argmax(dim=1) + 1, 0)
+
+
+def _layers_with(acc, threshold, *, strict=False, deepest=False, best=False, zero_based=False, none=0):
+    ok = acc > threshold if strict else acc >= threshold
+    depth = torch.arange(1, acc.shape[1] + 1)
+    if best:
+        pick = acc.argmax(dim=1) + 1
+    elif deepest:
+        pick = torch.where(ok, depth, 0).max(dim=1).values
+    else:
+        pick = torch.where(ok, depth, acc.shape[1] + 1).min(dim=1).values
+    pick = pick - 1 if zero_based else pick
+    return torch.where(ok.any(dim=1), pick, none)
+
+
+_LAYERS_WRONG = [
+    (lambda acc, thr: _layers_with(acc, thr, strict=True),
+     "A model whose accuracy equals the threshold reaches it: compare with >=, not >."),
+    (lambda acc, thr: _layers_with(acc, thr, deepest=True),
+     "You returned the deepest model that reaches the threshold: the figure asks for the fewest layers."),
+    (lambda acc, thr: _layers_with(acc, thr, best=True),
+     "You returned the depth with the best accuracy: a shallower model that already reaches the threshold is "
+     "the answer."),
+    (lambda acc, thr: _layers_with(acc, thr, zero_based=True),
+     "Your depths are one short: column 0 is a model of one layer."),
+    (lambda acc, thr: _layers_with(acc, thr, none=acc.shape[1] + 1),
+     "Rows where no depth reaches the threshold should be 0 (none), not one more than the deepest."),
+    (lambda acc, thr: _layers_with(acc, thr, none=-1),
+     "Rows where no depth reaches the threshold should be 0 (none), not -1."),
+]
 
 
 @EXERCISES.check(3)
-def check_stick_block_step(fn) -> Verdict:
-    """``fn(z, v, carry, acc) -> (acc', carry')``: one step of the right-to-left scan over a block of ``N`` keys
-    that lie left of every one of ``M`` queries (no mask). ``z: (..., M, N)`` the logits, ``v: (..., N, Dv)``,
-    ``carry: (..., M)`` the log of the stick left by the keys right of the block (<= 0), ``acc: (..., M, Dv)``;
-    checked against :func:`pathedu.stickbreaking._block_log_weights` on float64 inputs."""
-    dims = [((2,), 4, 5, 3), ((3,), 6, 3, 2), ((1, 2), 1, 4, 5)]
+def check_fewest_layers(fewest_layers) -> Verdict:
+    """Exercise 3: ``fewest_layers(acc, threshold) -> depths``.
 
-    def make(seed):
-        g = torch.Generator().manual_seed(930 + seed)
-        lead, M, N, Dv = dims[seed]
-        z = 2.0 * torch.randn(*lead, M, N, generator=g, dtype=torch.float64)
-        v = torch.randn(*lead, N, Dv, generator=g, dtype=torch.float64)
-        carry = -3.0 * torch.rand(*lead, M, generator=g, dtype=torch.float64)
-        acc = torch.randn(*lead, M, Dv, generator=g, dtype=torch.float64)
-        return z, v, carry, acc
-
-    def no_carry_in_weights(z, v, carry, acc):
-        log_w, new_carry = sb._block_log_weights(z, torch.zeros_like(carry))
-        return acc + torch.exp(log_w) @ v, carry + F.logsigmoid(-z).sum(-1)
-
-    def inclusive(z, v, carry, acc):
-        g = F.logsigmoid(-z)
-        log_w = F.logsigmoid(z) + g.flip(-1).cumsum(-1).flip(-1) + carry[..., None]
-        return acc + torch.exp(log_w) @ v, carry + g.sum(-1)
-
-    def carry_with_sigma(z, v, carry, acc):
-        out, _ = _block_reference(z, v, carry, acc)
-        return out, carry + F.logsigmoid(z).sum(-1)
-
-    def carry_in_linear_space(z, v, carry, acc):
-        out, new_carry = _block_reference(z, v, carry, acc)
-        return out, torch.exp(new_carry)
-
-    def left_to_right(z, v, carry, acc):
-        g = F.logsigmoid(-z)
-        before = g.cumsum(-1) - g  # the gates of the keys *left* of c inside the block
-        log_w = F.logsigmoid(z) + before + carry[..., None]
-        return acc + torch.exp(log_w) @ v, carry + g.sum(-1)
-
-    wrong = [
-        (no_carry_in_weights, "the carry must scale this block's weights too: the keys right of the block already "
-                              "took their shares, so every weight here is multiplied by exp(carry)."),
-        (inclusive, "you counted key c's own gate in its weight: within the block the sum runs over the columns "
-                    "strictly right of c (key c takes sigma(z), it does not also leave 1 - sigma(z))."),
-        (carry_with_sigma, "the carry adds what the block leaves, logsigmoid(-z), not what it takes, logsigmoid(z)."),
-        (carry_in_linear_space, "return the carry in log space, the way it came in (a sum of logsigmoid(-z), <= 0), "
-                                "not its exponential."),
-        (left_to_right, "the stick is broken from the query backwards: a key's weight depends on the keys right of "
-                        "it (nearer the query), not on those left of it."),
-    ]
-    return check_parts("one block of the right-to-left scan", fn, _block_reference, make, ("acc", "carry"),
-                       rtol=1e-9, wrong_variants=wrong)
+    ``acc (cases, depths)`` float: column ``j`` is the accuracy of the model with ``j + 1`` layers;
+    ``threshold`` a float.  ``depths (cases,)`` long: per row, the smallest ``j + 1`` with
+    ``acc[row, j] >= threshold``, and 0 where there is none.
+    """
+    return check_function("fewest layers", fewest_layers, _layers_reference, _layers_inputs, trials=3, rtol=0.0,
+                          wrong_variants=_LAYERS_WRONG)

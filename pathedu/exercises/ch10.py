@@ -1,209 +1,243 @@
-"""Check functions for the exercises of chapter 10 (CoPE: contextual positions counted by gates).
+"""Check functions for the exercises of chapter 10 (stick-breaking attention).
 
-Each ``check_*`` takes the student's answer, prints a one-line verdict with a hint and returns a
-:class:`pathedu.exercises.Verdict` (truthy when right).  A wrong answer, or one that raises, never
-raises here; the typical mistakes (a forward instead of a reverse cumulative sum, an end of the
-count left out, gates of the future counted, interpolating before clamping, the position term
-scaled) get their own diagnosis.  ``hint(n, level=1)`` prints a hint for exercise ``n``: level 1 a
-nudge, 2 the structure, 3 the recipe.
+Each ``check_*`` takes the student's answer, prints a one-line verdict with a
+hint and returns a :class:`pathedu.exercises.Verdict` (truthy when right).  A
+wrong answer, or one that raises, never raises here.  ``hint(n, level=1)`` prints a hint for
+exercise ``n``: level 1 a nudge, 2 the structure, 3 the recipe.
+
+Positions are 0-based: row ``i`` of a ``(..., T, T)`` logit matrix ``z`` is the query, column ``j`` the key,
+and a query sees the keys ``j < i`` only (the first token sees nothing).
 """
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-from .. import cope
-from ._grader import Exercises, Verdict, check_function
+from .. import stickbreaking as sb
+from ..masks import causal_mask
+from ._grader import (Exercises, Verdict, call_student as _call, check_function, check_parts, fallback_hint,
+                      student_failed, verdict)
 
-__all__ = ["check_positions_from_gates", "check_position_logits", "check_cope_matrix", "hint"]
+__all__ = ["check_stick_log_weights", "check_stick_remainder", "check_stick_block_step", "hint"]
 
 EXERCISES = Exercises("ch10", {
-    1: ("The position of key j seen from query i counts the gates that query i opens on the keys from j up to "
-        "itself. Which keys does that range hold when j moves left, and which one cumulative sum gives every "
-        "such range at once?",
-        "g has shape (..., T, T), row i = query, column j = key; keep g only where j <= i (the rest is the future "
-        "and counts nothing), then sum along the last dim from the right: p[..., i, j] = g[..., i, j] + "
-        "g[..., i, j+1] + ... + g[..., i, i]. The result has g's shape, 0 above the diagonal.",
-        "g = g * torch.ones(T, T).tril() (or torch.where with the causal mask); p = g.flip(-1).cumsum(-1).flip(-1). "
-        "Both ends are included: p[i, i] = g[i, i]."),
-    2: ("A position p is a fractional row number of the table E. What happens to a count larger than the last "
-        "row, and in which order do you clamp and split p into its two neighbouring rows?",
-        "qe (..., T, P) holds q_i . E[n] for every integer n; p (..., T, T) the counts. Clamp p to [0, P - 1] "
-        "first, then lo = floor(p), hi = ceil(p) (integer tensors of p's shape), w = p - lo; gather qe's row i at "
-        "lo and at hi along the last dim (qe expanded to (..., T, P) rows, indices (..., T, T)).",
-        "p = p.clamp(0, P - 1); lo = p.floor(); w = p - lo; hi = p.ceil(); rows = qe.expand(p.shape[:-1] + (P,)); "
-        "return (1 - w) * rows.gather(-1, lo.long()) + w * rows.gather(-1, hi.long())."),
-    3: ("CoPE is causal softmax attention with one extra term on each logit, and that term is looked up at a "
-        "position the query counted itself. Which pieces from exercises 1 and 2 does it need, and does the "
-        "1/sqrt(D) scale touch the position term?",
-        "z = Q K^T / sqrt(D) (..., T, T); gates sigmoid(z); counts p from exercise 1; qe = Q E^T (..., T, P) "
-        "(E (P, D) or (..., P, D): transpose its last two dims); logits = z + exercise 2's position term (not "
-        "scaled); then -inf above the diagonal, softmax over keys, @ V.",
-        "z = (q @ k.mT) * q.shape[-1] ** -0.5; p = positions_from_gates(torch.sigmoid(z)); "
-        "qe = q @ pos_emb.mT; logits = z + position_logits(qe, p); "
-        "logits = logits.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), -torch.inf); "
-        "return torch.softmax(logits, -1) @ v."),
+    1: ("Walk the stick backwards from the query: key j takes sigma(z_ij) of what the keys between j and the query "
+        "left. Which keys lie strictly between them, and in which space do you add their shares up?",
+        "log A[..., i, j] = logsigmoid(z[..., i, j]) + the sum of logsigmoid(-z[..., i, m]) over m = j+1 .. i-1; "
+        "-inf where j >= i (the query itself and the future are not keys). For each row that sum is a reverse "
+        "cumulative sum along the keys, strictly after j; the gates of keys m >= i must be 0 before you sum.",
+        "seen = torch.ones(T, T, dtype=torch.bool).tril(-1); g = F.logsigmoid(-z).masked_fill(~seen, 0.0); "
+        "after = g.flip(-1).cumsum(-1).flip(-1) - g (the sum over m > j); "
+        "return (F.logsigmoid(z) + after).masked_fill(~seen, -inf). Never torch.log(1 - torch.sigmoid(z))."),
+    2: ("Each key breaks off a share of the stick; what is left after query i has visited all its keys is a "
+        "product of one factor per key. Which keys does row i visit, and how long is the stick of a query that "
+        "has no key at all?",
+        "r[..., i] = prod over j < i of (1 - sigma(z[..., i, j])): the output has shape (..., T), and r[..., 0] "
+        "is an empty product. In log space, 1 - sigma(z) is sigma(-z), so the product is exp of a masked sum of "
+        "logsigmoid(-z) along the last dim.",
+        "seen = torch.ones(T, T, dtype=torch.bool).tril(-1); "
+        "return torch.exp(F.logsigmoid(-z).masked_fill(~seen, 0.0).sum(-1)) (row 0 sums nothing: exp(0) = 1)."),
+    3: ("The keys right of the block have already broken off their shares: the carry is the log of what they left. "
+        "Every weight in this block is scaled by that leftover, and the block leaves less for the keys on its left.",
+        "With g = logsigmoid(-z) (..., M, N): log w[..., r, c] = logsigmoid(z[..., r, c]) + (sum of g[..., r, m] "
+        "over block columns m > c) + carry[..., r]; acc' = acc + exp(log w) @ v (..., M, Dv); carry' = carry + "
+        "g.sum(-1) (..., M). No mask: every key of the block is left of every query.",
+        "g = F.logsigmoid(-z); after = g.flip(-1).cumsum(-1).flip(-1) - g; "
+        "w = torch.exp(F.logsigmoid(z) + after + carry[..., None]); return acc + w @ v, carry + g.sum(-1)."),
 })
 hint = EXERCISES.hint
 
-
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(1000 + seed)
+_NEG_INF = float("-inf")
 
 
-def _future(T: int) -> torch.Tensor:
-    return torch.ones(T, T, dtype=torch.bool).triu(1)
+def _logits(seed, shapes, scales):
+    """Float64 logits ``(..., T, T)``; the scale of trial ``seed`` sets how large they get."""
+    g = torch.Generator().manual_seed(900 + seed)
+    return scales[seed] * torch.randn(*shapes[seed], generator=g, dtype=torch.float64)
 
 
-def _reverse_cumsum(x):
-    return x.flip(-1).cumsum(-1).flip(-1)
+def _seen(T):
+    return causal_mask(T, strict=True)  # j < i
 
 
-# ---------------------------------------------------------------------------
-# Exercise 1: positions from gates
-# ---------------------------------------------------------------------------
-
-def _positions(g):
-    """The reference: ``p_ij = sum_{m=j..i} g_im`` for ``j <= i``, 0 above the diagonal."""
-    return _reverse_cumsum(g.masked_fill(_future(g.shape[-1]), 0.0))
+# Known mistakes of exercise 1, each a function of z, and what to say about it.
+def _log_weights_inclusive(z):
+    """Key j's own gate counted too: sum over m = j .. i-1."""
+    seen = _seen(z.shape[-1])
+    return (sb._log_weights(z) + F.logsigmoid(-z)).masked_fill(~seen, _NEG_INF)
 
 
-_POSITION_MISTAKES = [
-    (lambda g: g.masked_fill(_future(g.shape[-1]), 0.0).cumsum(-1).tril(),
-     "you summed from the left (a forward cumsum: the gates of keys 0..j). A key's count runs from the key to the "
-     "query, m = j..i: sum from the right (flip, cumsum, flip), so that the nearest key gets the smallest position."),
-    (lambda g: _positions(g) - g.tril(),
-     "you left out the key's own gate: the count runs over m = j..i with both ends included, so the diagonal "
-     "p[i, i] is g[i, i], not 0."),
-    (lambda g: _positions(g) - torch.diagonal(g, dim1=-2, dim2=-1)[..., :, None] * torch.ones_like(g).tril(),
-     "you left out the query's own gate g[i, i]: the count runs over m = j..i, both ends included."),
-    (lambda g: _reverse_cumsum(g).tril(),
-     "you counted the gates of future keys (j > i): mask g to j <= i *before* the cumulative sum, not after it."),
-    (lambda g: _reverse_cumsum(g),
-     "you counted the gates of future keys (j > i), and left them above the diagonal: mask g to j <= i before the "
-     "cumulative sum."),
-]
+def _log_weights_through_query(z):
+    """The query's own token counted as a gate: sum over m = j+1 .. i."""
+    seen = _seen(z.shape[-1])
+    own = torch.diagonal(F.logsigmoid(-z), dim1=-2, dim2=-1)[..., :, None]
+    return (sb._log_weights(z) + own).masked_fill(~seen, _NEG_INF)
+
+
+def _log_weights_linear(z):
+    """The factors 1 - sigma(z) formed in linear space, then their log."""
+    seen = _seen(z.shape[-1])
+    g = torch.log(1 - torch.sigmoid(z)).masked_fill(~seen, 0.0)
+    after = g.flip(-1).cumsum(-1).flip(-1) - g
+    return (torch.log(torch.sigmoid(z)) + after).masked_fill(~seen, _NEG_INF)
 
 
 @EXERCISES.check(1)
-def check_positions_from_gates(fn) -> Verdict:
-    """``fn(g: (..., T, T)) -> p: (..., T, T)`` with ``p[..., i, j] = sum_{m=j..i} g[..., i, m]`` for ``j <= i``
-    and 0 above the diagonal; ``g`` holds gates in (0, 1) everywhere, the future included (to be ignored)."""
-    def make(seed):
-        lead, T = [((2,), 9), ((3, 2), 6), ((), 1)][seed]
-        return (torch.rand(*lead, T, T, generator=_gen(seed), dtype=torch.float64) * 0.98 + 0.01,)
+def check_stick_log_weights(fn) -> Verdict:
+    """``fn(z: (..., T, T)) -> log A: (..., T, T)`` with ``log A_ij = log sigma(z_ij) + sum_{m=j+1..i-1}
+    log sigma(-z_im)`` for ``j < i`` and ``-inf`` for ``j >= i``; checked on float64 logits of a few shapes,
+    the last trial with logits large enough (|z| > 37) that ``1 - sigmoid(z)`` rounds to 0 even in float64."""
+    name = "stick-breaking log weights"
+    shapes, scales = [(2, 7, 7), (3, 11, 11), (1, 9, 9)], [1.5, 3.0, 25.0]
+    for seed in range(3):
+        z = _logits(seed, shapes, scales)
+        T = z.shape[-1]
+        got, err = _call(fn, z.clone())
+        if err:
+            return student_failed(name, err)
+        if not isinstance(got, torch.Tensor):
+            return verdict(name, False, f"expected a torch.Tensor, got {type(got).__name__}.")
+        if tuple(got.shape) != tuple(z.shape):
+            return verdict(name, False, f"expected shape {tuple(z.shape)} for z of shape {tuple(z.shape)}, "
+                                        f"got {tuple(got.shape)}.")
+        got = got.double()
+        seen = _seen(T)
+        if bool(torch.isnan(got).any()):
+            return verdict(name, False, "your answer has NaN entries, an -inf - (-inf) somewhere. Either the log "
+                                        "gates were formed as log(1 - sigmoid(z)), which is -inf once z > 37 (1 - "
+                                        "sigmoid(z) rounds to 0, even in float64): form them as logsigmoid(-z); or "
+                                        "-inf was put in before summing: give the gates of the keys a row does not "
+                                        "see the value 0, sum, and write -inf only at the end.")
+        hidden = got[..., ~seen]
+        if not bool((hidden == _NEG_INF).all()):
+            diag = torch.diagonal(got, dim1=-2, dim2=-1)
+            if bool((diag > _NEG_INF).any()):
+                return verdict(name, False, "the diagonal must be -inf too: a query is not a key of its own row "
+                                            "(keys j < i only), so the first token sees nothing and row 0 is all "
+                                            "-inf.")
+            return verdict(name, False, "above the diagonal (j > i, the future) log A must be -inf, not 0: "
+                                        "exp(0) = 1 would give every future key a whole stick.")
+        want = sb._log_weights(z)
+        got_s, want_s = got[..., seen], want[..., seen]
+        if bool(torch.isneginf(got_s).any()):
+            return verdict(name, False, "some weights below the diagonal are exactly 0 (log = -inf) where the true "
+                                        "value is tiny but positive: 1 - sigmoid(z) rounds to 0 once z > 37 even in "
+                                        "float64. Form log(1 - sigma(z)) as logsigmoid(-z), never as "
+                                        "log(1 - sigmoid(z)).")
+        if not torch.allclose(got_s, want_s, rtol=1e-9, atol=1e-9):
+            for wrong, message in [
+                (_log_weights_inclusive, "you counted key j's own gate: the product runs over the keys strictly "
+                                         "after j, m = j+1 .. i-1 (key j takes sigma(z_ij), it does not also "
+                                         "leave 1 - sigma(z_ij))."),
+                (_log_weights_through_query, "you counted the query's own token as a gate: the product stops at "
+                                             "m = i-1, since the query is not a key of its own row."),
+                (lambda x: -sb._log_weights(x), "the sign is flipped: every log weight is <= 0."),
+            ]:
+                ref = wrong(z)[..., seen]
+                if torch.allclose(got_s, ref, rtol=1e-9, atol=1e-9):
+                    return verdict(name, False, message)
+            return verdict(name, False, "wrong values below the diagonal: log A_ij = logsigmoid(z_ij) + "
+                                        "logsigmoid(-z_i,j+1) + ... + logsigmoid(-z_i,i-1). " + fallback_hint())
+    return verdict(name, True, "-inf on and above the diagonal, and below it log sigma(z_ij) plus the log gates "
+                               "of the keys between j and the query, exact even where 1 - sigmoid(z) rounds to 0.")
 
-    return check_function("positions from gates", fn, _positions, make, rtol=1e-9, wrong_variants=_POSITION_MISTAKES)
 
-
-# ---------------------------------------------------------------------------
-# Exercise 2: clamp, then interpolate the scalars q_i . E[n]
-# ---------------------------------------------------------------------------
-
-def _position_logits(qe, p):
-    """The reference, from :mod:`pathedu.cope`'s own pieces."""
-    return cope._position_logits(qe, p, qe.shape[-1])
-
-
-def _extrapolated(qe, p):
-    """Interpolating before clamping: ``lo`` kept below the last row and ``hi = lo + 1``, so a count past
-    ``P - 1`` extrapolates the last segment linearly instead of reading ``E[P - 1]``."""
-    P = qe.shape[-1]
-    lo = p.floor().clamp(0, max(P - 2, 0))
-    hi = (lo + 1).clamp(max=P - 1)
-    w = p - lo
-    rows = qe.expand(p.shape[:-1] + (P,))
-    return (1 - w) * rows.gather(-1, lo.long()) + w * rows.gather(-1, hi.long())
-
-
-def _swapped(qe, p):
-    P = qe.shape[-1]
-    pc = p.clamp(0, P - 1)
-    lo, hi = pc.floor(), pc.ceil()
-    w = pc - lo
-    rows = qe.expand(p.shape[:-1] + (P,))
-    return w * rows.gather(-1, lo.long()) + (1 - w) * rows.gather(-1, hi.long())
-
-
-def _rounded(qe, p):
-    P = qe.shape[-1]
-    rows = qe.expand(p.shape[:-1] + (P,))
-    return rows.gather(-1, p.clamp(0, P - 1).round().long())
-
-
-def _floored(qe, p):
-    P = qe.shape[-1]
-    rows = qe.expand(p.shape[:-1] + (P,))
-    return rows.gather(-1, p.clamp(0, P - 1).floor().long())
-
-
-_INTERPOLATION_MISTAKES = [
-    (_extrapolated, "you interpolated before clamping: a count past P - 1 extrapolated the last segment beyond the "
-                    "table. Clamp p itself to [0, P - 1] first; every count past the end then reads E[P - 1]."),
-    (_swapped, "the two weights are swapped: w = p - floor(p) is the weight of the *upper* neighbour ceil(p), "
-               "1 - w that of floor(p) (at p = 2.9 the result must be close to qe[..., 3])."),
-    (_rounded, "you rounded p to the nearest row: CoPE interpolates between floor(p) and ceil(p), so the logit "
-               "moves continuously with the count."),
-    (_floored, "you read row floor(p) only: CoPE interpolates between floor(p) and ceil(p) with the weight "
-               "w = p - floor(p)."),
-]
+def _remainder_reference(z):
+    seen = _seen(z.shape[-1])
+    return torch.exp(F.logsigmoid(-z).masked_fill(~seen, 0.0).sum(-1))
 
 
 @EXERCISES.check(2)
-def check_position_logits(fn) -> Verdict:
-    """``fn(qe: (..., T, P), p: (..., T, T)) -> (..., T, T)``: ``(1 - w) qe[i, floor p'] + w qe[i, ceil p']`` with
-    ``p' = clamp(p, 0, P - 1)`` and ``w = p' - floor p'``, entry by entry (counts past ``P - 1`` and integer counts
-    included)."""
+def check_stick_remainder(fn) -> Verdict:
+    """``fn(z: (..., T, T)) -> r: (..., T)`` with ``r_i = prod_{j<i} (1 - sigma(z_ij))`` (``r_0 = 1``): what
+    each query leaves of its stick, ``1 - sum_j A_ij``; checked against the log-space form on float64 logits."""
+    shapes = [(2, 8, 8), (3, 13, 13), (1, 1, 1)]
+
     def make(seed):
-        lead, T, P = [((2,), 8, 4), ((1, 3), 5, 7), ((), 3, 1)][seed]
-        g = _gen(seed)
-        qe = torch.randn(*lead, T, P, generator=g, dtype=torch.float64)
-        p = torch.rand(*lead, T, T, generator=g, dtype=torch.float64) * (P + 3)
-        p[..., 0, :2] = torch.tensor([0.0, float(P - 1)], dtype=torch.float64)  # the two ends, exactly
-        if T > 2:
-            p[..., 1, 2] = 1.0  # an integer inside the table
-        return qe, p
+        return (_logits(seed, shapes, [1.5, 2.0, 1.0]),)
 
-    return check_function("position logits from qe", fn, _position_logits, make, rtol=1e-9,
-                          wrong_variants=_INTERPOLATION_MISTAKES)
+    def diag_too(z):
+        keep = torch.ones(z.shape[-1], z.shape[-1], dtype=torch.bool).tril()
+        return torch.exp(F.logsigmoid(-z).masked_fill(~keep, 0.0).sum(-1))
+
+    def first_zero(z):
+        r = _remainder_reference(z).clone()
+        r[..., 0] = 0.0
+        return r
+
+    def broken_not_left(z):
+        return 1 - _remainder_reference(z)
+
+    def sigma_not_complement(z):
+        return torch.exp(F.logsigmoid(z).masked_fill(~_seen(z.shape[-1]), 0.0).sum(-1))
+
+    wrong = [
+        (diag_too, "you included the diagonal j = i: a query is not a key of its own row, so its own logit breaks "
+                   "nothing (the product runs over j < i)."),
+        (first_zero, "the first token has no key, so it breaks nothing: its whole stick is left, r_0 = 1 "
+                     "(an empty product), not 0."),
+        (broken_not_left, "that is the stick that was broken off (the row sum of A), not what is left: "
+                          "r_i = 1 - sum_j A_ij."),
+        (sigma_not_complement, "each key leaves 1 - sigma(z_ij) = sigma(-z_ij) of the stick, not sigma(z_ij)."),
+    ]
+    return check_function("the leftover stick", fn, _remainder_reference, make, rtol=1e-9, wrong_variants=wrong)
 
 
-# ---------------------------------------------------------------------------
-# Exercise 3: CoPE in matrix form
-# ---------------------------------------------------------------------------
-
-def _cope_variant(q, k, v, pos_emb, *, counts=_positions, scale_position=False):
-    """CoPE in matrix form with one piece swapped (for the diagnoses)."""
-    scale = q.shape[-1] ** -0.5
-    z = scale * (q @ k.transpose(-1, -2))
-    qe = q @ pos_emb.transpose(-1, -2)
-    pos = _position_logits(qe, counts(torch.sigmoid(z)))
-    logits = (z + (scale * pos if scale_position else pos)).masked_fill(_future(q.shape[-2]), float("-inf"))
-    return torch.softmax(logits, -1) @ v
-
-
-_COPE_MISTAKES = [
-    (lambda q, k, v, E: _cope_variant(q, k, v, E, scale_position=True),
-     "you multiplied the position term by 1/sqrt(D): CoPE scales q . k only; q_i . e(p) enters the logit unscaled."),
-    (lambda q, k, v, E: _cope_variant(q, k, v, E, counts=_POSITION_MISTAKES[0][0]),
-     "your counts run from the left (a forward cumsum): a key's count sums the gates from the key to the query."),
-    (lambda q, k, v, E: _cope_variant(q, k, v, E, counts=_POSITION_MISTAKES[1][0]),
-     "your counts leave out the key's own gate: m = j..i, both ends included."),
-    (lambda q, k, v, E: _cope_variant(q, k, v, E, counts=_POSITION_MISTAKES[3][0]),
-     "your counts include the gates of future keys: set the gates above the diagonal to 0 before the cumulative "
-     "sum (masking the logits alone is too late)."),
-]
+def _block_reference(z, v, carry, acc):
+    log_w, new_carry = sb._block_log_weights(z, carry)
+    return acc + torch.exp(log_w) @ v, new_carry
 
 
 @EXERCISES.check(3)
-def check_cope_matrix(fn) -> Verdict:
-    """``fn(q, k, v, pos_emb) -> (..., T, Dv)``: CoPE in matrix form, ``scale = D ** -0.5`` on ``q . k`` only;
-    ``pos_emb`` of shape ``(P, D)``; checked against :func:`pathedu.cope.cope_matrix` on float64 inputs, with
-    tables shorter than the sequence (clamping) and longer."""
-    def make(seed):
-        lead, T, D, Dv, P = [((2,), 10, 8, 5, 4), ((1, 2), 7, 4, 3, 12), ((), 1, 4, 2, 2)][seed]
-        g = _gen(seed)
-        q, k = (1.5 * torch.randn(*lead, T, D, generator=g, dtype=torch.float64) for _ in range(2))
-        v = torch.randn(*lead, T, Dv, generator=g, dtype=torch.float64)
-        return q, k, v, 2 * torch.randn(P, D, generator=g, dtype=torch.float64)
+def check_stick_block_step(fn) -> Verdict:
+    """``fn(z, v, carry, acc) -> (acc', carry')``: one step of the right-to-left scan over a block of ``N`` keys
+    that lie left of every one of ``M`` queries (no mask). ``z: (..., M, N)`` the logits, ``v: (..., N, Dv)``,
+    ``carry: (..., M)`` the log of the stick left by the keys right of the block (<= 0), ``acc: (..., M, Dv)``;
+    checked against :func:`pathedu.stickbreaking._block_log_weights` on float64 inputs."""
+    dims = [((2,), 4, 5, 3), ((3,), 6, 3, 2), ((1, 2), 1, 4, 5)]
 
-    return check_function("CoPE matrix form", fn, cope.cope_matrix, make, rtol=1e-9, wrong_variants=_COPE_MISTAKES)
+    def make(seed):
+        g = torch.Generator().manual_seed(930 + seed)
+        lead, M, N, Dv = dims[seed]
+        z = 2.0 * torch.randn(*lead, M, N, generator=g, dtype=torch.float64)
+        v = torch.randn(*lead, N, Dv, generator=g, dtype=torch.float64)
+        carry = -3.0 * torch.rand(*lead, M, generator=g, dtype=torch.float64)
+        acc = torch.randn(*lead, M, Dv, generator=g, dtype=torch.float64)
+        return z, v, carry, acc
+
+    def no_carry_in_weights(z, v, carry, acc):
+        log_w, new_carry = sb._block_log_weights(z, torch.zeros_like(carry))
+        return acc + torch.exp(log_w) @ v, carry + F.logsigmoid(-z).sum(-1)
+
+    def inclusive(z, v, carry, acc):
+        g = F.logsigmoid(-z)
+        log_w = F.logsigmoid(z) + g.flip(-1).cumsum(-1).flip(-1) + carry[..., None]
+        return acc + torch.exp(log_w) @ v, carry + g.sum(-1)
+
+    def carry_with_sigma(z, v, carry, acc):
+        out, _ = _block_reference(z, v, carry, acc)
+        return out, carry + F.logsigmoid(z).sum(-1)
+
+    def carry_in_linear_space(z, v, carry, acc):
+        out, new_carry = _block_reference(z, v, carry, acc)
+        return out, torch.exp(new_carry)
+
+    def left_to_right(z, v, carry, acc):
+        g = F.logsigmoid(-z)
+        before = g.cumsum(-1) - g  # the gates of the keys *left* of c inside the block
+        log_w = F.logsigmoid(z) + before + carry[..., None]
+        return acc + torch.exp(log_w) @ v, carry + g.sum(-1)
+
+    wrong = [
+        (no_carry_in_weights, "the carry must scale this block's weights too: the keys right of the block already "
+                              "took their shares, so every weight here is multiplied by exp(carry)."),
+        (inclusive, "you counted key c's own gate in its weight: within the block the sum runs over the columns "
+                    "strictly right of c (key c takes sigma(z), it does not also leave 1 - sigma(z))."),
+        (carry_with_sigma, "the carry adds what the block leaves, logsigmoid(-z), not what it takes, logsigmoid(z)."),
+        (carry_in_linear_space, "return the carry in log space, the way it came in (a sum of logsigmoid(-z), <= 0), "
+                                "not its exponential."),
+        (left_to_right, "the stick is broken from the query backwards: a key's weight depends on the keys right of "
+                        "it (nearer the query), not on those left of it."),
+    ]
+    return check_parts("one block of the right-to-left scan", fn, _block_reference, make, ("acc", "carry"),
+                       rtol=1e-9, wrong_variants=wrong)

@@ -17,7 +17,7 @@ The defaults with ``--jobs 8`` (16 runs, two per process) took 9 minutes at comm
 the sum of the runs' single-process times, which ``python -m pathedu.experiments.timing NAME`` estimates on the
 machine at hand.
 
-What the committed runs show (chapter 8): FoX and PaTH-FoX recall at N = 1 and 2 and nothing at N = 3 and 4;
+What the committed runs show (chapter 9): FoX and PaTH-FoX recall at N = 1 and 2 and nothing at N = 3 and 4;
 RoPE learns nothing at any N in 2000 steps; PaTH learns N = 1, and at N = 2 every seed of the committed series
 collapsed.  Measured during training (``--set grad_check_every=50``) and per layer
 (:mod:`pathedu.experiments.gradient_probe`), the cause was PaTH's kernel backward, which normalised its

@@ -1,6 +1,6 @@
 r"""Tables and figures of the experiments, drawn from their records (``pathedu/data/exp_NAME.json``).
 
-Chapter 8 of the book and its lab read the committed GPU data through these functions, so
+Chapter 9 of the book and its lab read the committed GPU data through these functions, so
 that every number on the page comes from a file and none is typed by hand.
 
 * :func:`load` -- the record of an experiment, or ``None`` when it has not been committed yet.
@@ -94,7 +94,7 @@ def combine(parts, *, select=None) -> dict:
 
 
 def word_problem_grid() -> dict:
-    """Chapter 8's seed-0 word-problem grid, read from the committed records with :func:`combine`: A5 at length 10
+    """Chapter 9's seed-0 word-problem grid, read from the committed records with :func:`combine`: A5 at length 10
     and S5 at lengths 10 and 20 (``exp_word_problem_lengths.json``), and A5 at length 20 from three series: RoPE
     from the first (``exp_word_problem.json``), PaTH with the fixed backward (``exp_word_problem_path_fixed.json``),
     FoX and DeltaNet (``exp_word_problem_fox_deltanet.json``).  Four mixers, one to four layers."""

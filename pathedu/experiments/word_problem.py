@@ -49,7 +49,7 @@ at 4 layers, 515 s).  So: ``python -m pathedu.experiments word_problem --jobs
 the sum of the runs' single-process times, which ``python -m pathedu.experiments.timing NAME`` estimates on the
 machine at hand.
 
-What the committed runs show (chapter 8): A5 at length 20, seed 0, the fewest layers reaching 90% are 3 for PaTH
+What the committed runs show (chapter 9): A5 at length 20, seed 0, the fewest layers reaching 90% are 3 for PaTH
 (with the fixed backward; 4 with seed 1) and for DeltaNet with ``beta`` in (0, 2), none of 1-4 for RoPE and FoX
 (``exp_word_problem.json``, ``exp_word_problem_path_fixed.json``, ``exp_word_problem_fox_deltanet.json``).  Most
 runs were still improving at the last evaluation, so the depths are a statement about this budget, not about

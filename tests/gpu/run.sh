@@ -17,7 +17,7 @@
 # or folders to run, e.g. "tests/gpu/test_checks.py tests/gpu/test_notebooks.py" to split the run over two
 # device calls), PATHEDU_GPU_SELECT (a pytest -k expression, e.g. "cope or 10_cope"), PYTHON (default
 # python3).  Each worker (and each notebook kernel) gets an equal share of the CPU cores as its torch/OpenMP
-# threads (with 14 workers at the default, a CPU training cell of lab 8 that takes 10 s on two cores ran past
+# threads (with 14 workers at the default, a CPU training cell of lab 9 that takes 10 s on two cores ran past
 # 5 minutes; oversubscription is the likely cause, not a proven one).
 # Run it on the tree as the device tool copies it.  Do not clean that copy with git first: its .git can be stale,
 # and `git checkout -- .` there silently reverts the tree to an older commit (2026-11-23: two runs tested old code

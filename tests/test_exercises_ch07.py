@@ -1,8 +1,8 @@
-"""Chapter 6 exercise checks: right answers pass, typical wrong answers fail with their hint, nothing raises."""
+"""Chapter 7 exercise checks: right answers pass, typical wrong answers fail with their hint, nothing raises."""
 import pytest
 import torch
 
-from pathedu.exercises import ch06
+from pathedu.exercises import ch07
 
 
 # --- right answers, written independently of the checkers' references ---------
@@ -161,32 +161,32 @@ CHUNK_WRONG.update({
 })
 
 CASES = [
-    (ch06.check_gated_delta_step, step_ok, STEP_WRONG),
-    (ch06.check_pathfox_logit, logit_ok, LOGIT_WRONG),
-    (ch06.check_gamma, gamma_ok, GAMMA_WRONG),
-    (ch06.check_gated_deltanet_matrix, gdn_matrix_ok, GDN_WRONG),
-    (ch06.check_gated_deltanet_chunk, chunk_ok, CHUNK_WRONG),
+    (ch07.check_gated_delta_step, step_ok, STEP_WRONG),
+    (ch07.check_pathfox_logit, logit_ok, LOGIT_WRONG),
+    (ch07.check_gamma, gamma_ok, GAMMA_WRONG),
+    (ch07.check_gated_deltanet_matrix, gdn_matrix_ok, GDN_WRONG),
+    (ch07.check_gated_deltanet_chunk, chunk_ok, CHUNK_WRONG),
 ]
 IDS = [c.__name__ for c, _, _ in CASES]
 
 
 HINTS = [
-    (ch06.check_gated_delta_step, STEP_WRONG, {
+    (ch07.check_gated_delta_step, STEP_WRONG, {
         "gate after the write": "after the write", "no delta term": "delta term",
         "error at the undecayed state": "undecayed", "no gate": "DeltaNet", "log_f as the gate": "exp(log_f)",
         "no beta on the write": "without beta"}),
-    (ch06.check_pathfox_logit, LOGIT_WRONG, {
+    (ch07.check_pathfox_logit, LOGIT_WRONG, {
         "reversed order": "reverse order", "own gate included": "own gate",
         "query's gate left out": "stops before", "gate times scale": "scale too",
         "gate on exp(score) (seed snippet)": "exponentiated", "no gate (PaTH)": "no gate", "no scale": "scale"}),
-    (ch06.check_gamma, GAMMA_WRONG, {
+    (ch07.check_gamma, GAMMA_WRONG, {
         "own gate included": "own gate", "unmasked": "not masked", "transposed": "transposed",
         "log space": "log gates", "zero diagonal": "diagonal is 0"}),
-    (ch06.check_gated_deltanet_matrix, GDN_WRONG, {
+    (ch07.check_gated_deltanet_matrix, GDN_WRONG, {
         "no inverse (Mamba2)": "delta term", "no Gamma in the inverse": "inverse has no Gamma",
         "no Gamma on the output": "output weights", "diagonal kept in the inverse": "strictly",
         "no final diag(beta)": "final diag(beta)", "columns scaled by beta": "columns"}),
-    (ch06.check_gated_deltanet_chunk, CHUNK_WRONG, {
+    (ch07.check_gated_deltanet_chunk, CHUNK_WRONG, {
         "inter-chunk output undecayed": "outputs read the carried state undecayed",
         "state undecayed": "keeps S undecayed", "corrections ignore the state": "ignore the carried state",
         "no Gamma in the factor": "factor has no Gamma", "keys undecayed in the state": "key j is decayed"}),
@@ -201,5 +201,5 @@ def test_hints_name_the_mistake(check, wrong, expected, capsys):
 
 
 def test_logit_accepts_a_python_float_or_a_one_element_tensor(capsys):
-    assert ch06.check_pathfox_logit(logit_ok)  # returns a float
-    assert ch06.check_pathfox_logit(lambda *a: torch.tensor([logit_ok(*a)], dtype=torch.float64))
+    assert ch07.check_pathfox_logit(logit_ok)  # returns a float
+    assert ch07.check_pathfox_logit(lambda *a: torch.tensor([logit_ok(*a)], dtype=torch.float64))

@@ -1,4 +1,4 @@
-"""Chapter 6 exercises: check functions for ``notebooks/06_pathfox_gdn_lab.ipynb``.
+"""Chapter 7 exercises: check functions for ``notebooks/07_pathfox_gdn_lab.ipynb``.
 
 Each ``check_*`` function takes the student's function, runs it on a few fresh
 random float64 inputs, compares it with the library's forms
@@ -34,7 +34,7 @@ from ._grader import Exercises, Verdict, check_function, check_parts
 __all__ = ["check_gated_delta_step", "check_pathfox_logit", "check_gamma", "check_gated_deltanet_matrix",
            "check_gated_deltanet_chunk", "hint"]
 
-EXERCISES = Exercises("ch06", {
+EXERCISES = Exercises("ch07", {
     1: ("Gated DeltaNet does two things to the memory at each token: a weight decay by the gate, and chapter 5's "
         "delta-rule correction. In which order, and at which state is the correction's error measured?",
         "a = exp(log_f) (...), broadcast over (Dv, D), gives the decayed state S' (..., Dv, D); the error "
