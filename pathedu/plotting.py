@@ -6,8 +6,8 @@ def plot_benchmark(chapter_or_data, ax=None, *, ops=None, ratio: bool = False):
     """Plot committed GPU benchmark data: time (or ratio to SDPA) against T.
 
     ``chapter_or_data``: a chapter name (loads ``pathedu/data/bench_<chapter>.json``)
-    or an already loaded dict.  The title records device, dtype, sizes and commit,
-    so the figure always says where its numbers come from.
+    or an already loaded dict.  The title records the device, the date of the run, dtype and sizes, so
+    the figure always says where its numbers come from.
     """
     import matplotlib.pyplot as plt
 
@@ -31,9 +31,17 @@ def plot_benchmark(chapter_or_data, ax=None, *, ops=None, ratio: bool = False):
     which = meta.get("pass_", "forward")  # "forward" or "forward+backward"
     ax.set_ylabel(f"{which} time / SDPA's" if ratio else f"{which} time (ms, median)")
     s = meta["sizes"]
-    ax.set_title(f"{meta['device']}, {meta['dtype']}, B={s['B']} H={s['H']} D={s['D']}, {which}\n"
-                 f"commit {meta['commit'][:10]}",
+    ax.set_title(f"{meta['device']}, {run_date(meta)}\n{meta['dtype']}, B={s['B']} H={s['H']} D={s['D']}, {which}",
                  fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     return ax
+
+
+def run_date(meta: dict) -> str:
+    """The day a committed GPU run was made (``meta["date"]``, ISO 8601), as ``YYYY-MM-DD``: figures name the
+    device and the date of their data."""
+    date = meta.get("date")
+    if not date:
+        raise ValueError("the data file's `meta` has no `date`: a figure must say when its data was measured")
+    return str(date)[:10]
