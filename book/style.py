@@ -5,7 +5,7 @@
   inline maths counts as one word.
 * :data:`REGISTER` lists what a book about the subject never says: how this project was made (work sessions,
   commits, runs counted by the call, comparison runs named by their files, what was reverted or built first,
-  references to the kernels' design notes by section).  :func:`register_violations` finds them in any text.
+  references to the kernels' design notes by section; a reader's page does not point to those notes at all).  :func:`register_violations` finds them in any text.
 * :func:`is_schematic` tells a schematic (a figure drawn to explain, not to report data) by its cell's tag.
 
 Standard library only.
@@ -21,7 +21,8 @@ REGISTER: list[tuple[str, str]] = [
     (r"\bsessions?\s+\d+", "a work session"),
     (r"\b(?:this|last|next|earlier|previous|later|an earlier|a later|one|each|every)\s+session\b",
      "a work session"),
-    (r"(?<![\w/.-])(?=[0-9a-f]*[0-9][0-9a-f]*[a-f])(?=[0-9a-f]*[a-f][0-9a-f]*[0-9])[0-9a-f]{7,40}(?![\w-])",
+    # 7 to 40 hex digits with a digit and a letter among them; not a number written with an exponent (1e10000)
+    (r"(?<![\w/.-])(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])(?![0-9]+e[0-9]+(?![\w-]))[0-9a-f]{7,40}(?![\w-])",
      "a commit hash"),
     (r"\bcommits?\s+[0-9a-f]{7,}", "a commit"),
     (r"\bdevice[- ]calls?\b", "GPU runs counted by the call"),
@@ -32,21 +33,29 @@ REGISTER: list[tuple[str, str]] = [
     (r"\breverted\b", "the project's history"),
     (r"\bfirst version\b", "the project's history"),
     (r"\bas first (?:built|written)\b", "the project's history"),
-    (r"\bNOTES(?:_\w+)?(?:\.md)?\b", "the design notes as a work log"),
+    (r"\bNOTES\w*(?:\.md)?`*,?\s*(?:sections?\s*)?\d+", "a notes section"),
     (r"\bnotes?,?\s+sections?\s+\d+", "a notes section"),
     (r"\b(?:entry|entries)\s+\d+", "a work-log entry"),
     (r"\bwork[- ]log\b", "a work log"),
     (r"\b(?:device|GPU)[- ]time\b", "runs cut for lack of GPU time"),
     (r"(?<!fla )(?<!Triton )(?<!triton )(?<!fla's )\bissues?\s+#?\d+", "a work item of the project"),
 ]
+# What a reader's page (the book, its labs and slides, the README) does not send its reader to: the kernels'
+# design notes are for maintainers; Part III of the book explains the designs to readers.
+READER_ONLY: list[tuple[str, str]] = [
+    (r"\bNOTES_\w+", "a maintainer's notes, not the reader's page"),
+]
 _REGISTER = [(re.compile(p, re.I), why) for p, why in REGISTER]
+_READER = _REGISTER + [(re.compile(p), why) for p, why in READER_ONLY]
 
 
-def register_violations(text: str) -> list[tuple[int, str, str]]:
-    """``[(line number, matched text, what it is)]`` for every place ``text`` speaks of the project's history."""
+def register_violations(text: str, reader: bool = True) -> list[tuple[int, str, str]]:
+    """``[(line number, matched text, what it is)]`` for every place ``text`` speaks of the project's history.
+    ``reader``: the text is a reader's page (book, lab, slides, README), which also never points to the
+    maintainers' design notes; ``False`` for docstrings."""
     found = []
     for number, line in enumerate(text.splitlines(), 1):
-        for pattern, why in _REGISTER:
+        for pattern, why in (_READER if reader else _REGISTER):
             for m in pattern.finditer(line):
                 found.append((number, m.group(0), why))
     return found

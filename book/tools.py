@@ -421,6 +421,25 @@ def toc_files() -> list[str]:
     return list(walk(read_yaml("_toc.yml")))
 
 
+def toc_parts() -> dict[str, list[str]]:
+    """``{caption: [docname, ...]}`` for every part of ``_toc.yml``, its chapters and their sections in order."""
+    return {part["caption"]: [name for chapter in part["chapters"] for name in _walk_files(chapter)]
+            for part in read_yaml("_toc.yml")["parts"]}
+
+
+def _walk_files(node) -> list[str]:
+    files = [str(node["file"])] if "file" in node else []
+    for child in node.get("sections", []):
+        files += _walk_files(child)
+    return files
+
+
+def part_one() -> list[str]:
+    """The chapter pages of Part I (the dualities), in order: the part whose caption starts "Part I:"."""
+    (caption,) = [c for c in toc_parts() if c.startswith("Part I:")]
+    return [name for name in toc_parts()[caption] if CHAPTER_RE.fullmatch(name)]
+
+
 def toc_chapters() -> list[tuple[str, str]]:
     """``[(NN, docname)]`` for every ``book/chNN_*`` file of ``_toc.yml``, in the book's order."""
     return [(m.group(1), name) for name in toc_files() if (m := CHAPTER_RE.fullmatch(name))]
@@ -723,7 +742,15 @@ MATHJAX2_SHIM = """document.addEventListener("DOMContentLoaded", function () {
 });"""
 
 
+# The widget bundle (``embed-amd.js``) finds its icon fonts beside the URL that RequireJS gives its module id,
+# ``@jupyter-widgets/html-manager/dist/...``, resolved against the page: a folder that does not exist.  A RequireJS
+# configuration made before require.js loads (the global ``require`` object) maps that id to the folder where
+# ``assets`` put the bundle and its fonts.  Pages with widgets are the labs, one folder below the book's root.
+REQUIRE_PATHS = """var require = {paths: {"@jupyter-widgets/html-manager/dist": "../_static/jupyter-widgets"}};"""
+
+
 def setup(app):
+    app.add_js_file(None, body=REQUIRE_PATHS, priority=100)  # before require.js (priority 500)
     app.add_js_file(None, body=MATHJAX2_SHIM)
     app.connect("builder-inited", _require_assets)
     app.connect("html-page-context", _colab_only_for_notebooks, priority=900)  # after the theme's (501)

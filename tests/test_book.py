@@ -185,6 +185,53 @@ def test_figures_are_numbered_and_shown_near_their_natural_width(html):
     assert not problems, "\n".join(problems)
 
 
+def _typeset(page) -> None:
+    """Wait until MathJax (if the page loads it) has typeset the page."""
+    if page.evaluate("() => !!window.MathJax"):
+        page.wait_for_function("() => MathJax.startup && MathJax.startup.promise", timeout=30000)
+        page.evaluate("() => MathJax.startup.promise")
+
+
+def test_pages_fit_their_column_and_request_no_missing_file(html):
+    """A student's view at 1280 px: no table and no display equation is wider than the text column (a scroll bar
+    hides its right part), no text output longer than ``MAX_OUTPUT_LINES`` lines sits in the reading flow (fold or
+    summarise it), and no page asks for a file the build does not have."""
+    problems = []
+    with helpers.browser_page(1280, 900) as page:
+        failed = []
+        page.on("requestfailed", lambda request: failed.append(request.url))
+        for docname in TOC_FILES:
+            failed.clear()
+            page.goto((html / f"{docname}.html").as_uri())
+            page.wait_for_load_state("load")
+            _typeset(page)
+            wide = page.evaluate("""() => {
+                const art = document.querySelector('article.bd-article');
+                const style = getComputedStyle(art);
+                const column = art.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+                const out = [];
+                for (const t of art.querySelectorAll('table')) {
+                    const w = t.getBoundingClientRect().width;
+                    if (w > column + 1) out.push(['a table', w, column, t.textContent]);
+                }
+                for (const m of art.querySelectorAll('mjx-container[display="true"]')) {
+                    const math = m.querySelector('mjx-math');
+                    const w = math ? math.getBoundingClientRect().width : m.scrollWidth;
+                    if (w > column + 1) out.push(['an equation', w, column, m.textContent]);
+                }
+                return out;
+            }""")
+            problems += [f"{docname}: {what} {w:.0f} px wide in a {column:.0f} px column: {text.strip()[:60]!r}"
+                         for what, w, column, text in wide]
+            long = page.evaluate("""() => Array.from(document.querySelectorAll('article .cell_output pre'))
+                .filter(p => p.getClientRects().length > 0 && !p.closest('.pathedu-explorer'))
+                .map(p => [p.textContent.replace(/\\n+$/, '').split('\\n').length, p.textContent.slice(0, 60)])""")
+            problems += [f"{docname}: an output of {n} lines in the reading flow: {text!r}" for n, text in long
+                         if n > tools.MAX_OUTPUT_LINES]
+            problems += [f"{docname}: requests a missing file {url}" for url in failed]
+    assert not problems, "\n".join(problems)
+
+
 def test_colab_button_opens_the_lab_notebook(html):
     owner, repo = CONFIG["repository"]["url"].rstrip("/").split("/")[-2:]
     branch = CONFIG["repository"]["branch"]

@@ -255,3 +255,27 @@ def test_a_deck_renders_offline_in_chromium(slides):
     assert int(total.group(1)) == deck.read_text(encoding="utf8").count("<section>")
     assert "<mjx-container" in dom, "MathJax did not typeset the deck"
     assert "<mjx-merror" not in dom, "MathJax reported a TeX error"
+
+
+@pytest.mark.integration
+def test_no_slide_is_taller_than_the_slide(slides):
+    """Every slide of every deck fits reveal.js's slide (its configured height) once MathJax has typeset it:
+    nothing is cut at the bottom, as a projector would cut it."""
+    too_tall = []
+    with helpers.browser_page(1280, 720) as page:
+        for deck in _decks(slides):
+            page.goto(deck.as_uri())
+            page.wait_for_function("() => window.Reveal && Reveal.isReady()", timeout=30000)
+            page.wait_for_function("() => !window.MathJax || (MathJax.startup && MathJax.startup.promise)",
+                                   timeout=30000)
+            page.evaluate("() => MathJax.startup.promise")
+            heights = page.evaluate("""() => {
+                const limit = Reveal.getConfig().height;
+                return Reveal.getSlides().map((s, n) => {
+                    Reveal.slide(...Object.values(Reveal.getIndices(s)));
+                    return [n + 1, s.scrollHeight, limit, (s.querySelector('h1,h2,h3') || {}).textContent || ''];
+                });
+            }""")
+            too_tall += [f"{deck.name} slide {n} ({title.strip()[:40]!r}): {h} px > {limit}"
+                         for n, h, limit, title in heights if h > limit + 1]
+    assert not too_tall, "\n".join(too_tall)
