@@ -122,3 +122,12 @@ def test_part_one_chapters_have_a_schematic(docname):
     assert captions, f"{docname} has no schematic (a code cell tagged `schematic`)"
     for caption in captions:
         assert re.match(r"\s*Schematic\b", caption), f"{docname}: a schematic's caption must say so: {caption[:60]!r}"
+
+
+def test_the_readme_quick_start_runs():
+    """The README's Python block runs as printed (on a CPU: Triton's interpreter) and leaves gradients."""
+    readme = (ROOT / "README.md").read_text(encoding="utf8")
+    (block,) = re.findall(r"```python\n(.*?)```", readme, re.S)
+    scope: dict = {}
+    exec(compile(block, "README.md", "exec"), scope)
+    assert scope["o"].shape == scope["v"].shape and scope["q"].grad is not None
