@@ -204,7 +204,7 @@ def _rotate_launch(x: Flat, base: float, offset: int, pairing: str, *, inverse: 
         # Interpreter: few large programs (its cost is per program).  GPU: ~2048 fp32 values per tile.
         block_t = 128 if interpreting() else max(16, min(128, 2048 // block_h))
         # The keys-only pass moves half the bytes per cos/sin of the two-tensor one: 8 heads per program share one
-        # evaluation (114 -> 94 us at T = 1024, 222 -> 183 at 2048 on the H100, pathedu/data/ab_rope_heads.json).
+        # evaluation (114 -> 94 us at T = 1024, 222 -> 183 at 2048 on the H100, pathedu/data/choice_rope_heads_per_program.json).
         # The two-tensor pass ran at the speed of a copy already (parts_rope.json): one head per program.
         heads = ROPE_HEADS if keys_only else 1
         grid = (triton.cdiv(x.n.T, block_t), triton.cdiv(x.BH, heads))
