@@ -45,21 +45,21 @@ def _heat(ax, m: torch.Tensor, title: str, *, cmap="viridis", vmin=None, vmax=No
 
 
 def ch01_decay(out) -> None:
-    """``e^{-d(j, i)}`` for NoPE (every gate 1) and for random gates."""
+    """``e^{G_ij} = e^{-d(j, i)}`` for NoPE (every gate 1) and for random gates."""
     T = 24
     g = torch.Generator().manual_seed(0)
     log_f = -0.4 * torch.rand(T, generator=g, dtype=torch.float64)
     nope = fox.log_gate_matrix(torch.zeros(T, dtype=torch.float64)).exp()
     gated = fox.log_gate_matrix(log_f).exp()
-    assert torch.equal(nope, torch.ones(T, T, dtype=torch.float64).tril())  # e^{-D} = M' for NoPE
+    assert torch.equal(nope, torch.ones(T, T, dtype=torch.float64).tril())  # e^{G} = M' for NoPE
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
-    _heat(axes[0], nope, r"NoPE: $e^{-d(j,i)}$ = causal mask $M'$", vmin=0, vmax=1)
-    _heat(axes[1], gated, r"random gates: $e^{-d(j,i)} = \prod_{s=j+1}^{i} a_s$", vmin=0, vmax=1)
+    _heat(axes[0], nope, r"NoPE: $e^{G_{ij}}$ = causal mask $M'$", vmin=0, vmax=1)
+    _heat(axes[1], gated, r"random gates: $e^{G_{ij}} = \prod_{s=j+1}^{i} f_s$", vmin=0, vmax=1)
     _save(fig, out)
 
 
 def ch02_decay(out) -> None:
-    """ALiBi's ``e^{B}`` for three slopes; asserted equal to RetNet's decay matrix."""
+    """ALiBi's ``e^{G}`` for three slopes; asserted equal to RetNet's decay matrix."""
     T = 32
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.9))
     for ax, slope in zip(axes, (0.5, 0.125, 2.0 ** -5)):
