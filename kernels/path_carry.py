@@ -28,7 +28,7 @@ order opposite to the one that makes them.  :func:`_carry_fwd` stores every bloc
 ``D`` rows), and :func:`_carry_bwd` reads them back while it walks the other way with ``S`` (or ``U``).  Until
 session 24 the backward rebuilt them instead, in a first sweep through a scratch tensor; reading them took 0.85 ms
 less per training step at T = 2048 on an H200 and storing them 0.27 ms more in the forward
-(``pathedu/data/ab_carries_kept.json``, ``kernels/NOTES_path.md`` section 20).  Every block
+(``pathedu/data/choice_carries_kept.json``, ``kernels/NOTES_path.md`` section 20).  Every block
 belongs to one half per level, so one launch per level writes each gradient row once (level 1's launch, which folds
 level 0 in, writes every row; each later one adds to what the levels before left).  Products are
 :func:`._pieces._dot` at the preparation pass's precision (:func:`.ut_prepare.prep_precision`).
