@@ -75,11 +75,11 @@ def ch03_gates(out) -> None:
     T = 24
     f = torch.full((T,), 0.98, dtype=torch.float64)
     f[10], f[17] = 0.02, 0.5
-    D = fox.log_gate_matrix(f.log())
-    assert abs(float(D[12, 5]) - float(f[6:13].log().sum())) < 1e-12  # s = j+1 .. i
+    G = fox.log_gate_matrix(f.log())
+    assert abs(float(G[12, 5]) - float(f[6:13].log().sum())) < 1e-12  # s = j+1 .. i
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
-    _heat(axes[0], D.exp(), r"$e^{D_{ij}} = \prod_{s=j+1}^{i} f_s$", vmin=0, vmax=1)
-    _heat(axes[1], torch.softmax(D, dim=-1), r"FoX attention with $q = k = 0$: softmax$_j(D_{ij})$",
+    _heat(axes[0], G.exp(), r"$e^{G_{ij}} = \prod_{s=j+1}^{i} f_s$", vmin=0, vmax=1)
+    _heat(axes[1], torch.softmax(G, dim=-1), r"FoX attention with $q = k = 0$: softmax$_j(G_{ij})$",
           vmin=0, vmax=1, cmap="magma")
     _save(fig, out)
 

@@ -19,19 +19,19 @@ from ._grader import (Exercises, Verdict, call_student as _call, check_function,
 __all__ = ["check_log_gate_matrix", "check_fox_matrix", "check_gla_recurrent", "check_stuck_product", "hint"]
 
 EXERCISES = Exercises("ch03", {
-    1: ("D[i, j] is a sum of log gates over a range of positions that depends on both i and j. Can one running "
+    1: ("G[i, j] is a sum of log gates over a range of positions that depends on both i and j. Can one running "
         "sum give every such range sum at once, without a double loop? And what must the future (j > i) hold?",
-        "With c the cumulative sum of log_f along the last dim (shape (..., T)), D[i, j] is the difference of "
+        "With c the cumulative sum of log_f along the last dim (shape (..., T)), G[i, j] is the difference of "
         "two entries of c, one at the query i and one at the key j; broadcasting c against itself gives "
-        "(..., T, T). Above the diagonal D needs a value whose exponential is 0.",
-        "c = torch.cumsum(log_f, -1); D = c[..., :, None] - c[..., None, :] (log_f[j] cancels: a key's own gate "
+        "(..., T, T). Above the diagonal G needs a value whose exponential is 0.",
+        "c = torch.cumsum(log_f, -1); G = c[..., :, None] - c[..., None, :] (log_f[j] cancels: a key's own gate "
         "never acts); then masked_fill the future, torch.ones(T, T, dtype=torch.bool).triu(1), with -inf "
         "(not 0)."),
     2: ("FoX is softmax attention with one extra term on the logits. Which term, and does the usual 1/sqrt(D) "
         "scale apply to it?",
         "Logits (..., T, T): the scaled Q K^T plus exercise 1's gate matrix (its -inf above the diagonal is also "
         "the causal mask); a softmax over the keys (the last dim), then a product with V (..., T, Dv).",
-        "logits = Q K^T / sqrt(D) + D_gate, with D_gate[i, j] = sum_{s=j+1..i} log_f[s] and -inf above the "
+        "logits = Q K^T / sqrt(D) + G, with G[i, j] = sum_{s=j+1..i} log_f[s] and -inf above the "
         "diagonal (not 0); the gate is not scaled; then softmax over keys and @ V."),
     3: ("It is RetNet's recurrence with one gate per key channel instead of one number. Which dimension of the "
         "state S (Dv x D) does a key-channel gate scale, and does a token's gate act on its own write?",
@@ -68,9 +68,9 @@ def _qkv(seed, Dv=None):
 
 @EXERCISES.check(1)
 def check_log_gate_matrix(fn) -> Verdict:
-    """``fn(log_f: (..., T)) -> D: (..., T, T)`` with ``D[i, j] = sum_{s=j+1..i} log_f[s]`` for
+    """``fn(log_f: (..., T)) -> G: (..., T, T)`` with ``G[i, j] = sum_{s=j+1..i} log_f[s]`` for
     ``j <= i`` and ``-inf`` above the diagonal; checked on float64 gates of a few shapes."""
-    name = "cumulative log gate D"
+    name = "log-gate matrix G"
     for seed, shape in enumerate([(7,), (2, 10), (3, 1)]):
         log_f = _log_f(shape, seed)
         T = shape[-1]
@@ -85,24 +85,24 @@ def check_log_gate_matrix(fn) -> Verdict:
         want = fox.log_gate_matrix(log_f)
         future = torch.ones(T, T, dtype=torch.bool).triu(1)
         if future.any() and not bool((got[..., future] == float("-inf")).all()):
-            return verdict(name, False, "above the diagonal (j > i, the future) D must be -inf, not 0: a logit of 0 "
+            return verdict(name, False, "above the diagonal (j > i, the future) G must be -inf, not 0: a logit of 0 "
                                         "still gets softmax weight (the seed's FoX snippet makes this mistake).")
         past = ~future
         if not torch.allclose(got[..., past], want[..., past], rtol=1e-9, atol=1e-12):
             incl = fox.log_gate_matrix(log_f) + log_f[..., None, :]  # sum over s = j..i
             if torch.allclose(got[..., past], incl[..., past], rtol=1e-9, atol=1e-12):
                 return verdict(name, False, "you included key j's own gate: the sum runs over s = j+1 .. i, "
-                                            "so the diagonal D[i, i] is 0.")
+                                            "so the diagonal G[i, i] is 0.")
             if torch.allclose(got[..., past], -want[..., past], rtol=1e-9, atol=1e-12):
-                return verdict(name, False, "the sign is flipped: log gates are <= 0, so D <= 0 below the diagonal.")
-            return verdict(name, False, "wrong values on or below the diagonal: D[i, j] = log_f[j+1] + ... + log_f[i]. "
+                return verdict(name, False, "the sign is flipped: log gates are <= 0, so G <= 0 below the diagonal.")
+            return verdict(name, False, "wrong values on or below the diagonal: G[i, j] = log_f[j+1] + ... + log_f[i]. "
                                         + fallback_hint())
     return verdict(name, True, "0 on the diagonal, sums of log gates below it, -inf above.")
 
 
 @EXERCISES.check(2)
 def check_fox_matrix(fn) -> Verdict:
-    """``fn(q, k, v, log_f) -> (..., T, Dv)``: FoX, ``softmax(Q K^T / sqrt(D) + D_gate) V`` with the
+    """``fn(q, k, v, log_f) -> (..., T, Dv)``: FoX, ``softmax(Q K^T / sqrt(D) + G) V`` with the
     causal mask, the gate *not* multiplied by the scale; checked against :func:`pathedu.fox.fox_matrix`."""
     def make(seed):
         q, k, v = _qkv(seed, Dv=[8, 5, 3][seed])
