@@ -183,13 +183,13 @@ HINTS = [
         "own gate included": "own gate", "unmasked": "not masked", "transposed": "transposed",
         "log space": "log gates", "zero diagonal": "diagonal is 0"}),
     (ch07.check_gated_deltanet_matrix, GDN_WRONG, {
-        "no inverse (Mamba2)": "delta term", "no Gamma in the inverse": "inverse has no Gamma",
+        "no inverse (Mamba2)": "delta term", "no Gamma in the inverse": "inverse has no exp(G)",
         "no Gamma on the output": "output weights", "diagonal kept in the inverse": "strictly",
         "no final diag(beta)": "final diag(beta)", "columns scaled by beta": "columns"}),
     (ch07.check_gated_deltanet_chunk, CHUNK_WRONG, {
         "inter-chunk output undecayed": "outputs read the carried state undecayed",
         "state undecayed": "keeps S undecayed", "corrections ignore the state": "ignore the carried state",
-        "no Gamma in the factor": "factor has no Gamma", "keys undecayed in the state": "key j is decayed"}),
+        "no Gamma in the factor": "factor has no exp(G)", "keys undecayed in the state": "key j is decayed"}),
 ]
 
 

@@ -8,15 +8,15 @@ answer matches a known wrong variant).  It returns a
 :class:`~pathedu.exercises.Verdict` and never raises because of the answer: a
 stub that raises ``NotImplementedError`` gets a friendly "Not yet".
 
-Exercises (``a = exp(log_f) <= 1`` is a forget gate, ``H_s = I - beta_s w_s w_s^T``):
+Exercises (``f = exp(log_f) <= 1`` is a forget gate, ``H_s = I - beta_s w_s w_s^T``):
 
 1. :func:`check_gated_delta_step`: one step of Gated DeltaNet,
    ``S <- a S (I - beta k k^T) + beta v k^T``.
 2. :func:`check_pathfox_logit`: the PaTH-FoX logit of one pair,
    ``D**-0.5 * k_j^T H_{j+1} ... H_i q_i + sum_{s=j+1..i} log_f[s]``.
-3. :func:`check_gamma` and :func:`check_gated_deltanet_matrix`: the gate matrix
-   ``Gamma_ij = exp(sum_{s=j+1..i} log_f[s])`` and Gated DeltaNet's matrix form
-   ``(Q K^T * Gamma * M)(I + diag(beta)(K K^T * Gamma * M^-))^{-1} diag(beta) V``.
+3. :func:`check_gamma` and :func:`check_gated_deltanet_matrix`: the decay matrix
+   ``exp(G)_ij = exp(sum_{s=j+1..i} log_f[s])`` and Gated DeltaNet's matrix form
+   ``(Q K^T * exp(G) * M)(I + diag(beta)(K K^T * exp(G) * M^-))^{-1} diag(beta) V``.
 4. :func:`check_gated_deltanet_chunk`: one chunk of the chunked Gated DeltaNet,
    from the state before the chunk to the chunk's outputs and the state after it.
 
@@ -46,25 +46,25 @@ EXERCISES = Exercises("ch07", {
         "score = k_j^T (H_{j+1} ... H_i) q_i, a number from a (D, D) product; G = the sum of log_f over "
         "s = j+1 .. i; logit = D**-0.5 * score + G. Return one number (a 0-dim tensor or a float).",
         "P = I; for s in j+1 .. i: P = P @ H_s. logit = D**-0.5 * k[j] @ P @ q[i] + log_f[j+1 : i+1].sum()."),
-    3: ("(a) Gamma is the exponential of chapter 3's cumulative log gate, with 0 where that is -inf. (b) Start "
+    3: ("(a) exp(G) is the exponential of chapter 3's log-gate matrix G, with 0 where G is -inf. (b) Start "
         "from DeltaNet's matrix form and ask where the gates enter: where the query reads, and where each "
         "correction is made by the decayed memory.",
-        "(a) c = the cumulative sum of log_f (T,); Gamma (T, T) from differences of c: 1 on the diagonal, 0 above. "
-        "(b) Two (T, T) matrices built with Gamma: the read weights Q K^T * Gamma * M, and the strictly lower "
-        "diag(beta) (K K^T * Gamma) inside an inverse that turns diag(beta) V into the corrected values U "
+        "(a) c = the cumulative sum of log_f (T,); exp(G) (T, T) from differences of c: 1 on the diagonal, 0 above. "
+        "(b) Two (T, T) matrices built with exp(G): the read weights Q K^T * exp(G) * M, and the strictly lower "
+        "diag(beta) (K K^T * exp(G)) inside an inverse that turns diag(beta) V into the corrected values U "
         "(T, Dv); o = read weights @ U.",
-        "(a) c = cumsum(log_f); G = c[:, None] - c[None, :]; Gamma = exp(G) below and on the diagonal, 0 above "
-        "(torch.where on the causal mask). (b) Gam = Gamma(log_f); B = diag(beta) @ (k @ k.T * Gam).tril(-1); "
+        "(a) c = cumsum(log_f); G = c[:, None] - c[None, :]; E = exp(G) below and on the diagonal, 0 above "
+        "(torch.where on the causal mask). (b) Gam = gamma(log_f); B = diag(beta) @ (k @ k.T * Gam).tril(-1); "
         "U = solve(I + B, beta[:, None] * v); o = (q @ k.T * Gam) @ U."),
     4: ("The same split as in the chunk exercises of chapters 1 and 5: the state from before the chunk, and the "
         "chunk's own tokens. New here: the gates also decay the carried state, and each correction inside the "
         "chunk corrects what S predicts too.",
-        "With b = cumsum(log_f) (C,) and Gamma (C, C) of exercise 3: a triangular factor T (C, C) from "
-        "K K^T * Gamma; corrected values U (C, Dv) that also subtract what the decayed S predicts for each key; "
-        "o (C, Dv) = the decayed S read by Q plus (Q K^T * Gamma) U; S_new (Dv, D) = the decayed S plus the "
+        "With b = cumsum(log_f) (C,) and exp(G) (C, C) of exercise 3: a triangular factor L (C, C) from "
+        "K K^T * exp(G); corrected values U (C, Dv) that also subtract what the decayed S predicts for each key; "
+        "o (C, Dv) = the decayed S read by Q plus (Q K^T * exp(G)) U; S_new (Dv, D) = the decayed S plus the "
         "writes U^T K, each key decayed by the gates after it.",
-        "b = cumsum(log_f); T = inv(I + diag(beta) (K K^T * Gamma * M^-)); U = T diag(beta) V - T diag(beta e^b) "
-        "K S^T; o = diag(e^b) Q S^T + (Q K^T * Gamma) U; S_new = e^{b_last} S + U^T diag(e^{g~}) K, with "
+        "b = cumsum(log_f); L = inv(I + diag(beta) (K K^T * exp(G) * M^-)); U = L diag(beta) V - L diag(beta e^b) "
+        "K S^T; o = diag(e^b) Q S^T + (Q K^T * exp(G)) U; S_new = e^{b_last} S + U^T diag(e^{g~}) K, with "
         "g~_j = sum_{r=j+1..C-1} log_f[r]. Exponentiate only sums of gates (<= 0)."),
 })
 hint = EXERCISES.hint
@@ -244,7 +244,7 @@ def check_pathfox_logit(pathfox_logit) -> Verdict:
 
 
 # ---------------------------------------------------------------------------
-# Exercise 3: Gamma and the matrix form of Gated DeltaNet
+# Exercise 3: exp(G) and the matrix form of Gated DeltaNet
 # ---------------------------------------------------------------------------
 
 def _gamma_inputs(seed):
@@ -267,24 +267,24 @@ _GAMMA_WRONG = [
      "Your product includes the key's own gate (s = j .. i), so the diagonal is a_i instead of 1: a token's own "
      "gate never acts on itself."),
     (lambda lf: torch.exp(_prefix_differences(lf)),
-     "Your Gamma is not masked: above the diagonal (j > i, the future) it must be 0."),
+     "Your exp(G) is not masked: above the diagonal (j > i, the future) it must be 0."),
     (lambda lf: _gamma_reference(lf).T,
-     "Your Gamma is transposed: row i is the query, column j the key; Gamma_ij = a_{j+1} ... a_i for j <= i."),
+     "Your exp(G) is transposed: row i is the query, column j the key; exp(G)_ij = f_{j+1} ... f_i for j <= i."),
     (lambda lf: fox.log_gate_matrix(lf).nan_to_num(neginf=0.0),
-     "You returned the log gates G_ij: Gamma is their exponential, exp(G_ij)."),
+     "You returned the log gates G_ij: exp(G) is their exponential, exp(G_ij)."),
     (lambda lf: _gamma_reference(lf).tril(-1),
-     "Your diagonal is 0: Gamma_ii is the empty product, 1 (a token sees its own key undecayed)."),
+     "Your diagonal is 0: exp(G)_ii is the empty product, 1 (a token sees its own key undecayed)."),
 ]
 
 
 @EXERCISES.check(3, label="3a")
 def check_gamma(gamma) -> Verdict:
-    """Exercise 3a: ``gamma(log_f) -> Gamma``, ``log_f: (T,)`` -> ``(T, T)``.
+    """Exercise 3a: ``gamma(log_f) -> exp(G)``, ``log_f: (T,)`` -> ``(T, T)``.
 
-    ``Gamma_ij = exp(sum_{s=j+1..i} log_f[s]) = a_{j+1} ... a_i`` for ``j <= i`` (1 on the
+    ``exp(G)_ij = exp(sum_{s=j+1..i} log_f[s]) = f_{j+1} ... f_i`` for ``j <= i`` (1 on the
     diagonal), 0 for ``j > i``.
     """
-    return check_function("Gamma", gamma, _gamma_reference, _gamma_inputs, trials=3, rtol=1e-10,
+    return check_function("exp(G)", gamma, _gamma_reference, _gamma_inputs, trials=3, rtol=1e-10,
                           wrong_variants=_GAMMA_WRONG)
 
 
@@ -313,22 +313,22 @@ def _gdn_with(q, k, v, beta, log_f, *, gate_out=True, gate_in=True, strict=True,
 
 _GDN_WRONG = [
     (lambda q, k, v, b, lf: (q @ k.T * _gamma_reference(lf)) @ (b[:, None] * v),
-     "Your output has no inverse: (Q K^T * Gamma * M) diag(beta) V is gated linear attention (Mamba2) without the "
-     "delta term. The corrected values are U = (I + diag(beta)(K K^T * Gamma * M^-))^{-1} diag(beta) V."),
+     "Your output has no inverse: (Q K^T * exp(G) * M) diag(beta) V is gated linear attention (Mamba2) without the "
+     "delta term. The corrected values are U = (I + diag(beta)(K K^T * exp(G) * M^-))^{-1} diag(beta) V."),
 ] + _switched_off(_gdn_with, [
     ("gate_in",
-     "Your inverse has no Gamma: each correction is made by the *decayed* memory, so the gates between j and t "
+     "Your inverse has no exp(G): each correction is made by the *decayed* memory, so the gates between j and t "
      "also multiply k_t . k_j inside the inverse."),
     ("gate_out",
-     "Your output weights Q K^T * M have no Gamma: the query reads the state after the gates, so "
-     "use Q K^T * Gamma * M."),
+     "Your output weights Q K^T * M have no exp(G): the query reads the state after the gates, so "
+     "use Q K^T * exp(G) * M."),
     ("strict",
      "Your inverse keeps the diagonal: the correction of u_t uses only earlier tokens, so mask with the strictly "
      "lower M^-."),
     ("beta_right",
      "You forgot the final diag(beta): token t writes beta_t times its corrected value."),
     ("rows",
-     "You scaled the columns of K K^T * Gamma * M^- by beta: the row of token t is scaled by beta_t, "
+     "You scaled the columns of K K^T * exp(G) * M^- by beta: the row of token t is scaled by beta_t, "
      "diag(beta) on the left."),
 ])
 
@@ -338,9 +338,9 @@ def check_gated_deltanet_matrix(gated_deltanet_matrix) -> Verdict:
     """Exercise 3b: ``gated_deltanet_matrix(q, k, v, beta, log_f) -> o``, Gated DeltaNet in matrix form.
 
     ``q, k: (T, D)`` (unit keys), ``v: (T, Dv)``, ``beta, log_f: (T,)``; with ``M`` the
-    causal mask (diagonal kept), ``M^-`` its strictly lower part and ``Gamma`` of exercise 3a::
+    causal mask (diagonal kept), ``M^-`` its strictly lower part and ``exp(G)`` of exercise 3a::
 
-        U = (I + diag(beta) (K K^T * Gamma * M^-))^{-1} diag(beta) V,     o = (Q K^T * Gamma * M) U
+        U = (I + diag(beta) (K K^T * exp(G) * M^-))^{-1} diag(beta) V,     o = (Q K^T * exp(G) * M) U
     """
     return check_function("Gated DeltaNet matrix form", gated_deltanet_matrix, _gdn_reference, _gdn_inputs,
                           trials=3, rtol=1e-10, wrong_variants=_GDN_WRONG)
@@ -391,8 +391,8 @@ _CHUNK_WRONG = _switched_off(_chunk_with, [
      "Your corrected values ignore the carried state: each u_t corrects what the whole decayed memory predicts, "
      "including S, so U = T (diag(beta) V - diag(beta e^b) K S^T)."),
     ("gate_inside",
-     "Your triangular factor has no Gamma: inside the chunk the corrections are made by the decayed memory, so "
-     "use K K^T * Gamma * M^- in the inverse."),
+     "Your triangular factor has no exp(G): inside the chunk the corrections are made by the decayed memory, so "
+     "use K K^T * exp(G) * M^- in the inverse."),
     ("decay_keys",
      "Your new state writes every key of the chunk undecayed: key j is decayed by the gates after it, "
      "exp(sum_{r=j+1..last} log_f[r])."),
@@ -406,13 +406,13 @@ def check_gated_deltanet_chunk(chunk_step) -> Verdict:
     ``q, k: (C, D)`` (unit keys), ``v: (C, Dv)``, ``beta, log_f: (C,)``: one chunk of C
     tokens; ``S: (Dv, D)``: the state after every earlier token.  Must return the chunk's
     outputs ``o: (C, Dv)`` and the state after the chunk ``S_new: (Dv, D)``, equal to running
-    ``S_t = a_t S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T``, ``o_t = S_t q_t`` token by
-    token from ``S``.  With ``b = cumsum(log_f)``, ``Gamma`` of exercise 3a and
+    ``S_t = f_t S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T``, ``o_t = S_t q_t`` token by
+    token from ``S``.  With ``b = cumsum(log_f)``, ``exp(G)`` of exercise 3a and
     ``g~_j = sum_{r=j+1..C-1} log_f[r]``::
 
-        T = (I + diag(beta) (K K^T * Gamma * M^-))^{-1}
-        W = T diag(beta e^b) K,   U = T diag(beta) V - W S^T
-        o = diag(e^b) Q S^T + (Q K^T * Gamma * M) U
+        L = (I + diag(beta) (K K^T * exp(G) * M^-))^{-1}
+        Y = L diag(beta e^b) K,   U = L diag(beta) V - Y S^T
+        o = diag(e^b) Q S^T + (Q K^T * exp(G) * M) U
         S_new = e^{b_last} S + U^T diag(e^{g~}) K
     """
     return check_parts("Gated DeltaNet chunk step", chunk_step, _chunk_reference, _chunk_inputs, ("o", "S_new"),
