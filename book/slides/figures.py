@@ -156,23 +156,23 @@ def ch07_split(out) -> None:
     _heat(axes[0], G.exp(), r"FoX factor $e^{G_{ij}}$", vmin=0, vmax=1)
     _heat(axes[1], torch.where(low, score, torch.nan), r"PaTH score $k_j^\top H_{j+1}\cdots H_i q_i$",
           diverging=True)
-    _heat(axes[2], W, r"gated Householder weight $e^{G_{ij}}\,s_{ij}$", diverging=True)
+    _heat(axes[2], W, r"gated Householder weight $e^{G_{ij}}\,Z_{ij}$", diverging=True)
     _save(fig, out)
 
 
 def ch08_six(out) -> None:
-    """The linear side's weight W = e^G (l - G) / tau, read off each softmax side's logits."""
+    """The linear side's weight omega = e^G (l - G) / tau, read off each softmax side's logits."""
     q, k, w, beta, log_f = _pair_inputs()
     T, Dh = q.shape
     tau = Dh ** -0.5
     mask = fox.log_gate_matrix(torch.zeros(T, dtype=torch.float64))  # 0 on and below the diagonal, -inf above
     lam = 0.3
-    B = alibi.alibi_bias(T, lam)
+    G_alibi = alibi.alibi_bias(T, lam)
     Gf = fox.log_gate_matrix(log_f)
     dot = tau * q @ k.T
     pairs = [
         ("NoPE / linear attention", dot + mask, mask),
-        ("ALiBi / RetNet", dot + B, B),
+        ("ALiBi / RetNet", dot + G_alibi, G_alibi),
         ("FoX / Mamba2", dot + Gf, Gf),
         ("RoPE / complex recurrence", rope.rope_logits(q, k, base=10.0) + mask, mask),
         ("PaTH / Householder RNN", path.path_logits(q, k, w, beta), mask),
@@ -182,8 +182,8 @@ def ch08_six(out) -> None:
     for ax, (name, logit, G) in zip(axes.flat, pairs):
         low = torch.isfinite(G)
         assert torch.equal(low, torch.isfinite(logit))  # the same causal mask on both sides
-        W = torch.where(low, G.exp() * (logit - G) / tau, torch.nan)
-        _heat(ax, W, name, diverging=True)
+        omega = torch.where(low, G.exp() * (logit - G) / tau, torch.nan)
+        _heat(ax, omega, name, diverging=True)
     _save(fig, out)
 
 
