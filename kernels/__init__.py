@@ -18,14 +18,13 @@ UT factors, then the FlashAttention loop scanning key blocks right to left with
 the query carried through each block's Householder product) and
 :mod:`.delta_rule` (chunked Householder RNN: the same preparation pass, then the linear
 template's ``"householder"`` hook; chunked DeltaNet: a lighter preparation pass of WY factors, then
-the ``"delta"`` hook); see
-``kernels/NOTES_path.md`` for their design and timings (``kernels/NOTES_flash.md``: the
-FlashAttention template's backward pass).  PaTH's backward meets every pair of blocks at a
+the ``"delta"`` hook); the book's Part III (*Making it fast*) explains their design and what it costs.
+  PaTH's backward meets every pair of blocks at a
 boundary of a dyadic tree: :mod:`.path_carry` carries queries and keys there (and back, for
 the gradients), the FlashAttention template's backward steps do the rest, and
 :mod:`.ut_prepare` has the preparation pass's backward beside its forward.
 
-Beyond the six dualities (issue 13), :mod:`.cope` (CoPE) runs the FlashAttention loop right to left from the
+Beyond the six dualities, :mod:`.cope` (CoPE) runs the FlashAttention loop right to left from the
 diagonal, carrying each query row's count of sigmoid gates; a fp32 pre-pass forms ``qe = Q E^T`` and the
 positions, interpolated, are two gathers into it (forward only).
 :mod:`.stickbreaking` (stick-breaking attention) scans key blocks right to left from the diagonal as well,

@@ -205,7 +205,7 @@ def _no_grad_needed(**tensors) -> None:
 # ---------------------------------------------------------------------------
 
 def _sent_bytes(lengths, rank: int, lead_numel: int, width: int, itemsize: int) -> int:
-    """Bytes rank ``rank`` sends in one call: its own block and every block it forwards (those of ranks
+    """Bytes rank ``rank`` sends per call of the chain: its own block and every block it forwards (those of ranks
     ``0 .. rank``), each ``lead_numel * T_o * width`` elements of ``itemsize`` bytes; the last rank sends none.
     ``width`` is ``D + Dv`` (PaTH) or ``D + Dv + 1`` (FoX)."""
     if rank + 1 >= len(lengths):

@@ -50,7 +50,7 @@ def _name(dtype) -> str | None:
 
 
 def _appendix_bar(dtype) -> dict:
-    """The appendix kernels' bar for ``rec.compare``: relative RMS <= 5e-3 in bf16 (issue 13), max error
+    """The appendix kernels' bar for ``rec.compare``: relative RMS <= 5e-3 in bf16, max error
     ``REL_MAX`` in fp32."""
     return dict(metric="rel_rms", limit=5e-3) if dtype == BF16 else dict(limit=REL_MAX[_name(dtype)])
 

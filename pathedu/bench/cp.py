@@ -1,4 +1,4 @@
-r"""Context parallelism measured: one device against several, for PaTH and FoX (issue 14's GPU part).
+r"""Context parallelism measured: one device against several, for PaTH and FoX.
 
     torchrun --nproc-per-node 2 -m pathedu.bench.cp [--T 32768 65536 ...] [--B 1] [--H 16] [--D 64]
              [--dtype bfloat16] [--reps 10] --out FILE
@@ -11,7 +11,7 @@ For each ``T`` and each mechanism (``path``, ``fox``):
   rank holding ``T / R`` tokens: the time of the slowest rank (per repetition, then the median), each rank's
   peak memory and the bytes it sends (:func:`pathedu.distributed._sent_bytes`, the chain's count);
 * **agreement**: where the one-device run fits, each rank's chunk of its output against the context-parallel
-  output (relative RMS error; issue 14 asks for at most 0.005 in bf16).
+  output (relative RMS error; the bar is 0.005 in bf16).
 
 Each rank draws only its own chunk (seed ``1000 * T + chunk``), so a ``T`` too long for one device can still
 be split; rank 0 draws every chunk for the one-device run.  ``w`` is unit-norm, ``beta`` in [0, 2), FoX's

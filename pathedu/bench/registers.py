@@ -7,19 +7,18 @@ Triton compiles for a GPU that it does not have to run on: this compiles each na
 ``cuobjdump`` that ships with Triton's NVIDIA backend: registers per thread (255 is the ceiling), stack bytes
 (registers spilled to local memory) and static shared memory.  What the numbers say about speed: a multiprocessor
 has 65536 registers, so a program of ``W`` warps at ``R`` registers leaves room for ``65536 // (32 W R)`` programs
-at once (``kernels/NOTES_path.md``, section 9, reads them).  Head dims, tiles and dtypes are the benchmarks'
+at once.  Head dims, tiles and dtypes are the benchmarks'
 (D = Dv = 64, chunks and UT blocks of 64, bf16 inputs).
 
 ``--loops`` also prints, for every loop of the machine code (a backward branch of the SASS, from
 ``cuobjdump -sass``), its instruction count and most frequent opcodes per iteration: what one trip round the
-FlashAttention template's main loop issues per thread, say (``kernels/NOTES_flash.md`` reads it: a multiply per
-logit that the softmax update's exponent could absorb).  Every entry is compiled as the JIT compiles it at the
+FlashAttention template's main loop issues per thread, say (a multiply per logit that the softmax update's
+exponent could absorb shows there).  Every entry is compiled as the JIT compiles it at the
 benchmarks' sizes, where every pointer is 16-byte aligned and every integer argument (``T``, strides, block counts)
 a multiple of 16: those arguments are marked divisible by 16, which lets the compiler vectorise the tile loads
 (without the marks, loads of 2 bytes and more registers: numbers that do not describe the run; the preparation
-pass, compiled without them until session 21, reported 608 stack bytes where the run's code has 168,
-``kernels/NOTES_path.md`` section 17).  Run it with the device's Triton (3.6 for the H100 numbers in the notes):
-another version compiles other code.
+pass compiled without them reports 608 stack bytes where the run's code has 168).  Run it with the device's
+Triton (3.6 on the GPU machines the book's numbers come from): another version compiles other code.
 
 pathedu switches Triton's interpreter on when there is no GPU, and a kernel defined under the interpreter cannot
 be compiled; so without a GPU the command reruns itself in a fresh process with ``TRITON_INTERPRET=0``.
@@ -200,7 +199,7 @@ def wgmma_serialized(name: str, dtype: str = "bf16") -> str | None:
     register inside the pipeline stage, too few registers to keep the stage's operands alive, ...), it waits for
     each product before issuing the next, and says so in its verbose output (message ``C7515``).  Triton does not
     show that output; this compiles the kernel's PTX again with Triton's own ``ptxas -v`` for sm_90a and returns the
-    reason it gives (``kernels/NOTES_flash.md``, session 21, found FoX's 3-stage tiles and PaTH's carries so)."""
+    reason it gives (FoX's 3-stage tiles and PaTH's carries are two kernels it reports so)."""
     from triton.backends.nvidia.compiler import get_ptxas
 
     ptx = _compile(name, dtype).asm["ptx"]

@@ -3,7 +3,7 @@ r"""Where a kernel's gradient goes wrong inside a trained model: ``python -m pat
 The MQRAR runs of PaTH at N = 2 collapsed part-way through training, and :func:`pathedu.train.gradient_agreement`
 showed why in outline: the gradient the Triton kernels gave drifted away from the float32 matrix form's as the
 model trained (``pathedu/data/exp_mqrar_path_N2_gradcheck.json``).  This probe says which layer's and which
-input's gradient drifts (it located the bug of ``kernels/NOTES_path.md``, section 8).
+input's gradient drifts (chapter 9 of the book shows what it finds in PaTH's kernel backward).
 
 It trains the MQRAR model (the ``mqrar`` experiment's settings; ``--set`` changes any) for ``--at`` steps of its
 schedule, then runs one more training batch with every mixer's inputs captured: ``q, k, v`` and the per-token

@@ -8,10 +8,9 @@ assignment (:func:`pathedu.tasks.mqrar`); accuracy is over those positions of fr
 Our sizes: 480 value ids (``vocab = 512``), batch 32, 2000 steps, lr 1e-3, one seed by default.
 
 Time on one H100 (measured, bf16 autocast, Triton forms; ``python -m pathedu.experiments.timing mqrar``):
-a step takes 12-13 ms (rope), 9 ms (fox), 25 ms (path), 27 ms (pathfox), 16 ms (linear, matrix form) alone
-(PaTH's before its backward fix, which made its forward + backward 15-67% slower: ``kernels/NOTES_path.md``, 8).
-Eight processes of PaTH runs on one H100 after the fix: about 1940 of 2000 steps in 440 s each.
-The defaults with ``--jobs 8`` (16 runs, two per process) took 9 minutes at commit a1bbd2b; the record is
+a step takes 12-13 ms (rope), 9 ms (fox), 25 ms (path), 27 ms (pathfox), 16 ms (linear, matrix form) alone.
+Eight processes of PaTH runs on one H100: about 1940 of 2000 steps in 440 s each.
+The defaults with ``--jobs 8`` (16 runs, two per process) took 9 minutes on one H100; the record is
 ``pathedu/data/exp_mqrar.json``.  On Colab's T4 (not measured): the runs train in fp32 there
 (no native bf16, :func:`pathedu.train.train`), and two CPU cores allow no parallel processes, so expect at least
 the sum of the runs' single-process times, which ``python -m pathedu.experiments.timing NAME`` estimates on the

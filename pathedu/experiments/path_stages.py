@@ -6,9 +6,9 @@ layer's tensors saved by ``gradient_probe --save-inputs`` and writes every inter
 ``OUT_2.pt`` (each under the device's 16 MiB limit on files back).  ``compare INPUTS.pt LAYER ROWS OUT.pt`` (on the
 CPU, in the interpreter) recomputes the stages and prints, for each, how far the GPU's is from the
 interpreter's: chained (each side from its own previous stage) and isolated (the interpreter's stage on the GPU's
-inputs).  This located the bug of ``kernels/NOTES_path.md``, section 8: the carries' and the UT factors'
-backward agreed, and the backward's softmax on the forward's statistics did not (the forward was then the scan;
-a forward to be differentiated now runs on the backward's schedule, section 19).
+inputs).  It tells, for instance, a backward whose softmax reads statistics of other logits than those it
+differentiates (a forward that ran the scan, where the backward runs the dyadic schedule) from carries or UT
+factors that disagree: a forward to be differentiated therefore runs on the backward's schedule.
 
 A diagnostic of the kernels' internals (it calls their private launchers), not a public API.
 """

@@ -16,7 +16,7 @@ Our sizes (the paper's Fig. 2 does not give them all): d_model 128, 2 heads, bat
 ``pathedu/data/exp_word_problem.json``: A5 at length 20 (the length of the paper's claim), rope and path,
 1-4 layers, one seed: 8 runs.  The issue's whole grid (A5 and S5, lengths 10 and 20, rope, fox, path and
 deltanet, several seeds) is ``--set 'groups=["A5","S5"]' --set 'lengths=[10,20]' --mixers rope fox path
-deltanet --seeds 0 1 2``: 96 runs, about 8 x 12 device calls of the size below.
+deltanet --seeds 0 1 2``: 96 runs, about twelve times the default slice's time.
 
 **Curriculum over lengths** (``curriculum_steps``; 0 switches it off): training step ``s`` uses words
 of length ``min(length, curriculum_start + s // curriculum_steps)``; evaluation is always at
@@ -37,9 +37,9 @@ from 2, d_model 128, batch 128, one seed, ``--jobs 2``), accuracy over all posit
 (1 / 2 layers, all still rising): with the paper's generators rope 0.64 / 0.80, path 0.64 / 0.84; with
 uniform tokens rope 0.27 / 0.32, path 0.29 / 0.33.  So the generators are the default.  Either way the
 curriculum and many steps are needed.  The defaults (lengths grow by one every 400 steps, so words reach
-length 20 at step 7200 of 10000) were chosen so that the slice fits in one 10-minute device call, not tuned.
+length 20 at step 7200 of 10000) were chosen so that the slice trains in under ten minutes on one GPU, not tuned.
 
-Time on one H100 (measured, commit a1bbd2b): alone, a step takes 6-9 ms at 1 layer and 19-29 ms at 4 layers
+Time on one H100 (measured): alone, a step takes 6-9 ms at 1 layer and 19-29 ms at 4 layers
 (launch-bound, about the same at lengths 10 to 40; ``python -m pathedu.experiments.timing word_problem``); eight
 4-layer PaTH models trained at once in eight processes took 43-51 ms a step each, about five times the
 throughput of one.  The defaults with ``--jobs 8`` (one run per process) took 9 minutes (the slowest run, path
