@@ -56,3 +56,10 @@ at position ``t`` changes outputs at positions ``>= t`` only.
 Import :mod:`pathedu` first (it does, being our parent package): it decides
 whether Triton compiles for a GPU or interprets on the CPU.
 """
+
+from .._device import TritonUnavailable as _TritonUnavailable
+
+try:
+    import triton as _triton  # noqa: F401  (every kernel module needs it: fail here, once, with what to use instead)
+except ImportError as _exc:  # no Triton (macOS, Windows): pathedu.TritonUnavailable names the alternatives
+    raise _TritonUnavailable(f"{type(_exc).__name__}: {_exc}") from None

@@ -19,25 +19,35 @@ from ._device import configure as _configure
 
 _configure()
 
-from ._device import default_device, triton_mode  # noqa: E402
+from ._device import TritonUnavailable, default_device, triton_mode  # noqa: E402
 
 
 def _source_checkout_kernels() -> None:
-    """Installed, ``kernels/`` is the subpackage ``pathedu.kernels``.  Run from a
-    source checkout (``PYTHONPATH=.``, no install), map it by hand the same way."""
+    """Installed, ``kernels/`` is the subpackage ``pathedu.kernels``.  Run from a source checkout (``PYTHONPATH=.``,
+    no install), map it the same way: a finder that loads ``kernels/`` as ``pathedu.kernels`` when it is first
+    imported (not before: without Triton, that import raises :class:`TritonUnavailable`, and ``import pathedu``
+    must still work)."""
+    import importlib.machinery
     import importlib.util
     import sys
     from pathlib import Path
 
     if importlib.util.find_spec(__name__ + ".kernels") is not None:
         return
-    src = Path(__file__).resolve().parent.parent / "kernels"
-    if (src / "__init__.py").is_file():
-        spec = importlib.util.spec_from_file_location(
-            __name__ + ".kernels", src / "__init__.py", submodule_search_locations=[str(src)])
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "kernels" / "__init__.py").is_file():
+        return
+    name = __name__ + ".kernels"
+
+    class _KernelsFinder:
+        @staticmethod
+        def find_spec(fullname, path=None, target=None):
+            if fullname != name:
+                return None
+            return importlib.machinery.PathFinder.find_spec(fullname, [str(root)])
+
+    if not any(type(f).__name__ == "_KernelsFinder" for f in sys.meta_path):
+        sys.meta_path.append(_KernelsFinder())
 
 
 _source_checkout_kernels()
@@ -66,4 +76,4 @@ def __dir__():
     return sorted(set(globals()) | set(_LAZY))
 
 
-__all__ = ["triton_mode", "default_device", "__version__", *_LAZY]
+__all__ = ["triton_mode", "default_device", "TritonUnavailable", "__version__", *_LAZY]
