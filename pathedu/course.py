@@ -1,7 +1,13 @@
 """Course tools for lecturers: student copies of the labs, and grading the copies students hand back.
 
-    python -m pathedu.course student [OUTDIR]      (default OUTDIR: ./student_labs)
+    python -m pathedu.course student [OUTDIR] [--labs DIR]   (default OUTDIR: ./student_labs)
     python -m pathedu.course grade SUBMISSIONS [--out grades.csv] [--timeout 120]
+
+The labs are the notebooks ``NN_<name>_lab.ipynb`` of the repository's ``notebooks/`` folder; they are not part of
+the installed package.  Run from a clone, ``student`` finds them there; after ``pip install`` point it at that
+folder of a clone with ``--labs DIR``.  Grading runs notebooks in a Jupyter kernel: it needs ``nbclient``,
+``nbformat`` and ``ipykernel``, which ``pip install "pathedu[course]"`` installs (from a clone:
+``pip install ".[course]"``).
 
 A lab's exercise is four cells: the task (Markdown), a stub that raises ``NotImplementedError`` and calls the
 chapter's check (which prints ``Not yet [...]`` without raising), a solution cell tagged ``solution`` (and
@@ -38,7 +44,8 @@ import tempfile
 from pathlib import Path
 
 SOLUTION_TAG = "solution"
-LABS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+LABS_DIR = Path(__file__).resolve().parent.parent / "notebooks"  # in a clone: the repository's notebooks/
+COURSE_DEPENDENCIES = ("nbclient", "nbformat", "ipykernel")  # the `course` extra of pyproject.toml
 DEFAULT_OUT = Path("student_labs")
 _CHECK = re.compile(r"^assert (ch\d\d\.check_\w+\(.*\))\s*$")
 
@@ -87,18 +94,33 @@ def student_copy(nb: dict) -> dict:
     return nb
 
 
-def labs(folder: Path = LABS_DIR) -> list[Path]:
-    """The lab notebooks, in chapter order."""
-    return sorted(folder.glob("[0-9][0-9]_*_lab.ipynb"))
+def labs(folder: Path | None = None) -> list[Path]:
+    """The lab notebooks ``NN_<name>_lab.ipynb`` in ``folder`` (default :data:`LABS_DIR`), in chapter order."""
+    return sorted(Path(LABS_DIR if folder is None else folder).glob("[0-9][0-9]_*_lab.ipynb"))
 
 
-def student(outdir: Path = DEFAULT_OUT, notebooks=None) -> list[Path]:
-    """Write a student copy of every lab (or of ``notebooks``) into ``outdir``; returns the paths written."""
+class LabsNotFound(FileNotFoundError):
+    """No lab notebook where :func:`student` looked; the message says where the labs are."""
+
+
+def _no_labs_message(folder: Path) -> str:
+    return (f"no lab notebooks (NN_<name>_lab.ipynb) found in {folder}. The labs are not part of the installed "
+            "package: they are the notebooks/ folder of pathedu's repository (the book's pages link to it). Clone "
+            "the repository and point this command at that folder: "
+            "`python -m pathedu.course student OUTDIR --labs PATH/TO/pathedu/notebooks` (run from a clone, the "
+            "command finds them by itself).")
+
+
+def student(outdir: Path = DEFAULT_OUT, notebooks=None, *, labs_dir: Path | None = None) -> list[Path]:
+    """Write a student copy of every lab in ``labs_dir`` (default :data:`LABS_DIR`; or of the files ``notebooks``)
+    into ``outdir``; returns the paths written.  :class:`LabsNotFound` when there is no lab to copy; ``ValueError``
+    when ``outdir`` is the labs' own folder."""
     outdir = Path(outdir)
-    sources = [Path(p) for p in notebooks] if notebooks else labs()
+    folder = Path(LABS_DIR if labs_dir is None else labs_dir)
+    sources = [Path(p) for p in notebooks] if notebooks else labs(folder)
     if not sources:
-        raise FileNotFoundError(f"no lab notebooks found in {LABS_DIR}")
-    if outdir.resolve() == LABS_DIR.resolve():
+        raise LabsNotFound(_no_labs_message(folder))
+    if outdir.resolve() in {LABS_DIR.resolve(), folder.resolve()}:
         raise ValueError("`outdir` must not be notebooks/ (the copies would replace the labs)")
     outdir.mkdir(parents=True, exist_ok=True)
     written = []
@@ -177,6 +199,30 @@ def _one_line(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+class CourseDependencyMissing(ImportError):
+    """A package that grading needs is not installed; the message names the extra that installs it."""
+
+
+def require_course_dependencies(kernel_name: str = "python3") -> None:
+    """Raise :class:`CourseDependencyMissing` unless nbclient, nbformat (and, for the ``python3`` kernel,
+    ipykernel) can be imported: they come with ``pip install "pathedu[course]"``."""
+    import importlib.util
+
+    wanted = COURSE_DEPENDENCIES if kernel_name == "python3" else COURSE_DEPENDENCIES[:2]
+    missing = []
+    for name in wanted:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(name)
+    if missing:
+        raise CourseDependencyMissing(
+            f"grading runs notebooks in a Jupyter kernel and needs {', '.join(missing)} (not installed): "
+            "pip install \"pathedu[course]\" (from a clone of the repository: pip install \".[course]\")")
+
+
 def run_notebook(path: Path, *, timeout: int = 120, kernel_name: str = "python3"):
     """Execute notebook ``path`` in grading mode; returns ``(nb, records, failure)``: the executed notebook (a
     dict; ``None`` when it could not be read), the checks' records (dicts, in order) and what stopped it
@@ -247,12 +293,14 @@ def summary(rows: list[dict]) -> list[str]:
 def grade(folder: Path, out: Path | None = DEFAULT_REPORT, *, timeout: int = 120, kernel_name: str = "python3",
           progress: bool = True) -> list[dict]:
     """Grade every notebook under ``folder`` (see the module docstring): write the CSV to ``out`` (unless
-    ``None``), print one summary line per student and return the rows."""
+    ``None``), print one summary line per student and return the rows.  :class:`CourseDependencyMissing` when
+    nbclient, nbformat or ipykernel is missing (``pip install "pathedu[course]"``)."""
     from tqdm.auto import tqdm
 
     folder = Path(folder)
     if not folder.is_dir():
         raise ValueError(f"`submissions` must be a folder, got {str(folder)!r}")
+    require_course_dependencies(kernel_name)
     found = submissions(folder)
     rows = []
     for student, notebook, path in tqdm(found, desc="grading", unit="notebook", disable=not progress):
@@ -276,6 +324,8 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("student", help="write student copies of the labs (no solutions, no outputs)")
     s.add_argument("outdir", nargs="?", default=str(DEFAULT_OUT))
+    s.add_argument("--labs", help="the folder of lab notebooks: a clone's notebooks/ (default: the clone this "
+                                  "package runs from)")
     s.add_argument("--notebooks", nargs="*", help="only these notebooks (default: every lab)")
     g = sub.add_parser("grade", help="run the students' notebooks in grading mode and write a CSV of verdicts")
     g.add_argument("submissions", help="folder of submitted notebooks (one folder per student, or one file each)")
@@ -283,11 +333,15 @@ def main(argv=None) -> int:
     g.add_argument("--timeout", type=int, default=120, help="seconds allowed per cell (default: 120)")
     g.add_argument("--kernel", default="python3", help="the Jupyter kernel to run them in (default: python3)")
     a = p.parse_args(argv)
-    if a.command == "grade":
-        grade(Path(a.submissions), Path(a.out), timeout=a.timeout, kernel_name=a.kernel)
-        print(f"wrote {a.out}")
-        return 0
-    for path in student(Path(a.outdir), a.notebooks):
+    try:
+        if a.command == "grade":
+            grade(Path(a.submissions), Path(a.out), timeout=a.timeout, kernel_name=a.kernel)
+            print(f"wrote {a.out}")
+            return 0
+        written = student(Path(a.outdir), a.notebooks, labs_dir=None if a.labs is None else Path(a.labs))
+    except (LabsNotFound, CourseDependencyMissing, ValueError) as exc:
+        p.exit(2, f"{p.prog} {a.command}: error: {exc}\n")
+    for path in written:
         print(f"wrote {path}")
     return 0
 

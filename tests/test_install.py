@@ -94,3 +94,41 @@ def test_kernel_runs_from_the_installed_copy(installed, tmp_path):
     import torch
 
     assert found["mode"] == ("gpu" if torch.cuda.is_available() else "interpreter")
+
+
+def _installed_env(installed) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")}
+    env["PYTHONPATH"] = str(installed)
+    return env
+
+
+def test_course_student_from_the_installed_copy(installed, tmp_path):
+    """The labs are not in the package: the command says where they are instead of a traceback, and takes them
+    from a clone with --labs."""
+    env = _installed_env(installed)
+    proc = subprocess.run([sys.executable, "-m", "pathedu.course", "student", "copies"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "--labs" in proc.stderr and "notebooks/ folder of pathedu's repository" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "pathedu.course", "student", "copies", "--labs",
+                           str(ROOT / "notebooks")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(p.name for p in (tmp_path / "copies").iterdir()) == \
+        sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*_lab.ipynb"))
+
+
+def test_experiment_from_the_installed_copy_leaves_the_package_data_alone(installed, tmp_path):
+    """Without --out a run writes a new file in the current folder, never the package's exp_NAME.json."""
+    data = installed / "pathedu" / "data" / "exp_flipflop.json"
+    before = data.read_bytes()
+    (tmp_path / "exp_flipflop.json").write_text("{}")  # an earlier run's file: kept too
+    proc = subprocess.run([sys.executable, "-m", "pathedu.experiments", "flipflop", "--tiny", "--no-progress",
+                           "--mixers", "rope", "--set", "steps=2"], cwd=tmp_path, env=_installed_env(installed),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert data.read_bytes() == before
+    assert (tmp_path / "exp_flipflop.json").read_text() == "{}"
+    new = tmp_path / "exp_flipflop-2.json"
+    assert new.is_file() and f"written to {new.name}" in proc.stdout.replace(str(tmp_path) + os.sep, "")

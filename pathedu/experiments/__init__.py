@@ -1,8 +1,12 @@
 r"""The PaTH paper's synthetic experiments, reproduced at small scale with the book's mechanisms.
 
 ``python -m pathedu.experiments NAME [--mixers ...] [--steps N] [--seeds ...] [--device DEV] [--out FILE] [--tiny]``
-runs experiment ``NAME`` (:data:`EXPERIMENTS`: ``flipflop``, ``word_problem``, ``mqrar``) and writes
-``pathedu/data/exp_NAME.json`` (``--out`` to change it)::
+runs experiment ``NAME`` (:data:`EXPERIMENTS`: ``flipflop``, ``word_problem``, ``mqrar``) and writes its record to
+a new file in the current folder, ``exp_NAME.json`` (``exp_NAME-2.json``, ``-3``, ... when that exists: a run never
+replaces a file it was not told to), and prints where.  ``--out FILE`` writes ``FILE`` instead; an existing
+``FILE`` is replaced only with ``--overwrite``.  The records the book reads are the package's
+``pathedu/data/exp_NAME.json`` (:func:`default_out`); refreshing one is
+``--out pathedu/data/exp_NAME.json --overwrite`` from a clone.  The record::
 
     {"experiment", "command", "commit", "dirty", "device", "versions": {python, torch, triton, pathedu},
      "config": {...every setting...}, "wall_time_s",
@@ -35,7 +39,7 @@ import torch
 from .._provenance import git_commit
 
 __all__ = ["EXPERIMENTS", "get_module", "make_config", "run_experiment", "merge_records", "metadata", "git_commit",
-           "default_out", "write_record"]
+           "default_out", "new_out", "write_record"]
 
 EXPERIMENTS = ("flipflop", "word_problem", "mqrar")
 _ROOT = Path(__file__).resolve().parent.parent  # the pathedu package
@@ -51,8 +55,20 @@ def get_module(name: str):
 
 
 def default_out(name: str) -> Path:
-    """``pathedu/data/exp_NAME.json``."""
+    """``pathedu/data/exp_NAME.json``: the package's record of experiment ``name``, the one the book reads.  Runs
+    write there only when told to (:func:`write_record`)."""
     return _ROOT / "data" / f"exp_{name}.json"
+
+
+def new_out(name: str, folder=None) -> Path:
+    """Where a run writes when not told where: ``exp_NAME.json`` in ``folder`` (default: the current folder), or
+    ``exp_NAME-2.json``, ``exp_NAME-3.json``, ... the first that does not exist."""
+    folder = Path.cwd() if folder is None else Path(folder)
+    path, n = folder / f"exp_{name}.json", 1
+    while path.exists():
+        n += 1
+        path = folder / f"exp_{name}-{n}.json"
+    return path
 
 
 def metadata(device: torch.device) -> dict:
@@ -97,10 +113,10 @@ def make_config(name: str, *, tiny: bool = False, **overrides) -> dict:
 
 
 def run_experiment(name: str, *, config: dict | None = None, device=None, out=None, progress: bool = True,
-                   command: str | None = None) -> dict:
+                   command: str | None = None, overwrite: bool = True) -> dict:
     """Run experiment ``name`` with ``config`` (default :func:`make_config` ``(name)``) on ``device``
-    (default: CUDA when available, else CPU); write the JSON to ``out`` (default :func:`default_out`;
-    ``out=False``: write nothing) and return the record."""
+    (default: CUDA when available, else CPU); write the JSON as :func:`write_record` does (``out=None``: a new
+    file in the current folder; ``out=False``: write nothing) and return the record."""
     mod = get_module(name)
     config = make_config(name) if config is None else config
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -113,14 +129,27 @@ def run_experiment(name: str, *, config: dict | None = None, device=None, out=No
     record["wall_time_s"] = time.perf_counter() - start
     record["runs"] = runs
     record["summary"] = summary
-    return write_record(record, out)
+    return write_record(record, out, overwrite=overwrite)
 
 
-def write_record(record: dict, out=None) -> dict:
-    """Write ``record`` as JSON to ``out`` (default :func:`default_out` of its experiment; ``False``: nothing)
-    and return it, with ``"written_to"`` set when written."""
+def check_out(out, overwrite: bool) -> None:
+    """Refuse ``out`` (a path, or None / False: nothing to check) when it exists and ``overwrite`` is false, before
+    any training: ``FileExistsError`` naming ``--overwrite``."""
+    if out not in (None, False) and Path(out).exists() and not overwrite:
+        raise FileExistsError(f"{out} exists: pass --overwrite (overwrite=True) to replace it, or another --out "
+                              "(without --out a run writes a new file in the current folder)")
+
+
+def write_record(record: dict, out=None, *, overwrite: bool = True) -> dict:
+    """Write ``record`` as JSON and return it, with ``"written_to"`` set (the absolute path) when written.
+
+    ``out=None``: a new file in the current folder (:func:`new_out`), never an existing one; ``out=False``:
+    nothing; a path: that file, which may already exist only with ``overwrite`` (the default here, since the
+    caller named it; the command line's ``--out`` passes ``overwrite=False`` unless given ``--overwrite``)."""
     if out is not False:
-        path = Path(out) if out is not None else default_out(record["experiment"])
+        check_out(out, overwrite)
+        path = Path(out) if out is not None else new_out(record["experiment"])
+        path = path.resolve()
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record, indent=1, allow_nan=True) + "\n")
         record["written_to"] = str(path)

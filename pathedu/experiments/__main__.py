@@ -1,5 +1,6 @@
-"""``python -m pathedu.experiments NAME [--mixers ...] [--steps N] [--seeds ...] [--device DEV] [--out FILE]
-[--tiny] [--set KEY=JSON ...] [--jobs K [--workdir DIR]] [--no-progress]``: see :mod:`pathedu.experiments`."""
+"""``python -m pathedu.experiments NAME [--mixers ...] [--steps N] [--seeds ...] [--device DEV] [--out FILE
+[--overwrite]] [--tiny] [--set KEY=JSON ...] [--jobs K [--workdir DIR]] [--no-progress]``: see
+:mod:`pathedu.experiments` (without ``--out``, a new file ``exp_NAME.json`` in the current folder)."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +8,7 @@ import json
 import shlex
 import sys
 
-from . import EXPERIMENTS, get_module, make_config, run_experiment
+from . import EXPERIMENTS, check_out, get_module, make_config, run_experiment
 
 
 def _parse_set(items):
@@ -27,13 +28,17 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     p = argparse.ArgumentParser(prog="python -m pathedu.experiments",
                                 description="Train small models on the PaTH paper's synthetic tasks and write "
-                                            "pathedu/data/exp_NAME.json.")
+                                            "the record to a new file exp_NAME.json in the current folder "
+                                            "(or --out FILE).")
     p.add_argument("name", choices=EXPERIMENTS)
     p.add_argument("--mixers", nargs="+", help="mixers to train (default: the experiment's)")
     p.add_argument("--steps", type=int, help="optimizer steps per run")
     p.add_argument("--seeds", nargs="+", type=int, help="seeds (every seed is run and reported)")
     p.add_argument("--device", help="cuda, cuda:1, cpu (default: cuda when available)")
-    p.add_argument("--out", help="output JSON (default: pathedu/data/exp_NAME.json)")
+    p.add_argument("--out", help="output JSON (default: a new file exp_NAME.json, or exp_NAME-2.json, ... in the "
+                                 "current folder)")
+    p.add_argument("--overwrite", action="store_true", help="let --out replace an existing file (e.g. the "
+                                                            "book's pathedu/data/exp_NAME.json)")
     p.add_argument("--tiny", action="store_true", help="tiny sizes: a CPU run of seconds (tests, labs)")
     p.add_argument("--set", action="append", metavar="KEY=JSON", help="override any setting, e.g. --set lengths=[10,20]")
     p.add_argument("--jobs", type=int, default=1,
@@ -61,14 +66,21 @@ def main(argv=None) -> int:
         p.error(f"--jobs must be at least 1, got {args.jobs}")
     if args.workdir is not None and args.jobs < 2:
         p.error("--workdir goes with --jobs K (K >= 2)")
+    if args.overwrite and args.out is None:
+        p.error("--overwrite goes with --out FILE (without --out a run writes a new file)")
+    try:
+        check_out(args.out, args.overwrite)  # before any training
+    except FileExistsError as e:
+        p.error(str(e))
     if args.jobs > 1:
         from .parallel import run_parallel
 
         record = run_parallel(args.name, config, jobs=args.jobs, device=args.device, out=args.out,
-                              progress=not args.no_progress, command=command, workdir=args.workdir)
+                              progress=not args.no_progress, command=command, workdir=args.workdir,
+                              overwrite=args.overwrite)
     else:
         record = run_experiment(args.name, config=config, device=args.device, out=args.out,
-                                progress=not args.no_progress, command=command)
+                                progress=not args.no_progress, command=command, overwrite=args.overwrite)
     print(json.dumps(record["summary"], indent=1))
     print(f"{len(record['runs'])} runs in {record['wall_time_s']:.1f} s on {record['device']}; "
           f"written to {record['written_to']}")

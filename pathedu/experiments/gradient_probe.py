@@ -10,8 +10,9 @@ schedule, then runs one more training batch with every mixer's inputs captured: 
 quantities as the kernel received them (bf16 ``q, k, v`` under autocast), and the gradient that reached the
 mixer's output.  For each layer and each input it compares the gradient of the Triton form on exactly those
 tensors with float64 autograd through the matrix form on the same values (the kernel's own error), and the
-float32 matrix form's with the same reference (how well conditioned the problem is).  Output:
-``pathedu/data/probe_mqrar_<mixer>.json`` (or ``--out``).
+float32 matrix form's with the same reference (how well conditioned the problem is).  Output: a new file
+``probe_mqrar_<mixer>.json`` in the current folder (``-2``, ``-3``, ... when that exists), or ``--out FILE``
+(an existing ``FILE`` only with ``--overwrite``).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import json
 import shlex
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -142,7 +144,7 @@ def probe(config: dict, *, mixer: str = "path", n_back: int = 2, seed: int = 0, 
 
 
 def main(argv=None) -> int:
-    from . import _ROOT, make_config
+    from . import make_config
     from .__main__ import _parse_set
 
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -154,17 +156,20 @@ def main(argv=None) -> int:
     p.add_argument("--set", action="append", metavar="KEY=JSON", help="override an mqrar setting")
     p.add_argument("--tiny", action="store_true", help="tiny sizes, on the CPU (tests)")
     p.add_argument("--device")
-    p.add_argument("--out")
+    p.add_argument("--out", help="output JSON (default: a new file probe_mqrar_MIXER.json in the current folder)")
+    p.add_argument("--overwrite", action="store_true", help="let --out replace an existing file")
     p.add_argument("--save-inputs", help="a .pt file for the captured tensors of every layer (first --save-rows rows)")
     p.add_argument("--save-rows", type=int, default=2)
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
+    if a.out is not None and Path(a.out).exists() and not a.overwrite:
+        p.error(f"{a.out} exists: pass --overwrite to replace it, or another --out")
     config = make_config("mqrar", tiny=a.tiny, **_parse_set(a.set))
     device = a.device or ("cpu" if a.tiny else None)
     rec = probe(config, mixer=a.mixer, n_back=a.n_back, seed=a.seed, at=a.at, device=device,
                 progress=not a.no_progress, save_inputs=a.save_inputs, save_rows=a.save_rows)
     rec["command"] = "python -m pathedu.experiments.gradient_probe " + " ".join(shlex.quote(x) for x in argv)
-    out = a.out or str(_ROOT / "data" / f"probe_mqrar_{a.mixer}.json")
+    out = a.out or str(_new_file(f"probe_mqrar_{a.mixer}"))
     with open(out, "w") as f:
         json.dump(rec, f, indent=1)
     for i, layer in enumerate(rec["layers"]):
@@ -175,6 +180,15 @@ def main(argv=None) -> int:
                   f"fp32 matrix {e['rel_rms_matrix_fp32']:.2e}  {others}")
     print(f"written to {out}")
     return 0
+
+
+def _new_file(stem: str) -> Path:
+    """``STEM.json`` in the current folder, or ``STEM-2.json``, ... the first that does not exist."""
+    path, n = Path(f"{stem}.json"), 1
+    while path.exists():
+        n += 1
+        path = Path(f"{stem}-{n}.json")
+    return path.resolve()
 
 
 if __name__ == "__main__":

@@ -55,9 +55,10 @@ def _narrow(config: dict, point: dict) -> dict:
 
 
 def run_parallel(name: str, config: dict, *, jobs: int, device=None, out=None, command: str | None = None,
-                 progress: bool = True, workdir=None) -> dict:
+                 progress: bool = True, workdir=None, overwrite: bool = True) -> dict:
     """Run experiment ``name`` with ``config`` in ``jobs`` processes (see the module's text) and return the
-    merged record, written to ``out`` (default :func:`pathedu.experiments.default_out`; ``False``: not written).
+    merged record, written as :func:`pathedu.experiments.write_record` does (``out=None``: a new file in the
+    current folder; ``False``: not written; an existing ``out`` only with ``overwrite``).
 
     ``device``: every process's device (default: CUDA when available).  The record is what
     :func:`pathedu.experiments.run_experiment` would write, with ``runs`` in the single-process order,
@@ -115,7 +116,7 @@ def run_parallel(name: str, config: dict, *, jobs: int, device=None, out=None, c
     if command is not None:
         record["command"] = command
     record["parallel"] = {"jobs": len(groups), "elapsed_s": time.perf_counter() - start}
-    return write_record(record, out)
+    return write_record(record, out, overwrite=overwrite)
 
 
 def _count_done(tmp: Path, n: int) -> int:
