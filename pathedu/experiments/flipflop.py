@@ -1,10 +1,10 @@
 r"""Flip-flop language modelling (the PaTH paper's Table 1; Liu et al., 2023).
 
-Setting (the paper's): 1 layer, 2 heads, d_model 64; train on length-512 sequences with
-``p_ignore = 0.8``; test on three splits of the same length, in-distribution (``p_ignore = 0.8``),
-sparse (0.98: long gaps between a write and its read) and dense (0.1).  The model reads the
-tokens and, at every ``r``, predicts the next token, the bit that the read must return
-(:func:`pathedu.train.lm_targets`); the loss is on those positions only (``loss="reads"``;
+Setting: the PaTH paper's Table 1 model (1 layer, 2 heads, d_model 64) and test splits; Liu et al.'s training
+data, which the PaTH paper does not state: sequences of 512 tokens with ``p_ignore = 0.8``.  Three test splits of
+the same length: in-distribution (``p_ignore = 0.8``), sparse (0.98: long gaps between a write and its read) and
+dense (0.1).  The model reads the tokens and, at every ``r``, predicts the next token, the bit that the read
+must return (:func:`pathedu.train.lm_targets`); the loss is on those positions only (``loss="reads"``;
 ``loss="all"`` trains next-token prediction on every position, the bits' and instructions'
 randomness included, and still scores the reads).  The error of a split is the fraction of
 its read bits predicted wrongly.  Every run uses the same evaluation sequences.

@@ -16,6 +16,13 @@ that every number on the page comes from a file and none is typed by hand.
 * :func:`plot_histories`, :func:`plot_grad_checks` -- training curves of runs side by side, and how far
   their gradient was from the float32 matrix form's along the way.
 * :func:`describe` -- the structure of a record, as lines of text (what a run stores).
+* :func:`markdown_table`, :func:`seed_cell` -- a table for the book's page (Markdown, rendered as an HTML table
+  that a test measures against the text column), and every seed's value in one cell.
+* :func:`flipflop_seed_table`, :func:`plot_flipflop_seeds` -- flip-flop rows taken from several records (each row
+  one mixer of one record, e.g. a variant with a convolution on ``w``), every seed and the paper beside them.
+* :func:`word_problem_table`, :func:`mqrar_seed_table` -- the other two tasks the same way.
+* :func:`plot_gradient_agreement` -- the kernels' gradient against the matrix form's along training runs, beside
+  their accuracy.
 
 Errors are in percent; a split with no scored position (possible in ``--tiny`` runs) has
 error ``None`` and is left out of figures.  Figures are at most 7 inches wide.
@@ -30,7 +37,9 @@ from . import default_out, get_module
 __all__ = ["LABELS", "SPLITS", "label", "load", "flipflop_rows", "format_flipflop_table", "fmt_percent",
            "eval_curves", "plot_flipflop_sparse", "plot_flipflop_history", "plot_word_problem", "min_layers",
            "plot_min_layers", "word_problem_grid", "mqrar_accuracies",
-           "plot_mqrar", "plot_histories", "plot_grad_checks", "describe"]
+           "plot_mqrar", "plot_histories", "plot_grad_checks", "describe", "markdown_table", "seed_cell",
+           "flipflop_seed_table", "plot_flipflop_seeds", "word_problem_table", "mqrar_seed_table",
+           "plot_gradient_agreement"]
 
 LABELS = {"nope": "NoPE", "alibi": "ALiBi", "fox": "FoX", "rope": "RoPE", "path": "PaTH", "pathfox": "PaTH-FoX",
           "linear": "linear", "retnet": "RetNet", "gla": "GLA", "deltanet": "DeltaNet",
@@ -502,3 +511,177 @@ def describe(record: dict) -> list[str]:
              "  history: " + ", ".join(run.get("history", {})),
              "summary: " + ", ".join(record.get("summary", {}))]
     return lines
+
+
+# ---------------------------------------------------------------------------
+# Tables and figures of every seed, across records (the book's results pages)
+# ---------------------------------------------------------------------------
+
+def seed_cell(values, fmt=fmt_percent, sep: str = " · ") -> str:
+    """Every seed's value in one table cell, in the order given, ``"-"`` for a missing one (``None``):
+    ``seed_cell([0.1, None, 0.25], "{:.2f}".format) == "0.10 · - · 0.25"``."""
+    return sep.join("-" if v is None else fmt(v) for v in values)
+
+
+def markdown_table(header, rows, align=None) -> str:
+    """A Markdown (GitHub) table: ``header`` a list of column titles, ``rows`` lists of cells (converted with
+    ``str``), ``align`` one of ``"l"``, ``"r"``, ``"c"`` per column (default: the first left, the rest right).
+    A ``|`` inside a cell is escaped.  Display it with ``IPython.display.Markdown``."""
+    header = [str(h) for h in header]
+    if align is None:
+        align = ["l"] + ["r"] * (len(header) - 1)
+    if len(align) != len(header) or any(a not in "lrc" for a in align):
+        raise ValueError(f"`align` must give 'l', 'r' or 'c' for each of the {len(header)} columns, got {align!r}")
+    rule = {"l": ":--", "r": "--:", "c": ":-:"}
+
+    def line(cells):
+        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+    out = [line(header), "|" + "|".join(rule[a] for a in align) + "|"]
+    for row in rows:
+        if len(row) != len(header):
+            raise ValueError(f"a row has {len(row)} cells, the header {len(header)}: {row!r}")
+        out.append(line(row))
+    return "\n".join(out)
+
+
+def _flipflop_parts(parts):
+    out = []
+    for part in parts:
+        name, record, mixer = part[:3]
+        paper_key = part[3] if len(part) > 3 else mixer
+        record = _check_record(record, "flipflop")
+        if mixer not in record["config"]["mixers"]:
+            raise ValueError(f"the record ran {record['config']['mixers']}, not {mixer!r}")
+        paper = record.get("summary", {}).get("paper_table1_error_percent", {}).get(paper_key) if paper_key else None
+        runs = sorted((r for r in record["runs"] if r["mixer"] == mixer), key=lambda r: r["seed"])
+        out.append((name, record, runs, paper or {}))
+    return out
+
+
+def flipflop_seed_table(parts, splits=SPLITS) -> str:
+    """Flip-flop error (%) as a Markdown table, one row per part and split, every seed in its own column and the
+    PaTH paper's Table 1 beside it.  ``parts``: ``(row name, record, mixer)`` or ``(row name, record, mixer,
+    paper_key)`` (``paper_key``: the paper's row to show, default ``mixer``; ``None`` for none), so that rows can
+    come from several records (the same mixer with and without a setting).  Seeds are the union over the parts."""
+    parts = _flipflop_parts(parts)
+    seeds = sorted({r["seed"] for _, _, runs, _ in parts for r in runs})
+    rows = []
+    for name, _, runs, paper in parts:
+        by_seed = {r["seed"]: r for r in runs}
+        for i, split in enumerate(splits):
+            cells = [fmt_percent(_percent(by_seed[s]["final"].get(split))) if s in by_seed else "-" for s in seeds]
+            rows.append([name if i == 0 else "", _SPLIT_TITLES.get(split, split), *cells,
+                         fmt_percent(paper.get(split))])
+    return markdown_table(["mixer", "split", *[f"seed {s}" for s in seeds], "paper"], rows,
+                          ["l", "l"] + ["r"] * (len(seeds) + 1))
+
+
+def plot_flipflop_seeds(parts, split: str = "sparse", ax=None):
+    """Final flip-flop error (%) on ``split``, one column per part of :func:`flipflop_seed_table`: a dot per
+    seed, a bar at the mean, the paper's Table 1 as a cross where it has an entry.  Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    parts = _flipflop_parts(parts)
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(MAX_WIDTH_IN, 3.0))
+    else:
+        fig = ax.figure
+    crossed = False
+    for x, (name, _, runs, paper) in enumerate(parts):
+        c = _color(runs[0]["mixer"]) if runs else "k"
+        vals = [v for v in (_percent(r["final"].get(split)) for r in runs) if v is not None]
+        if vals:
+            ax.bar(x, sum(vals) / len(vals), width=0.6, color=c, alpha=0.35)
+        ax.scatter([x + d for d in _jitter(len(vals))], vals, color=c, s=22, zorder=3,
+                   label="each seed" if x == 0 else None)
+        if paper.get(split) is not None:
+            ax.scatter([x], [paper[split]], marker="x", color="k", s=40, zorder=4,
+                       label=None if crossed else "paper (Table 1)")
+            crossed = True
+    ax.set_xticks(range(len(parts)), [name for name, *_ in parts], fontsize=8)
+    ax.set_ylabel(f"{_SPLIT_TITLES.get(split, split)} error (%)")
+    ax.set_ylim(bottom=0)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    return fig
+
+
+def word_problem_table(record, *, mixers=None, layers=None, paper=None) -> str:
+    """Word problems as a Markdown table: one row per (group, length, mixer, seed), one column per depth, each
+    cell ``"all/last"``, the accuracy over all positions and at the last position (``"-"`` where that depth did
+    not run), and a last column ``paper``: ``paper[(group, length, mixer)]`` (e.g. the fewest layers the paper
+    reports) or ``"-"``.  ``record``: a word-problem record, e.g. :func:`combine` of several."""
+    record = _check_record(record, "word_problem")
+    runs = record["runs"]
+    order = list(mixers) if mixers is not None else list(dict.fromkeys(r["mixer"] for r in runs))
+    depths = sorted(layers if layers is not None else {r["n_layers"] for r in runs})
+    cases = sorted({(r["group"], int(r["length"]), r["mixer"], r["seed"]) for r in runs if r["mixer"] in order},
+                   key=lambda c: (c[0], c[1], order.index(c[2]), c[3]))
+    final = {(r["group"], int(r["length"]), r["mixer"], r["seed"], r["n_layers"]): r["final"] for r in runs}
+    rows, last_task = [], None
+    for group, length, mixer, seed in cases:
+        cells = []
+        for d in depths:
+            f = final.get((group, length, mixer, seed, d))
+            cells.append("-" if f is None else f"{f['accuracy']:.2f}/{f['last_accuracy']:.2f}")
+        task = f"{group}, {length}"
+        rows.append([task if task != last_task else "", label(mixer), seed, *cells,
+                     (paper or {}).get((group, length, mixer), "-")])
+        last_task = task
+    return markdown_table(["task", "mixer", "seed", *[str(d) for d in depths], "paper"],
+                          rows, ["l", "l", "r"] + ["r"] * len(depths) + ["r"])
+
+
+def mqrar_seed_table(parts, n_backs=(1, 2, 3, 4), fmt="{:.2f}".format) -> str:
+    """MQRAR-N accuracy as a Markdown table: for each part ``(row name, setting, record, mixer)`` one row per seed
+    that ran, one column per N (``"-"`` where N was not run).  ``setting`` fills the second column (e.g. the width
+    of the convolution on q, k, v); the name and the setting are written on a part's first row only."""
+    rows = []
+    for name, setting, record, mixer in parts:
+        record = _check_record(record, "mqrar")
+        final = {(r["seed"], r["n_back"]): r["final"]["accuracy"] for r in record["runs"] if r["mixer"] == mixer}
+        if not final:
+            raise ValueError(f"the record has no run of {mixer!r}")
+        for i, seed in enumerate(sorted({s for s, _ in final})):
+            cells = [fmt(final[seed, n]) if (seed, n) in final else "-" for n in n_backs]
+            rows.append([name if i == 0 else "", setting if i == 0 else "", seed, *cells])
+    return markdown_table(["mixer", "conv.", "seed", *[f"N = {n}" for n in n_backs]], rows,
+                          ["l", "l", "r"] + ["r"] * len(n_backs))
+
+
+def plot_gradient_agreement(groups, fig=None):
+    """Left: along each run, the error of the gradient it trained with relative to the error of the matrix form
+    under the same autocast (both against the float32 matrix form, :func:`pathedu.train.gradient_agreement`;
+    1 means the kernels cost no more than the autocast itself), log scale.  Right: the runs' evaluated accuracy.
+    ``groups``: ``(label, colour, runs)``, each run with ``history["grad_checks"]``.  Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    if not groups:
+        raise ValueError("`groups` is empty: nothing to plot")
+    if fig is None:
+        fig = plt.figure(figsize=(MAX_WIDTH_IN, 2.8))
+    ax_ratio, ax_acc = fig.subplots(1, 2)
+    for lab, color, runs in groups:
+        for i, run in enumerate(runs):
+            checks = run["history"].get("grad_checks")
+            if not checks:
+                raise ValueError("a run has no gradient checks (train with grad_check_every > 0)")
+            ax_ratio.plot([c["step"] for c in checks], [c["rel_err_run"] / c["rel_err_matrix_amp"] for c in checks],
+                          color=color, lw=1, alpha=0.85, label=lab if i == 0 else None)
+            ev = run["history"]["eval"]
+            ax_acc.plot([e["step"] for e in ev], [100 * e["accuracy"] for e in ev], "o-", color=color, lw=1, ms=3,
+                        alpha=0.85, label=lab if i == 0 else None)
+    ax_ratio.axhline(1.0, color="k", lw=0.8, alpha=0.5)
+    ax_ratio.set_yscale("log")
+    ax_ratio.set_ylabel("kernels' gradient error /\nmatrix form's (same autocast)", fontsize=8)
+    ax_acc.set_ylabel("accuracy (%)")
+    ax_acc.set_ylim(0, 100)
+    for ax in (ax_ratio, ax_acc):
+        ax.set_xlabel("training step")
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=8)
+    ax_ratio.legend(fontsize=7)
+    fig.tight_layout()
+    return fig

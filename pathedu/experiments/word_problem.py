@@ -14,7 +14,7 @@ reaches ``threshold`` (``None``: no depth tried did).
 Our sizes (the paper's Fig. 2 does not give them all): d_model 128, 2 heads, batch 128, lr 1e-3,
 10000 steps; deltanet with ``beta`` in (0, 2) (``beta_max``).  The defaults are the slice committed in
 ``pathedu/data/exp_word_problem.json``: A5 at length 20 (the length of the paper's claim), rope and path,
-1-4 layers, one seed: 8 runs.  The issue's whole grid (A5 and S5, lengths 10 and 20, rope, fox, path and
+1-4 layers, one seed: 8 runs.  The whole grid (A5 and S5, lengths 10 and 20, rope, fox, path and
 deltanet, several seeds) is ``--set 'groups=["A5","S5"]' --set 'lengths=[10,20]' --mixers rope fox path
 deltanet --seeds 0 1 2``: 96 runs, about twelve times the default slice's time.
 
