@@ -12,8 +12,16 @@ duality (naive, recurrent, matrix, blockwise/chunked, Triton):
 * :mod:`pathedu.cope`   CoPE (contextual positions: counts of sigmoid gates; no linear dual)
 * :mod:`pathedu.stickbreaking` stick-breaking attention (a query-dependent cumulative forget gate; no linear dual)
 
+Conventions (every form): ``q, k: (..., T, D)``, ``v: (..., T, Dv)``, per-token arguments ``(..., T)``; gates in
+log space; 0-based positions, a token's own gate never acting on itself; bad input refused with a
+``TypeError``/``ValueError`` naming the argument; non-finite ``q, k, v`` confined to the outputs that depend
+on them (a NaN or inf at position t reaches no output before t): :mod:`pathedu.checks` says how, and which
+arguments must be finite.
+
 The device policy (:mod:`pathedu._device`) runs first: without a CUDA GPU,
-Triton's interpreter is switched on before any kernel is defined.
+Triton's interpreter is switched on before any kernel is defined; without Triton
+(it has wheels for Linux only) every reference form works and the Triton forms
+raise :class:`TritonUnavailable`, which says what to use instead.
 """
 from ._device import configure as _configure
 

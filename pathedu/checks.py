@@ -3,11 +3,24 @@
 Each check raises ``TypeError`` (wrong kind of object or dtype) or
 ``ValueError`` (wrong shape or value) with a message that names the argument,
 so that a mistake is reported at the call, not deep inside a kernel.
+
+Non-finite inputs, the convention of every form (naive, recurrent, matrix, blockwise/chunked, Triton; forward,
+and a forward to be differentiated) of every mechanism:
+
+* ``q, k, v`` are not checked for NaN or inf (that would cost a pass over them); a NaN or inf in any of them at
+  position ``t`` changes only the outputs that depend on position ``t``, those at positions ``>= t``, and never
+  an earlier one.  Causal masks are selects, never multiplications by 0 (``0 * NaN`` is NaN), and masked
+  weights never multiply a value (:func:`pathedu.masks.causal_matmul`).
+* The per-token and per-head arguments (``w``, ``beta``, ``log_f``, ALiBi's slopes, RetNet's decays, CoPE's
+  ``pos_emb``) must be finite and in their ranges: anything else is refused with a ``ValueError`` naming the
+  argument (:func:`finite_condition`, :func:`range_condition`, :func:`log_gate_condition`; PaTH's ``w`` must
+  also hold unit rows, :func:`unit_condition`).
 """
 from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
@@ -93,6 +106,33 @@ def check_per_token(x, name: str, sizes: QKV, like: torch.Tensor, *, extra: tupl
         raise ValueError(f"`{name}` must have shape {want} (leading dims, T{', ...' if extra else ''}), got {tuple(x.shape)}")
     if x.device != like.device:
         raise ValueError(f"`{name}` must be on {like.device}, got {x.device}")
+    return x
+
+
+def check_state(state, want: tuple, like: torch.Tensor, *, allow_complex: bool = False, name: str = "initial_state",
+                shape_note: str = "") -> torch.Tensor:
+    """Validate a recurrent state (a linear-side form's ``initial_state``): a tensor of shape ``want`` on ``like``'s
+    device, floating, or complex too where ``allow_complex``.  ``shape_note`` follows the wanted shape in the
+    message.  Returns ``state`` unchanged."""
+    if not isinstance(state, torch.Tensor):
+        raise TypeError(f"`{name}` must be a torch.Tensor, got {type(state).__name__}")
+    if allow_complex:
+        if not (state.is_complex() or state.is_floating_point()):
+            raise TypeError(f"`{name}` must be complex (or real), got {state.dtype}")
+    elif not state.is_floating_point():
+        raise TypeError(f"`{name}` must have a floating dtype, got {state.dtype}")
+    check_device(state, name)
+    if tuple(state.shape) != tuple(want):
+        raise ValueError(f"`{name}` must have shape {tuple(want)}{shape_note}, got {tuple(state.shape)}")
+    if state.device != like.device:
+        raise ValueError(f"`{name}` must be on {like.device}, got {state.device}")
+    return state
+
+
+def check_bool(x, name: str) -> bool:
+    """A flag (``return_state``): ``True`` or ``False``, nothing else."""
+    if not isinstance(x, bool):
+        raise TypeError(f"`{name}` must be a bool, got {type(x).__name__} {x!r}")
     return x
 
 
@@ -197,9 +237,14 @@ class checked_after:
     index or a size).  A kernel of the body may add a condition it decides as it goes
     (:meth:`defer`).  Every condition is read with one host synchronisation, on leaving the block
     (on the CPU too, where the body has then run on the values).
+
+    In Triton's interpreter (the CPU) the body's warnings (numpy's overflow on bad values, say) are held back
+    until the conditions are read: dropped when one fails, so that only its ``ValueError`` is shown, and
+    issued again after the block otherwise.
     """
 
     def __init__(self, *conditions: Condition | None):
+        self._held = None  # the warnings.catch_warnings that holds the body's warnings back (interpreter only)
         self._groups = []  # (conditions, their [min, max] pairs: pinned host copy or CPU tensor, event or None)
         kept = [c for c in conditions if c is not None]
         if kept:
@@ -230,11 +275,28 @@ class checked_after:
             self._add(list(conditions), stats)
 
     def __enter__(self) -> "checked_after":
+        from ._device import triton_mode
+
+        if triton_mode() == "interpreter":
+            self._held = warnings.catch_warnings(record=True)
+            self._caught = self._held.__enter__()
+            warnings.simplefilter("always")
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        caught = []
+        if self._held is not None:
+            self._held.__exit__(None, None, None)
+            self._held, caught = None, self._caught
+        self._read(exc)  # a failed condition raises here, and the body's warnings are dropped
+        for w in caught:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+        return False
+
+    def _read(self, exc) -> None:
+        """Wait for the conditions' extremes and raise ``ValueError`` for the first that fails."""
         if not self._groups:
-            return False
+            return
         events = [e for _, _, e in self._groups if e is not None]
         if events:  # events complete in stream order: the last one covers every copy
             events[-1].synchronize()
@@ -243,7 +305,6 @@ class checked_after:
         conditions = [c for group, _, _ in self._groups for c in group]
         pairs = [(p, c) for p, c in zip(_pairs(values), conditions) if c is not None]
         _raise_first_false([p for p, _ in pairs], [c for _, c in pairs], exc)
-        return False
 
 
 def _counted(counted: torch.Tensor):
@@ -306,3 +367,36 @@ def finite_condition(x: torch.Tensor, name: str, *, counted: torch.Tensor | None
     if counted is not None:
         return Condition(*_counted(counted), message)
     return Condition(extremes(x), lambda a, b: math.isfinite(a) and math.isfinite(b), message)
+
+
+# PaTH's w_t is a unit direction (H_t = I - beta_t w_t w_t^T is a reflection-like map only then).  The tolerance
+# on |w_t|^2 - 1 is the one of the coarsest dtype pathedu takes, bfloat16, for every dtype: rounding a unit vector
+# to bfloat16 moves |w|^2 by up to about 2^-7, and references in float32/float64 are routinely evaluated on inputs
+# rounded to a 16-bit dtype.  What it refuses is a w that was never normalised.
+UNIT_TOL = 2.0 ** -5
+
+
+def unit_condition(w: torch.Tensor, name: str = "w", *, tol: float = UNIT_TOL,
+                   counted: torch.Tensor | None = None) -> Condition | None:
+    """Every row ``w[..., t, :]`` of unit length: ``| |w_t|^2 - 1 | <= tol`` (:data:`UNIT_TOL`; NaN fails).
+    ``|w_t|^2`` is summed in float32 for 16-bit ``w``.  ``counted``: as in :func:`finite_condition` (a kernel that
+    forms ``|w_t|^2`` anyway counts the rows off by more than ``tol``)."""
+    if w.numel() == 0:
+        return None
+
+    def norms():
+        x = w.detach()
+        return (x.float() if x.dtype in (torch.float16, torch.bfloat16) else x).square().sum(-1)
+
+    def message():
+        n2 = norms()
+        good = (n2 - 1).abs() <= tol
+        bad = n2[~good].flatten()
+        found = f"; found |{name}_t|^2 = {bad[0].item():.6g}" if bad.numel() else ""
+        return (f"`{name}` must hold unit vectors along its last dim (|{name}_t|^2 within {tol:g} of 1: the "
+                f"direction of H_t = I - beta_t {name}_t {name}_t^T){found}; normalise it, e.g. "
+                f"`{name} = torch.nn.functional.normalize({name}, dim=-1)`")
+
+    if counted is not None:
+        return Condition(*_counted(counted), message)
+    return Condition(extremes(norms()), lambda lo, hi: abs(lo - 1) <= tol and abs(hi - 1) <= tol, message)

@@ -2,11 +2,17 @@ r"""PaTH attention and its linear duals (the Householder RNN, DeltaNet): every f
 
 The transition of token ``s`` is a Householder-like matrix ::
 
-    H_s = I - beta_s w_s w_s^T        (D x D, symmetric; beta_s in [0, 2])
+    H_s = I - beta_s w_s w_s^T        (D x D, symmetric; beta_s in [0, 2]; |w_s| = 1)
 
-with ``w_s`` used as given (models pass unit vectors; with ``|w_s| = 1`` and
-``beta_s = 2`` it is a reflection, eigenvalue -1).  Positions are 0-based and a
-token's own transition never acts on itself.
+``w_s`` is a unit direction, by definition (``beta_s = 2``: a reflection, eigenvalue -1; every eigenvalue lies in
+[-1, 1], so products of transitions stay bounded).  It is not normalised for you: every attention and RNN form
+here and in :mod:`pathedu.pathfox` (and the Triton kernels) refuses, with a ``ValueError`` naming ``w``, a
+``w`` whose ``|w_s|^2`` is off 1 by more than :data:`pathedu.checks.UNIT_TOL` (``2^-5``, the same for every
+dtype: it passes a unit vector rounded to bfloat16, refuses one that was never normalised, whose products
+overflow float32 into NaN).  Normalise it yourself, ``w = torch.nn.functional.normalize(w, dim=-1)``, as PaTH's
+layers do.  The algebra of :func:`ut_transform`, :func:`householder_product` and :func:`interval_product`
+holds for any ``w``, which they take as given.  Positions are 0-based and a token's own transition never
+acts on itself.
 
 Softmax side, PaTH attention: the product of transitions *between* key j and
 query i is the position encoding ::
@@ -39,11 +45,14 @@ Shapes everywhere: ``q, k, w: (..., T, D)``, ``v: (..., T, Dv)``,
 Reference forms compute in ``q``'s dtype (``w`` and ``beta`` are cast to it),
 except that the forms built on a triangular solve (the UT transform, DeltaNet's
 ``(I + B)^{-1}``) compute float16/bfloat16 input in float32 (torch has no 16-bit
-triangular solve on the CPU) and return ``q``'s dtype.
+triangular solve on the CPU) and return ``q``'s dtype, and that the UT factor ``A`` itself
+is solved in float64 whatever the input (then rounded to the working dtype): in float32 its
+forward substitution loses digits where the ``w`` are nearly parallel and ``beta`` near 2
+(``_ut_factor`` says how many).
 
-Non-finite inputs: a NaN or inf in ``q``, ``k`` or ``v`` at position t changes
-only the outputs at positions >= t (masks are selects, and masked weights never
-multiply it: :func:`pathedu.masks.causal_matmul`); ``w`` and ``beta`` must be finite.
+Non-finite inputs: as everywhere in pathedu (:mod:`pathedu.checks`, "Non-finite inputs"), a NaN or inf in
+``q``, ``k`` or ``v`` at position t changes only the outputs at positions >= t; ``w`` and ``beta`` must be
+finite (``ValueError`` otherwise).
 
 ================  =================================  =====================================
 form              softmax side (PaTH)                linear side (Householder RNN, DeltaNet)
@@ -68,7 +77,7 @@ from __future__ import annotations
 import torch
 
 from .checks import (QKV, check_per_token, check_positive_int, check_qkv, check_scale, finite_condition,
-                     range_condition, require)
+                     range_condition, require, unit_condition)
 from .masks import causal_mask, causal_matmul, masked_logits
 from .nope import KVCache, _initial_state, causal_softmax, empty_output, online_softmax_step
 
@@ -98,8 +107,10 @@ def _check_beta(beta, n: QKV, like: torch.Tensor, dtype=None) -> torch.Tensor:
     return beta.to(like.dtype if dtype is None else dtype)
 
 
-def _check_w_beta(w, beta, n: QKV | None = None, like: torch.Tensor | None = None, dtype=None):
-    """Validate ``w: (..., T, D)`` (finite, matching ``k``) and ``beta: (..., T)`` in [0, 2].
+def _check_w_beta(w, beta, n: QKV | None = None, like: torch.Tensor | None = None, dtype=None, *,
+                  unit: bool = True):
+    """Validate ``w: (..., T, D)`` (finite, matching ``k``; unit rows unless ``unit=False``) and ``beta: (..., T)``
+    in [0, 2].
 
     Without ``n``/``like`` (:func:`ut_transform`, :func:`householder_product`),
     the sizes are read off ``w`` itself.  Shapes first, then every value check
@@ -115,7 +126,7 @@ def _check_w_beta(w, beta, n: QKV | None = None, like: torch.Tensor | None = Non
         like = w
     check_per_token(w, "w", n, like, extra=(n.D,))
     check_per_token(beta, "beta", n, like)
-    require(finite_condition(w, "w"), *_beta_conditions(beta))
+    require(finite_condition(w, "w"), *_beta_conditions(beta), unit_condition(w, "w") if unit else None)
     dtype = like.dtype if dtype is None else dtype
     return w.to(dtype), beta.to(dtype)
 
@@ -154,8 +165,9 @@ def householder_product(w, beta, *, order: str = "increasing"):
     writes natively).  The two are transposes of each other.
 
     Shapes: ``w: (..., L, D)``, ``beta: (..., L)`` -> ``(..., D, D)``; L = 0 gives ``I``.
+    ``w`` is taken as given (unit or not).
     """
-    w, beta = _check_w_beta(w, beta)
+    w, beta = _check_w_beta(w, beta, unit=False)
     if order not in ORDERS:
         raise ValueError(f"`order` must be one of {ORDERS}, got {order!r}")
     return _product(w, beta, order)
@@ -177,9 +189,9 @@ def interval_product(w, beta, j: int, i: int):
     Smallest index on the left; ``j = i`` is the empty product ``I``; ``j = -1``
     starts at ``H_0``.  Needs ``-1 <= j <= i < L``.  Computed directly (no UT).
 
-    Shapes: ``w: (..., L, D)``, ``beta: (..., L)`` -> ``(..., D, D)``.
+    Shapes: ``w: (..., L, D)``, ``beta: (..., L)`` -> ``(..., D, D)``; ``w`` taken as given (unit or not).
     """
-    w, beta = _check_w_beta(w, beta)
+    w, beta = _check_w_beta(w, beta, unit=False)
     L = w.shape[-2]
     for name, x in (("j", j), ("i", i)):
         if isinstance(x, bool) or not isinstance(x, int):
@@ -204,21 +216,29 @@ def ut_transform(w, beta):
     columns ``j+1 .. i`` gives ``H_i ... H_{j+1}`` (the inverse of a lower
     triangular matrix restricted to a diagonal block is the block's inverse).
 
-    Shapes: ``w: (..., L, D)``, ``beta: (..., L)`` -> ``W: (..., L, D)``, ``A: (..., L, L)``.
+    Shapes: ``w: (..., L, D)``, ``beta: (..., L)`` -> ``W: (..., L, D)``, ``A: (..., L, L)``; ``w`` taken as
+    given (unit or not).
     """
-    w, beta = _check_w_beta(w, beta)
+    w, beta = _check_w_beta(w, beta, unit=False)
     return w, _ut_factor(w, beta)
 
 
 def _ut_factor(w, beta):
-    """The UT factor ``A`` of validated ``w, beta`` (a 16-bit input is solved in float32, returned in its dtype)."""
-    if w.dtype != _solve_dtype(w.dtype):
-        return _ut_factor(w.to(torch.float32), beta.to(torch.float32)).to(w.dtype)
+    """The UT factor ``A`` of validated ``w, beta``, solved in float64 and returned in ``w``'s dtype.
+
+    Why float64: the forward substitution behind ``(I + strictLower(D_beta W W^T))^{-1}`` sums terms of size up
+    to 4 that cancel, and the system's condition grows with L where the ``w`` are nearly parallel and ``beta``
+    near 2 (consecutive near-reflections that nearly undo each other).  Solved in float32 there, ``A`` is off by
+    6e-4 of its largest entry at L = 2048, and :func:`householder_matrix` by 2e-3 relative (5e-3 on the worst
+    row); solved in float64 and rounded, ``A`` holds to float32's rounding and the scores built on it to 1e-4.
+    (On a device without float64, Apple's MPS, the solve runs in float32.)"""
+    solve = torch.float32 if w.device.type == "mps" else torch.float64
+    w_, beta_ = w.to(solve), beta.to(solve)
     L = w.shape[-2]
-    eye = torch.eye(L, dtype=w.dtype, device=w.device)
-    gram = beta[..., :, None] * (w @ w.transpose(-1, -2))  # D_beta W W^T: row s times beta_s
-    T = eye + gram.tril(-1)
-    return torch.linalg.solve_triangular(T, torch.diag_embed(beta), upper=False, unitriangular=True)
+    eye = torch.eye(L, dtype=solve, device=w.device)
+    gram = beta_[..., :, None] * (w_ @ w_.transpose(-1, -2))  # D_beta W W^T: row s times beta_s
+    A = torch.linalg.solve_triangular(eye + gram.tril(-1), torch.diag_embed(beta_), upper=False, unitriangular=True)
+    return A.to(w.dtype)
 
 
 def _masked_ut_scores(q, k, w, beta, A=None):
@@ -353,7 +373,8 @@ def path_matrix(q, k, v, w, beta, *, scale=None):
         O = softmax(scale * Ã + M) V        (M: 0 for j <= i, -inf above)
 
     i.e. ``Ã_ij = q_i.k_j - sum_{s<=i} sum_{t>j} (q_i.w_s) A_st (w_t.k_j) = k_j^T H_{j+1} ... H_i q_i``.
-    O(T^2 D + T^3) work (the triangular solve), O(T^2) memory.  Shapes as :func:`path_naive`.
+    O(T^2 D + T^3) work (the triangular solve, in float64: the module's text says why), O(T^2) memory.
+    Shapes as :func:`path_naive`.
     """
     n = check_qkv(q, k, v)
     scale = check_scale(scale, n.D)
@@ -587,6 +608,8 @@ def householder_recurrent(q, k, v, w, beta, *, initial_state=None, return_state:
 def householder_matrix(q, k, v, w, beta):
     """Parallel form: ``O = (Ã * M) V`` with Ã the masked-UT scores of :func:`path_matrix` (no scale, no softmax).
 
+    The UT factor is solved in float64 (then rounded), so that float32 holds where the ``w`` are nearly parallel
+    and ``beta`` near 2 (at T = 2048: 7e-5 relative on the worst row, where a float32 solve gave 5e-3).
     Shapes as :func:`path_naive`.
     """
     n = check_qkv(q, k, v)

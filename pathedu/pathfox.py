@@ -3,7 +3,7 @@ r"""PaTH-FoX attention and its linear duals (the gated Householder RNN, Gated De
 Two position encodings of the earlier chapters act together.  Token ``s``
 carries a Householder-like transition (chapter 5) and a forget gate (chapter 3) ::
 
-    H_s = I - beta_s w_s w_s^T     (D x D, symmetric; beta_s in [0, 2]; w_s used as given)
+    H_s = I - beta_s w_s w_s^T     (D x D, symmetric; beta_s in [0, 2]; |w_s| = 1)
     a_s = exp(log_f[s])            (log_f[s] <= 0, finite: a gate in (0, 1])
 
 Positions are 0-based and a token's own transition and gate never act on
@@ -66,13 +66,15 @@ heads, ...) must agree.  Reference forms compute in float32 or wider
 (float64 when ``q`` or ``log_f`` is float64: gate sums in 16-bit floats lose
 the digits that matter, and torch has no 16-bit triangular solve on the CPU),
 with ``w``, ``beta`` and ``log_f`` cast to that dtype, and return ``q``'s dtype.
-Every value check of a call (``w`` finite, ``beta`` in [0, 2], ``log_f`` <= 0
+Every value check of a call (``w`` finite and of unit rows, ``beta`` in [0, 2], ``log_f`` <= 0
 and finite) is read with one host synchronisation.
 
-Non-finite inputs: a NaN or inf in ``q``, ``k`` or ``v`` at position t changes
-only the outputs at positions >= t (masks are selects, and masked weights never
-multiply it: :func:`pathedu.masks.causal_matmul`); ``w``, ``beta`` and ``log_f``
-must be finite.
+``w`` is PaTH's: unit rows by definition, refused otherwise (``ValueError`` naming ``w``; the tolerance and why
+in :mod:`pathedu.path`), never normalised for you; Gated DeltaNet's ``w = k`` need not be unit.
+
+Non-finite inputs: as everywhere in pathedu (:mod:`pathedu.checks`, "Non-finite inputs"), a NaN or inf in
+``q``, ``k`` or ``v`` at position t changes only the outputs at positions >= t; ``w``, ``beta`` and ``log_f``
+must be finite (``ValueError`` otherwise).
 
 ================  ==================================  ==========================================
 form              softmax side (PaTH-FoX)             linear side (gated Householder RNN,
@@ -102,7 +104,7 @@ import torch
 
 from . import fox, path
 from .checks import (QKV, check_per_token, check_positive_int, check_qkv, check_scale, finite_condition,
-                     log_gate_condition, range_condition, require)
+                     log_gate_condition, range_condition, require, unit_condition)
 from .masks import causal_mask, causal_matmul, masked_logits
 from .nope import _initial_state, causal_softmax, empty_output, online_softmax_step
 
@@ -136,7 +138,7 @@ def _validate(q, k, v, w, beta, log_f, *, tuning=()):
     tuned = [check_positive_int(x, name) for name, x in tuning]
     require(None if w is None else finite_condition(w, "w"),
             finite_condition(beta, "beta"), range_condition(beta, "beta", 0, 2, " (H = I - beta w w^T)"),
-            log_gate_condition(log_f))
+            log_gate_condition(log_f), None if w is None else unit_condition(w, "w"))
     return n, fox._work_dtype(q, log_f), tuned
 
 

@@ -164,14 +164,14 @@ def test_path_reflections_of_nearly_parallel_w():
         assert rel_err(out, ref) <= TOL_TRITON[torch.float32]
 
 
-def test_path_uses_w_as_given_and_scale():
+def test_path_uses_scale_and_refuses_w_that_is_not_unit():
     q, k, v = rand_qkv((2,), 40, 16, 16, seed=11)
     w, beta = transitions((2,), 40, 16, seed=12)
-    w = 0.7 * w  # not unit: H = I - beta w w^T is used as given
     out = path_attention(q.float(), k.float(), v.float(), w.float(), beta.float(), scale=0.3)
     assert rel_err(out, path_reference(q, k, v, w, beta, scale=0.3)) <= 2e-3
     assert rel_err(out, path_reference(q, k, v, w, beta)) > 1e-2  # the default scale would differ
-    assert rel_err(out, path_reference(q, k, v, w / 0.7, beta, scale=0.3)) > 1e-2  # unit w would differ
+    with pytest.raises(ValueError, match="`w` must hold unit vectors"):  # PaTH's w is a unit direction
+        path_attention(q.float(), k.float(), v.float(), 0.7 * w.float(), beta.float(), scale=0.3)
 
 
 def test_path_bf16_on_cpu_runs_in_fp32():
