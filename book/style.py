@@ -21,8 +21,9 @@ REGISTER: list[tuple[str, str]] = [
     (r"\bsessions?\s+\d+", "a work session"),
     (r"\b(?:this|last|next|earlier|previous|later|an earlier|a later|one|each|every)\s+session\b",
      "a work session"),
-    # 7 to 40 hex digits with a digit and a letter among them; not a number written with an exponent (1e10000)
-    (r"(?<![\w/.-])(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])(?![0-9]+e[0-9]+(?![\w-]))[0-9a-f]{7,40}(?![\w-])",
+    # 7 to 40 hex digits with a digit and a letter among them, alone or ending a name (launches_8a8958b.json); not
+    # a number written with an exponent (1e10000)
+    (r"(?<![A-Za-z0-9/.-])(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])(?![0-9]+e[0-9]+(?![\w-]))[0-9a-f]{7,40}(?![\w-])",
      "a commit hash"),
     (r"\bcommits?\s+[0-9a-f]{7,}", "a commit"),
     (r"\bdevice[- ]calls?\b", "GPU runs counted by the call"),

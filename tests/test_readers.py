@@ -65,6 +65,7 @@ def test_docstrings_speak_of_the_subject():
 @pytest.mark.parametrize("text, why", [
     ("as measured in session 24", "a work session"),
     ("the kernel of 0a9af33 was faster", "a commit hash"),
+    ("load('launches_8a8958b.json')", "a commit hash"),
     ("alternated twice in one call on an H200", "GPU runs counted by the call"),
     ("(`pathedu/data/ab_wy_fp16.json`)", "a comparison run's file"),
     ("that kernel was reverted", "the project's history"),
