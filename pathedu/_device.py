@@ -11,6 +11,9 @@ Rules:
 * ``TRITON_INTERPRET`` already set in the environment: respected as is.
 * otherwise, no CUDA GPU visible to torch: the interpreter is switched on.
 * otherwise: kernels compile for the GPU.
+* ``TRITON_DEFAULT_FP_FUSION`` unset: set to ``1``, fusing multiplies and adds into FMAs as Triton has always
+  done by default and as the kernels were tuned and tested (Triton 3.9 warns that this default will change in
+  3.10 unless the variable is set; set it to ``0`` yourself to compile without fusion).
 * Triton not installed (it has wheels for Linux only): mode ``"none"``.  ``import pathedu`` and every
   reference form work; the Triton forms and every entry point of :mod:`pathedu.kernels` raise
   :class:`TritonUnavailable`, which says what to use instead.
@@ -59,6 +62,7 @@ def configure() -> str:
     if not _triton_installed():
         _MODE = "none"
         return _MODE
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     flag = os.environ.get("TRITON_INTERPRET")
     if flag is None:
         import torch

@@ -132,3 +132,15 @@ def test_experiment_from_the_installed_copy_leaves_the_package_data_alone(instal
     assert (tmp_path / "exp_flipflop.json").read_text() == "{}"
     new = tmp_path / "exp_flipflop-2.json"
     assert new.is_file() and f"written to {new.name}" in proc.stdout.replace(str(tmp_path) + os.sep, "")
+
+
+def test_the_build_prints_no_deprecation_warning(tmp_path):
+    """pyproject.toml as setuptools wants it: the license as an SPDX string, pathedu.data declared with its files."""
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=_IGNORE)
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+                           "-v", "-w", str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    for noise in ("is deprecated", "DeprecationWarning", "absent from the `packages` configuration", "project.license"):
+        assert noise not in out, [line for line in out.splitlines() if noise in line][:5]
