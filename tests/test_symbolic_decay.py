@@ -58,8 +58,9 @@ def test_mass_beyond_matches_attention(slope):
     """With equal content scores, ALiBi's attention row is the normalised decay; its mass
     beyond distance d is the sympy closed form."""
     T = 300
-    finite = sp.lambdify((decay.lam, decay.d, decay.T), decay.mass_beyond())
-    infinite = sp.lambdify((decay.lam, decay.d), decay.mass_beyond(finite=False))
+    assert decay.d is decay.Delta  # the threshold's second name
+    finite = sp.lambdify((decay.lam, decay.Delta, decay.T), decay.mass_beyond())
+    infinite = sp.lambdify((decay.lam, decay.Delta), decay.mass_beyond(finite=False))
     q = torch.zeros(1, T, 16, dtype=torch.float64)  # q . k = 0 for every key: only the bias speaks
     k = torch.randn(1, T, 16, dtype=torch.float64)
     # one-hot values read the attention weights off the output: row[j] is the last query's weight of key j
@@ -93,8 +94,11 @@ def test_distance_definition_and_conventions():
     assert metric.distance(3, 1, cs) == sp.oo
     D = metric.distance_matrix(cs)
     assert D.shape == (5, 5)
-    assert D[3, 1] == metric.distance(1, 3, cs)  # row = query i, column = key j
-    assert all(D[r, col] == sp.oo for r in range(5) for col in range(r + 1, 5))
+    assert D[1, 3] == metric.distance(1, 3, cs)  # entry (j, i) is d(j, i): row = key j, column = query i
+    assert all(D[key, query] == sp.oo for query in range(5) for key in range(query + 1, 5))
+    # the book's letters: the cost of step s is -log f_s, a log gate named \log f_s
+    assert [str(-x) for x in cs] == [rf"\log f_{{{k}}}" for k in range(1, 5)]
+    assert all((-x).is_nonpositive for x in cs)
 
 
 def test_axioms_with_symbolic_nonnegative_costs():
@@ -106,7 +110,8 @@ def test_axioms_with_symbolic_nonnegative_costs():
     assert p["symmetric"] is sp.false
     # with costs that may be zero, positivity is a condition on the costs, not a theorem
     assert p["positive off the diagonal"] not in (sp.true, sp.false)
-    assert p["positive off the diagonal"].subs({x: 1 for x in metric.step_costs(4)}) is sp.true
+    assert p["positive off the diagonal"].subs({x: -1 for x in metric.log_gates(4)}) is sp.true
+    assert p["positive off the diagonal"].subs({metric.log_gates(4)[2]: 0}) is sp.false
 
 
 def test_axioms_with_gates_below_one():
@@ -128,16 +133,17 @@ def test_axioms_for_constant_and_unit_gates():
 def test_line_additivity_general_indices():
     eq, holds = metric.line_additivity()
     assert holds is sp.true
-    assert isinstance(eq.rhs, sp.Sum)
+    assert eq.rhs == -sp.Sum(sp.log(metric.f[metric.s]), (metric.s, metric.j + 1, metric.i))
+    assert "c" not in {str(x) for x in eq.free_symbols}  # no cumulative gate c in a sum of steps
     assert metric.distance_sum(metric.i, metric.i).doit() == 0
     assert sp.simplify(metric.distance_sum(cost=metric.lam).doit() - metric.lam * (metric.i - metric.j)) == 0
 
 
 def test_distance_is_alibi_bias_and_decay():
-    """-d is ALiBi's bias matrix, exp(-d) RetNet's decay matrix, for constant costs lambda."""
+    """-d(j, i) is ALiBi's bias G_ij, exp(-d) RetNet's decay matrix, for constant costs lambda."""
     slope = 0.375
     D = metric.distance_matrix(metric.constant_costs(6, slope))
-    neg = -torch.tensor([[float(x) for x in D.row(r)] for r in range(7)], dtype=torch.float64)
+    neg = -torch.tensor([[float(x) for x in D.row(r)] for r in range(7)], dtype=torch.float64).T
     assert torch.equal(torch.isinf(neg), torch.isinf(alibi.alibi_bias(7, slope)))
     assert torch.allclose(neg, alibi.alibi_bias(7, slope), rtol=1e-15, atol=0)
     assert torch.allclose(torch.exp(neg), alibi.retnet_decay(7, alibi.slope_to_gamma(slope)), rtol=1e-14, atol=0)

@@ -9,22 +9,22 @@ from pathedu import path
 from pathedu.symbolic import ut
 
 
-@pytest.mark.parametrize("L, D", [(2, 2), (3, 2), (3, 3), (4, 2)])
-def test_ut_identity_holds_in_both_orders(L, D):
-    assert ut.ut_identity(L, D, variant="correct")
-    assert ut.ut_identity(L, D, variant="transposed")
+@pytest.mark.parametrize("C, D", [(2, 2), (3, 2), (3, 3), (4, 2)])
+def test_ut_identity_holds_in_both_orders(C, D):
+    assert ut.ut_identity(C, D, variant="correct")
+    assert ut.ut_identity(C, D, variant="transposed")
 
 
-@pytest.mark.parametrize("L, D", [(2, 2), (3, 2), (4, 3)])
-def test_ut_identity_fails_in_the_wrong_order(L, D):
-    assert not ut.ut_identity(L, D, variant="wrong_order")
-    assert ut.ut_residual(L, D, variant="wrong_order") != sp.zeros(D, D)
+@pytest.mark.parametrize("C, D", [(2, 2), (3, 2), (4, 3)])
+def test_ut_identity_fails_in_the_wrong_order(C, D):
+    assert not ut.ut_identity(C, D, variant="wrong_order")
+    assert ut.ut_residual(C, D, variant="wrong_order") != sp.zeros(D, D)
 
 
 def test_paper_typing_fails():
     with pytest.raises(sp.ShapeError):  # W D W^T with W (3 x 2), D (3 x 3)
         ut.ut_identity(3, 2, variant="paper")
-    assert not ut.ut_identity(3, 3, variant="paper")  # type-checks when D = L, but is false
+    assert not ut.ut_identity(3, 3, variant="paper")  # type-checks when D = C, but is false
     assert not ut.ut_identity(2, 2, variant="paper")
 
 
@@ -36,51 +36,51 @@ def test_residual_is_the_zero_matrix():
 
 
 def test_gram_factor_entries():
-    """A is lower triangular with beta on the diagonal; A_10 = -beta_0 beta_1 g_01."""
-    A = ut.gram_ut_factor(3)
+    """L is lower triangular with beta on the diagonal; L_10 = -beta_0 beta_1 g_01."""
+    L = ut.gram_ut_factor(3)
     b0, b1, b2 = ut.betas(3)
     g01 = sp.Symbol("g_{01}", real=True)
-    assert A.is_lower and [A[t, t] for t in range(3)] == [b0, b1, b2]
-    assert sp.expand(A[1, 0] + b0 * b1 * g01) == 0
-    assert str(A[2, 0]) == "beta_0*beta_2*(beta_1*g_{01}*g_{12} - g_{02})"  # deterministic printing
+    assert L.is_lower and [L[t, t] for t in range(3)] == [b0, b1, b2]
+    assert sp.expand(L[1, 0] + b0 * b1 * g01) == 0
+    assert str(L[2, 0]) == "beta_0*beta_2*(beta_1*g_{01}*g_{12} - g_{02})"  # deterministic printing
 
 
 def test_gram_factor_matches_the_vector_factor():
     """Substituting g_st = w_s . w_t into the Gram form gives the factor built from the vectors."""
     W, b = ut.vectors(3, 2), ut.betas(3)
-    A = ut.ut_factor(W, b)
+    L = ut.ut_factor(W, b)
     subs = {sp.Symbol(f"g_{{{s}{t}}}", real=True): (W.row(s) * W.row(t).T)[0, 0] for s in range(3) for t in range(s, 3)}
-    assert (ut.gram_ut_factor(3).subs(subs) - A).applyfunc(sp.expand) == sp.zeros(3, 3)
+    assert (ut.gram_ut_factor(3).subs(subs) - L).applyfunc(sp.expand) == sp.zeros(3, 3)
 
 
 def test_symbolic_factor_agrees_with_the_torch_module():
     W, b = ut.vectors(4, 3), ut.betas(4)
-    A = ut.ut_factor(W, b)
+    L = ut.ut_factor(W, b)
     g = torch.Generator().manual_seed(0)
     w_num, b_num = torch.randn(4, 3, generator=g, dtype=torch.float64), 2 * torch.rand(4, generator=g, dtype=torch.float64)
     subs = {W[t, d]: w_num[t, d].item() for t in range(4) for d in range(3)} | {b[t]: b_num[t].item() for t in range(4)}
-    A_num = torch.tensor(A.subs(subs).tolist(), dtype=torch.float64)
-    assert torch.allclose(A_num, path.ut_transform(w_num, b_num)[1], atol=1e-12)
+    L_num = torch.tensor(L.subs(subs).tolist(), dtype=torch.float64)
+    assert torch.allclose(L_num, path.ut_transform(w_num, b_num)[1], atol=1e-12)
 
 
-@pytest.mark.parametrize("L, D", [(3, 2), (4, 2)])
-def test_masked_sub_interval_identity(L, D):
-    assert ut.masked_interval_identity(L, D)
+@pytest.mark.parametrize("C, D", [(3, 2), (4, 2)])
+def test_masked_sub_interval_identity(C, D):
+    assert ut.masked_interval_identity(C, D)
 
 
 def test_masked_sub_interval_needs_the_global_factor_restricted():
-    """H_1 H_0 from the global factor; with A^T (the other order inside the interval) it fails."""
+    """H_1 H_0 from the global factor; with L^T (the other order inside the interval) it fails."""
     W, b = ut.vectors(3, 2), ut.betas(3)
-    A = ut.ut_factor(W, b)
+    L = ut.ut_factor(W, b)
     P = ut.product(W, b, order="decreasing", start=0, stop=2)  # H_1 H_0
-    assert (P - ut.interval_from_factor(W, A, -1, 1)).applyfunc(sp.expand) == sp.zeros(2, 2)
-    wrong = ut.interval_from_factor(W, A.T, -1, 1)  # the other order inside the interval
+    assert (P - ut.interval_from_factor(W, L, -1, 1)).applyfunc(sp.expand) == sp.zeros(2, 2)
+    wrong = ut.interval_from_factor(W, L.T, -1, 1)  # the other order inside the interval
     assert (P - wrong).applyfunc(sp.expand) != sp.zeros(2, 2)
 
 
-@pytest.mark.parametrize("L, D, Dv", [(2, 2, 1), (3, 2, 1), (3, 2, 2)])
-def test_deltanet_pseudo_values_from_the_unrolled_recurrence(L, D, Dv):
-    assert ut.deltanet_identity(L, D, Dv)
+@pytest.mark.parametrize("C, D, Dv", [(2, 2, 1), (3, 2, 1), (3, 2, 2)])
+def test_deltanet_pseudo_values_from_the_unrolled_recurrence(C, D, Dv):
+    assert ut.deltanet_identity(C, D, Dv)
 
 
 def test_deltanet_pseudo_value_of_the_second_token():
@@ -92,9 +92,9 @@ def test_deltanet_pseudo_value_of_the_second_token():
     assert sp.expand(U[0, 0] - b0 * V[0, 0]) == 0
 
 
-@pytest.mark.parametrize("L, block", [(4, 2), (5, 2), (6, 2), (5, 3)])
-def test_blockwise_query_update_identity(L, block):
-    assert ut.blockwise_identity(L, 2, block)
+@pytest.mark.parametrize("T, block", [(4, 2), (5, 2), (6, 2), (5, 3)])
+def test_blockwise_query_update_identity(T, block):
+    assert ut.blockwise_identity(T, 2, block)
 
 
 def test_blockwise_query_update_in_the_wrong_order_fails():
@@ -111,7 +111,7 @@ def test_each_derivation_is_fast():
 
 
 def test_the_ut_form_by_induction():
-    """The induction step holds for a generic lower-triangular A (free symbols), fails with the other sign, and
+    """The induction step holds for a generic lower-triangular L (free symbols), fails with the other sign, and
     appends exactly the closed form's last row (forward substitution)."""
     assert ut.ut_induction_step(1, 2) and ut.ut_induction_step(2, 3)
     assert not ut.ut_induction_step(2, 3, sign=+1)

@@ -5,9 +5,12 @@ book and the lab display and that the tests assert.  Symbols:
 
 * ``gamma`` (:data:`gamma`): RetNet's constant gate, positive (the chapter takes ``0 < gamma <= 1``);
 * ``lambda`` (:data:`lam`): ALiBi's slope, positive here (slope 0 is ``gamma = 1``);
-* ``j <= t`` (:data:`j`, :data:`t`): key and query positions, integers; ``s`` runs over the
+* ``j <= t`` (:data:`j`, :data:`t`): key and query positions, 0-based integers; ``s`` runs over the
   gates between them, ``s = j+1 .. t`` (a token's own gate never acts on itself);
-* ``d``/``delta``: a distance ``t - j >= 0``; ``T``: the number of visible keys.
+* ``delta``: the distance ``t - j >= 0`` of one key, ``Delta`` (:data:`Delta`) a threshold on it
+  (``d`` is reserved for the distance function ``d(j, i)`` of :mod:`pathedu.symbolic.metric`; the
+  attribute :data:`d` is the same symbol as :data:`Delta`, for code that uses that name);
+* ``T``: the number of keys a query sees, for the last query of a sequence of ``T`` tokens.
 
 The chain the chapter follows::
 
@@ -22,13 +25,14 @@ import sympy as sp
 gamma = sp.Symbol("gamma", positive=True)
 lam = sp.Symbol("lambda", positive=True)
 t, j, s, i = sp.symbols("t j s i", integer=True)
-d, delta = sp.symbols("d delta", integer=True, nonnegative=True)
+Delta, delta = sp.symbols("Delta delta", integer=True, nonnegative=True)
+d = Delta  # the same symbol under a second name
 T = sp.Symbol("T", integer=True, positive=True)
 h = sp.Symbol("h", positive=True)
 f = sp.IndexedBase("f", positive=True)  # per-step gates f_s > 0 (chapter 3 makes them data dependent)
 
 __all__ = [
-    "gamma", "lam", "t", "j", "s", "i", "d", "delta", "T", "h", "f",
+    "gamma", "lam", "t", "j", "s", "i", "Delta", "d", "delta", "T", "h", "f",
     "gate_product", "product_is_power", "power_is_exponential", "log_product_is_sum", "alibi_bias_from_gate",
     "softmax_ignores_row_constant", "half_life", "gamma_for_half_life", "mass_beyond", "mean_distance",
 ]
@@ -112,26 +116,27 @@ def gamma_for_half_life(H) -> sp.Expr:
 
 
 def mass_beyond(finite: bool = True) -> sp.Expr:
-    """The attention mass a query puts on keys farther than ``d`` under ALiBi alone.
+    """The attention mass a query puts on keys farther than ``Delta`` under ALiBi alone.
 
     With equal content scores (``q . k_j`` the same for every key), the weight of
     the key at distance ``delta`` is ``e^{-lambda delta}`` normalised over the
-    ``T`` visible keys ``delta = 0 .. T-1``; the mass at distances ``> d`` is::
+    ``T`` keys ``delta = 0 .. T-1`` that the last query of ``T`` tokens sees; the mass
+    at distances ``> Delta`` is::
 
-        (e^{-lambda (d+1)} - e^{-lambda T}) / (1 - e^{-lambda T})       (finite=True)
-        e^{-lambda (d+1)}                                                (finite=False, T -> oo)
+        (e^{-lambda (Delta+1)} - e^{-lambda T}) / (1 - e^{-lambda T})    (finite=True)
+        e^{-lambda (Delta+1)}                                            (finite=False, T -> oo)
 
-    Returns the expression in ``lambda``, ``d`` (and ``T``); valid for ``0 <= d < T``.
+    Returns the expression in ``lambda``, ``Delta`` (and ``T``); valid for ``0 <= Delta < T``.
     """
     w = sp.exp(-lam * delta)
-    frac = sp.Sum(w, (delta, d + 1, T - 1)).doit() / sp.Sum(w, (delta, 0, T - 1)).doit()
+    frac = sp.Sum(w, (delta, Delta + 1, T - 1)).doit() / sp.Sum(w, (delta, 0, T - 1)).doit()
     frac = sp.piecewise_fold(sp.simplify(frac))
     if isinstance(frac, sp.Piecewise):  # sympy also covers exp(-lambda) = 1, excluded by lambda > 0
         frac = frac.args[-1][0]
     # The same fraction written with decays only (every exponent <= 0); sympy checks they agree.
-    tidy = (sp.exp(-lam * (d + 1)) - sp.exp(-lam * T)) / (1 - sp.exp(-lam * T))
+    tidy = (sp.exp(-lam * (Delta + 1)) - sp.exp(-lam * T)) / (1 - sp.exp(-lam * T))
     if sp.simplify(frac - tidy) != 0:
-        raise AssertionError("sympy could not confirm the closed form of the mass beyond d")
+        raise AssertionError("sympy could not confirm the closed form of the mass beyond Delta")
     if finite:
         return tidy
     return sp.limit(tidy, T, sp.oo)

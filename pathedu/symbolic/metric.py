@@ -1,13 +1,14 @@
 r"""The distance a forget gate induces between positions (shared by chapters 2-4).
 
-A scalar forget gate ``f_s`` in ``(0, 1]`` acting at step ``s`` costs
-``c_s = -log f_s >= 0``.  The product of the gates between key ``j`` and query
-``i`` is ``exp(-d(j, i))`` with the *induced distance*::
+A scalar forget gate ``f_s`` in ``(0, 1]`` acting at step ``s`` has the log gate
+``log f_s <= 0``.  The product of the gates between key ``j`` and query ``i`` is
+``exp(G_ij) = exp(-d(j, i))``, with the log gate ``G_ij`` and the *induced distance*::
 
-    d(j, i) = sum_{s=j+1}^{i} c_s = -sum_{s=j+1}^{i} log f_s      for j <= i
-    d(j, i) = +oo                                                for j >  i
+    d(j, i) = -G_ij = -sum_{s=j+1}^{i} log f_s      for j <= i
+    d(j, i) = +oo                                  for j >  i
 
-and the softmax side adds ``-d(j, i)`` to the logit of key ``j`` for query ``i``.
+and the softmax side adds ``G_ij = -d(j, i)`` to the logit of key ``j`` for query ``i``.
+The distance is always written key first, ``d(j, i)``: from key ``j`` to query ``i``.
 
 **Why ``+oo`` above the diagonal** (rather than "undefined"): a query never
 sees a later key, and ``exp(-oo) = 0`` is exactly the causal mask of the
@@ -20,15 +21,19 @@ for ``j < i`` while ``d(i, j) = oo``.  A function with these properties is a
 where "how far back" is not "how far ahead".
 
 The identity of indiscernibles (``d(j, i) > 0`` for ``j < i``) needs every gate
-``< 1`` (costs ``> 0``): with gates equal to 1 (NoPE, chapter 1; a pure rotation,
-chapter 4) distinct positions are at distance 0, a *pseudo*-quasi-metric.
+``< 1`` (every ``log f_s < 0``): with gates equal to 1 (NoPE, chapter 1; a pure
+rotation, chapter 4) distinct positions are at distance 0, a *pseudo*-quasi-metric.
 
-Conventions: positions ``0 .. n``; ``costs[s-1]`` is the cost of the gate of
-token ``s = 1 .. n`` (token 0's gate never acts: there is nothing before it).
-Matrices are laid out like attention, row = query ``i``, column = key ``j``.
-Every function returns sympy objects; :func:`properties` returns sympy booleans
-(``sympy.true``/``sympy.false``, or an unevaluated condition when the answer
-depends on the costs).
+Conventions (the book's): positions are 0-based, ``0 .. n``; the *cost* of a step is
+``-log f_s >= 0``, and ``costs[s-1]`` is the cost of the gate of token ``s = 1 .. n``
+(token 0's gate never acts: there is nothing before it).  :func:`step_costs` writes the
+costs in the book's letters, ``-log f_1 .. -log f_n`` (each log gate is a sympy symbol
+named ``\log f_s``); :func:`constant_costs` puts ALiBi's slope ``lambda`` at every step.
+:func:`distance_matrix` is laid out like ``d`` itself: entry ``(j, i)`` is ``d(j, i)``,
+row = key ``j``, column = query ``i``; its transpose is ``-G`` in the attention layout
+(row = query).  Every function returns sympy objects; :func:`properties` returns sympy
+booleans (``sympy.true``/``sympy.false``, or an unevaluated condition when the answer
+depends on the gates).
 """
 from __future__ import annotations
 
@@ -37,23 +42,29 @@ import numbers
 
 import sympy as sp
 
-c = sp.IndexedBase("c", nonnegative=True)  # general per-step costs c_s = -log f_s >= 0
+f = sp.IndexedBase("f", positive=True)  # the gates f_s > 0 at symbolic positions s
 i, j, m, s = sp.symbols("i j m s", integer=True)
-lam = sp.Symbol("lambda", positive=True)
+lam = sp.Symbol("lambda", positive=True)  # ALiBi's slope: the cost of every step of a constant gate
 
 __all__ = [
-    "c", "i", "j", "m", "s", "lam",
-    "step_costs", "costs_from_gates", "constant_costs", "distance", "distance_matrix", "distance_sum",
-    "line_additivity", "properties",
+    "f", "i", "j", "m", "s", "lam",
+    "log_gates", "step_costs", "costs_from_gates", "constant_costs", "distance", "distance_matrix",
+    "distance_sum", "line_additivity", "properties",
 ]
 
 
-def step_costs(n: int, *, positive: bool = False, name: str = "c") -> tuple:
-    """``n`` symbolic costs ``c_1 .. c_n``: nonnegative (gates in (0, 1]) or, with
-    ``positive=True``, positive (gates in (0, 1))."""
+def log_gates(n: int, *, negative: bool = False) -> tuple:
+    r"""``n`` symbolic log gates ``log f_1 .. log f_n`` (sympy symbols named ``\log f_s``):
+    nonpositive (gates in (0, 1]) or, with ``negative=True``, negative (gates in (0, 1))."""
     n = _check_n(n)
-    kw = dict(positive=True) if positive else dict(nonnegative=True)
-    return tuple(sp.Symbol(f"{name}_{k}", **kw) for k in range(1, n + 1))
+    kw = dict(negative=True) if negative else dict(nonpositive=True)
+    return tuple(sp.Symbol(rf"\log f_{{{k}}}", **kw) for k in range(1, n + 1))
+
+
+def step_costs(n: int, *, positive: bool = False) -> tuple:
+    """The costs ``-log f_1 .. -log f_n`` of ``n`` symbolic gates: nonnegative (gates in (0, 1]) or,
+    with ``positive=True``, positive (gates in (0, 1))."""
+    return tuple(-g for g in log_gates(n, negative=positive))
 
 
 def costs_from_gates(gates) -> tuple:
@@ -62,8 +73,8 @@ def costs_from_gates(gates) -> tuple:
 
 
 def constant_costs(n: int, value=lam) -> tuple:
-    """``n`` equal costs (default the symbol ``lambda``): a constant gate ``e^{-lambda}``, RetNet's
-    gamma / ALiBi's slope (chapter 2)."""
+    """``n`` equal costs (default ALiBi's slope ``lambda``): a constant gate ``gamma = e^{-lambda}``,
+    RetNet's decay and ALiBi's bias (chapter 2)."""
     return (sp.sympify(value),) * _check_n(n)
 
 
@@ -90,28 +101,32 @@ def distance(j: int, i: int, costs) -> sp.Expr:
 
 
 def distance_matrix(costs) -> sp.Matrix:
-    """The ``(n+1) x (n+1)`` matrix of ``d(j, i)``, row = query ``i``, column = key ``j``
-    (``oo`` above the diagonal).  The softmax side's additive bias is its negative."""
+    """The ``(n+1) x (n+1)`` matrix of ``d(j, i)``: entry ``(j, i)``, row = key ``j``, column =
+    query ``i`` (``oo`` below the diagonal, where the key comes after the query).  Its transpose
+    is ``-G``, the softmax side's additive bias in the attention layout."""
     n = len(costs)
-    return sp.Matrix(n + 1, n + 1, lambda row, col: distance(col, row, costs))
+    return sp.Matrix(n + 1, n + 1, lambda key, query: distance(key, query, costs))
 
 
-def distance_sum(lower=j, upper=i, cost=None) -> sp.Sum:
-    """``d(lower, upper) = Sum(cost(s), (s, lower+1, upper))`` for symbolic positions ``lower <= upper``.
+def distance_sum(lower=j, upper=i, cost=None) -> sp.Expr:
+    """``d(lower, upper)`` for symbolic positions ``lower <= upper``.
 
-    ``cost``: an expression in :data:`s` (default ``c[s]``, arbitrary nonnegative costs);
-    e.g. ``cost=lam`` gives ALiBi's ``lambda (upper - lower)`` after ``.doit()``.
+    Default: ``-Sum(log f_s, (s, lower+1, upper))``, arbitrary gates ``f_s``; with ``cost``
+    (an expression in :data:`s`), ``Sum(cost, (s, lower+1, upper))``, e.g. ``cost=lam`` gives
+    ALiBi's ``lambda (upper - lower)`` after ``.doit()``.
     """
-    return sp.Sum(c[s] if cost is None else sp.sympify(cost), (s, lower + 1, upper))
+    if cost is None:
+        return -sp.Sum(sp.log(f[s]), (s, lower + 1, upper))
+    return sp.Sum(sp.sympify(cost), (s, lower + 1, upper))
 
 
 def line_additivity() -> tuple[sp.Eq, sp.Boolean]:
-    """For ``j <= m <= i`` and arbitrary costs: ``d(j, m) + d(m, i) = d(j, i)``.
+    """For ``j <= m <= i`` and arbitrary gates: ``d(j, m) + d(m, i) = d(j, i)``.
 
     The triangle inequality is an *equality* along the line: going from ``j`` to
     ``i`` through ``m`` costs exactly as much as going straight, since the gates
-    in between are the same.  Returns ``(equation, holds)``; sympy combines the
-    two adjacent sums into one.
+    in between are the same.  Returns ``(equation, holds)``, written with ``log f_s``;
+    sympy combines the two adjacent sums into one.
     """
     lhs = distance_sum(j, m) + distance_sum(m, i)
     rhs = distance_sum(j, i)
@@ -127,7 +142,7 @@ def properties(costs) -> dict:
     * ``"zero on the diagonal"``: ``d(i, i) = 0``;
     * ``"positive off the diagonal"``: ``d(j, i) > 0`` for ``j != i`` (identity of
       indiscernibles; ``true`` for positive costs, ``false`` with a zero cost,
-      an unevaluated condition when the costs may be zero);
+      an unevaluated condition on the log gates when the costs may be zero);
     * ``"triangle inequality"``: ``d(j, i) <= d(j, m) + d(m, i)`` for all ``j, m, i``;
     * ``"equality along the line"``: ``d(j, m) + d(m, i) = d(j, i)`` for ``j <= m <= i``;
     * ``"symmetric"``: ``d(j, i) = d(i, j)`` for all ``j, i`` (``false`` as soon as ``n >= 1``).
