@@ -445,3 +445,56 @@ def _softmax_fold_scaled(acc, m_i, l_i, s, scale, v, GUARD: tl.constexpr, MASKED
     else:
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     return acc, m_new, l_i
+
+
+@triton.jit
+def _scan_dot(x, acc, BLOCK: tl.constexpr, REVERSE: tl.constexpr, INCLUSIVE: tl.constexpr):
+    """``acc`` plus the running sums of an fp32 tile ``x`` ``[BM, BLOCK]`` along its rows, by two products with a 0/1
+    triangular matrix on the tensor cores: ``(x M)_j = sum_m x_m M_mj``.  ``REVERSE``: sums over ``m >= j`` (``m > j``
+    unless ``INCLUSIVE``), else over ``m <= j`` (``m < j``).
+
+    :func:`tl.cumsum` along a row of a product's tile compiles to a scan across the threads that share the row: on
+    sm_90 about eleven warp shuffles per entry (stick-breaking's forward, Triton 3.6, offline), and the shuffle unit
+    serves one warp instruction per clock per multiprocessor, so the scan cost more than the three transcendentals
+    beside it.  Here ``x = h1 + h2`` with ``h1 = fp16(x)`` and ``h2 = fp16(x - h1)`` (22 significant bits; the 0/1
+    matrix is exact; products and sums in fp32), so each sum is within about ``2^-22 sum_m |x_m|`` of the exact one,
+    plus ``2^-25`` per entry below fp16's normal range.  The caller keeps ``|x| <= 65504`` (log gates clamped, values
+    scaled by a power of two per row); a NaN or inf in a row reaches every sum of that row (``0 * NaN``), so the
+    callers choose what a non-finite entry becomes before the product."""
+    r = tl.arange(0, BLOCK)
+    if REVERSE:
+        if INCLUSIVE:
+            keep = r[:, None] >= r[None, :]
+        else:
+            keep = r[:, None] > r[None, :]
+    else:
+        if INCLUSIVE:
+            keep = r[:, None] <= r[None, :]
+        else:
+            keep = r[:, None] < r[None, :]
+    m = keep.to(tl.float16)  # [BLOCK, BLOCK]: summed index along rows, output index along columns
+    h1 = x.to(tl.float16)
+    h2 = (x - h1.to(tl.float32)).to(tl.float16)
+    acc = tl.dot(h1, m, acc=acc)
+    return tl.dot(h2, m, acc=acc)
+
+
+@triton.jit
+def _row_pow2(x):
+    """``(s, 1 / s)`` ``[BM]`` fp32 for a tile ``x`` ``[BM, BN]``: per row, the power of two that brings the row's
+    largest finite ``|entry|`` into [1, 2) (:func:`_pow2`; a row of zeros or non-finite entries gets ``2^125``).
+    Scaling a row by a power of two changes no bit of a normal number and commutes with any product that sums along
+    the row (:func:`_scan_dot` of ``x s``, then ``/ s``)."""
+    return _pow2(tl.max(_finite_abs(x), axis=1))
+
+
+@triton.jit
+def _prefix_sums(x, BLOCK: tl.constexpr, SCAN: tl.constexpr):
+    """``S_im = sum_{j <= m} x_ij`` inside one tile ``[BM, BLOCK]`` (inclusive, along the rows), fp32: ``tl.cumsum``
+    (``SCAN="cumsum"``) or :func:`_scan_dot` (``"dot"``) with each row scaled by a power of two into [1, 2) first
+    (:func:`_row_pow2`), so that the fp16 parts hold a row of any magnitude."""
+    if SCAN == "dot":
+        sc, inv = _row_pow2(x)
+        return _scan_dot(x * sc[:, None], tl.zeros_like(x), BLOCK, False, True) * inv[:, None]
+    else:
+        return tl.cumsum(x, axis=1)

@@ -346,8 +346,9 @@ def cope_triton(q, k, v, pos_emb, *, scale=None):
 
     A pre-pass computes ``qe = Q E^T`` in fp32; the kernel scans key blocks right to left from
     the diagonal, as :func:`cope_blockwise`, with fp32 counts and online softmax.  Accepts
-    fp16/bf16/fp32 ``q, k, v`` and head dims 16..128; forward only (inputs that require grad are
-    refused while grad mode is on).  Shapes as :func:`cope_naive`.  Every argument is validated
+    fp16/bf16/fp32 ``q, k, v`` and head dims 16..128.  When autograd wants gradients (of ``q``, ``k``,
+    ``v`` or ``pos_emb``), the output has a ``grad_fn``: two more kernels, and autograd through the
+    pre-pass for ``pos_emb``.  Shapes as :func:`cope_naive`.  Every argument is validated
     by the kernel entry point (one host sync).
     """
     from .kernels.cope import cope_attention

@@ -291,9 +291,10 @@ def stickbreaking_triton(q, k, v, *, scale=None):
     """Stick-breaking attention in Triton: :func:`pathedu.kernels.stickbreaking.stickbreaking_attention`.
 
     One program per query block scans key blocks right to left from the diagonal, carrying the
-    log of the remaining stick per row (:func:`stickbreaking_blockwise`, tile by tile).  Forward
-    only: inputs that require grad are refused while grad mode is on.  Accepts fp16/bf16/fp32 and
-    head dims 16..128, accumulates in fp32.  Shapes as :func:`stickbreaking_naive`.  Every argument
+    log of the remaining stick per row (:func:`stickbreaking_blockwise`, tile by tile).  When autograd
+    wants gradients of ``q``, ``k`` or ``v``, the output has a ``grad_fn``: the backward is two more
+    kernels (a sweep over query blocks for ``dq``, one over key blocks for ``dk`` and ``dv``).  Accepts
+    fp16/bf16/fp32 and head dims 16..128, accumulates in fp32.  Shapes as :func:`stickbreaking_naive`.  Every argument
     is validated by the kernel entry point.
     """
     from .kernels.stickbreaking import stickbreaking_attention

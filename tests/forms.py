@@ -207,4 +207,5 @@ _self_check()
 
 # Triton forms with a backward pass (issue 9): their outputs carry a graph; the others refuse inputs that
 # require grad.  The contract test checks both.
-TRITON_WITH_BACKWARD = {"nope_triton", "alibi_triton", "fox_triton", "rope_triton", "path_triton", "pathfox_triton"}
+TRITON_WITH_BACKWARD = {"nope_triton", "alibi_triton", "fox_triton", "rope_triton", "path_triton", "pathfox_triton",
+                        "stickbreaking_triton", "cope_triton"}

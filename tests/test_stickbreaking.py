@@ -317,10 +317,8 @@ def test_the_kernels_softplus_keeps_tiny_gates():
     assert out[s == -40.0].item() > 0.0  # the gate a plain log2(1 + e) would lose
 
 
-def test_triton_refuses_grad_and_float64():
+def test_triton_refuses_float64():
     q, k, v = rand_qkv((), 5, 16, 16, seed=16, dtype=torch.float32, device=_device())
-    with pytest.raises(RuntimeError, match="backward"):
-        sb.stickbreaking_triton(q.requires_grad_(), k, v)
     with pytest.raises(TypeError, match="`q`"):
         sb.stickbreaking_triton(q.detach().double(), k.double(), v.double())
 
@@ -367,3 +365,78 @@ def test_symbolic_helpers_refuse_bad_T():
     for bad in (0, -1, 2.0, True):
         with pytest.raises(ValueError, match="`T`"):
             sym.product_form(bad)
+
+
+# ---------------------------------------------------------------------------
+# The Triton backward (two sweeps), in the interpreter: what the contract test does not cover
+# ---------------------------------------------------------------------------
+
+def _grads(fn, q, k, v, g):
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    return torch.autograd.grad(fn(*leaves), leaves, g)
+
+
+def _bwd_kernel(block_m, block_n, scan):
+    """The kernels' gradients with fixed tiles and a fixed way of summing inside a tile."""
+    from pathedu.kernels.stickbreaking import _stickbreaking_bwd_launch
+
+    def grads(q, k, v, g):
+        x = prepare_qkv(q, k, v)
+        return tuple(x.result(d) for d in _stickbreaking_bwd_launch(x, g, 0.25, block_m=block_m, block_n=block_n,
+                                                                     scan=scan))
+    return grads
+
+
+@pytest.mark.parametrize("scan", ["cumsum", "dot"])
+@pytest.mark.parametrize("blocks", [(16, 16), (32, 16)], ids=lambda b: f"bm{b[0]}_bn{b[1]}")
+def test_triton_gradients_at_extreme_logits(blocks, scan):
+    """Queries and keys scaled so that the logits reach +-30 (gates of 1e-13 and of 1 - 1e-13, sticks spent by one
+    key): both sweeps, several key blocks (carries and snapshots across them), both ways of summing inside a tile
+    (products with a triangular matrix, as 16-bit inputs take on a GPU, and tl.cumsum), against float64."""
+    q, k, v = rand_qkv((2,), 45, 16, 24, seed=21)
+    q, k = 3.5 * q, 2.5 * k
+    assert (0.25 * q @ k.transpose(-1, -2)).abs().max() > 30
+    g = torch.randn(2, 45, 24, generator=torch.Generator().manual_seed(22), dtype=torch.float64)
+    want = _grads(sb.stickbreaking_matrix, q, k, v, g)
+    got = _bwd_kernel(*blocks, scan)(q.float(), k.float(), v.float(), g.float())
+    for name, a, b in zip("qkv", got, want):
+        assert torch.isfinite(a).all() and rel_err(a, b) <= 2e-4, name
+
+
+def test_triton_forward_sums_inside_a_tile_as_products():
+    """The forward with the tile's sums as products (the GPU's path for 16-bit inputs) at logits up to +-30."""
+    q, k, v = rand_qkv((2,), 39, 16, 24, seed=23)
+    q = 6 * q
+    x = prepare_qkv(q.float(), k.float(), v.float())
+    for blocks in ((16, 16), (32, 16)):
+        out = x.result(_stickbreaking_launch(x, 0.25, block_m=blocks[0], block_n=blocks[1], scan="dot"))
+        assert rel_err(out, reference(q, k, v)) <= 1e-5
+
+
+GRAD_POISON = [("v", float("nan")), ("v", float("inf")), ("k", float("nan")), ("q", float("nan"))]
+
+
+@pytest.mark.parametrize("scan", ["cumsum", "dot"])
+@pytest.mark.parametrize("case", GRAD_POISON, ids=lambda c: f"{c[0]}_{c[1]}")
+def test_triton_gradients_keep_non_finite_inputs_confined(case, scan):
+    """A NaN/inf at position t leaves every gradient that does not depend on it finite and unchanged, and reaches
+    some that do.  q_i, k_j, v_j reach o_i only for j < i, so: a value v_t reaches dq_i (i > t) and dk_m (m >= t),
+    never dv; a key k_t reaches dq_i (i > t), every dk_m (the gates of every later row) and dv_j (j <= t), never
+    dv_j (j > t); a query q_t reaches dq_t, dk_m and dv_m (m < t) only."""
+    which, value = case
+    T, t = 40, 21
+    q, k, v = rand_qkv((1,), T, 16, 16, dtype=torch.float32, seed=24)
+    g = torch.randn(1, T, 16, generator=torch.Generator().manual_seed(25))
+    grads = _bwd_kernel(16, 16, scan)
+    clean = grads(q, k, v, g)
+    x = {"q": q.clone(), "k": k.clone(), "v": v.clone()}
+    x[which][0, t, 3] = value
+    dq, dk, dv = grads(x["q"], x["k"], x["v"], g)
+    keep = {"v": (slice(0, t + 1), slice(0, t), slice(0, T)), "k": (slice(0, t + 1), slice(0, 0), slice(t + 1, T)),
+            "q": (None, slice(t, T), slice(t, T))}[which]
+    for name, got, ref, rows in zip("qkv", (dq, dk, dv), clean, keep):
+        if rows is None:  # dq of q_t's poison: every row but t
+            rows = torch.arange(T) != t
+        assert torch.isfinite(got[0, rows]).all(), f"d{name} got the NaN/inf of {which}[{t}]"
+        assert torch.equal(got[0, rows], ref[0, rows]), name
+    assert not torch.isfinite(dq[0, t + 1 if which != "q" else t]).all()

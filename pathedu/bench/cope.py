@@ -1,4 +1,5 @@
-"""Chapter 11 ops: CoPE's forward kernel, timed beside PyTorch's SDPA.
+"""Chapter 11 ops: CoPE's kernels, timed beside PyTorch's SDPA (forward, or with ``--backward`` forward + backward,
+the table of position embeddings then requiring grad like q, k, v).
 
 * ``sdpa``: PyTorch SDPA, causal softmax without positions (the floor that CoPE's counts and gathers add to);
 * ``cope_triton``: our kernel (:func:`pathedu.kernels.cope.cope_attention`) with one table of ``P = 64`` position
@@ -27,7 +28,7 @@ def pos_emb_for(q, seed: int = 5):
 def _cope_triton(q, k, v):
     from ..kernels.cope import cope_attention
 
-    pos_emb = pos_emb_for(q)
+    pos_emb = pos_emb_for(q).requires_grad_(q.requires_grad)
     cope_attention(q[..., :1, :], k[..., :1, :], v[..., :1, :], pos_emb)  # compile and validate outside the timing
     return lambda: cope_attention(q, k, v, pos_emb)
 

@@ -122,7 +122,18 @@ KERNELS.update({  # the attention backward passes, with the autotuner's tiles (f
                                            dict(_BWD, BT=64, INNER=i, BIAS="none"), ("X:fp16", "V", "O"), 4)
        for i in (32, 64)},
 })
-_STAGES.update({"_flash_bwd": 2, "_path_bwd": 2, "_path_dyadic_fwd": 2})
+_SB = dict(HEAD_DIM=64, HEAD_DV=64, BLOCK_D=64, BLOCK_DV=64, PRECISION="tf32", FAST_LOG2=True)
+KERNELS.update({  # stick-breaking: the forward with the tile's sums by tl.cumsum and by products (the 16-bit path),
+    # at the tiles the autotuner picked for the cumsum forward on the H100, and the backward's two sweeps
+    **{f"_stickbreaking_fwd ({scan}, 64 x 32)": ("stickbreaking", "_stickbreaking_fwd",
+                                                  dict(_SB, BLOCK_M=64, BLOCK_N=32, SCAN=scan), _QKVO, 4)
+       for scan in ("cumsum", "dot")},
+    **{f"{name} (64 x 32)": ("stickbreaking", name, dict(_SB, BLOCK_M=64, BLOCK_N=32, SCAN="dot"),
+                             ("Q", "K", "V", "DO", "DQ", "DK", "DV", "VBAD:i32"), 4)
+       for name in ("_stickbreaking_bwd_query", "_stickbreaking_bwd_key")},
+})
+_STAGES.update({"_flash_bwd": 2, "_path_bwd": 2, "_path_dyadic_fwd": 2, "_stickbreaking_fwd": 3,
+                "_stickbreaking_bwd_query": 2, "_stickbreaking_bwd_key": 2})
 _INTS = ("T", "NB", "h", "LEVELS")  # integer scalars besides the strides
 _FLOATS = ("log2_base", "qk_scale", "scale")  # float scalars
 

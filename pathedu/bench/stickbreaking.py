@@ -1,9 +1,12 @@
-"""Chapter 10 ops: stick-breaking attention's forward kernel, timed beside PyTorch's SDPA.
+"""Chapter 10 ops: stick-breaking attention's kernels, timed beside PyTorch's SDPA (forward, or with ``--backward``
+forward + backward).
 
 * ``sdpa``: PyTorch SDPA, causal softmax (a different function: the speed of light for one pass of attention);
 * ``fla_stickbreaking``: flash-linear-attention's ``parallel_stickbreaking_attn`` (``attend_current=False``:
   keys strictly before the query, the first output zero; the same function as ours), in its layout
-  ``[B, T, H, D]`` (inputs transposed outside the timing; its second output, the unused stick, is dropped);
+  ``[B, T, H, D]`` (inputs transposed outside the timing; its second output, the unused stick, is dropped).
+  Forward only: its backward (a lock-based accumulation in the version this was written against) was reported to
+  hang on an H200 with Triton 3.6, and a hang would stop the whole run, so with ``--backward`` it is left out;
 * ``stickbreaking_triton``: our kernel (:func:`pathedu.kernels.stickbreaking.stickbreaking_attention`), validated
   (the public entry point is timed, its validation included), checked against ``fla_stickbreaking``.
 
@@ -17,6 +20,8 @@ from ._common import from_bthd, sdpa, to_bthd
 
 
 def _fla_stickbreaking(q, k, v):
+    if q.requires_grad:
+        raise RuntimeError("fla's stick-breaking backward is not timed (reported to hang on an H200 with Triton 3.6)")
     from fla.ops.stickbreaking_attn import parallel_stickbreaking_attn
 
     qt, kt, vt = to_bthd(q), to_bthd(k), to_bthd(v)
