@@ -44,7 +44,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..checks import UNIT_TOL, check_positive_int, finite_condition, log_gate_condition, range_condition, unit_condition
+from ..checks import (TRANSITION_TOL, check_positive_int, finite_condition, log_gate_condition, range_condition,
+                      transition_condition)
 from ._launch import dot_precision, interpreting, keeping_nans, next_pow2
 from ._pieces import (_dot, _dot_ready, _finite_abs, _finite_or_zero, _input_dot, _load_rows, _pow2, _quiet_for,
                       _quiet_fp32, _rn, _scaled, _store_rows)
@@ -52,9 +53,9 @@ from ._pieces import (_dot, _dot_ready, _finite_abs, _finite_or_zero, _input_dot
 MAX_R = 2  # a query block holds at most this many UT blocks; prepared tensors are padded to MAX_R * block rows
 SUB = tl.constexpr(16)  # the triangular inverse is solved row by row on SUB x SUB diagonal blocks, then merged
 BETA_WHY = " (H = I - beta w w^T)"  # the reason given when `beta` is outside [0, 2]
-COUNTED = ("w", "beta", "log_f", "w_unit")  # what _ut_diag_inverse counts, in its order (_diag_block_n)
+COUNTED = ("w", "beta", "log_f", "transition")  # what _ut_diag_inverse counts, in its order (_diag_block_n)
 COUNTS = 4  # _diag_block_n's counts (a power of two for tl.arange)
-W_UNIT_TOL = tl.constexpr(UNIT_TOL)  # |w_t|^2 may be off 1 by this much (pathedu.checks.unit_condition)
+TRANSITION_MAX = tl.constexpr(2.0 + TRANSITION_TOL)  # beta_t |w_t|^2 at most (pathedu.checks.transition_condition)
 
 
 def prep_precision(dtype) -> str:
@@ -97,8 +98,8 @@ def _diag_block_n(K, W, BETA, LOG_F, T, start, bh, stride_kb, stride_kt, stride_
     ``strictLower(K K^T) D_beta`` (never gated: :func:`_wy_prepare` says why); ``bad``, ``[4]`` fp32, how many of
     the values read break their condition, in :data:`COUNTED`'s order: ``w`` not finite (0 with ``W_IS_K``, whose
     non-finite entries are dropped), ``beta`` outside [0, 2], ``log_f`` outside (-inf, 0] (read only with
-    ``GATED``, to be counted; else 0), and the rows of ``w`` whose ``|w_t|^2`` (the Gram matrix's diagonal) is
-    off 1 by more than :data:`W_UNIT_TOL` (0 with ``W_IS_K``: DeltaNet's keys need not be unit).  NaN breaks every
+    ``GATED``, to be counted; else 0), and the rows whose transition expands, ``beta_t |w_t|^2`` (``|w_t|^2``:
+    the Gram matrix's diagonal) above :data:`TRANSITION_MAX` (0 with ``W_IS_K``: not checked for DeltaNet).  NaN breaks every
     condition (a comparison with NaN is false); padding loads as 0 and is not counted.
 
     The Gram matrix runs on the tensor cores: for 16-bit ``w`` as a plain product (two 16-bit numbers
@@ -131,13 +132,13 @@ def _diag_block_n(K, W, BETA, LOG_F, T, start, bh, stride_kb, stride_kt, stride_
     if GATED:
         log_f = tl.load(LOG_F + bh * T + start + rows, mask=rows < T - start, other=0.0)  # [SUB]
         bad_f = tl.sum(tl.where((log_f <= 0.0) & (log_f > float("-inf")), 0.0, 1.0))
-    bad_u = 0.0
+    bad_h = 0.0
     if not W_IS_K:  # |w_t|^2 is the Gram matrix's diagonal
         norm2 = tl.sum(tl.where(rows[:, None] == rows[None, :], gram, 0.0), axis=1)  # [SUB]
-        off = tl.where(tl.abs(norm2 - 1.0) <= W_UNIT_TOL, 0.0, 1.0)  # NaN: off
-        bad_u = tl.sum(tl.where(rows < T - start, off, 0.0))
+        off = tl.where(beta * norm2 <= TRANSITION_MAX, 0.0, 1.0)  # NaN: off
+        bad_h = tl.sum(tl.where(rows < T - start, off, 0.0))
     which = tl.arange(0, 4)
-    bad = tl.where(which == 0, bad_w, tl.where(which == 1, bad_b, tl.where(which == 2, bad_f, bad_u)))  # [4]
+    bad = tl.where(which == 0, bad_w, tl.where(which == 1, bad_b, tl.where(which == 2, bad_f, bad_h)))  # [4]
     if W_IS_K:  # DeltaNet's WY pass inverts the column form I + strictLower(K K^T) D_beta (_wy_prepare says why)
         return tl.where(lower, gram * beta[None, :], 0.0), bad
     else:
@@ -719,7 +720,7 @@ def invert_diagonal_blocks(k3, w3, beta3, log_f3, x, T: int, block: int, *, w_is
     (``(BH, T_pad, block)`` fp32); ``log_f3`` (``(BH, T)`` fp32) or None: Gated DeltaNet's gates, counted here
     (the inverse stays the ungated one, :func:`_wy_prepare`).
     ``check``: a :class:`pathedu.checks.checked_after` that receives the conditions on what the launch reads
-    ("``w`` is finite" and "``w`` has unit rows" unless ``w_is_k``, "``beta`` in [0, 2]", "``log_f`` a log gate"
+    ("``w`` is finite" and "``beta_t |w_t|^2 <= 2``" unless ``w_is_k``, "``beta`` in [0, 2]", "``log_f`` a log gate"
     when given), decided from the launch's counts (:meth:`~pathedu.checks.checked_after.defer`), or None."""
     D = k3.shape[-1]
     bad = None if check is None else torch.zeros(2 * COUNTS, dtype=torch.float32, device=k3.device)
@@ -733,7 +734,7 @@ def invert_diagonal_blocks(k3, w3, beta3, log_f3, x, T: int, block: int, *, w_is
         check.defer(None if w_is_k else finite_condition(w3, "w", counted=counts["w"]),
                     range_condition(beta3, "beta", 0.0, 2.0, BETA_WHY, counted=counts["beta"]),
                     None if log_f3 is None else log_gate_condition(log_f3, "log_f", counted=counts["log_f"]),
-                    None if w_is_k else unit_condition(w3, "w", counted=counts["w_unit"]),
+                    None if w_is_k else transition_condition(w3, beta3, "w", counted=counts["transition"]),
                     stats=bad[: 2 * len(COUNTED)])
 
 

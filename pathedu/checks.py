@@ -13,8 +13,8 @@ and a forward to be differentiated) of every mechanism:
   weights never multiply a value (:func:`pathedu.masks.causal_matmul`).
 * The per-token and per-head arguments (``w``, ``beta``, ``log_f``, ALiBi's slopes, RetNet's decays, CoPE's
   ``pos_emb``) must be finite and in their ranges: anything else is refused with a ``ValueError`` naming the
-  argument (:func:`finite_condition`, :func:`range_condition`, :func:`log_gate_condition`; PaTH's ``w`` must
-  also hold unit rows, :func:`unit_condition`).
+  argument (:func:`finite_condition`, :func:`range_condition`, :func:`log_gate_condition`; PaTH's ``w`` and
+  ``beta`` must also give non-expanding transitions, :func:`transition_condition`).
 """
 from __future__ import annotations
 
@@ -369,34 +369,36 @@ def finite_condition(x: torch.Tensor, name: str, *, counted: torch.Tensor | None
     return Condition(extremes(x), lambda a, b: math.isfinite(a) and math.isfinite(b), message)
 
 
-# PaTH's w_t is a unit direction (H_t = I - beta_t w_t w_t^T is a reflection-like map only then).  The tolerance
-# on |w_t|^2 - 1 is the one of the coarsest dtype pathedu takes, bfloat16, for every dtype: rounding a unit vector
-# to bfloat16 moves |w|^2 by up to about 2^-7, and references in float32/float64 are routinely evaluated on inputs
-# rounded to a 16-bit dtype.  What it refuses is a w that was never normalised.
-UNIT_TOL = 2.0 ** -5
+# PaTH's transitions H_t = I - beta_t w_t w_t^T must not expand: H_t has the eigenvalue 1 - beta_t |w_t|^2 (along
+# w_t) and 1 (across it), so its products stay bounded iff beta_t |w_t|^2 <= 2 (with beta_t >= 0, checked apart).
+# PaTH's w_t is a unit vector and beta_t in [0, 2]; w_t = 0 (no transition) is allowed, as in the paper's
+# constructions.  The excess allowed is the same for every dtype: a unit vector rounded to bfloat16 moves |w|^2 by
+# up to about 2^-7, and references in float32/float64 are routinely evaluated on inputs rounded to 16 bits.
+TRANSITION_TOL = 2.0 ** -4
 
 
-def unit_condition(w: torch.Tensor, name: str = "w", *, tol: float = UNIT_TOL,
-                   counted: torch.Tensor | None = None) -> Condition | None:
-    """Every row ``w[..., t, :]`` of unit length: ``| |w_t|^2 - 1 | <= tol`` (:data:`UNIT_TOL`; NaN fails).
-    ``|w_t|^2`` is summed in float32 for 16-bit ``w``.  ``counted``: as in :func:`finite_condition` (a kernel that
-    forms ``|w_t|^2`` anyway counts the rows off by more than ``tol``)."""
+def transition_condition(w: torch.Tensor, beta: torch.Tensor, name: str = "w", *, tol: float = TRANSITION_TOL,
+                         counted: torch.Tensor | None = None) -> Condition | None:
+    """``beta_t |w_t|^2 <= 2 + tol`` for every row ``w[..., t, :]`` and its ``beta[..., t]`` (NaN fails): every
+    transition ``H_t = I - beta_t w_t w_t^T`` is non-expansive (eigenvalues in [-1, 1]), as it is for a unit
+    ``w_t`` and ``beta_t`` in [0, 2].  ``|w_t|^2`` is summed in float32 for 16-bit ``w``.  ``counted``: as in
+    :func:`finite_condition` (a kernel that forms ``|w_t|^2`` anyway counts the rows that break it)."""
     if w.numel() == 0:
         return None
 
-    def norms():
-        x = w.detach()
-        return (x.float() if x.dtype in (torch.float16, torch.bfloat16) else x).square().sum(-1)
+    def products():
+        x, b = w.detach(), beta.detach()
+        wide = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+        return x.to(wide).square().sum(-1) * b.to(wide)
 
     def message():
-        n2 = norms()
-        good = (n2 - 1).abs() <= tol
-        bad = n2[~good].flatten()
-        found = f"; found |{name}_t|^2 = {bad[0].item():.6g}" if bad.numel() else ""
-        return (f"`{name}` must hold unit vectors along its last dim (|{name}_t|^2 within {tol:g} of 1: the "
-                f"direction of H_t = I - beta_t {name}_t {name}_t^T){found}; normalise it, e.g. "
-                f"`{name} = torch.nn.functional.normalize({name}, dim=-1)`")
+        p = products()
+        bad = p[~(p <= 2 + tol)].flatten()
+        found = f"; found beta_t |{name}_t|^2 = {bad[0].item():.6g}" if bad.numel() else ""
+        return (f"`{name}` gives transitions H_t = I - beta_t {name}_t {name}_t^T that expand: beta_t |{name}_t|^2 "
+                f"must be <= 2 (within {tol:g}), as for PaTH's unit {name}_t and beta_t in [0, 2]{found}; normalise "
+                f"`{name}`, e.g. `{name} = torch.nn.functional.normalize({name}, dim=-1)`")
 
     if counted is not None:
         return Condition(*_counted(counted), message)
-    return Condition(extremes(norms()), lambda lo, hi: abs(lo - 1) <= tol and abs(hi - 1) <= tol, message)
+    return Condition(extremes(products()), lambda lo, hi: hi <= 2 + tol, message)

@@ -4,14 +4,17 @@ The transition of token ``s`` is a Householder-like matrix ::
 
     H_s = I - beta_s w_s w_s^T        (D x D, symmetric; beta_s in [0, 2]; |w_s| = 1)
 
-``w_s`` is a unit direction, by definition (``beta_s = 2``: a reflection, eigenvalue -1; every eigenvalue lies in
-[-1, 1], so products of transitions stay bounded).  It is not normalised for you: every attention and RNN form
-here and in :mod:`pathedu.pathfox` (and the Triton kernels) refuses, with a ``ValueError`` naming ``w``, a
-``w`` whose ``|w_s|^2`` is off 1 by more than :data:`pathedu.checks.UNIT_TOL` (``2^-5``, the same for every
-dtype: it passes a unit vector rounded to bfloat16, refuses one that was never normalised, whose products
-overflow float32 into NaN).  Normalise it yourself, ``w = torch.nn.functional.normalize(w, dim=-1)``, as PaTH's
-layers do.  The algebra of :func:`ut_transform`, :func:`householder_product` and :func:`interval_product`
-holds for any ``w``, which they take as given.  Positions are 0-based and a token's own transition never
+``w_s`` is a unit vector, by definition (``beta_s = 2``: a reflection, eigenvalue -1): PaTH's layers normalise it.
+The forms take ``w`` as given and require what keeps every product of transitions bounded, that no ``H_s``
+expands: its eigenvalues are 1 and ``1 - beta_s |w_s|^2``, so ``beta_s |w_s|^2 <= 2``.  That holds for unit ``w_s``
+and ``beta_s`` in [0, 2], and for ``w_s = 0`` (no transition, as in the paper's constructions,
+:mod:`pathedu.constructions`).  Every attention and RNN form here and in :mod:`pathedu.pathfox` (and the Triton
+kernels) refuses anything else with a ``ValueError`` naming ``w`` (within
+:data:`pathedu.checks.TRANSITION_TOL` = ``2^-4``, the same for every dtype: it passes a unit vector rounded to
+bfloat16), rather than return what such products give: growth like ``(beta |w|^2 - 1)^T``, which overflows
+float32 into NaN.  ``w`` is never normalised for you: ``w = torch.nn.functional.normalize(w, dim=-1)``.  The
+algebra of :func:`ut_transform`, :func:`householder_product` and :func:`interval_product` holds for any ``w``,
+which they take as given.  Positions are 0-based and a token's own transition never
 acts on itself.
 
 Softmax side, PaTH attention: the product of transitions *between* key j and
@@ -77,7 +80,7 @@ from __future__ import annotations
 import torch
 
 from .checks import (QKV, check_per_token, check_positive_int, check_qkv, check_scale, finite_condition,
-                     range_condition, require, unit_condition)
+                     range_condition, require, transition_condition)
 from .masks import causal_mask, causal_matmul, masked_logits
 from .nope import KVCache, _initial_state, causal_softmax, empty_output, online_softmax_step
 
@@ -109,8 +112,8 @@ def _check_beta(beta, n: QKV, like: torch.Tensor, dtype=None) -> torch.Tensor:
 
 def _check_w_beta(w, beta, n: QKV | None = None, like: torch.Tensor | None = None, dtype=None, *,
                   unit: bool = True):
-    """Validate ``w: (..., T, D)`` (finite, matching ``k``; unit rows unless ``unit=False``) and ``beta: (..., T)``
-    in [0, 2].
+    """Validate ``w: (..., T, D)`` (finite, matching ``k``) and ``beta: (..., T)`` in [0, 2], and unless
+    ``unit=False`` that ``beta_t |w_t|^2 <= 2`` (:func:`pathedu.checks.transition_condition`).
 
     Without ``n``/``like`` (:func:`ut_transform`, :func:`householder_product`),
     the sizes are read off ``w`` itself.  Shapes first, then every value check
@@ -126,7 +129,7 @@ def _check_w_beta(w, beta, n: QKV | None = None, like: torch.Tensor | None = Non
         like = w
     check_per_token(w, "w", n, like, extra=(n.D,))
     check_per_token(beta, "beta", n, like)
-    require(finite_condition(w, "w"), *_beta_conditions(beta), unit_condition(w, "w") if unit else None)
+    require(finite_condition(w, "w"), *_beta_conditions(beta), transition_condition(w, beta) if unit else None)
     dtype = like.dtype if dtype is None else dtype
     return w.to(dtype), beta.to(dtype)
 

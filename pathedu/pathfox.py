@@ -66,11 +66,12 @@ heads, ...) must agree.  Reference forms compute in float32 or wider
 (float64 when ``q`` or ``log_f`` is float64: gate sums in 16-bit floats lose
 the digits that matter, and torch has no 16-bit triangular solve on the CPU),
 with ``w``, ``beta`` and ``log_f`` cast to that dtype, and return ``q``'s dtype.
-Every value check of a call (``w`` finite and of unit rows, ``beta`` in [0, 2], ``log_f`` <= 0
+Every value check of a call (``w`` finite, ``beta`` in [0, 2], ``beta_t |w_t|^2 <= 2``, ``log_f`` <= 0
 and finite) is read with one host synchronisation.
 
-``w`` is PaTH's: unit rows by definition, refused otherwise (``ValueError`` naming ``w``; the tolerance and why
-in :mod:`pathedu.path`), never normalised for you; Gated DeltaNet's ``w = k`` need not be unit.
+``w`` is PaTH's: a unit vector by definition; a ``w`` whose transitions expand (``beta_t |w_t|^2 > 2``) is
+refused with a ``ValueError`` naming ``w`` (:mod:`pathedu.path` says why and with what tolerance), never
+normalised for you.  Gated DeltaNet's ``w = k`` is not checked so.
 
 Non-finite inputs: as everywhere in pathedu (:mod:`pathedu.checks`, "Non-finite inputs"), a NaN or inf in
 ``q``, ``k`` or ``v`` at position t changes only the outputs at positions >= t; ``w``, ``beta`` and ``log_f``
@@ -104,7 +105,7 @@ import torch
 
 from . import fox, path
 from .checks import (QKV, check_per_token, check_positive_int, check_qkv, check_scale, finite_condition,
-                     log_gate_condition, range_condition, require, unit_condition)
+                     log_gate_condition, range_condition, require, transition_condition)
 from .masks import causal_mask, causal_matmul, masked_logits
 from .nope import _initial_state, causal_softmax, empty_output, online_softmax_step
 
@@ -138,7 +139,7 @@ def _validate(q, k, v, w, beta, log_f, *, tuning=()):
     tuned = [check_positive_int(x, name) for name, x in tuning]
     require(None if w is None else finite_condition(w, "w"),
             finite_condition(beta, "beta"), range_condition(beta, "beta", 0, 2, " (H = I - beta w w^T)"),
-            log_gate_condition(log_f), None if w is None else unit_condition(w, "w"))
+            log_gate_condition(log_f), None if w is None else transition_condition(w, beta))
     return n, fox._work_dtype(q, log_f), tuned
 
 

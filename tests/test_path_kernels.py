@@ -164,14 +164,14 @@ def test_path_reflections_of_nearly_parallel_w():
         assert rel_err(out, ref) <= TOL_TRITON[torch.float32]
 
 
-def test_path_uses_scale_and_refuses_w_that_is_not_unit():
+def test_path_uses_scale_and_refuses_w_whose_transitions_expand():
     q, k, v = rand_qkv((2,), 40, 16, 16, seed=11)
     w, beta = transitions((2,), 40, 16, seed=12)
     out = path_attention(q.float(), k.float(), v.float(), w.float(), beta.float(), scale=0.3)
     assert rel_err(out, path_reference(q, k, v, w, beta, scale=0.3)) <= 2e-3
     assert rel_err(out, path_reference(q, k, v, w, beta)) > 1e-2  # the default scale would differ
-    with pytest.raises(ValueError, match="`w` must hold unit vectors"):  # PaTH's w is a unit direction
-        path_attention(q.float(), k.float(), v.float(), 0.7 * w.float(), beta.float(), scale=0.3)
+    with pytest.raises(ValueError, match="`w` gives transitions"):  # beta |w|^2 = 8: H expands
+        path_attention(q.float(), k.float(), v.float(), 2 * w.float(), torch.full_like(beta.float(), 2.0), scale=0.3)
 
 
 def test_path_bf16_on_cpu_runs_in_fp32():
