@@ -13,6 +13,8 @@ helpers; the chapters' ``*_triton`` forms call an entry point and validate nothi
 * :func:`per_token`: a per-token tensor ``(..., T)`` or ``(..., T, D)`` (shape, dtype,
   device), flattened to fp32 ``(BH, T[, D])``;
 * :func:`per_head`: a float or a tensor broadcastable to the leading dims, as ``(BH,)``;
+* :func:`state_rows`: a linear-side ``initial_state`` ``(..., Dv, D)`` (the recurrent forms' ``S``), as the
+  kernels' ``S^T`` per head, fp32 ``(BH, D, Dv)``; :func:`state_result` turns a final one back;
 * every tensor: not on the meta device and, for the kernels without a backward pass
   (``backward=False``), not requiring grad while grad mode is on (:func:`refuse_grad`);
   the kernels with one take such tensors, and :func:`wants_grad` tells them to go
@@ -37,7 +39,7 @@ import torch
 import triton
 
 from .._device import triton_mode
-from ..checks import QKV, check_device, check_kernel_inputs, check_per_token, check_qkv
+from ..checks import QKV, check_device, check_kernel_inputs, check_per_token, check_qkv, check_state
 from ..rope import check_even
 
 
@@ -177,3 +179,18 @@ def per_head(x, name: str, flat: Flat, dtype=torch.float32, backward: bool = Fal
         raise ValueError(f"`{name}` of shape {tuple(t.shape)} does not broadcast to the leading dims "
                          f"{flat.n.lead} (pass a float, or one value per head)") from None
     return t.reshape(flat.BH).contiguous()
+
+
+def state_rows(state, flat: Flat, *, name: str = "initial_state") -> torch.Tensor:
+    """Validate a linear-side state ``S: (..., Dv, D)`` (a recurrent form's ``initial_state``: any floating dtype,
+    ``q``'s device) and return ``S^T`` of each head, the linear template's ``H``: contiguous fp32 ``(BH, D, Dv)``.
+    The conversion is differentiable: a state that requires grad gets its gradient."""
+    n = flat.n
+    check_state(state, n.lead + (n.Dv, n.D), flat.like, name=name, shape_note=" (leading dims, Dv, D)")
+    return as_rows(state.reshape(flat.BH, n.Dv, n.D).transpose(1, 2), (flat.BH, n.D, n.Dv), torch.float32)
+
+
+def state_result(ht: torch.Tensor, flat: Flat) -> torch.Tensor:
+    """A kernel's final states ``H = S^T`` (fp32 ``(BH, D, Dv)``) as the recurrent forms return ``S``:
+    ``(..., Dv, D)``, fp32."""
+    return ht.transpose(1, 2).reshape(flat.n.lead + (flat.n.Dv, flat.n.D))

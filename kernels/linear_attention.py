@@ -29,7 +29,7 @@ per-token scalar, and ``GATE`` picks the transition itself:
   ``DECAY == "head"`` is RetNet's case, one gate per head (``LOG_F``: ``(BH,)``, the
   log of gamma): then ``b_i = (i + 1) log gamma`` in every chunk, so the decays are made
   once per program, before the chunk loop, with no load and no prefix sum in it (a
-  sixth of RetNet's time at T = 8192: ``kernels/NOTES_path.md`` section 13).  A gate
+  sixth of RetNet's time at T = 8192, measured on an H100).  A gate
   per token (``DECAY == "token"``, ``LOG_F``: ``(BH, T)``) needs each chunk's own sums.
 
 * ``"none"``: plain linear attention (chapter 1), ``O_c^inter = Q_c H``,
@@ -105,6 +105,39 @@ state, and nothing makes a NaN finite again); :func:`_linear_careful` redoes the
 flagged ones with the values' NaN/inf replaced by 0 in the products and the
 channels that had one set to NaN from its row on.  Inputs are validated once, at
 the entry point (:mod:`._launch`).
+
+The state.  ``initial_state`` starts ``H`` from a given ``S^T`` instead of 0, and the final ``H`` can be
+returned: a sequence runs in pieces (prefill in chunks, then decoding a token at a time), each piece
+starting from the last one's state, as the recurrent forms do.
+
+The backward pass (gates ``"none"``, per token, per head, per channel; the rotation, Householder and
+delta hooks have none: a call with gradients turns q and k first) is three launches, for a chunk with local cumulative log gate
+``b`` (``b_last`` its last entry), state ``H_in`` entering it and ``H_out`` leaving it::
+
+    O_c   = diag(e^b) Q_c H_in + (Q_c K_c^T * E * M) V_c,        E_ij = e^{b_i - b_j}
+    H_out = e^{b_last} H_in + (K_c * e^{b_last - b})^T V_c
+
+1. the forward stores ``H_in`` of every chunk (``STORE_STATES``, fp32 ``(BH, NC, D, Dv)``) and the
+   final state;
+2. :func:`_linear_bwd_state` scans right to left for ``dH_out`` of every chunk, from the final state's
+   gradient: ``dH_in = e^{b_last} dH_out + (Q_c * e^b)^T dO_c`` (its last one is the initial state's);
+3. :func:`_linear_bwd_chunk` (:func:`_linear_bwd_channel` for the per-channel gate) gives each chunk's::
+
+       dQ = diag(e^b) dO H_in^T + (dO V^T * E * M) K
+       dK = (dO V^T * E * M)^T Q + diag(e^{b_last - b}) V dH_out^T
+       dV = (Q K^T * E * M)^T dO + diag(e^{b_last - b}) K dH_out
+
+   and the gates' gradient, through the cumulative log gates ``c``: the outputs read them only through
+   ``q_t e^{c_t}`` and ``k_t e^{-c_t}``, and the final state through its factor ``e^{c_{T-1}}``, so
+   ``dc_t = q_t . dq_t - k_t . dk_t`` plus ``<dS, S>`` at ``t = T - 1``, and ``d log_f[s] = sum_{t >= s}
+   dc_t`` (:func:`_gate_grad`).  Terms that cancel exactly in ``dc`` are left out of its sums, so that
+   strong gates (``log_f = -20``) leave no rounding noise in a gradient of order ``e^{-20}``.
+
+On Hopper, Triton 3.4 to 3.7.0 miscompiles the transpose of a tile that a product made (wrong
+gradients): no product's result is transposed here.  A transposed operand is read so from memory, or
+made as the product in the other order (``(Q K^T)^T`` as ``K Q^T``).  Every causal mask of the
+backward is a select, so a NaN or inf in ``q``, ``k`` or ``v`` reaches only the gradient rows that
+read it (the products that would carry it further, ``0 * NaN``, see the input without it).
 """
 from __future__ import annotations
 
@@ -113,9 +146,11 @@ import triton
 import triton.language as tl
 
 from ..alibi import gamma_condition
-from ..checks import QKV, check_positive_int, checked_after, log_gate_condition
-from ._launch import Flat, dot_precision, interpreting, next_pow2, per_head, per_token, prepare_qkv, rotate_args
-from ._pieces import _dot, _input_dot, _load_rotated, _quiet_fp32, _quiet_nan, _load_rows, _rope_cos_sin, _rope_shift, _store_rows
+from ..checks import QKV, check_bool, check_positive_int, checked_after, log_gate_condition
+from ._launch import (Flat, dot_precision, interpreting, next_pow2, per_head, per_token, prepare_qkv,
+                      rotate_args, state_result, state_rows, wants_grad)
+from ._pieces import (_any_nonfinite, _dot, _finite_or_zero, _input_dot, _load_rotated, _load_rows, _quiet_fp32,
+                      _quiet_nan, _rope_cos_sin, _rope_shift, _store_rows)
 
 __all__ = ["chunked_linear_attention", "gated_linear_attention", "CHANNEL_CHUNK"]
 
@@ -159,17 +194,31 @@ def _decay_tile(b, causal):
     """The decays ``e^{b_i - b_j}`` ``[C, C]`` of a chunk's cumulative log gates ``b [C]``, 0 above the diagonal:
     masked before exp, so every exponent is a sum of gates, ``<= 0``.  A ``[C, C]`` fp32 tile is 32 registers per
     thread at 4 warps: made where it is used, not kept through the chunk (Gated DeltaNet's loop spilled 152 bytes a
-    thread with it made at the chunk's start, 8 without; ``kernels/NOTES_path.md``, section 26)."""
+    thread with it made at the chunk's start, 8 without)."""
     return tl.exp(tl.where(causal, b[:, None] - b[None, :], float("-inf")))
 
 
 @triton.jit
-def _linear_chunks(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
+def _state_tile(ptr, offs_d, offs_dv, HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, TRANSPOSED: tl.constexpr):
+    """Pointers and mask of a block of one head's fp32 state ``H = S^T``, ``(D, Dv)`` row-major at ``ptr``: rows
+    ``offs_d``, columns ``offs_dv`` (``[BD, BDV]``), or with ``TRANSPOSED`` the transposed block ``[BDV, BD]``,
+    read so from memory (a product that needs ``H^T`` gets it without a transpose in registers)."""
+    if TRANSPOSED:
+        return (ptr + offs_dv[:, None] + offs_d[None, :] * HEAD_DV,
+                (offs_dv[:, None] < HEAD_DV) & (offs_d[None, :] < HEAD_DIM))
+    else:
+        return (ptr + offs_d[:, None] * HEAD_DV + offs_dv[None, :],
+                (offs_d[:, None] < HEAD_DIM) & (offs_dv[None, :] < HEAD_DV))
+
+
+@triton.jit
+def _linear_chunks(Q, K, V, O, LOG_F, AD, GM, H0, STATES, T, log2_base,
                    stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt, stride_ob, stride_ot,
                    stride_ab, stride_at, stride_gb, stride_gj,
                    HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                    CHUNK: tl.constexpr, GATE: tl.constexpr, DECAY: tl.constexpr, PRECISION: tl.constexpr,
-                   BLOCK_DC: tl.constexpr, ROTATE: tl.constexpr, SAFE: tl.constexpr):
+                   BLOCK_DC: tl.constexpr, ROTATE: tl.constexpr, SAFE: tl.constexpr, LOAD_H0: tl.constexpr,
+                   STORE_STATES: tl.constexpr):
     """The chunked template, one program per (block of ``BLOCK_DV`` value channels, head): grid
     ``(cdiv(Dv, BLOCK_DV), BH)``; the state ``H = S^T [BD, BDV]`` stays in registers for the whole sequence,
     and is returned.
@@ -181,7 +230,11 @@ def _linear_chunks(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
 
     ``SAFE`` (the careful pass): the products see the values without their NaN/inf, and the rows at or after a
     channel's first NaN/inf get NaN in that channel.  Without it the products are plain: a NaN or inf value
-    then reaches earlier rows of its chunk (``0 * NaN``), and the state, which :func:`_linear_fwd` checks."""
+    then reaches earlier rows of its chunk (``0 * NaN``), and the state, which :func:`_linear_fwd` checks.
+
+    ``LOAD_H0``: the state starts from ``H0`` (fp32 ``(BH, D, Dv)``, the initial ``S^T`` of each head) instead of 0.
+    ``STORE_STATES``: the state entering each chunk is stored to ``STATES`` (fp32 ``(BH, NC, D, Dv)``,
+    ``NC = cdiv(T, CHUNK)``), for the backward pass (:func:`_linear_bwd_state`, :func:`_linear_bwd_chunk`)."""
     bh = tl.program_id(1).to(tl.int64)
     offs_c = tl.arange(0, CHUNK)
     offs_d = tl.arange(0, BLOCK_D)
@@ -193,10 +246,15 @@ def _linear_chunks(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
     CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
 
     if DECAY == "head":  # RetNet: b_i = (i + 1) log gamma in every chunk, so the decays are made once
-        b = tl.load(LOG_F + bh) * (offs_c + 1).to(tl.float32)
+        log_g = tl.load(LOG_F + bh)
+        b = log_g * (offs_c + 1).to(tl.float32)
         b_last = _chunk_last(b, offs_c, CHUNK)
         decay = _decay_tile(b, causal)
-    H = tl.zeros([BLOCK_D, BLOCK_DV], dtype=tl.float32)  # the state S^T, on chip for the whole sequence
+    if LOAD_H0:  # the state S^T, on chip for the whole sequence
+        h0_ptrs, h0_mask = _state_tile(H0 + bh * HEAD_DIM * HEAD_DV, offs_d, offs_dv, HEAD_DIM, HEAD_DV, False)
+        H = tl.load(h0_ptrs, mask=h0_mask, other=0.0)
+    else:
+        H = tl.zeros([BLOCK_D, BLOCK_DV], dtype=tl.float32)
     if SAFE:
         first = tl.full([BLOCK_DV], CHUNK, tl.int32)  # no NaN/inf value seen yet
     if ROTATE != "none":  # cos/sin of the offsets inside a chunk, once: every chunk shifts them (_rope_shift)
@@ -205,6 +263,10 @@ def _linear_chunks(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
         # This chunk's rows (absolute positions: offsets computed in the loop, not held in
         # registers across it); padding past T loads as zeros.
         offs_t = start + offs_c
+        if STORE_STATES:  # the state entering this chunk, for the backward pass
+            st_ptrs, st_mask = _state_tile(STATES + (bh * tl.cdiv(T, CHUNK) + start // CHUNK) * HEAD_DIM * HEAD_DV,
+                                           offs_d, offs_dv, HEAD_DIM, HEAD_DV, False)
+            tl.store(st_ptrs, H, mask=st_mask)
         if ROTATE == "none":
             # In the inputs' dtype, turned to fp32 where a product needs it (Q K^T needs not: a 16-bit
             # value is exact in tf32, so the 16-bit product is the one fp32 tiles gave, at twice the rate).
@@ -282,10 +344,15 @@ def _linear_chunks(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
             o = o * tl.exp(b)[:, None]
             if DECAY == "token":
                 s = s * _decay_tile(b, causal)
+                h = h * tl.exp(b_last)
+                k = k.to(tl.float32) * tl.exp(b_last - b)[:, None]
             else:
                 s = s * decay
-            h = h * tl.exp(b_last)
-            k = k.to(tl.float32) * tl.exp(b_last - b)[:, None]
+                # A last chunk cut by T ends at row T - 1: the state decays by gamma^(T - start), and the rows past T
+                # (k = 0) get the weight 1, as the gate 0 that pads a gate per token gives them.
+                b_end = tl.where(start + CHUNK > T, log_g * (T - start).to(tl.float32), b_last)
+                h = h * tl.exp(b_end)
+                k = k.to(tl.float32) * tl.exp(tl.minimum(b_end - b, 0.0))[:, None]
             if GATE == "householder" or GATE == "delta":
                 k = _quiet_nan(k)  # a product: the GPU's canonical NaN, which _dot's rounding would lose
         if GATE == "householder" or GATE == "delta":
@@ -311,42 +378,393 @@ def _linear_chunks(Q, K, V, O, LOG_F, AD, GM, T, log2_base,
 
 
 @triton.jit
-def _linear_fwd(Q, K, V, O, LOG_F, AD, GM, FLAGS, T, log2_base,
+def _linear_fwd(Q, K, V, O, LOG_F, AD, GM, H0, STATES, HT, FLAGS, T, log2_base,
                 stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt, stride_ob, stride_ot,
                 stride_ab, stride_at, stride_gb, stride_gj,
                 HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                 CHUNK: tl.constexpr, GATE: tl.constexpr, DECAY: tl.constexpr, PRECISION: tl.constexpr,
-                BLOCK_DC: tl.constexpr, ROTATE: tl.constexpr):
+                BLOCK_DC: tl.constexpr, ROTATE: tl.constexpr, LOAD_H0: tl.constexpr, STORE_STATES: tl.constexpr,
+                STORE_FINAL: tl.constexpr):
     """The fast pass: :func:`_linear_chunks` with plain products, then a flag per program (``FLAGS``: int8, one
     per program, row-major over the grid): set when the final state holds a NaN or inf.  Every value of a
     sequence reaches the state (``H += K^T V``, and ``0 * NaN`` is NaN), and no product, sum or decay turns a NaN
     or inf back into a finite number (the one rounding that could, :func:`._pieces._rn` of a canonical GPU NaN, gets
     quiet NaNs: the scores, keys, state and DeltaNet's ``U~ - W S`` are made quiet where they meet it, fp32 inputs
     where they are loaded, and the preparation passes store their fp32 factors quiet), so a finite final state means
-    no value was NaN or inf: then every product equals the careful pass's bit for bit, and the outputs are final."""
-    H = _linear_chunks(Q, K, V, O, LOG_F, AD, GM, T, log2_base, stride_qb, stride_qt, stride_kb, stride_kt,
-                       stride_vb, stride_vt, stride_ob, stride_ot, stride_ab, stride_at, stride_gb, stride_gj,
-                       HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, CHUNK, GATE, DECAY, PRECISION, BLOCK_DC, ROTATE, False)
+    no value was NaN or inf: then every product equals the careful pass's bit for bit, and the outputs are final.
+
+    The states this pass stores (``STORE_STATES``; ``STORE_FINAL``: the final state ``H`` to ``HT``, fp32
+    ``(BH, D, Dv)``) are the plain products' too: a NaN or inf value stays in every later state, as it does in the
+    recurrence (the careful pass, which multiplies the values without their NaN/inf, stores none)."""
+    H = _linear_chunks(Q, K, V, O, LOG_F, AD, GM, H0, STATES, T, log2_base, stride_qb, stride_qt, stride_kb,
+                       stride_kt, stride_vb, stride_vt, stride_ob, stride_ot, stride_ab, stride_at, stride_gb,
+                       stride_gj, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, CHUNK, GATE, DECAY, PRECISION, BLOCK_DC,
+                       ROTATE, False, LOAD_H0, STORE_STATES)
+    if STORE_FINAL:
+        offs_dv = tl.program_id(0) * BLOCK_DV + tl.arange(0, BLOCK_DV)
+        ht_ptrs, ht_mask = _state_tile(HT + tl.program_id(1).to(tl.int64) * HEAD_DIM * HEAD_DV, tl.arange(0, BLOCK_D),
+                                       offs_dv, HEAD_DIM, HEAD_DV, False)
+        tl.store(ht_ptrs, H, mask=ht_mask)
     bad = tl.max(tl.max(tl.where(tl.abs(H) < float("inf"), 0, 1), axis=1), axis=0)  # NaN fails the test too
     tl.store(FLAGS + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0), bad.to(tl.int8))
 
 
 @triton.jit
-def _linear_careful(Q, K, V, O, LOG_F, AD, GM, FLAGS, T, log2_base,
+def _linear_careful(Q, K, V, O, LOG_F, AD, GM, H0, STATES, HT, FLAGS, T, log2_base,
                     stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt, stride_ob, stride_ot,
                     stride_ab, stride_at, stride_gb, stride_gj,
                     HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                     CHUNK: tl.constexpr, GATE: tl.constexpr, DECAY: tl.constexpr, PRECISION: tl.constexpr,
-                    BLOCK_DC: tl.constexpr, ROTATE: tl.constexpr):
-    """The careful pass, on :func:`_linear_fwd`'s grid: a program whose flag is set redoes its sequence with
-    ``SAFE`` (the others read one byte and stop)."""
+                    BLOCK_DC: tl.constexpr, ROTATE: tl.constexpr, LOAD_H0: tl.constexpr, STORE_STATES: tl.constexpr,
+                    STORE_FINAL: tl.constexpr):
+    """The careful pass, on :func:`_linear_fwd`'s grid: a program whose flag is set redoes its outputs with
+    ``SAFE`` (the others read one byte and stop); it stores no state (``STORE_STATES``, ``STORE_FINAL``: the fast
+    pass's, which keep every NaN and inf)."""
     if tl.load(FLAGS + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)) != 0:
-        _linear_chunks(Q, K, V, O, LOG_F, AD, GM, T, log2_base, stride_qb, stride_qt, stride_kb, stride_kt,
-                       stride_vb, stride_vt, stride_ob, stride_ot, stride_ab, stride_at, stride_gb, stride_gj,
-                       HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, CHUNK, GATE, DECAY, PRECISION, BLOCK_DC, ROTATE, True)
+        _linear_chunks(Q, K, V, O, LOG_F, AD, GM, H0, STATES, T, log2_base, stride_qb, stride_qt, stride_kb,
+                       stride_kt, stride_vb, stride_vt, stride_ob, stride_ot, stride_ab, stride_at, stride_gb,
+                       stride_gj, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, CHUNK, GATE, DECAY, PRECISION, BLOCK_DC,
+                       ROTATE, True, LOAD_H0, False)
 
 
-def chunked_linear_attention(q, k, v, *, log_f=None, chunk: int = 64):
+# ---------------------------------------------------------------------------------------------------------------
+# The backward pass (three launches: the forward storing each chunk's starting state, then the two below)
+# ---------------------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _bdot(a, b, PRECISION: tl.constexpr):
+    """``a @ b`` for the backward kernels, fp32 result.  Two 16-bit tiles multiply exactly (fp32 accumulation, the
+    tensor cores' full rate); otherwise both operands in fp32 with ``PRECISION``: ``"ieee"`` (exact), ``"tf32"``
+    (the tensor cores read the top 19 bits: a NaN or inf stays one), or ``"x3n"`` (:func:`._pieces._dot`'s three
+    tf32 products, about fp32 accuracy, every NaN kept: fp32 inputs on a GPU)."""
+    if a.dtype != tl.float32 and b.dtype == a.dtype:
+        return tl.dot(a, b)
+    elif PRECISION == "x3n":
+        return _dot(a.to(tl.float32), b.to(tl.float32), "x3n")
+    else:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PRECISION)
+
+
+@triton.jit
+def _nan_from_rows(x, src, offs_c, CHUNK: tl.constexpr, LATER: tl.constexpr):
+    """``x`` ``[C, BD]`` with NaN in channel ``d`` of the rows that a non-finite ``src[t, d]`` (``[C, BD]``) reaches
+    through a causal product: rows ``>= t`` (``LATER``: ``x_i = sum_{j <= i} w_ij src_j``) or rows ``<= t``
+    (``x_j = sum_{i >= j} w_ji src_i``)."""
+    finite = tl.abs(src.to(tl.float32)) < float("inf")
+    if LATER:
+        first = tl.min(tl.where(finite, CHUNK, offs_c[:, None]), axis=0)  # [BD]: first bad row, CHUNK if none
+        return tl.where(first[None, :] <= offs_c[:, None], float("nan"), x)
+    else:
+        last = tl.max(tl.where(finite, -1, offs_c[:, None]), axis=0)  # [BD]: last bad row, -1 if none
+        return tl.where(last[None, :] >= offs_c[:, None], float("nan"), x)
+
+
+@triton.jit
+def _causal_dot(acc, w, src, offs_c, CHUNK: tl.constexpr, LATER: tl.constexpr, PRECISION: tl.constexpr):
+    """``acc + w @ src`` for a causal weight tile ``w`` (exactly 0 off its triangle, by a select) and an input tile
+    ``src`` (``q`` or ``k``).  A NaN or inf of ``src`` would reach the rows whose weight on it is 0 (``0 * NaN``), so
+    a tile that holds one (one reduction tells; usually none) is multiplied without it and the rows that do see it
+    get NaN in its channel (:func:`_nan_from_rows`)."""
+    if _any_nonfinite(src):
+        out = _nan_from_rows(acc + _bdot(w, _finite_or_zero(src), PRECISION), src, offs_c, CHUNK, LATER)
+    else:
+        out = acc + _bdot(w, src, PRECISION)
+    return out
+
+
+@triton.jit
+def _chunk_gates(LOG_F, bh, offs_t, offs_c, T, DECAY: tl.constexpr, CHUNK: tl.constexpr):
+    """A chunk's cumulative log gates ``b`` ``[C]`` from its start and their last entry ``b_last``: from the per-token
+    gates (``DECAY == "token"``, ``LOG_F``: ``(BH, T)``) or the head's one gate (``"head"``, ``LOG_F``: ``(BH,)``,
+    ``b_i = (i + 1) log gamma``), as the forward makes them; rows past ``T`` get the gate 0 (``b`` stays at its last
+    row's value)."""
+    if DECAY == "head":
+        b = tl.load(LOG_F + bh) * (tl.minimum(offs_t, T - 1) - offs_t + offs_c + 1).to(tl.float32)
+    else:
+        b = tl.cumsum(tl.load(LOG_F + bh * T + offs_t, mask=offs_t < T, other=0.0), axis=0)
+    return b, _chunk_last(b, offs_c, CHUNK)
+
+
+@triton.jit
+def _linear_bwd_state(Q, DO, LOG_F, DHT, DH, DH0, T, stride_qb, stride_qt, stride_vb, stride_vt,
+                      HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                      CHUNK: tl.constexpr, GATE: tl.constexpr, DECAY: tl.constexpr, PRECISION: tl.constexpr,
+                      LOAD_DHT: tl.constexpr):
+    """The backward's scan, right to left: the gradient ``dH`` of the state after each chunk.
+
+    Grid ``(cdiv(Dv, BLOCK_DV), BH)``, one program per block of value channels and head, as the forward.  With
+    ``dH_out`` the gradient reaching the state after chunk ``c`` (``DHT``, the final state's gradient, for the last
+    chunk when ``LOAD_DHT``; else 0), the gradient reaching the state before it is::
+
+        dH_in = e^{b_last} dH_out + (Q_c * e^{b})^T dO_c          (per channel: diag(e^{b_last}) dH_out)
+
+    since ``H_out = e^{b_last} H_in + ...`` and ``O_c = diag(e^b) Q_c H_in + ...``.  Stores ``dH_out`` of chunk
+    ``c`` to ``DH[bh, c]`` (fp32 ``(BH, NC, D, Dv)``) and the last ``dH_in``, the initial state's gradient, to
+    ``DH0`` (fp32 ``(BH, D, Dv)``).  ``Q^T`` (and the per-channel gates' ``b^T``) is read transposed from memory;
+    the gates are made as the forward makes them."""
+    bh = tl.program_id(1).to(tl.int64)
+    offs_c = tl.arange(0, CHUNK)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.program_id(0) * BLOCK_DV + tl.arange(0, BLOCK_DV)
+    size = HEAD_DIM * HEAD_DV
+    s_offs, s_mask = _state_tile(0, offs_d, offs_dv, HEAD_DIM, HEAD_DV, False)  # this block of a (D, Dv) state
+    if LOAD_DHT:
+        dh = tl.load(DHT + bh * size + s_offs, mask=s_mask, other=0.0)
+    else:
+        dh = tl.zeros([BLOCK_D, BLOCK_DV], dtype=tl.float32)
+    Q += bh * stride_qb
+    n_chunks = tl.cdiv(T, CHUNK)
+    for i in range(0, n_chunks):
+        c = n_chunks - 1 - i
+        offs_t = c * CHUNK + offs_c
+        tl.store(DH + (bh * n_chunks + c) * size + s_offs, dh, mask=s_mask)
+        do = _load_rows(DO + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)
+        in_dt = (offs_t[None, :] < T) & (offs_d[:, None] < HEAD_DIM)
+        qt = tl.load(Q + offs_t[None, :] * stride_qt + offs_d[:, None], mask=in_dt, other=0.0)  # [BD, C]
+        if GATE == "channel":
+            bt = tl.cumsum(tl.load(LOG_F + bh * T * HEAD_DIM + offs_t[None, :] * HEAD_DIM + offs_d[:, None],
+                                   mask=in_dt, other=0.0), axis=1)
+            bt_last = tl.sum(tl.where(offs_c[None, :] == CHUNK - 1, bt, 0.0), axis=1)  # [BD]
+            dh = dh * tl.exp(bt_last)[:, None] + _bdot(qt.to(tl.float32) * tl.exp(bt), do, PRECISION)
+        elif DECAY != "none":
+            b, b_last = _chunk_gates(LOG_F, bh, offs_t, offs_c, T, DECAY, CHUNK)
+            dh = dh * tl.exp(b_last) + _bdot(qt.to(tl.float32) * tl.exp(b)[None, :], do, PRECISION)
+        else:
+            dh += _bdot(qt, do, PRECISION)
+    tl.store(DH0 + bh * size + s_offs, dh, mask=s_mask)
+
+
+@triton.jit
+def _linear_bwd_chunk(Q, K, V, DO, LOG_F, STATES, DH, DQ, DK, DV, DC, T,
+                      stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt,
+                      HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                      BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, DECAY: tl.constexpr, PRECISION: tl.constexpr):
+    """The gradients of one chunk's ``q, k, v`` (gate none, per token or per head): grid
+    ``(NC, BH, 1 + cdiv(D, BLOCK_K))``, one program per chunk, head and role: ``dv`` (role 0), or ``dq, dk`` of the
+    key channels ``[(r - 1) BLOCK_K, r BLOCK_K)`` (role ``r >= 1``), the value channels ``BLOCK_DV`` at a time.
+    The roles share no tile but ``q`` and ``k``, so each program holds a part of what one program for the whole
+    chunk would (registers), and more of them run at once.
+
+    With ``E_ij = e^{b_i - b_j}`` on and below the diagonal (0 above, by a select; 1 without a gate), ``H_in`` the
+    state entering the chunk (``STATES``) and ``dH_out`` the gradient of the state after it (``DH``)::
+
+        dQ = diag(e^b) dO H_in^T + (dO V^T * E) K
+        dK = (dO V^T * E)^T Q + diag(e^{b_last - b}) V dH_out^T
+        dV = (Q K^T * E)^T dO + diag(e^{b_last - b}) K dH_out
+
+    No product's result is ever transposed: ``(Q K^T * E)^T`` is made as ``K Q^T * E^T``, ``(dO V^T)^T`` as
+    ``V dO^T``, ``H_in^T`` and ``dH_out^T`` are read transposed from memory.  With a gate the ``dq, dk`` roles also
+    store their channels' part of the gradient ``dc`` of the cumulative log gates ``c`` to ``DC`` (fp32
+    ``(BH, cdiv(D, BLOCK_K), T)``, summed by the caller): the outputs depend on them only through ``q_t e^{c_t}`` and
+    ``k_t e^{-c_t}``, and the final state ``S = e^{c_{T-1}} (S_{-1} + sum_j e^{-c_j} v_j k_j^T)`` also through its
+    factor ``e^{c_{T-1}}``, so ``dc_t = q_t . dq_t - k_t . dk_t``, plus ``<dS, S>`` at ``t = T - 1`` (``dS``: the
+    final state's gradient, ``DH`` of the last chunk); the terms that cancel exactly are left out of the sums
+    (:func:`_bwd_chunk_dqk`)."""
+    c = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    base = (bh * tl.num_programs(0) + c) * HEAD_DIM * HEAD_DV  # this chunk's (D, Dv) states
+    role = tl.program_id(2)
+    if role == 0:
+        _bwd_chunk_dv(Q, K, DO, LOG_F, DH, DV, base, bh, c * CHUNK, T, stride_qb, stride_qt, stride_kb, stride_kt,
+                      stride_vb, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_K, BLOCK_DV, CHUNK, DECAY, PRECISION)
+    else:
+        _bwd_chunk_dqk(Q, K, V, DO, LOG_F, STATES, DH, DQ, DK, DC, base, bh, c * CHUNK, (role - 1) * BLOCK_K, T,
+                       stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_K,
+                       BLOCK_DV, CHUNK, DECAY, PRECISION)
+
+
+@triton.jit
+def _bwd_chunk_dv(Q, K, DO, LOG_F, DH, DV, base, bh, start, T, stride_qb, stride_qt, stride_kb, stride_kt,
+                  stride_vb, stride_vt, HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_K: tl.constexpr,
+                  BLOCK_DV: tl.constexpr, CHUNK: tl.constexpr, DECAY: tl.constexpr, PRECISION: tl.constexpr):
+    """:func:`_linear_bwd_chunk`'s ``dv`` role: ``dV = (K Q^T * E^T) dO + diag(e^{b_last - b}) K dH_out``, the key
+    channels ``BLOCK_K`` at a time (both products sum over them)."""
+    offs_c = tl.arange(0, CHUNK)
+    offs_t = start + offs_c
+    later = offs_c[:, None] <= offs_c[None, :]  # [j, i]: i >= j
+    at = tl.zeros([CHUNK, CHUNK], dtype=tl.float32)
+    for d0 in tl.static_range(0, HEAD_DIM, BLOCK_K):
+        offs_d = d0 + tl.arange(0, BLOCK_K)
+        q = _load_rows(Q + bh * stride_qb, offs_t, offs_d, stride_qt, T, HEAD_DIM, True, True)
+        k = _load_rows(K + bh * stride_kb, offs_t, offs_d, stride_kt, T, HEAD_DIM, True, True)
+        at += _bdot(k, tl.trans(q), PRECISION)  # [j, i] = k_j . q_i
+    if DECAY != "none":
+        b, b_last = _chunk_gates(LOG_F, bh, offs_t, offs_c, T, DECAY, CHUNK)
+        at = at * tl.exp(tl.where(later, b[None, :] - b[:, None], float("-inf")))
+        w = tl.exp(b_last - b)[:, None]  # key j's weight in the chunk's write
+    at = tl.where(later, at, 0.0)  # a select: NaN and inf above the diagonal stay out
+    for dv0 in tl.static_range(0, HEAD_DV, BLOCK_DV):
+        offs_dv = dv0 + tl.arange(0, BLOCK_DV)
+        do = _load_rows(DO + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)
+        dv = _bdot(at, do, PRECISION)
+        for d0 in tl.static_range(0, HEAD_DIM, BLOCK_K):
+            offs_d = d0 + tl.arange(0, BLOCK_K)
+            k = _load_rows(K + bh * stride_kb, offs_t, offs_d, stride_kt, T, HEAD_DIM, True, True)
+            if DECAY != "none":
+                k = k.to(tl.float32) * w
+            h_offs, h_mask = _state_tile(base, offs_d, offs_dv, HEAD_DIM, HEAD_DV, False)  # [BK, BDV]
+            dv += _bdot(k, tl.load(DH + h_offs, mask=h_mask, other=0.0), PRECISION)
+        _store_rows(DV + bh * stride_vb, dv, offs_t, offs_dv, stride_vt, T, HEAD_DV)
+
+
+@triton.jit
+def _bwd_chunk_dqk(Q, K, V, DO, LOG_F, STATES, DH, DQ, DK, DC, base, bh, start, d0, T, stride_qb, stride_qt,
+                   stride_kb, stride_kt, stride_vb, stride_vt, HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr,
+                   BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr, CHUNK: tl.constexpr, DECAY: tl.constexpr,
+                   PRECISION: tl.constexpr):
+    """:func:`_linear_bwd_chunk`'s ``dq, dk`` role for the key channels ``d0 .. d0 + BLOCK_K`` (and their part of
+    ``dc``)."""
+    offs_c = tl.arange(0, CHUNK)
+    offs_t = start + offs_c
+    offs_d = d0 + tl.arange(0, BLOCK_K)
+    causal = offs_c[:, None] >= offs_c[None, :]  # [i, j]: j <= i
+    later = offs_c[:, None] <= offs_c[None, :]  # [j, i]: i >= j
+    q = _load_rows(Q + bh * stride_qb, offs_t, offs_d, stride_qt, T, HEAD_DIM, True, True)
+    k = _load_rows(K + bh * stride_kb, offs_t, offs_d, stride_kt, T, HEAD_DIM, True, True)
+    p = tl.zeros([CHUNK, CHUNK], dtype=tl.float32)  # dO V^T, [i, j]
+    pt = tl.zeros([CHUNK, CHUNK], dtype=tl.float32)  # V dO^T, [j, i]
+    dq = tl.zeros([CHUNK, BLOCK_K], dtype=tl.float32)
+    dk = tl.zeros([CHUNK, BLOCK_K], dtype=tl.float32)
+    hdh = 0.0  # <dH_out, H_in> over these key channels
+    for dv0 in tl.static_range(0, HEAD_DV, BLOCK_DV):
+        offs_dv = dv0 + tl.arange(0, BLOCK_DV)
+        v = _load_rows(V + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)
+        do = _load_rows(DO + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)
+        ht_offs, ht_mask = _state_tile(base, offs_d, offs_dv, HEAD_DIM, HEAD_DV, True)  # [BDV, BK]
+        h_in_t = tl.load(STATES + ht_offs, mask=ht_mask, other=0.0)
+        dh_out_t = tl.load(DH + ht_offs, mask=ht_mask, other=0.0)
+        p += _bdot(do, tl.trans(v), PRECISION)
+        pt += _bdot(v, tl.trans(do), PRECISION)
+        dq += _bdot(do, h_in_t, PRECISION)
+        dk += _bdot(v, dh_out_t, PRECISION)
+        if DECAY != "none":
+            hdh += tl.sum(tl.sum(h_in_t * dh_out_t, axis=1), axis=0)
+    if DECAY == "none":
+        dq = _causal_dot(dq, tl.where(causal, p, 0.0), k, offs_c, CHUNK, True, PRECISION)
+        dk = _causal_dot(dk, tl.where(later, pt, 0.0), q, offs_c, CHUNK, False, PRECISION)
+    else:
+        b, b_last = _chunk_gates(LOG_F, bh, offs_t, offs_c, T, DECAY, CHUNK)
+        dq = dq * tl.exp(b)[:, None]
+        dk = dk * tl.exp(b_last - b)[:, None]  # the state's part of dk: key j's write, read by dH_out
+        p = p * tl.exp(tl.where(causal, b[:, None] - b[None, :], float("-inf")))
+        pt = pt * tl.exp(tl.where(later, b[None, :] - b[:, None], float("-inf")))
+        # dc_t = q_t . dq_t - k_t . dk_t is a sum of terms of both signs, and two kinds of them cancel exactly while
+        # each may be far larger than dc (strong gates: every other pair weighs e^{-20}): rounded apart they would
+        # leave that much noise.  They are left out of the sums: the diagonal pair (j = i = t), q_t . k_t (dO_t . v_t)
+        # in both products, is added to dq and dk after dc is taken; and the last token's own write into the final
+        # state, k^T dS v, which the final state's term <dS, S> holds too: row T - 1 gets <dS, S> less that write,
+        # e^{b_last} <dS, H_in> + sum_{j < T-1} k_j . dk_j(state) (the last chunk's dH_out is dS), instead of both.
+        eye = offs_c[:, None] == offs_c[None, :]
+        p_diag = tl.sum(tl.where(eye, p, 0.0), axis=1)  # dO_t . v_t
+        kds = tl.sum(k.to(tl.float32) * dk, axis=1)  # k_j . dk_j, the state's part
+        dq = _causal_dot(dq, tl.where(causal & (~eye), p, 0.0), k, offs_c, CHUNK, True, PRECISION)
+        dki = _causal_dot(tl.zeros([CHUNK, BLOCK_K], dtype=tl.float32), tl.where(later & (~eye), pt, 0.0), q,
+                          offs_c, CHUNK, False, PRECISION)
+        last = offs_t == T - 1
+        final = tl.exp(b_last) * hdh + tl.sum(tl.where(offs_t < T - 1, kds, 0.0), axis=0)  # used by row T - 1 only
+        dct = (tl.sum(q.to(tl.float32) * dq, axis=1) - tl.sum(k.to(tl.float32) * dki, axis=1)
+               + tl.where(last, final, -kds))
+        tl.store(DC + (bh * tl.cdiv(HEAD_DIM, BLOCK_K) + d0 // BLOCK_K) * T + offs_t, dct, mask=offs_t < T)
+        dq += p_diag[:, None] * k.to(tl.float32)
+        dk += dki + p_diag[:, None] * q.to(tl.float32)
+    _store_rows(DQ + bh * stride_qb, dq, offs_t, offs_d, stride_qt, T, HEAD_DIM)
+    _store_rows(DK + bh * stride_kb, dk, offs_t, offs_d, stride_kt, T, HEAD_DIM)
+
+
+@triton.jit
+def _linear_bwd_channel(Q, K, V, DO, LOG_F, STATES, DH, DQ, DK, DV, DC, T,
+                        stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt,
+                        HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr,
+                        BLOCK_DV: tl.constexpr, CHUNK: tl.constexpr, BLOCK_DC: tl.constexpr,
+                        PRECISION: tl.constexpr):
+    """:func:`_linear_bwd_chunk` for the per-channel gate (GLA), on the forward's terms: chunks of
+    ``CHANNEL_CHUNK`` tokens, the decays ``e^{b_id - b_jd}`` of a ``C x C x BLOCK_DC`` tile masked before the
+    exponential (every exponent formed is ``<= 0``; no ``e^{-b}``).  With ``P = dO V^T``::
+
+        dQ_id = e^{b_id} (dO H_in^T)_id + sum_{j <= i} P_ij k_jd e^{b_id - b_jd}
+        dK_jd = e^{b_last,d - b_jd} (V dH_out^T)_jd + sum_{i >= j} P_ij q_id e^{b_id - b_jd}
+        dV_j  = sum_{i >= j} A_ij dO_i + (K * e^{b_last - b})_j dH_out,   A_ij = sum_d q_id k_jd e^{b_id - b_jd}
+
+    The sums are exact fp32 broadcasts, each term masked by a select (a NaN or inf reaches only the rows that see
+    it), ``P`` and the state terms tile products.  Stores ``dc_td = q_td dq_td - k_td dk_td`` to ``DC`` (fp32
+    ``(BH, T, D)``)."""
+    c = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    offs_c = tl.arange(0, CHUNK)
+    offs_t = c * CHUNK + offs_c
+    in_t = offs_t < T
+    causal = (offs_c[:, None] >= offs_c[None, :])[:, :, None]  # [i, j, 1]: j <= i
+    before = (offs_c[:, None] > offs_c[None, :])[:, :, None]  # [i, j, 1]: j < i
+    size = HEAD_DIM * HEAD_DV
+    base = (bh * tl.num_programs(0) + c) * size
+    G = LOG_F + bh * T * HEAD_DIM
+    p = tl.zeros([CHUNK, CHUNK], dtype=tl.float32)  # dO V^T
+    for dv0 in tl.static_range(0, HEAD_DV, BLOCK_DV):
+        offs_dv = dv0 + tl.arange(0, BLOCK_DV)
+        v = _load_rows(V + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)
+        do = _load_rows(DO + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)
+        p += _bdot(do, tl.trans(v), PRECISION)
+    p_diag = tl.sum(tl.where(offs_c[:, None] == offs_c[None, :], p, 0.0), axis=1)  # dO_t . v_t
+    a = tl.zeros([CHUNK, CHUNK], dtype=tl.float32)
+    for d0 in tl.static_range(0, BLOCK_D, BLOCK_DC):
+        offs_e = d0 + tl.arange(0, BLOCK_DC)
+        mask = in_t[:, None] & (offs_e[None, :] < HEAD_DIM)
+        q = tl.load(Q + bh * stride_qb + offs_t[:, None] * stride_qt + offs_e[None, :], mask=mask,
+                    other=0.0).to(tl.float32)
+        k = tl.load(K + bh * stride_kb + offs_t[:, None] * stride_kt + offs_e[None, :], mask=mask,
+                    other=0.0).to(tl.float32)
+        bc = tl.cumsum(tl.load(G + offs_t[:, None] * HEAD_DIM + offs_e[None, :], mask=mask, other=0.0), axis=0)
+        bc_last = tl.sum(tl.where(offs_c[:, None] == CHUNK - 1, bc, 0.0), axis=0)  # [DC]
+        decay = tl.exp(tl.where(causal, bc[:, None, :] - bc[None, :, :], float("-inf")))  # [i, j, d]
+        a += tl.sum(tl.where(causal, q[:, None, :] * k[None, :, :] * decay, 0.0), axis=2)
+        dq = tl.sum(tl.where(before, p[:, :, None] * k[None, :, :] * decay, 0.0), axis=1)  # [i, d], j < i
+        dk = tl.sum(tl.where(before, p[:, :, None] * q[:, None, :] * decay, 0.0), axis=0)  # [j, d], i > j
+        dq_in = tl.zeros([CHUNK, BLOCK_DC], dtype=tl.float32)
+        dk_out = tl.zeros([CHUNK, BLOCK_DC], dtype=tl.float32)
+        hdh = tl.zeros([BLOCK_DC], dtype=tl.float32)  # <dH_out, H_in> per key channel
+        for dv0 in tl.static_range(0, HEAD_DV, BLOCK_DV):
+            offs_dv = dv0 + tl.arange(0, BLOCK_DV)
+            v = _load_rows(V + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)
+            do = _load_rows(DO + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)
+            ht_ptrs, ht_mask = _state_tile(base, offs_e, offs_dv, HEAD_DIM, HEAD_DV, True)  # [BDV, DC]
+            h_in_t = tl.load(STATES + ht_ptrs, mask=ht_mask, other=0.0)
+            dh_out_t = tl.load(DH + ht_ptrs, mask=ht_mask, other=0.0)
+            dq_in += _bdot(do, h_in_t, PRECISION)
+            dk_out += _bdot(v, dh_out_t, PRECISION)
+            hdh += tl.sum(h_in_t * dh_out_t, axis=0)
+        dq += dq_in * tl.exp(bc)
+        dk_out = dk_out * tl.exp(bc_last[None, :] - bc)  # the state's part of dk
+        # dc without the terms that cancel exactly (see _linear_bwd_chunk): the diagonal pair q_td P_tt k_td, left
+        # out of dq and dk until dc is taken, and the last token's write into the final state, which row T - 1
+        # takes from <dS, S> per channel less that write
+        kds = k * dk_out
+        last = (offs_t == T - 1)[:, None]
+        final = tl.exp(bc_last) * hdh + tl.sum(tl.where((offs_t < T - 1)[:, None], kds, 0.0), axis=0)  # [DC]
+        dct = q * dq - k * dk + tl.where(last, final[None, :], -kds)
+        tl.store(DC + bh * T * HEAD_DIM + offs_t[:, None] * HEAD_DIM + offs_e[None, :], dct, mask=mask)
+        dq += p_diag[:, None] * k
+        dk += dk_out + p_diag[:, None] * q
+        tl.store(DQ + bh * stride_qb + offs_t[:, None] * stride_qt + offs_e[None, :], dq.to(DQ.dtype.element_ty),
+                 mask=mask)
+        tl.store(DK + bh * stride_kb + offs_t[:, None] * stride_kt + offs_e[None, :], dk.to(DK.dtype.element_ty),
+                 mask=mask)
+    # the values: key j's weight in the chunk's write, all channels at once
+    offs_d = tl.arange(0, BLOCK_D)
+    kw = _load_rows(K + bh * stride_kb, offs_t, offs_d, stride_kt, T, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+    b = tl.cumsum(_load_rows(G, offs_t, offs_d, HEAD_DIM, T, HEAD_DIM, True, BLOCK_D != HEAD_DIM), axis=0)
+    b_last = tl.sum(tl.where(offs_c[:, None] == CHUNK - 1, b, 0.0), axis=0)
+    kw = kw.to(tl.float32) * tl.exp(b_last[None, :] - b)
+    for dv0 in tl.static_range(0, HEAD_DV, BLOCK_DV):
+        offs_dv = dv0 + tl.arange(0, BLOCK_DV)
+        do = _load_rows(DO + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True).to(tl.float32)
+        h_ptrs, h_mask = _state_tile(base, offs_d, offs_dv, HEAD_DIM, HEAD_DV, False)  # [BD, BDV]
+        dv = tl.sum(tl.where(causal, a[:, :, None] * do[:, None, :], 0.0), axis=0)  # [j, BDV]
+        dv += _bdot(kw, tl.load(DH + h_ptrs, mask=h_mask, other=0.0), PRECISION)
+        _store_rows(DV + bh * stride_vb, dv, offs_t, offs_dv, stride_vt, T, HEAD_DV)
+
+
+def chunked_linear_attention(q, k, v, *, log_f=None, chunk: int = 64, initial_state=None,
+                             return_state: bool = False):
     """Causal linear attention, optionally with a log forget gate per token or per token and key channel.
 
     Shapes: ``q, k: (..., T, D)``, ``v: (..., T, Dv)`` -> ``(..., T, Dv)``;
@@ -362,38 +780,48 @@ def chunked_linear_attention(q, k, v, *, log_f=None, chunk: int = 64):
       module docstring for why).
 
     ``chunk`` (a power of two in 16..128) is the chunk length of the other paths.
-    Every argument is validated here (values read once the kernel is queued); no
-    input may require grad while grad mode is on (there is no backward pass yet).
+    ``initial_state``: ``S_{-1}``, ``(..., Dv, D)`` (any floating dtype; default 0); ``return_state=True``
+    returns ``(out, S_{T-1})``, the state fp32 ``(..., Dv, D)``, the recurrent forms' conventions
+    (:func:`pathedu.nope.linear_recurrent`): a sequence can be run in pieces, each starting from the last one's state.
+    Every argument is validated here (values read once the kernel is queued).  Differentiable in ``q, k, v``,
+    ``log_f`` and ``initial_state``, and through the returned state (:class:`_LinearAttention`).
     """
     if log_f is None:
-        return gated_linear_attention(q, k, v, "none", None, chunk=chunk)
-    return gated_linear_attention(q, k, v, "log_f", log_f, chunk=chunk)
+        return gated_linear_attention(q, k, v, "none", None, chunk=chunk, initial_state=initial_state,
+                                      return_state=return_state)
+    return gated_linear_attention(q, k, v, "log_f", log_f, chunk=chunk, initial_state=initial_state,
+                                  return_state=return_state)
 
 
-def gated_linear_attention(q, k, v, gate: str, gate_arg, *, chunk: int = 64, name: str | None = None):
+def gated_linear_attention(q, k, v, gate: str, gate_arg, *, chunk: int = 64, name: str | None = None,
+                           initial_state=None, return_state: bool = False):
     """:func:`chunked_linear_attention` with the gate named: ``gate`` is ``"none"``,
     ``"log_f"`` (``gate_arg`` = the log gates, ``(..., T)`` or ``(..., T, D)``) or
     ``"gamma"`` (``gate_arg`` = RetNet's constant gate per head, a float or a tensor
-    broadcastable to the leading dims, in (0, 1]; ``S_t = gamma S_{t-1} + v_t k_t^T``).
-    Error messages call ``gate_arg`` ``name`` (default: ``gate``).  A missing ``gate_arg``
-    is an error here, never a silent ungated run."""
+    broadcastable to the leading dims, in (0, 1]; ``S_t = gamma S_{t-1} + v_t k_t^T``;
+    a tensor that requires grad gets its gradient).  Error messages call ``gate_arg``
+    ``name`` (default: ``gate``).  A missing ``gate_arg`` is an error here, never a silent
+    ungated run.  ``initial_state``, ``return_state``: as :func:`chunked_linear_attention`."""
     name = gate if name is None else name
-    x = prepare_qkv(q, k, v)
+    x = prepare_qkv(q, k, v, backward=True)
     chunk = _check_chunk(chunk)
     kind, log_f3, condition = "none", None, None
     if gate == "log_f":
         kind = _gate_kind(gate_arg, name, x.n, q)
-        log_f3 = per_token(gate_arg, name, x, extra=(x.n.D,) if kind == "channel" else ())
+        log_f3 = per_token(gate_arg, name, x, extra=(x.n.D,) if kind == "channel" else (), backward=True)
         condition = log_gate_condition(log_f3, name)
     elif gate == "gamma":
         kind = "head"
-        g = per_head(gate_arg, name, x, dtype=torch.float64)  # the log is taken in float64
+        g = per_head(gate_arg, name, x, dtype=torch.float64, backward=True)  # the log is taken in float64
         condition = gamma_condition(g, name)
         log_f3 = torch.log(g).to(torch.float32)  # (BH,): the kernel makes the chunk's decays from it once
     elif gate != "none":
         raise ValueError(f"`gate` must be 'none', 'log_f' or 'gamma', got {gate!r}")
+    h0 = None if initial_state is None else state_rows(initial_state, x)
+    return_state = check_bool(return_state, "return_state")
     with checked_after(condition):  # the values are read once the kernel is queued
-        return x.result(_linear_launch(x, kind, log_f3, chunk=chunk))
+        out, ht = flat_linear_attention(x, kind, log_f3, chunk=chunk, h0=h0, want_state=return_state)
+        return (x.result(out), state_result(ht, x)) if return_state else x.result(out)
 
 
 def _check_chunk(chunk) -> int:
@@ -413,25 +841,27 @@ def _gate_kind(log_f, name: str, n: QKV, like) -> str:
     return "scalar"
 
 
-def _linear_launch(x: Flat, gate: str, log_f3=None, *, chunk: int = 64, prep=None, precision=None,
-                   rotate=None) -> torch.Tensor:
-    """Launch on validated inputs (:func:`._launch.prepare_qkv`): returns ``(BH, T, Dv)``.
+def flat_linear_attention(x: Flat, gate: str, log_f3=None, *, chunk: int = 64, rotate=None, h0=None,
+                          want_state: bool = False):
+    """The template on validated inputs (:func:`._launch.prepare_qkv`), through :class:`_LinearAttention` when
+    autograd wants gradients (of ``x.q, x.k, x.v``, ``log_f3`` or ``h0``): the entry the public functions call.
 
-    ``rotate``: ``(base, pairing)`` to turn q and k by RoPE's rotations as they are loaded (the rotation
-    hook, chapter 4's complex recurrence; ``gate`` ``"none"``, ``"scalar"`` or ``"head"`` only), or None.
+    ``gate``: ``"none"``, ``"scalar"`` / ``"channel"`` (``log_f3``: fp32 ``(BH, T)`` / ``(BH, T, D)``) or
+    ``"head"`` (``log_f3``: fp32 ``(BH,)``); ``rotate``: as :func:`_linear_launch`, without gradients only (a
+    caller that wants them turns q and k first); ``h0``: fp32 ``(BH, D, Dv)``, the initial ``S^T`` of each head
+    (:func:`._launch.state_rows`), or None.  Returns ``(out, ht)``: ``out`` ``(BH, T, Dv)`` in the compute dtype,
+    ``ht`` the final ``S^T``, fp32 ``(BH, D, Dv)`` (None unless ``want_state`` or a backward pass will follow)."""
+    if wants_grad(x.q, x.k, x.v, log_f3, h0):
+        if rotate is not None:
+            raise ValueError("the rotation hook has no backward pass: turn q and k first (rotate_qk)")
+        return _LinearAttention.apply(x.q, x.k, x.v, log_f3, h0, x, gate, chunk)
+    ht = torch.empty(x.BH, x.n.D, x.n.Dv, dtype=torch.float32, device=x.device) if want_state else None
+    return _linear_launch(x, gate, log_f3, chunk=chunk, rotate=rotate, h0=h0, final=ht), ht
 
-    ``gate``: ``"none"``, ``"scalar"`` / ``"channel"`` (``log_f3``: fp32 ``(BH, T)`` /
-    ``(BH, T, D)``), ``"head"`` (``log_f3``: fp32 ``(BH,)``, one log gate per head: RetNet) or ``"householder"`` (``prep``: the :class:`.ut_prepare.Prepared`
-    factors of chunks of ``chunk`` tokens, read in place of ``q`` and ``k``; with
-    ``log_f3`` (fp32 ``(BH, T)``) the transition is ``a_t H_t``, chapter 7's gated
-    Householder RNN), or ``"delta"`` (``prep``: the :class:`.ut_prepare.WYPrepared` factors, read in
-    place of ``v``; with ``log_f3``, made with the same gate: Gated DeltaNet).
-    """
-    n = x.n
-    out = x.new_output(n.Dv)
-    if x.empty_input:
-        return out
-    q3, k3, v3, ad, gm = x.q, x.k, x.v, x.q, x.q  # dummy pointers for the hooks that do not read them
+
+def _hooks(gate: str, log_f3, chunk: int) -> tuple[str, str, int]:
+    """``(GATE, DECAY, chunk)`` of the template for a launcher's ``gate`` (the transition, the scalar decay, and the
+    chunk length: ``CHANNEL_CHUNK`` for the per-channel gate)."""
     if gate == "head":
         decay = "head"
     elif gate == "scalar" or (gate in ("householder", "delta") and log_f3 is not None):
@@ -439,11 +869,39 @@ def _linear_launch(x: Flat, gate: str, log_f3=None, *, chunk: int = 64, prep=Non
     else:
         decay = "none"
     transition = "none" if gate in ("scalar", "head") else gate
+    return transition, decay, CHANNEL_CHUNK if gate == "channel" else chunk
+
+
+def _linear_launch(x: Flat, gate: str, log_f3=None, *, chunk: int = 64, prep=None, precision=None,
+                   rotate=None, h0=None, states=None, final=None) -> torch.Tensor:
+    """Launch on validated inputs (:func:`._launch.prepare_qkv`): returns ``(BH, T, Dv)``.
+
+    ``rotate``: ``(base, pairing)`` to turn q and k by RoPE's rotations as they are loaded (the rotation
+    hook, chapter 4's complex recurrence; ``gate`` ``"none"``, ``"scalar"`` or ``"head"`` only), or None.
+    The state's rows (the key channels) are then in the hook's pair order (:func:`._pieces._load_rotated`).
+
+    ``gate``: ``"none"``, ``"scalar"`` / ``"channel"`` (``log_f3``: fp32 ``(BH, T)`` /
+    ``(BH, T, D)``), ``"head"`` (``log_f3``: fp32 ``(BH,)``, one log gate per head: RetNet) or ``"householder"`` (``prep``: the :class:`.ut_prepare.Prepared`
+    factors of chunks of ``chunk`` tokens, read in place of ``q`` and ``k``; with
+    ``log_f3`` (fp32 ``(BH, T)``) the transition is ``a_t H_t``, chapter 7's gated
+    Householder RNN), or ``"delta"`` (``prep``: the :class:`.ut_prepare.WYPrepared` factors, read in
+    place of ``v``; with ``log_f3``, made with the same gate: Gated DeltaNet).
+
+    The state ``H = S^T`` of each head, fp32: ``h0`` ``(BH, D, Dv)`` starts it (default 0); ``states``
+    ``(BH, NC, D, Dv)`` receives the state entering each chunk (``NC = cdiv(T, chunk)``, the chunk length
+    used), ``final`` ``(BH, D, Dv)`` the state after the last token.
+    """
+    n = x.n
+    out = x.new_output(n.Dv)
+    if x.empty_input:
+        if final is not None:
+            final.copy_(h0) if h0 is not None else final.zero_()
+        return out
+    q3, k3, v3, ad, gm = x.q, x.k, x.v, x.q, x.q  # dummy pointers for the hooks that do not read them
+    transition, decay, chunk = _hooks(gate, log_f3, chunk)
     if rotate is not None and transition != "none":
         raise ValueError(f"the rotation hook runs with the 'none', 'scalar' and 'head' gates, not {gate!r}")
-    if gate == "channel":
-        chunk = CHANNEL_CHUNK
-    elif gate == "householder":
+    if gate == "householder":
         q3, k3, ad, gm = prep.qt, prep.kt, prep.ad, prep.g
     elif gate == "delta":
         v3, ad = prep.u, prep.w
@@ -453,11 +911,14 @@ def _linear_launch(x: Flat, gate: str, log_f3=None, *, chunk: int = 64, prep=Non
     grid = (triton.cdiv(n.Dv, block_dv), x.BH)
     rotate_hook, log2_base = rotate_args(rotate)
     flags = torch.empty(grid[0] * grid[1], dtype=torch.int8, device=out.device)  # written by every program
-    args = (q3, k3, v3, out, x.q if log_f3 is None else log_f3, ad, gm, flags, n.T, log2_base,
+    dummy = flags
+    args = (q3, k3, v3, out, x.q if log_f3 is None else log_f3, ad, gm, dummy if h0 is None else h0,
+            dummy if states is None else states, dummy if final is None else final, flags, n.T, log2_base,
             q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), v3.stride(0), v3.stride(1),
             out.stride(0), out.stride(1), ad.stride(0), ad.stride(1), gm.stride(0), gm.stride(1))
     meta = dict(HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=block_d, BLOCK_DV=block_dv, CHUNK=chunk, GATE=transition,
                 DECAY=decay, PRECISION=precision, BLOCK_DC=min(block_d, 32), ROTATE=rotate_hook,
+                LOAD_H0=h0 is not None, STORE_STATES=states is not None, STORE_FINAL=final is not None,
                 num_warps=4, num_stages=1 if interpreting() else 2)
     # Two launches, as the FlashAttention template's forward: plain products, then a redo with the NaN/inf
     # bookkeeping of the programs whose final state is not finite (usually none).  The bookkeeping inside
@@ -465,3 +926,108 @@ def _linear_launch(x: Flat, gate: str, log_f3=None, *, chunk: int = 64, prep=Non
     _linear_fwd[grid](*args, **meta)
     _linear_careful[grid](*args, **meta)
     return out
+
+
+def backward_precision(dtype: torch.dtype) -> str:
+    """The products of the backward kernels (:func:`_bdot`): 16-bit inputs the tensor cores' tf32 (their own
+    products exact), fp32 inputs about fp32 accuracy: exact ``"ieee"`` in the interpreter, three tf32 products
+    (``"x3n"``) on a GPU, where exact fp32 products of this many tiles take minutes to compile."""
+    if dtype != torch.float32:
+        return "tf32"
+    return "ieee" if interpreting() else "x3n"
+
+
+def _linear_bwd_launch(x: Flat, gate: str, log_f3, states, do, dht, *, chunk: int):
+    """The backward kernels on the forward's validated inputs ``x`` and the states it stored (``states``, fp32
+    ``(BH, NC, D, Dv)``): ``do`` the output's gradient ``(BH, T, Dv)`` (None: 0), ``dht`` the final state's, fp32
+    ``(BH, D, Dv)`` (None: 0).  Returns ``dq, dk, dv`` (compute dtype), ``dh0`` (fp32 ``(BH, D, Dv)``, the initial
+    state's gradient) and ``dc`` (fp32 ``(BH, T)`` or ``(BH, T, D)``: the gradient of the cumulative log gates,
+    :func:`_linear_bwd_chunk`; None without a gate)."""
+    n = x.n
+    transition, decay, chunk = _hooks(gate, log_f3, chunk)
+    n_chunks = triton.cdiv(n.T, chunk)
+    do = torch.zeros_like(x.v) if do is None else do.to(x.dtype).contiguous()
+    dq, dk, dv = torch.empty_like(x.q), torch.empty_like(x.k), torch.empty_like(x.v)
+    dh = torch.empty(x.BH, n_chunks, n.D, n.Dv, dtype=torch.float32, device=x.device)
+    dh0 = torch.empty(x.BH, n.D, n.Dv, dtype=torch.float32, device=x.device)
+    precision = backward_precision(x.dtype)
+    block_d = next_pow2(n.D)
+    block_dv = min(next_pow2(n.Dv), 64)
+    # The key channels in blocks of 32 for D = 128 and fp32 inputs (whose x3 products hold three times the tiles),
+    # else whole: compiled offline for Hopper, D = 128 spilled 192 bytes a thread with blocks of 64, none with 32.
+    # The interpreter takes them whole (its cost is per program).
+    block_k = block_d if interpreting() or (block_d <= 64 and precision != "x3n") else 32
+    n_k = triton.cdiv(n.D, block_k)
+    dc = None
+    if gate == "channel":
+        dc = torch.empty(x.BH, n.T, n.D, dtype=torch.float32, device=x.device)
+    elif decay != "none":
+        dc = torch.empty(x.BH, n_k, n.T, dtype=torch.float32, device=x.device)
+    log_f = dh0 if log_f3 is None else log_f3
+    _linear_bwd_state[(triton.cdiv(n.Dv, block_dv), x.BH)](
+        x.q, do, log_f, dh0 if dht is None else dht.contiguous(), dh, dh0, n.T,
+        x.q.stride(0), x.q.stride(1), do.stride(0), do.stride(1),
+        HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=block_d, BLOCK_DV=block_dv, CHUNK=chunk, GATE=transition, DECAY=decay,
+        PRECISION=precision, LOAD_DHT=dht is not None, num_warps=4)
+    args = (x.q, x.k, x.v, do, log_f, states, dh, dq, dk, dv, dh0 if dc is None else dc, n.T,
+            x.q.stride(0), x.q.stride(1), x.k.stride(0), x.k.stride(1), x.v.stride(0), x.v.stride(1))
+    if gate == "channel":
+        _linear_bwd_channel[(n_chunks, x.BH)](*args, HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=block_d,
+                                              BLOCK_DV=min(next_pow2(n.Dv), 32), CHUNK=chunk,
+                                              BLOCK_DC=min(block_d, 32), PRECISION=precision, num_warps=4)
+    else:
+        # 8 warps for chunks of 64 or more: at 4, the chunk's tiles spill (Hopper, compiled offline)
+        _linear_bwd_chunk[(n_chunks, x.BH, 1 + n_k)](*args, HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=block_d,
+                                                    BLOCK_DV=block_dv, BLOCK_K=block_k, CHUNK=chunk, DECAY=decay,
+                                                    PRECISION=precision, num_warps=4 if chunk <= 32 else 8)
+        if dc is not None:
+            dc = dc.sum(1)  # the key-channel blocks' parts
+    return dq, dk, dv, dh0, dc
+
+
+def _gate_grad(gate: str, dc, T: int):
+    """The gradient of the launcher's ``log_f3`` from the kernels' ``dc`` (:func:`_linear_bwd_launch`), the
+    gradient of the cumulative log gates ``c_t = sum_{s <= t} log_f[s]``: ``d log_f[s] = sum_{t >= s} dc_t``, and
+    RetNet's one gate per head (``c_t = (t + 1) log gamma``) gets ``sum_t (t + 1) dc_t``."""
+    if gate == "head":
+        pos = torch.arange(1, T + 1, dtype=torch.float64, device=dc.device)
+        return (dc.double() @ pos).float()  # float64: sums of many terms that cancel
+    return dc.flip(1).cumsum(1).flip(1)
+
+
+class _LinearAttention(torch.autograd.Function):
+    """:func:`_linear_launch` with a backward pass, for the gates ``"none"``, ``"scalar"``, ``"head"`` and
+    ``"channel"``.
+
+    Inputs: the flattened ``q, k, v`` of a :class:`._launch.Flat` (``flat``), ``log_f3`` (the launcher's, or None),
+    ``h0`` (fp32 ``(BH, D, Dv)`` or None), ``gate``, ``chunk``.  Outputs: ``(out, ht)``, ``ht`` the final ``S^T``
+    (fp32 ``(BH, D, Dv)``), differentiable too.  The forward stores the state entering each chunk (fp32
+    ``(BH, NC, D, Dv)``) and keeps it with ``q, k, v`` and the gates; the backward is two more launches: the
+    gradients of the states right to left (:func:`_linear_bwd_state`, whose last one is ``h0``'s), then each
+    chunk's ``dq, dk, dv`` (:func:`_linear_bwd_chunk`, :func:`_linear_bwd_channel`); the gates' gradient follows
+    from theirs (:func:`_gate_grad`)."""
+
+    @staticmethod
+    def forward(ctx, q3, k3, v3, log_f3, h0, flat, gate, chunk):
+        x = Flat(flat.n, q3, k3, v3, flat.dtype, flat.like)
+        _, _, used = _hooks(gate, log_f3, chunk)
+        states = torch.empty(x.BH, triton.cdiv(x.n.T, used), x.n.D, x.n.Dv, dtype=torch.float32, device=x.device)
+        ht = torch.empty(x.BH, x.n.D, x.n.Dv, dtype=torch.float32, device=x.device)
+        out = _linear_launch(x, gate, log_f3, chunk=chunk, h0=h0, states=states, final=ht)
+        ctx.save_for_backward(q3, k3, v3, log_f3, states)
+        ctx.flat, ctx.gate, ctx.chunk, ctx.has_h0 = flat, gate, chunk, h0 is not None
+        ctx.set_materialize_grads(False)
+        return out, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q3, k3, v3, log_f3, states = ctx.saved_tensors
+        x = Flat(ctx.flat.n, q3, k3, v3, ctx.flat.dtype, ctx.flat.like)
+        if x.empty_input:
+            dh0 = x.q.new_zeros(x.BH, x.n.D, x.n.Dv, dtype=torch.float32) if dht is None else dht
+            d_log_f = None if log_f3 is None else torch.zeros_like(log_f3)
+            return (torch.zeros_like(q3), torch.zeros_like(k3), torch.zeros_like(v3), d_log_f,
+                    dh0 if ctx.has_h0 else None, None, None, None)
+        dq, dk, dv, dh0, dc = _linear_bwd_launch(x, ctx.gate, log_f3, states, do, dht, chunk=ctx.chunk)
+        d_log_f = None if dc is None else _gate_grad(ctx.gate, dc, x.n.T)
+        return dq, dk, dv, d_log_f, dh0 if ctx.has_h0 else None, None, None, None

@@ -11,7 +11,7 @@ absolute position once, then run the templates unchanged:
 
 The composed entry points validate ``q, k, v`` once and call the internal,
 unvalidated launchers of both kernels (``_rotate_launch``, then
-``_attention`` or ``_linear_launch``).
+``_attention`` or :func:`.linear_attention.flat_linear_attention`).
 
 The other way, ``rotation="fused"``: both templates have a rotation hook
 (``ROTATE``) that turns q and k as they are loaded, with the same pieces
@@ -60,12 +60,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ..checks import check_scale
-from ..rope import _pairs, check_base, check_offset, check_pairing, check_rotation
+from ..checks import check_bool, check_scale, check_state
+from ..rope import _pairs, check_base, check_offset, check_pairing, check_rotation, frequencies
 from ._launch import Flat, interpreting, prepare_qkv, wants_grad
 from ._pieces import _load_pairs, _load_rotated, _rope_cos_sin
 from .flash_attention import _attention, _attention_launch
-from .linear_attention import _linear_launch
+from .linear_attention import flat_linear_attention
 
 __all__ = ["rotate_qk", "rotary_attention", "rotary_linear_attention", "trig_table", "trig_error"]
 
@@ -167,7 +167,7 @@ def rotary_attention(q, k, v, *, base: float = 10000.0, scale=None, pairing: str
 
 
 def rotary_linear_attention(q, k, v, *, base: float = 10000.0, pairing: str = "interleaved",
-                            rotation: str = "prepass"):
+                            rotation: str = "prepass", initial_state=None, return_state: bool = False):
     """The complex recurrence ``S_t = S_{t-1} e^{i Omega} + v_t k~_t^H``, ``o_t = Re{S_t q~_t}``: plain
     chunked linear attention (:func:`pathedu.kernels.linear_attention.chunked_linear_attention`) on q and k
     rotated by their positions, validated once.  ``rotation="prepass"``: :func:`rotate_qk` (offset 0) first,
@@ -175,12 +175,71 @@ def rotary_linear_attention(q, k, v, *, base: float = 10000.0, pairing: str = "i
     rotation hook turns them in registers as each chunk is loaded (kept in fp32).
 
     Shapes: ``q, k: (..., T, D)``, ``v: (..., T, Dv)`` -> ``(..., T, Dv)``; ``D`` even,
-    ``D, Dv`` in 16..128; fp16/bf16/fp32, fp32 state.
+    ``D, Dv`` in 16..128; fp16/bf16/fp32, fp32 state.  ``initial_state``: ``S_{-1}``, complex (or real)
+    ``(..., Dv, D/2)``, as :func:`pathedu.rope.complex_recurrent` takes it (default 0); ``return_state=True``
+    returns ``(out, S_{T-1})``, the state complex64 ``(..., Dv, D/2)``: a sequence can be run in pieces, each
+    piece's positions counted from 0 (the recurrence never reads a position).
+
+    The template's real state is ``H = S'^T`` with ``S' = sum_j v_j k_j'^T`` over the turned keys ``k_j'``; a
+    complex state ``S`` enters as ``S e^{i Omega} = a - i b`` (``a``, ``b``: the real columns of each channel pair)
+    and leaves as ``S_{T-1} = (a - i b) e^{i Omega (T - 1)}`` (:func:`_state_to_real`, :func:`_state_to_complex`).
+    Differentiable in ``q, k, v`` and ``initial_state``, and through the returned state: a call with gradients
+    runs the pre-pass (whichever ``rotation``), then the template; the backward is the template's, then the
+    rotation's transpose (the same pass with ``-theta``).
     """
-    x, base, pairing = _check_rotary(q, k, v, base, pairing)
-    if check_rotation(rotation) == "fused":
-        return x.result(_linear_launch(x, "none", rotate=(base, pairing)))
-    return x.result(_linear_launch(x.with_qk(*_rotate_launch(x, base, 0, pairing)), "none"))
+    x, base, pairing = _check_rotary(q, k, v, base, pairing, backward=True)
+    # With gradients the pre-pass turns q and k (its backward turns their gradients back) and the template runs
+    # without the hook, whichever `rotation`: the turned tiles as a product's second operand (dq = P K~) do not
+    # compile for Hopper in Triton 3.6 ("Illegal shared layout"), and the pass costs little beside a backward.
+    fused = check_rotation(rotation) == "fused" and not wants_grad(x.q, x.k, x.v, initial_state)
+    layout = "pairs" if fused else pairing  # the hook's state rows are in pair order, the pre-pass's in the input's
+    h0 = None
+    if initial_state is not None:
+        n = x.n
+        check_state(initial_state, n.lead + (n.Dv, n.D // 2), x.like, allow_complex=True,
+                    shape_note=" (leading dims, Dv, D/2)")
+        h0 = _state_to_real(initial_state, x, base, layout)
+    return_state = check_bool(return_state, "return_state")
+    if fused:
+        out, ht = flat_linear_attention(x, "none", rotate=(base, pairing), h0=h0, want_state=return_state)
+    else:
+        out, ht = flat_linear_attention(x.with_qk(*_rotated(x, base, 0, pairing)), "none", h0=h0,
+                                        want_state=return_state)
+    if return_state:
+        return x.result(out), _state_to_complex(ht, x, base, layout)
+    return x.result(out)
+
+
+def _pair_phases(D: int, base: float, steps: int, device) -> torch.Tensor:
+    """``e^{i Omega_n steps}`` for the channel pairs ``n < D/2``, complex128 (angles in float64)."""
+    theta = frequencies(D, base=base, dtype=torch.float64, device=device) * steps
+    return torch.polar(torch.ones_like(theta), theta)
+
+
+def _state_to_real(state, x: Flat, base: float, layout: str) -> torch.Tensor:
+    """A complex state ``S: (..., Dv, D/2)`` (validated) as the template's ``H`` for a sequence that starts after it:
+    fp32 ``(BH, D, Dv)`` with ``a = Re(S e^{i Omega})`` in the first channel of each pair and ``b = -Im(S e^{i Omega})``
+    in the second, the pairs laid out as ``layout`` says (``"pairs"`` or ``"interleaved"``: ``(2n, 2n + 1)``;
+    ``"half"``: ``(n, n + D/2)``).  Then the template's ``o_t`` gets ``a . q'_a + b . q'_b = Re{S e^{i Omega (t + 1)}
+    q~_t}`` from it, as the recurrence does.  Differentiable."""
+    n = x.n
+    z = state.to(torch.complex128) * _pair_phases(n.D, base, 1, state.device)
+    a, b = z.real, -z.imag  # (..., Dv, D/2)
+    s = torch.cat([a, b], -1) if layout == "half" else torch.stack([a, b], -1).flatten(-2)  # (..., Dv, D)
+    return s.reshape(x.BH, n.Dv, n.D).transpose(1, 2).float().contiguous()
+
+
+def _state_to_complex(ht: torch.Tensor, x: Flat, base: float, layout: str) -> torch.Tensor:
+    """The template's final ``H`` (fp32 ``(BH, D, Dv)``) as the complex recurrence's ``S_{T-1}``:
+    ``(a - i b) e^{i Omega (T - 1)}``, complex64 ``(..., Dv, D/2)`` (:func:`_state_to_real`'s inverse after ``T``
+    steps).  Differentiable."""
+    n = x.n
+    s = ht.transpose(1, 2).reshape(n.lead + (n.Dv, n.D))
+    if layout == "half":
+        a, b = s[..., : n.D // 2], s[..., n.D // 2:]
+    else:
+        a, b = s[..., 0::2], s[..., 1::2]
+    return torch.complex(a, -b) * _pair_phases(n.D, base, n.T - 1, ht.device).to(torch.complex64)
 
 
 def _check_rotary(q, k, v, base, pairing, backward=False):

@@ -414,16 +414,19 @@ def retnet_chunked(q, k, v, gamma, *, chunk: int = 64):
     return chunk_scan(q, k, v, chunk, step)
 
 
-def retnet_triton(q, k, v, gamma):
+def retnet_triton(q, k, v, gamma, *, initial_state=None, return_state: bool = False):
     """RetNet through the chunked template's scalar-gate hook:
     :func:`pathedu.kernels.linear_attention.chunked_linear_attention` with
     ``log_f = log(gamma)`` expanded to ``(..., T)`` (the same gate at every step).
 
     fp16/bf16/fp32, head dims 16..128, fp32 state.  Shapes as :func:`retnet_naive`
     (``gamma``: a float or a tensor broadcastable to the leading dims, in (0, 1]; its log
-    is taken in float64).  Every argument is validated by the kernel entry point
+    is taken in float64).  ``initial_state`` / ``return_state`` as :func:`retnet_recurrent`
+    (``(..., Dv, D)``; the returned state is fp32).  Differentiable in ``q, k, v``,
+    ``initial_state`` and a ``gamma`` tensor that requires grad, and through the returned state.
+    Every argument is validated by the kernel entry point
     (:func:`pathedu.kernels.linear_attention.gated_linear_attention`; values read once the kernel is queued).
     """
     from .kernels.linear_attention import gated_linear_attention
 
-    return gated_linear_attention(q, k, v, "gamma", gamma)
+    return gated_linear_attention(q, k, v, "gamma", gamma, initial_state=initial_state, return_state=return_state)

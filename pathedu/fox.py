@@ -424,16 +424,18 @@ def gla_chunked(q, k, v, log_f, *, chunk: int | None = None):
     return out.to(q.dtype)
 
 
-def gla_triton(q, k, v, log_f):
+def gla_triton(q, k, v, log_f, *, initial_state=None, return_state: bool = False):
     """GLA / Mamba2 in Triton: :func:`pathedu.kernels.linear_attention.chunked_linear_attention` with ``log_f``.
 
     A per-token gate takes the kernel's ``"scalar"`` path (chunks of 64, matrix
     products), a per-channel gate its ``"channel"`` path (chunks of 16, a 3-D
     broadcast for the intra-chunk scores).  Accepts fp16/bf16/fp32 and head dims
-    16..128; fp32 state.  Shapes as :func:`gla_naive`.  Every argument is validated by
-    the kernel entry point (:func:`pathedu.kernels.linear_attention.gated_linear_attention`;
+    16..128; fp32 state.  Shapes as :func:`gla_naive`.  ``initial_state`` / ``return_state``
+    as :func:`gla_recurrent` (``(..., Dv, D)``; the returned state is fp32).  Differentiable in
+    ``q, k, v``, ``log_f`` and ``initial_state``, and through the returned state.  Every argument
+    is validated by the kernel entry point (:func:`pathedu.kernels.linear_attention.gated_linear_attention`;
     values read once the kernel is queued).
     """
     from .kernels.linear_attention import gated_linear_attention
 
-    return gated_linear_attention(q, k, v, "log_f", log_f)
+    return gated_linear_attention(q, k, v, "log_f", log_f, initial_state=initial_state, return_state=return_state)

@@ -17,9 +17,9 @@ fox            softmax     ``log_f = log sigma(W_f x + b_f)``                  `
 rope           softmax     fixed rotation, base 10000                         ``rope_matrix`` / ``rope_triton``
 path           softmax     ``w = normalize(W_w x)``, ``beta = 2 sigma(W_b x + b_b)``  ``path_matrix`` / ``path_triton``
 pathfox        softmax     PaTH's ``w, beta`` and FoX's ``log_f``              ``pathfox_matrix`` / ``pathfox_triton``
-linear         linear      --                                                 ``linear_matrix`` / ``linear_chunked``
-retnet         linear      fixed decays :func:`pathedu.alibi.retnet_gammas`    ``retnet_matrix`` / ``retnet_chunked``
-gla            linear      per-channel ``log_f = log sigma(W2 W1 x + b) / 16``  ``gla_chunked``
+linear         linear      --                                                 ``linear_matrix`` / ``linear_triton``
+retnet         linear      fixed decays :func:`pathedu.alibi.retnet_gammas`    ``retnet_matrix`` / ``retnet_triton``
+gla            linear      per-channel ``log_f = log sigma(W2 W1 x + b) / 16``  ``gla_chunked`` / ``gla_triton``
 deltanet       linear      ``beta = beta_max sigma(W_b x + b_b)``, ``w = k``   ``deltanet_matrix`` / ``deltanet_chunked``
 gated_deltanet linear      DeltaNet's ``beta`` and ``log_f``                   ``gated_deltanet_matrix`` / ``_chunked``
 ============== =========== ================================================= ==========================
@@ -48,7 +48,8 @@ Choices, following the papers:
   unnormalised linear attention grows with T.  The softmax side uses ``scale = D^-1/2``.
 
 The form (:func:`select_form`): ``"auto"`` takes the Triton kernel when the mechanism has a Triton
-backward (the six softmax-side kernels) and the input is on a CUDA GPU; otherwise the PyTorch
+backward (the six softmax-side kernels, and the linear template for ``linear``, ``retnet`` and ``gla``) and
+the input is on a CUDA GPU; otherwise the PyTorch
 ``*_matrix`` form (``*_chunked`` for the linear side when ``T > matrix_max_T``, and always for GLA's
 per-channel gate).  ``path_matrix`` and ``pathfox_matrix`` cost O(T^3) for the triangular solve and
 O(T^2) memory: fine at T <= 512.  PyTorch forms run in float32 with autocast switched off; Triton
@@ -120,9 +121,9 @@ _FUNCS = {
     "path": {"matrix": _path.path_matrix, "chunked": _path.path_blockwise, "triton": _path.path_triton},
     "pathfox": {"matrix": _pathfox.pathfox_matrix, "chunked": _pathfox.pathfox_blockwise,
                 "triton": _pathfox.pathfox_triton},
-    "linear": {"matrix": _nope.linear_matrix, "chunked": _nope.linear_chunked},
-    "retnet": {"matrix": _alibi.retnet_matrix, "chunked": _alibi.retnet_chunked},
-    "gla": {"chunked": _fox.gla_chunked},
+    "linear": {"matrix": _nope.linear_matrix, "chunked": _nope.linear_chunked, "triton": _nope.linear_triton},
+    "retnet": {"matrix": _alibi.retnet_matrix, "chunked": _alibi.retnet_chunked, "triton": _alibi.retnet_triton},
+    "gla": {"chunked": _fox.gla_chunked, "triton": _fox.gla_triton},
     "deltanet": {"matrix": _path.deltanet_matrix, "chunked": _path.deltanet_chunked},
     "gated_deltanet": {"matrix": _pathfox.gated_deltanet_matrix, "chunked": _pathfox.gated_deltanet_chunked},
 }
@@ -137,8 +138,8 @@ def _check_mixer(mixer) -> str:
 def select_form(mixer: str, form: str = "auto", *, device=None, T: int = 0, matrix_max_T: int = 1024) -> str:
     """The form a mixer runs: ``"triton"``, ``"matrix"`` or ``"chunked"`` (blockwise on the softmax side).
 
-    ``"auto"``: Triton when ``mixer`` has a Triton backward (softmax side), Triton compiles for a GPU
-    (:func:`pathedu.triton_mode`) and ``device`` is CUDA; else ``"matrix"``, or ``"chunked"`` for
+    ``"auto"``: Triton when ``mixer`` has a Triton backward (softmax side; ``linear``, ``retnet``, ``gla``),
+    Triton compiles for a GPU (:func:`pathedu.triton_mode`) and ``device`` is CUDA; else ``"matrix"``, or ``"chunked"`` for
     the linear side when ``T > matrix_max_T`` and for ``gla`` (its matrix form holds a T x T x D tensor).
     An explicit form the mixer lacks raises ``ValueError``.
     """
@@ -148,7 +149,7 @@ def select_form(mixer: str, form: str = "auto", *, device=None, T: int = 0, matr
     funcs = _FUNCS[mixer]
     if form != "auto":
         if form not in funcs:
-            why = " (the linear side's Triton kernels have no backward pass)" if form == "triton" else ""
+            why = " (DeltaNet's Triton kernels have no backward pass)" if form == "triton" else ""
             raise ValueError(f"`form` {form!r} is not available for mixer {mixer!r}{why}; "
                              f"available: {', '.join(funcs)}")
         return form

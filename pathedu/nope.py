@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-from .checks import QKV, check_device, check_positive_int, check_qkv, check_scale
+from .checks import QKV, check_positive_int, check_qkv, check_scale, check_state
 from .masks import causal_mask, causal_matmul, masked_logits
 
 __all__ = [
@@ -54,23 +54,13 @@ def empty_output(q, v):
 
 def _state_or_zeros(state, want: tuple, dtype: torch.dtype, like: torch.Tensor, *,
                     allow_complex: bool = False, shape_note: str = "") -> torch.Tensor:
-    """Zeros of shape ``want`` in ``dtype`` on ``like``'s device, or ``state`` checked (a tensor of
-    shape ``want`` on ``like``'s device, floating, or complex too where ``allow_complex``) and copied in
-    ``dtype``.  Errors name ``initial_state``; ``shape_note`` follows the wanted shape in the message."""
+    """Zeros of shape ``want`` in ``dtype`` on ``like``'s device, or ``state`` checked
+    (:func:`pathedu.checks.check_state`: a tensor of shape ``want`` on ``like``'s device, floating, or complex
+    too where ``allow_complex``) and copied in ``dtype``.  Errors name ``initial_state``; ``shape_note`` follows
+    the wanted shape in the message."""
     if state is None:
         return torch.zeros(want, dtype=dtype, device=like.device)
-    if not isinstance(state, torch.Tensor):
-        raise TypeError(f"`initial_state` must be a torch.Tensor, got {type(state).__name__}")
-    if allow_complex:
-        if not (state.is_complex() or state.is_floating_point()):
-            raise TypeError(f"`initial_state` must be complex (or real), got {state.dtype}")
-    elif not state.is_floating_point():
-        raise TypeError(f"`initial_state` must have a floating dtype, got {state.dtype}")
-    check_device(state, "initial_state")
-    if tuple(state.shape) != want:
-        raise ValueError(f"`initial_state` must have shape {want}{shape_note}, got {tuple(state.shape)}")
-    if state.device != like.device:
-        raise ValueError(f"`initial_state` must be on {like.device}, got {state.device}")
+    check_state(state, want, like, allow_complex=allow_complex, shape_note=shape_note)
     return state.to(dtype).clone()
 
 
@@ -406,12 +396,15 @@ def chunk_scan(q, k, v, chunk: int, step):
     return out
 
 
-def linear_triton(q, k, v):
+def linear_triton(q, k, v, *, initial_state=None, return_state: bool = False):
     """Chunked linear attention in Triton (:func:`pathedu.kernels.linear_attention.chunked_linear_attention`).
 
     Accepts fp16/bf16/fp32, head dims 16..128, accumulates in fp32.  Shapes as
-    :func:`linear_naive`.
+    :func:`linear_naive`.  ``initial_state`` / ``return_state`` as :func:`linear_recurrent`
+    (``(..., Dv, D)``; the returned state is fp32): a long sequence can be run in pieces.
+    Differentiable in ``q, k, v`` and ``initial_state``, and through the returned state (the
+    kernel's backward pass).  Every argument is validated by the kernel entry point.
     """
     from .kernels.linear_attention import chunked_linear_attention
 
-    return chunked_linear_attention(q, k, v)
+    return chunked_linear_attention(q, k, v, initial_state=initial_state, return_state=return_state)

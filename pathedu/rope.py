@@ -573,7 +573,8 @@ def complex_chunked(q, k, v, *, base: float = 10000.0, pairing: str = "interleav
     return out.to(q.dtype)
 
 
-def complex_triton(q, k, v, *, base: float = 10000.0, pairing: str = "interleaved", rotation: str = "fused"):
+def complex_triton(q, k, v, *, base: float = 10000.0, pairing: str = "interleaved", rotation: str = "fused",
+                   initial_state=None, return_state: bool = False):
     """Triton: chunked linear attention (:func:`pathedu.kernels.linear_attention.chunked_linear_attention`)
     whose rotation hook turns q and k by ``+Omega t`` as each chunk is loaded (``rotation="fused"``, the
     default: 0.73-0.76x the time of the pre-pass on an H100, ``pathedu/data/bench_rope.json``), or
@@ -582,10 +583,13 @@ def complex_triton(q, k, v, *, base: float = 10000.0, pairing: str = "interleave
 
     This *is* the chapter's claim: the complex recurrence is linear attention on
     ``q, k`` rotated by ``+Omega t``.  fp16/bf16/fp32, head dims 16..128 (even),
-    fp32 state.  Shapes as :func:`complex_naive`.  The two launches are composed,
-    and every argument validated once, by
+    fp32 state.  Shapes as :func:`complex_naive`.  ``initial_state`` / ``return_state`` as
+    :func:`complex_recurrent` (complex ``(..., Dv, D/2)``; the returned state is complex64).
+    Differentiable in ``q, k, v`` and ``initial_state``, and through the returned state.  The
+    launches are composed, and every argument validated once, by
     :func:`pathedu.kernels.rope.rotary_linear_attention`.
     """
     from .kernels.rope import rotary_linear_attention
 
-    return rotary_linear_attention(q, k, v, base=base, pairing=pairing, rotation=rotation)
+    return rotary_linear_attention(q, k, v, base=base, pairing=pairing, rotation=rotation,
+                                   initial_state=initial_state, return_state=return_state)

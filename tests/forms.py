@@ -208,4 +208,5 @@ _self_check()
 # Triton forms with a backward pass (issue 9): their outputs carry a graph; the others refuse inputs that
 # require grad.  The contract test checks both.
 TRITON_WITH_BACKWARD = {"nope_triton", "alibi_triton", "fox_triton", "rope_triton", "path_triton", "pathfox_triton",
-                        "stickbreaking_triton", "cope_triton"}
+                        "stickbreaking_triton", "cope_triton",
+                        "linear_triton", "retnet_triton", "gla_triton", "gla_triton.channel", "complex_triton"}

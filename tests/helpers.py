@@ -33,6 +33,68 @@ def rand_qkv(lead, T, D, Dv=None, *, dtype=torch.float64, seed=0, device="cpu"):
     return tuple(x.to(dtype=dtype, device=device) for x in (q, k, v))
 
 
+def _as(x: torch.Tensor, real: torch.dtype, cplx: torch.dtype) -> torch.Tensor:
+    return x.to(cplx if x.is_complex() else real)
+
+
+def gradient_errors(fn, ref, args: dict, *, initial_state=None, seed=0, **kw) -> dict:
+    """A Triton form against float64 autograd, every gradient at once.
+
+    ``ref`` runs on float64 leaves of ``args`` (name -> float64 tensor, passed positionally in order), ``fn`` on fp32
+    copies of the same numbers, both with ``kw``; with ``initial_state`` (complex: complex128 / complex64) both also
+    get it and ``return_state=True``.  The loss is ``<G, out> + Re <G_S, S>`` with the same random ``G`` (and ``G_S``
+    for the final state ``S``) for both.  Returns ``{name: max |grad - ref| / max |ref|}`` for every argument (and
+    ``"initial_state"``), and ``"out"`` / ``"state"`` for the values; asserts every gradient finite."""
+    names = list(args) + ([] if initial_state is None else ["initial_state"])
+    values = list(args.values()) + ([] if initial_state is None else [initial_state])
+    gen = torch.Generator().manual_seed(seed)
+    runs = {}
+    cot = None
+    for which, f, real, cplx in (("ref", ref, torch.float64, torch.complex128), ("fn", fn, torch.float32, torch.complex64)):
+        leaves = [_as(x, real, cplx).detach().clone().requires_grad_() for x in values]
+        if initial_state is None:
+            out, state = f(*leaves, **kw), None
+        else:
+            out, state = f(*leaves[:-1], initial_state=leaves[-1], return_state=True, **kw)
+        if cot is None:
+            cot = [torch.randn(out.shape, generator=gen, dtype=torch.float64)]
+            if state is not None:
+                cot.append(torch.randn(state.shape, generator=gen, dtype=torch.float64) if not state.is_complex()
+                           else torch.complex(*(torch.randn(state.shape, generator=gen, dtype=torch.float64)
+                                                for _ in range(2))))
+        loss = (out.double() * cot[0]).sum()
+        if state is not None:
+            loss = loss + (_as(state, torch.float64, torch.complex128) * cot[1].conj()).real.sum()
+        grads = torch.autograd.grad(loss, leaves)
+        runs[which] = (out.detach(), None if state is None else state.detach(), grads)
+    errs = {}
+    pairs = list(zip(names, runs["fn"][2], runs["ref"][2])) + [("out", runs["fn"][0], runs["ref"][0])]
+    if initial_state is not None:
+        pairs.append(("state", runs["fn"][1], runs["ref"][1]))
+    for name, a, b in pairs:
+        assert torch.isfinite(torch.view_as_real(a) if a.is_complex() else a).all(), f"{name}: not finite"
+        a = _as(a, torch.float64, torch.complex128)
+        errs[name] = ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()
+    return errs
+
+
+def run_in_pieces(kernel, decoder, q, k, v, extras_at, cuts, *, kernel_steps: int = 2):
+    """A sequence run as a server runs it: prefill by ``kernel`` in pieces ``[0, cuts[0]), [cuts[0], cuts[1]), ...``,
+    each starting from the state the last one returned, then decoding one token at a time from the last cut to the
+    end: the first ``kernel_steps`` tokens by ``kernel`` itself (``T = 1``), the rest by ``decoder`` (a recurrent
+    form).  ``extras_at(s, e)``: the extra positional arguments for tokens ``[s, e)``.  Returns the outputs
+    concatenated and the final state."""
+    T = q.shape[-2]
+    bounds = [0, *cuts] + list(range(cuts[-1] + 1, T + 1))
+    outs, state = [], None
+    for n, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):
+        f = kernel if n < len(cuts) + kernel_steps else decoder
+        out, state = f(q[..., s:e, :], k[..., s:e, :], v[..., s:e, :], *extras_at(s, e), initial_state=state,
+                       return_state=True)
+        outs.append(out)
+    return torch.cat(outs, -2), state
+
+
 N_FIXED = 4  # random_shapes(...)[:N_FIXED]: the fixed cases, without the random ones (for the costly Triton tests)
 
 

@@ -3,7 +3,7 @@ import math
 
 import pytest
 import torch
-from helpers import N_FIXED, TOL_F64, TOL_TRITON, case_id, rand_qkv, random_shapes, rel_err
+from helpers import N_FIXED, TOL_F64, TOL_TRITON, case_id, gradient_errors, rand_qkv, random_shapes, rel_err, run_in_pieces
 
 from pathedu import alibi, nope
 from pathedu.nope import KVCache
@@ -439,3 +439,43 @@ def test_bad_scale_and_helpers():
             alibi.alibi_slopes(bad)
         with pytest.raises(exc, match="`n_heads`"):
             alibi.retnet_gammas(bad)
+
+
+# ---------------------------------------------------------------------------
+# RetNet's backward pass in the linear template, and runs in pieces
+# ---------------------------------------------------------------------------
+
+EXTREME_GAMMAS = [[1e-6, 0.01], [0.999999, 1.0]]  # per (batch, head): near 0 and near 1, and 1 itself
+
+
+@pytest.mark.parametrize("chunk", [16, 64])
+def test_retnet_triton_gradients_for_gammas_near_0_and_1(chunk):
+    """fp32 kernel gradients of q, k, v and of a gamma tensor against float64 autograd through the independent
+    reference, T = 100 (a partial last chunk at both lengths)."""
+    q, k, v = rand_qkv((2, 2), 100, 16, 24, seed=35)
+    gamma = torch.tensor(EXTREME_GAMMAS, dtype=torch.float64)
+    errs = gradient_errors(lambda q, k, v, g: gated_linear_attention(q, k, v, "gamma", g, chunk=chunk),
+                           retnet_reference, dict(q=q, k=k, v=v, gamma=gamma))
+    assert max(errs.values()) <= 2e-5, errs
+
+
+def test_retnet_triton_state_in_and_out_is_differentiable():
+    """``initial_state`` and the returned state against float64 autograd through ``retnet_recurrent``, a gamma
+    tensor's gradient included (the final state's factor gamma^T is part of it)."""
+    q, k, v = rand_qkv((2, 2), 75, 16, 24, seed=36)
+    gamma = torch.tensor([[0.5, 0.9], [0.99, 1.0]], dtype=torch.float64)
+    S0 = torch.randn(2, 2, 24, 16, generator=torch.Generator().manual_seed(37), dtype=torch.float64)
+    errs = gradient_errors(alibi.retnet_triton, alibi.retnet_recurrent, dict(q=q, k=k, v=v, gamma=gamma),
+                           initial_state=S0)
+    assert max(errs.values()) <= 2e-5, errs
+
+
+def test_retnet_triton_prefill_in_pieces_then_decoding_is_one_pass():
+    q, k, v = (x.float() for x in rand_qkv((2, 2), 90, 16, 24, seed=38))
+    gamma = torch.tensor([[0.5, 0.9], [0.99, 1.0]])
+    full, S = alibi.retnet_triton(q, k, v, gamma, return_state=True)
+    pieces, S_pieces = run_in_pieces(alibi.retnet_triton, alibi.retnet_recurrent, q, k, v, lambda s, e: (gamma,),
+                                     (23, 70))
+    assert rel_err(pieces, full) <= 1e-5 and rel_err(S_pieces, S) <= 1e-5
+    ref_out, ref_S = alibi.retnet_recurrent(q.double(), k.double(), v.double(), gamma.double(), return_state=True)
+    assert rel_err(pieces, ref_out) <= 1e-5 and rel_err(S_pieces, ref_S) <= 1e-5

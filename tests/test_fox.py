@@ -4,7 +4,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import N_FIXED, TOL_F64, TOL_TRITON, case_id, rand_qkv, random_shapes, rel_err
+from helpers import N_FIXED, TOL_F64, TOL_TRITON, case_id, gradient_errors, rand_qkv, random_shapes, rel_err, run_in_pieces
 
 from pathedu import fox
 from pathedu.kernels.flash_attention import attention
@@ -438,3 +438,63 @@ def test_bench_module_imports_and_lists_ops_on_cpu():
     from pathedu.bench.checks import CHECKS
 
     assert {"robust", "channel", "fp32"} <= set(CHECKS["fox"])  # the GPU checks: tests/test_gpu_checks_cpu.py
+
+
+# ---------------------------------------------------------------------------
+# GLA / Mamba2's backward pass in the linear template, and runs in pieces
+# ---------------------------------------------------------------------------
+
+def extreme_gates(q, gate, kind, seed):
+    """Log gates per token or per channel: ``smooth`` (logsigmoid of N(2, 1.5^2)), ``uniform`` in [-20, 0],
+    ``jumps`` between -20 and -0.01 (each with probability 1/2), ``strong`` (-20 everywhere: every pair but the
+    diagonal weighs e^{-20} or less, so the gates' gradient is tiny beside every term that makes it)."""
+    shape = q.shape[:-1] if gate == "token" else q.shape
+    u = torch.rand(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return {"smooth": rand_log_f(shape, seed), "uniform": -20 * u, "strong": torch.full(shape, -20.0, dtype=torch.float64),
+            "jumps": torch.where(u < 0.5, -20.0, -0.01).double()}[kind]
+
+
+# The fp32 kernels' gradients against float64: the forward's own accuracy under each kind of gate
+# (test_channel_kernel_error_under_strong_decay), with room for the backward's sums.
+GRAD_TOL = {"smooth": 3e-6, "uniform": 5e-5, "jumps": 1e-4, "strong": 5e-6}
+
+
+@pytest.mark.parametrize("kind", list(GRAD_TOL))
+@pytest.mark.parametrize("gate, chunk", [("token", 16), ("token", 64), ("channel", None)])
+def test_gla_triton_gradients_under_extreme_gates(gate, chunk, kind):
+    """fp32 kernel gradients of q, k, v and log_f against float64 autograd through the independent reference, at
+    T = 70 (a partial last chunk at every chunk length)."""
+    q, k, v = rand_qkv((1, 2), 70, 16, 24, seed=40)
+    log_f = extreme_gates(q, gate, kind, seed=41)
+    kw = {} if chunk is None else dict(chunk=chunk)
+    errs = gradient_errors(lambda q, k, v, f: chunked_linear_attention(q, k, v, log_f=f, **kw), gla_reference,
+                           dict(q=q, k=k, v=v, log_f=log_f))
+    assert max(errs.values()) <= GRAD_TOL[kind], errs
+
+
+@pytest.mark.parametrize("kind", ["smooth", "strong"])
+@pytest.mark.parametrize("gate", GATES)
+def test_gla_triton_state_in_and_out_is_differentiable(gate, kind):
+    """``initial_state`` and the returned state against float64 autograd through ``gla_recurrent``, the gates'
+    gradient included: the final state's factor e^{c_{T-1}} adds <dS, S> to it, less the last token's own write,
+    which cancels (with strong gates it is far larger than the gradient itself)."""
+    q, k, v = rand_qkv((2,), 75, 16, 24, seed=42)
+    log_f = extreme_gates(q, gate, kind, seed=43)
+    S0 = torch.randn(2, 24, 16, generator=torch.Generator().manual_seed(44), dtype=torch.float64)
+    errs = gradient_errors(fox.gla_triton, fox.gla_recurrent, dict(q=q, k=k, v=v, log_f=log_f), initial_state=S0)
+    assert max(errs.values()) <= 5e-6, errs
+
+
+@pytest.mark.parametrize("gate", GATES)
+def test_gla_triton_prefill_in_pieces_then_decoding_is_one_pass(gate):
+    q, k, v = (x.float() for x in rand_qkv((2,), 90, 16, 24, seed=45))
+    log_f = gate_for(q, gate, seed=46, dtype=torch.float32)
+    full, S = fox.gla_triton(q, k, v, log_f, return_state=True)
+
+    def gates(s, e):
+        return (log_f[..., s:e] if gate == "token" else log_f[..., s:e, :],)
+
+    pieces, S_pieces = run_in_pieces(fox.gla_triton, fox.gla_recurrent, q, k, v, gates, (23, 70))
+    assert rel_err(pieces, full) <= 1e-5 and rel_err(S_pieces, S) <= 1e-5
+    ref_out, ref_S = fox.gla_recurrent(q.double(), k.double(), v.double(), log_f.double(), return_state=True)
+    assert rel_err(pieces, ref_out) <= 1e-5 and rel_err(S_pieces, ref_S) <= 1e-5

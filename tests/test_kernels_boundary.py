@@ -108,6 +108,46 @@ def test_non_finite_input_changes_only_later_outputs(name, which, value):
             assert (seen[:, d] == value).all()  # a positive weight times +-inf (IEEE)
 
 
+# The linear template's entry points with a backward pass, each hook once (small chunks: several per sequence).
+LINEAR_BACKWARD = {
+    "linear": lambda q, k, v, ex: chunked_linear_attention(q, k, v, chunk=16),
+    "linear_scalar": lambda q, k, v, ex: chunked_linear_attention(q, k, v, log_f=ex["log_f"], chunk=32),
+    "linear_channel": lambda q, k, v, ex: chunked_linear_attention(q, k, v, log_f=ex["log_f_channel"]),
+    "rotary_linear": lambda q, k, v, ex: rotary_linear_attention(q, k, v, rotation="fused"),
+}
+# Which rows of dq, dk, dv a NaN at position AT of q, k or v reaches (o_i = sum_{j <= i} w_ij (q_i . k_j) v_j):
+# dq_i reads k_j, v_j for j <= i; dk_j reads q_i (i >= j) and v_j; dv_j reads q_i (i >= j) and k_j.
+REACH = {"v": dict(q="later", k="at", v="none"), "k": dict(q="later", k="none", v="at"),
+         "q": dict(q="none", k="earlier", v="earlier")}
+
+
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+@pytest.mark.parametrize("name", list(LINEAR_BACKWARD))
+def test_non_finite_input_reaches_only_the_gradients_that_read_it(name, which):
+    """A NaN at position AT of q, k or v (one channel) makes non-finite exactly the gradient rows that read it
+    (:data:`REACH`), and leaves every other row of dq, dk, dv as in the clean run: the backward's causal masks are
+    selects too (the gates' gradient, a sum over every later position, is not checked)."""
+    q, k, v, ex = inputs()
+    g = torch.randn(*LEAD, T, DV, generator=torch.Generator().manual_seed(3))
+
+    def grads(q, k, v):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        return torch.autograd.grad(LINEAR_BACKWARD[name](*leaves, ex), leaves, g)
+
+    clean = grads(q, k, v)
+    poisoned = dict(q=q, k=k, v=v)
+    poisoned[which] = poisoned[which].clone()
+    poisoned[which][..., AT, 3] = float("nan")
+    rows = torch.arange(T)
+    for grad_of, got, want in zip("qkv", grads(**poisoned), clean):
+        reach = {"none": rows < 0, "at": rows == AT, "later": rows >= AT, "earlier": rows <= AT}[REACH[which][grad_of]]
+        bad = ~torch.isfinite(got).all(-1)  # (*LEAD, T): rows with a non-finite entry
+        assert bad[..., reach].all(), f"d{grad_of}: a row that reads {which}[{AT}] stayed finite"
+        assert not bad[..., ~reach].any(), f"d{grad_of}: {which}[{AT}] reached a row that does not read it"
+        scale = want.abs().max()
+        assert ((got - want)[..., ~reach, :].abs().max() / scale).item() <= 1e-6, f"d{grad_of} changed"
+
+
 def test_non_finite_values_on_every_diagonal_row():
     """A NaN at the edges and across the inside of a diagonal block, in turn (FlashAttention: one
     64-row block here; PaTH: 16-row UT blocks, two per query block, so 15/16/31/32 cross block edges)."""
@@ -284,9 +324,10 @@ def _with(name, q, k, v, ex, slope, change):
     return x["q"], x["k"], x["v"], {n: x[n] for n in ex}, x["alibi_slope"] if name != "gamma" else x["gamma"]
 
 
-# The entry points of _all_calls that have a backward pass (the softmax template, the rotation and PaTH);
-# the others (the linear side) refuse inputs that require grad.
-WITH_BACKWARD = {0, 2, 3, 4, 6, 8}
+# The entry points of _all_calls that have a backward pass (the softmax template, the rotation, PaTH, and the linear
+# template's gates none, per channel and per head); the others (the delta rule and the Householder RNN) refuse inputs
+# that require grad.
+WITH_BACKWARD = {0, 1, 2, 3, 4, 5, 6, 7, 8}
 
 
 @pytest.mark.parametrize("index", sorted(set(range(11)) - WITH_BACKWARD))
@@ -311,7 +352,8 @@ def test_inputs_that_require_grad_get_a_backward_pass(index):
     slope = torch.tensor([0.5, 0.9])
     name, _ = _all_calls(q, k, v, ex, slope)[index]
     args = _with(name, q, k, v, ex, slope, lambda t: t.clone().requires_grad_())
-    leaf = dict(q=args[0], k=args[1], v=args[2], alibi_slope=args[4], **args[3])[name]
+    leaves = dict(q=args[0], k=args[1], v=args[2], alibi_slope=args[4], gamma=args[4], **args[3])
+    leaf = leaves["log_f_channel" if index == 5 else name]  # call 5 takes the per-channel gates
     _, call = _all_calls(*args)[index]
     out = call()
     out = out if isinstance(out, torch.Tensor) else out[0]
@@ -338,7 +380,7 @@ def test_meta_tensors_are_refused(index):
 def test_chapter_triton_forms_refuse_grad_once():
     q, k, v, ex = inputs()
     v = v.requires_grad_()
-    for f, args in [(rope.complex_triton, ()), (path.householder_triton, (ex["w"], ex["beta"]))]:
+    for f, args in [(path.householder_triton, (ex["w"], ex["beta"]))]:
         with pytest.raises(RuntimeError, match="`v` requires grad"):
             f(q, k, v, *args)
 

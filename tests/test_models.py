@@ -105,6 +105,9 @@ def test_select_form():
     assert select_form("rope", "triton") == "triton"
     with pytest.raises(ValueError, match="`form`.*backward"):
         select_form("deltanet", "triton")
+    for mixer in ("linear", "retnet", "gla"):  # the linear template's backward: Triton on a GPU, as before on a CPU
+        assert select_form(mixer, "triton") == "triton"
+        assert select_form(mixer, device="cpu", T=64) == ("chunked" if mixer == "gla" else "matrix")
     with pytest.raises(ValueError, match="`form`"):
         select_form("rope", "fast")
 
@@ -133,13 +136,14 @@ def test_linear_side_normalises():
     assert set(LINEAR_MIXERS) == {m for m in MIXERS if _model(m).blocks[0].mixer.head_norm is not None}
 
 
-@pytest.mark.parametrize("mixer", ["rope", "path"])
+@pytest.mark.parametrize("mixer", ["rope", "path", "linear", "retnet", "gla"])
 def test_triton_form_matches_matrix(mixer):
-    """The Triton forms (here in the interpreter) plugged in the same way as the matrix forms."""
+    """The Triton forms (here in the interpreter) plugged in the same way as the matrix forms (GLA's chunked form:
+    it has no matrix form in a model), the linear side's included."""
     tokens = torch.randint(0, 11, (1, 16), generator=torch.Generator().manual_seed(4))
     sizes = dict(SIZES, n_layers=1)
     torch.manual_seed(0)
-    a = build_model(mixer, **sizes, form="matrix")
+    a = build_model(mixer, **sizes, form="chunked" if mixer == "gla" else "matrix")
     torch.manual_seed(0)
     b = build_model(mixer, **sizes, form="triton")
     la, lb = a(tokens), b(tokens)

@@ -5,7 +5,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from helpers import N_FIXED, TOL_F64, TOL_TRITON, case_id, rand_qkv, random_shapes, rel_err
+from helpers import N_FIXED, TOL_F64, TOL_TRITON, case_id, gradient_errors, rand_qkv, random_shapes, rel_err, run_in_pieces
 
 from pathedu import nope, rope
 from pathedu.kernels._pieces import _rope_cos_sin, _rope_shift
@@ -490,3 +490,52 @@ def test_gpu_checks_bound_the_angles_as_this_file_does():
     long = [r for r in records if r["T"] == 8192 and r["params"]["D"] == 128]
     assert len(long) == 1 and long[0]["ok"], long
     assert long[0]["value"] <= long[0]["limit"] == checks.TRIG_TOL_8192 == TRIG_TOL_8192
+
+
+# ---------------------------------------------------------------------------
+# The complex recurrence's backward pass, and runs in pieces
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("rotation", ["prepass", "fused"])
+@pytest.mark.parametrize("pairing", PAIRINGS)
+def test_complex_triton_gradients_for_both_rotations_and_pairings(pairing, rotation):
+    """fp32 kernel gradients against float64 autograd through the independent reference, T = 100, head dim 24 (pairs
+    that pad the hook's tiles): the hook's gradients are those of the turned tiles turned back (the contract
+    test covers the default, fused and interleaved)."""
+    q, k, v = rand_qkv((1, 2), 100, 24, 16, seed=50)
+    errs = gradient_errors(lambda q, k, v: rope.complex_triton(q, k, v, pairing=pairing, rotation=rotation),
+                           lambda q, k, v: linear_reference(q, k, v, pairing), dict(q=q, k=k, v=v))
+    assert max(errs.values()) <= 2e-6, errs
+
+
+@pytest.mark.parametrize("rotation", ["prepass", "fused"])
+@pytest.mark.parametrize("pairing", PAIRINGS)
+def test_complex_triton_state_in_and_out_is_differentiable(pairing, rotation):
+    """A complex ``initial_state`` and the returned complex state against complex128 autograd through
+    ``complex_recurrent`` (the template's real state is the complex one turned by e^{i Omega} going in and by
+    e^{i Omega (T - 1)} coming out)."""
+    q, k, v = rand_qkv((2,), 75, 16, 24, seed=51)
+    g = torch.Generator().manual_seed(52)
+    S0 = torch.complex(*(torch.randn(2, 24, 8, generator=g, dtype=torch.float64) for _ in range(2)))
+    errs = gradient_errors(lambda *a, **kw: rope.complex_triton(*a, rotation=rotation, **kw), rope.complex_recurrent,
+                           dict(q=q, k=k, v=v), initial_state=S0, pairing=pairing)
+    assert max(errs.values()) <= 2e-6, errs
+
+
+@pytest.mark.parametrize("pairing", PAIRINGS)
+def test_complex_triton_prefill_in_pieces_then_decoding_is_one_pass(pairing):
+    """Each piece counts its positions from 0: the state carries the phase, as the recurrence's does."""
+    q, k, v = (x.float() for x in rand_qkv((2,), 90, 16, 24, seed=53))
+
+    def kernel(*a, **kw):
+        return rope.complex_triton(*a, pairing=pairing, **kw)
+
+    def decoder(*a, **kw):
+        return rope.complex_recurrent(*a, pairing=pairing, **kw)
+
+    full, S = kernel(q, k, v, return_state=True)
+    pieces, S_pieces = run_in_pieces(kernel, decoder, q, k, v, lambda s, e: (), (23, 70))
+    assert S.dtype == S_pieces.dtype == torch.complex64 and S.shape == (2, 24, 8)
+    assert rel_err(pieces, full) <= 1e-5 and rel_err(torch.view_as_real(S_pieces), torch.view_as_real(S)) <= 1e-5
+    ref_out, ref_S = decoder(q.double(), k.double(), v.double(), return_state=True)
+    assert rel_err(pieces, ref_out) <= 1e-5 and rel_err(torch.view_as_real(S_pieces), torch.view_as_real(ref_S)) <= 1e-5

@@ -19,6 +19,9 @@ Linear side (checked against ``retnet_chunked_fp32``, our PyTorch chunked form i
 * ``retnet_triton``: our chunked kernel with ``log f = log gamma`` at every step;
 * ``fla_chunk_retention``: fla's RetNet kernel (``scale=1``: RetNet here has no scale).
 
+With ``--backward`` (forward + backward) q, k, v require grad; the slopes and decays stay constants, as
+in the papers and in fla's ops (which take no gradient for them).
+
 fla is imported inside ``setup``, so this module imports without it.  fla's layout is
 ``[B, T, H, D]``: the transposes happen in ``setup`` (inputs) and as a free view (outputs).
 """

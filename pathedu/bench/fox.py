@@ -5,7 +5,8 @@ and their peers.
 Inputs arrive as ``(B, H, T, D)`` CUDA tensors.  The forget gates are built inside ``setup``
 from a seeded CUDA generator, so every op of a run sees the same gates:
 ``log_f = logsigmoid(3 + N(0, 1))`` (gates around 0.95, a memory of some twenty tokens),
-fp32, shape ``(B, H, T)`` per token or ``(B, H, T, D)`` per channel.
+fp32, shape ``(B, H, T)`` per token or ``(B, H, T, D)`` per channel; with ``--backward`` they require grad, as
+q, k, v do (learned gates: every op computes their gradient too).
 
 Softmax side:
 

@@ -35,7 +35,8 @@ import tempfile
 
 # name -> (module, kernel, constexprs, pointer dtypes other than fp32 (bf16 inputs), warps)
 _D = dict(HEAD_DIM=64, BLOCK_D=64)
-_LIN = dict(_D, HEAD_DV=64, BLOCK_DV=64, CHUNK=64, PRECISION="tf32", BLOCK_DC=32, ROTATE="none")
+_LIN = dict(_D, HEAD_DV=64, BLOCK_DV=64, CHUNK=64, PRECISION="tf32", BLOCK_DC=32, ROTATE="none", LOAD_H0=False,
+            STORE_STATES=False, STORE_FINAL=False)
 _QKVO = ("Q", "K", "V", "O")
 KERNELS = {
     "_ut_diag_inverse (DeltaNet)": ("ut_prepare", "_ut_diag_inverse", dict(_D, BT=64, W_IS_K=True, GATED=False,
@@ -62,6 +63,22 @@ KERNELS = {
                                       ("Q", "K", "O"), 4),
     "_linear_fwd (gated Householder RNN)": ("linear_attention", "_linear_fwd",
                                             dict(_LIN, GATE="householder", DECAY="token"), ("Q", "K", "O"), 4),
+    # the linear template's training forward (each chunk's starting state stored) and its backward's kernels
+    "_linear_fwd (Mamba2, storing the states)": ("linear_attention", "_linear_fwd",
+                                                 dict(_LIN, GATE="none", DECAY="token", STORE_STATES=True,
+                                                      STORE_FINAL=True), _QKVO, 4),
+    "_linear_bwd_state (Mamba2)": ("linear_attention", "_linear_bwd_state",
+                                   dict(_D, HEAD_DV=64, BLOCK_DV=64, CHUNK=64, GATE="none", DECAY="token",
+                                        PRECISION="tf32", LOAD_DHT=True), ("Q", "DO"), 4),
+    # the chunks' gradients at 8 warps (4 spill at chunks of 64), the key channels whole (blocks of 32 at D = 128)
+    **{f"_linear_bwd_chunk ({name})": ("linear_attention", "_linear_bwd_chunk",
+                                       dict(_D, HEAD_DV=64, BLOCK_DV=64, BLOCK_K=64, CHUNK=64, DECAY=decay,
+                                            PRECISION="tf32"), ("Q", "K", "V", "DO", "DQ", "DK", "DV"), 8)
+       for name, decay in (("linear attention", "none"), ("Mamba2: a gate per token", "token"),
+                           ("RetNet: a gate per head", "head"))},
+    "_linear_bwd_channel (GLA)": ("linear_attention", "_linear_bwd_channel",
+                                  dict(_D, HEAD_DV=64, BLOCK_DV=32, CHUNK=16, BLOCK_DC=32, PRECISION="tf32"),
+                                  ("Q", "K", "V", "DO", "DQ", "DK", "DV"), 4),
     # PaTH's preparation pass (the forward's; the backward's keeps the inverses), with the fp16 products that a
     # tf32 pass launches (ut_prepare.main_pass_precision), then its backward's O(T D^2) steps
     **{f"_ut_prepare (PaTH {pass_}{', 8 warps' if warps == 8 else ''})": (
