@@ -209,6 +209,7 @@ def _path_fwd(QT, QN, KT, AD, GM, WC, NU, V, O, C, LSE, T, qk_scale,
         qh = _transition(qh, GM + (start_n // BLOCK_N) * stride_gj, WC + start_n * stride_pt,
                          NU + start_n * stride_pt, cols, offs_d, stride_pt, HEAD_DIM, BLOCK_D, UPDATE, PRECISION)
 
+    l_i = tl.where(offs_m < T, l_i, 1.0)  # rows past T (never stored) sum to 0: no 0 / 0 or log2(0) there
     _store_rows(O + bh * stride_ob, acc / l_i[:, None], offs_m, offs_dv, stride_ot, T, HEAD_DV)
     if STORE_LSE:
         # For the backward pass, as in the template: the log-sum-exp (log2 units) of the true logits,
@@ -328,6 +329,7 @@ def _path_dyadic_fwd(X, AD, V, O, C, LSE, T, LEVELS, qk_scale, stride_xl, stride
             acc, m_i, l_i = _softmax_fold(acc, m_i, l_i, s_n, v, False, False, PRECISION)
         XL += stride_xl
     acc = _poison(acc, rel, bad)
+    l_i = tl.where(offs_b < T, l_i, 1.0)  # rows past T (never stored) sum to 0: no 0 / 0 or log2(0) there
     _store_rows(O + bh * stride_ob, acc / l_i[:, None], offs_b, offs_dv, stride_ot, T, HEAD_DV)
     tl.store(LSE + bh * T + offs_b, m_i + tl.log2(l_i), mask=offs_b < T)
 

@@ -31,3 +31,27 @@ def test_no_fp_fusion_warning_and_the_users_choice_wins(tmp_path, given, want):
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split("\n")[-2] == want
+
+
+def test_valid_kernel_calls_give_no_floating_point_warnings():
+    """Triton's interpreter computes the lanes a kernel masks out (rows past T) through numpy; valid inputs must not
+    make it warn (``invalid value encountered in divide``, ``divide by zero encountered in log2``)."""
+    import warnings
+
+    import torch
+    import torch.nn.functional as F
+
+    from pathedu import path, pathfox
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 40, 16, generator=g) for _ in range(3))  # 40: rows past T in every kernel
+    w = F.normalize(torch.randn(1, 2, 40, 16, generator=g), dim=-1)
+    beta, log_f = 2 * torch.rand(1, 2, 40, generator=g), -torch.rand(1, 2, 40, generator=g)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for grad in (False, True):
+            qg = q.clone().requires_grad_(grad)
+            out = path.path_triton(qg, k, v, w, beta) + pathfox.pathfox_triton(qg, k, v, w, beta, log_f)
+            if grad:
+                out.sum().backward()
+    assert not caught, [f"{c.filename}:{c.lineno}: {c.message}" for c in caught]
