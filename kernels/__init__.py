@@ -12,6 +12,9 @@ Two templates that every chapter extends through hooks instead of copying:
   gate hook: none (chapter 1), a per-token scalar gate (RetNet, Mamba2), a
   per-channel gate (GLA) (chapters 2 and 3), or a Householder transition
   (the Householder RNN in the UT form, DeltaNet in the WY form, chapter 5, driven by :mod:`.delta_rule`).
+  Its backward pass (no gate, scalar and per-channel gates) is two more launches, a right-to-left scan of
+  the states' gradients and one over the chunks, wired as a ``torch.autograd.Function``; an initial state
+  goes in and the final one comes out, so a sequence runs in pieces.
 
 Chapter 5 adds :mod:`.path_attention` (PaTH: a preparation pass with per-block
 UT factors, then the FlashAttention loop scanning key blocks right to left with
@@ -47,7 +50,7 @@ Where the shared pieces live:
 * :mod:`._launch`: the validation boundary.  Each public entry point validates
   every argument once (shapes, dtypes, devices; values with one wait for
   the check, after the kernels are queued) and refuses meta tensors; the kernels without a backward pass
-  (the linear template and its DeltaNet hook) also refuse, while grad mode is on, inputs that
+  (the linear template's Householder and delta hooks) also refuse, while grad mode is on, inputs that
   require grad.  Internal ``_*_launch`` functions check nothing.
 
 Causality holds for non-finite inputs too: a NaN or inf in ``q``, ``k`` or ``v``

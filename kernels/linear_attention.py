@@ -434,15 +434,16 @@ def _linear_careful(Q, K, V, O, LOG_F, AD, GM, H0, STATES, HT, FLAGS, T, log2_ba
 @triton.jit
 def _bdot(a, b, PRECISION: tl.constexpr):
     """``a @ b`` for the backward kernels, fp32 result.  Two 16-bit tiles multiply exactly (fp32 accumulation, the
-    tensor cores' full rate); otherwise both operands in fp32 with ``PRECISION``: ``"ieee"`` (exact), ``"tf32"``
-    (the tensor cores read the top 19 bits: a NaN or inf stays one), or ``"x3n"`` (:func:`._pieces._dot`'s three
+    tensor cores' full rate); otherwise both operands in fp32 with ``PRECISION``: ``"ieee"`` (exact), ``"tf32n"``
+    (:func:`._pieces._dot`: fp32 operands rounded to the nearest tf32 value, every NaN kept; the tensor cores alone
+    would truncate them, a bias that does not average out in the sums of the gates' gradient), or ``"x3n"`` (three
     tf32 products, about fp32 accuracy, every NaN kept: fp32 inputs on a GPU)."""
     if a.dtype != tl.float32 and b.dtype == a.dtype:
         return tl.dot(a, b)
-    elif PRECISION == "x3n":
-        return _dot(a.to(tl.float32), b.to(tl.float32), "x3n")
+    elif PRECISION == "ieee":
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     else:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PRECISION)
+        return _dot(a, b, PRECISION)
 
 
 @triton.jit
@@ -536,7 +537,7 @@ def _linear_bwd_state(Q, DO, LOG_F, DHT, DH, DH0, T, stride_qb, stride_qt, strid
 
 @triton.jit
 def _linear_bwd_chunk(Q, K, V, DO, LOG_F, STATES, DH, DQ, DK, DV, DC, T,
-                      stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt,
+                      stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt, stride_dc,
                       HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                       BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, DECAY: tl.constexpr, PRECISION: tl.constexpr):
     """The gradients of one chunk's ``q, k, v`` (gate none, per token or per head): grid
@@ -555,7 +556,9 @@ def _linear_bwd_chunk(Q, K, V, DO, LOG_F, STATES, DH, DQ, DK, DV, DC, T,
     No product's result is ever transposed: ``(Q K^T * E)^T`` is made as ``K Q^T * E^T``, ``(dO V^T)^T`` as
     ``V dO^T``, ``H_in^T`` and ``dH_out^T`` are read transposed from memory.  With a gate the ``dq, dk`` roles also
     store their channels' part of the gradient ``dc`` of the cumulative log gates ``c`` to ``DC`` (fp32
-    ``(BH, cdiv(D, BLOCK_K), T)``, summed by the caller): the outputs depend on them only through ``q_t e^{c_t}`` and
+    ``(BH, cdiv(D, BLOCK_K), T)``, rows ``stride_dc`` apart, summed by the caller; RetNet's gate per head, whose
+    gradient weighs them by their positions, also gets ``<dH_in, H_in>`` of each chunk after the ``T`` entries: see
+    :func:`_gate_grad`): the outputs depend on them only through ``q_t e^{c_t}`` and
     ``k_t e^{-c_t}``, and the final state ``S = e^{c_{T-1}} (S_{-1} + sum_j e^{-c_j} v_j k_j^T)`` also through its
     factor ``e^{c_{T-1}}``, so ``dc_t = q_t . dq_t - k_t . dk_t``, plus ``<dS, S>`` at ``t = T - 1`` (``dS``: the
     final state's gradient, ``DH`` of the last chunk); the terms that cancel exactly are left out of the sums
@@ -569,7 +572,7 @@ def _linear_bwd_chunk(Q, K, V, DO, LOG_F, STATES, DH, DQ, DK, DV, DC, T,
                       stride_vb, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_K, BLOCK_DV, CHUNK, DECAY, PRECISION)
     else:
         _bwd_chunk_dqk(Q, K, V, DO, LOG_F, STATES, DH, DQ, DK, DC, base, bh, c * CHUNK, (role - 1) * BLOCK_K, T,
-                       stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_K,
+                       stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt, stride_dc, HEAD_DIM, HEAD_DV, BLOCK_K,
                        BLOCK_DV, CHUNK, DECAY, PRECISION)
 
 
@@ -609,7 +612,7 @@ def _bwd_chunk_dv(Q, K, DO, LOG_F, DH, DV, base, bh, start, T, stride_qb, stride
 
 @triton.jit
 def _bwd_chunk_dqk(Q, K, V, DO, LOG_F, STATES, DH, DQ, DK, DC, base, bh, start, d0, T, stride_qb, stride_qt,
-                   stride_kb, stride_kt, stride_vb, stride_vt, HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr,
+                   stride_kb, stride_kt, stride_vb, stride_vt, stride_dc, HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr,
                    BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr, CHUNK: tl.constexpr, DECAY: tl.constexpr,
                    PRECISION: tl.constexpr):
     """:func:`_linear_bwd_chunk`'s ``dq, dk`` role for the key channels ``d0 .. d0 + BLOCK_K`` (and their part of
@@ -645,6 +648,9 @@ def _bwd_chunk_dqk(Q, K, V, DO, LOG_F, STATES, DH, DQ, DK, DC, base, bh, start, 
     else:
         b, b_last = _chunk_gates(LOG_F, bh, offs_t, offs_c, T, DECAY, CHUNK)
         dq = dq * tl.exp(b)[:, None]
+        dc_row = DC + (bh * tl.cdiv(HEAD_DIM, BLOCK_K) + d0 // BLOCK_K) * stride_dc
+        if DECAY == "head":  # <dH_in, H_in> = e^{b_last} <dH_out, H_in> + sum_i q_i . (dq_i's part from H_in)
+            tl.store(dc_row + T + start // CHUNK, tl.exp(b_last) * hdh + tl.sum(tl.sum(q.to(tl.float32) * dq, 1), 0))
         dk = dk * tl.exp(b_last - b)[:, None]  # the state's part of dk: key j's write, read by dH_out
         p = p * tl.exp(tl.where(causal, b[:, None] - b[None, :], float("-inf")))
         pt = pt * tl.exp(tl.where(later, b[None, :] - b[:, None], float("-inf")))
@@ -664,7 +670,7 @@ def _bwd_chunk_dqk(Q, K, V, DO, LOG_F, STATES, DH, DQ, DK, DC, base, bh, start, 
         final = tl.exp(b_last) * hdh + tl.sum(tl.where(offs_t < T - 1, kds, 0.0), axis=0)  # used by row T - 1 only
         dct = (tl.sum(q.to(tl.float32) * dq, axis=1) - tl.sum(k.to(tl.float32) * dki, axis=1)
                + tl.where(last, final, -kds))
-        tl.store(DC + (bh * tl.cdiv(HEAD_DIM, BLOCK_K) + d0 // BLOCK_K) * T + offs_t, dct, mask=offs_t < T)
+        tl.store(dc_row + offs_t, dct, mask=offs_t < T)
         dq += p_diag[:, None] * k.to(tl.float32)
         dk += dki + p_diag[:, None] * q.to(tl.float32)
     _store_rows(DQ + bh * stride_qb, dq, offs_t, offs_d, stride_qt, T, HEAD_DIM)
@@ -929,11 +935,12 @@ def _linear_launch(x: Flat, gate: str, log_f3=None, *, chunk: int = 64, prep=Non
 
 
 def backward_precision(dtype: torch.dtype) -> str:
-    """The products of the backward kernels (:func:`_bdot`): 16-bit inputs the tensor cores' tf32 (their own
-    products exact), fp32 inputs about fp32 accuracy: exact ``"ieee"`` in the interpreter, three tf32 products
-    (``"x3n"``) on a GPU, where exact fp32 products of this many tiles take minutes to compile."""
+    """The products of the backward kernels (:func:`_bdot`): 16-bit inputs tf32 with fp32 operands rounded to
+    nearest (``"tf32n"``; two 16-bit operands multiply exactly), fp32 inputs about fp32 accuracy: exact ``"ieee"``
+    in the interpreter, three tf32 products (``"x3n"``) on a GPU, where exact fp32 products of this many tiles take
+    minutes to compile."""
     if dtype != torch.float32:
-        return "tf32"
+        return "tf32n"
     return "ieee" if interpreting() else "x3n"
 
 
@@ -941,8 +948,9 @@ def _linear_bwd_launch(x: Flat, gate: str, log_f3, states, do, dht, *, chunk: in
     """The backward kernels on the forward's validated inputs ``x`` and the states it stored (``states``, fp32
     ``(BH, NC, D, Dv)``): ``do`` the output's gradient ``(BH, T, Dv)`` (None: 0), ``dht`` the final state's, fp32
     ``(BH, D, Dv)`` (None: 0).  Returns ``dq, dk, dv`` (compute dtype), ``dh0`` (fp32 ``(BH, D, Dv)``, the initial
-    state's gradient) and ``dc`` (fp32 ``(BH, T)`` or ``(BH, T, D)``: the gradient of the cumulative log gates,
-    :func:`_linear_bwd_chunk`; None without a gate)."""
+    state's gradient), ``dc`` (fp32 ``(BH, T)`` or ``(BH, T, D)``: the gradient of the cumulative log gates,
+    :func:`_linear_bwd_chunk`; ``(BH, T + NC)`` for the gate per head; None without a gate) and the chunk length
+    used."""
     n = x.n
     transition, decay, chunk = _hooks(gate, log_f3, chunk)
     n_chunks = triton.cdiv(n.T, chunk)
@@ -961,8 +969,8 @@ def _linear_bwd_launch(x: Flat, gate: str, log_f3, states, do, dht, *, chunk: in
     dc = None
     if gate == "channel":
         dc = torch.empty(x.BH, n.T, n.D, dtype=torch.float32, device=x.device)
-    elif decay != "none":
-        dc = torch.empty(x.BH, n_k, n.T, dtype=torch.float32, device=x.device)
+    elif decay != "none":  # the gate per head also gets <dH_in, H_in> of every chunk, after the T entries
+        dc = torch.empty(x.BH, n_k, n.T + (n_chunks if decay == "head" else 0), dtype=torch.float32, device=x.device)
     log_f = dh0 if log_f3 is None else log_f3
     _linear_bwd_state[(triton.cdiv(n.Dv, block_dv), x.BH)](
         x.q, do, log_f, dh0 if dht is None else dht.contiguous(), dh, dh0, n.T,
@@ -977,21 +985,29 @@ def _linear_bwd_launch(x: Flat, gate: str, log_f3, states, do, dht, *, chunk: in
                                               BLOCK_DC=min(block_d, 32), PRECISION=precision, num_warps=4)
     else:
         # 8 warps for chunks of 64 or more: at 4, the chunk's tiles spill (Hopper, compiled offline)
-        _linear_bwd_chunk[(n_chunks, x.BH, 1 + n_k)](*args, HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=block_d,
+        _linear_bwd_chunk[(n_chunks, x.BH, 1 + n_k)](*args, dh0.stride(0) if dc is None else dc.stride(1),
+                                                    HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=block_d,
                                                     BLOCK_DV=block_dv, BLOCK_K=block_k, CHUNK=chunk, DECAY=decay,
                                                     PRECISION=precision, num_warps=4 if chunk <= 32 else 8)
         if dc is not None:
             dc = dc.sum(1)  # the key-channel blocks' parts
-    return dq, dk, dv, dh0, dc
+    return dq, dk, dv, dh0, dc, chunk
 
 
-def _gate_grad(gate: str, dc, T: int):
+def _gate_grad(gate: str, dc, T: int, chunk: int):
     """The gradient of the launcher's ``log_f3`` from the kernels' ``dc`` (:func:`_linear_bwd_launch`), the
-    gradient of the cumulative log gates ``c_t = sum_{s <= t} log_f[s]``: ``d log_f[s] = sum_{t >= s} dc_t``, and
-    RetNet's one gate per head (``c_t = (t + 1) log gamma``) gets ``sum_t (t + 1) dc_t``."""
+    gradient of the cumulative log gates ``c_t = sum_{s <= t} log_f[s]``: ``d log_f[s] = sum_{t >= s} dc_t``.
+
+    RetNet's one gate per head, ``c_t = (t + 1) log gamma``, gets ``sum_t (t + 1) dc_t``.  Summed so, a pair of
+    tokens ``j < i`` enters twice, as ``(i + 1) w`` and ``-(j + 1) w``, for a net ``(i - j) w``: at T = 2048 the
+    rounding of the two large terms (tf32 products) left a relative error of 3e-2.  With ``a`` the start of t's chunk
+    and ``X_c = <dH_in, H_in>`` at the start of chunk ``c`` (the kernel stores it after the T entries of ``dc``),
+    the sum of ``dc`` over one chunk is ``X_c - X_{c+1}``, and summation by parts gives the same number as
+    ``sum_t (t - a + 1) dc_t + C sum_{c >= 1} X_c``: weights up to ``C`` only, and ``X_c``, a state times its
+    gradient, holds no cancelling pair."""
     if gate == "head":
-        pos = torch.arange(1, T + 1, dtype=torch.float64, device=dc.device)
-        return (dc.double() @ pos).float()  # float64: sums of many terms that cancel
+        local = torch.arange(T, device=dc.device) % chunk + 1
+        return ((dc[:, :T].double() * local).sum(-1) + chunk * dc[:, T + 1:].double().sum(-1)).float()
     return dc.flip(1).cumsum(1).flip(1)
 
 
@@ -1028,6 +1044,6 @@ class _LinearAttention(torch.autograd.Function):
             d_log_f = None if log_f3 is None else torch.zeros_like(log_f3)
             return (torch.zeros_like(q3), torch.zeros_like(k3), torch.zeros_like(v3), d_log_f,
                     dh0 if ctx.has_h0 else None, None, None, None)
-        dq, dk, dv, dh0, dc = _linear_bwd_launch(x, ctx.gate, log_f3, states, do, dht, chunk=ctx.chunk)
-        d_log_f = None if dc is None else _gate_grad(ctx.gate, dc, x.n.T)
+        dq, dk, dv, dh0, dc, used = _linear_bwd_launch(x, ctx.gate, log_f3, states, do, dht, chunk=ctx.chunk)
+        d_log_f = None if dc is None else _gate_grad(ctx.gate, dc, x.n.T, used)
         return dq, dk, dv, d_log_f, dh0 if ctx.has_h0 else None, None, None, None

@@ -69,15 +69,15 @@ KERNELS = {
                                                       STORE_FINAL=True), _QKVO, 4),
     "_linear_bwd_state (Mamba2)": ("linear_attention", "_linear_bwd_state",
                                    dict(_D, HEAD_DV=64, BLOCK_DV=64, CHUNK=64, GATE="none", DECAY="token",
-                                        PRECISION="tf32", LOAD_DHT=True), ("Q", "DO"), 4),
+                                        PRECISION="tf32n", LOAD_DHT=True), ("Q", "DO"), 4),
     # the chunks' gradients at 8 warps (4 spill at chunks of 64), the key channels whole (blocks of 32 at D = 128)
     **{f"_linear_bwd_chunk ({name})": ("linear_attention", "_linear_bwd_chunk",
                                        dict(_D, HEAD_DV=64, BLOCK_DV=64, BLOCK_K=64, CHUNK=64, DECAY=decay,
-                                            PRECISION="tf32"), ("Q", "K", "V", "DO", "DQ", "DK", "DV"), 8)
+                                            PRECISION="tf32n"), ("Q", "K", "V", "DO", "DQ", "DK", "DV"), 8)
        for name, decay in (("linear attention", "none"), ("Mamba2: a gate per token", "token"),
                            ("RetNet: a gate per head", "head"))},
     "_linear_bwd_channel (GLA)": ("linear_attention", "_linear_bwd_channel",
-                                  dict(_D, HEAD_DV=64, BLOCK_DV=32, CHUNK=16, BLOCK_DC=32, PRECISION="tf32"),
+                                  dict(_D, HEAD_DV=64, BLOCK_DV=32, CHUNK=16, BLOCK_DC=32, PRECISION="tf32n"),
                                   ("Q", "K", "V", "DO", "DQ", "DK", "DV"), 4),
     # PaTH's preparation pass (the forward's; the backward's keeps the inverses), with the fp16 products that a
     # tf32 pass launches (ut_prepare.main_pass_precision), then its backward's O(T D^2) steps
