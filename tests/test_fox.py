@@ -413,9 +413,9 @@ def test_symbolic_facts():
     assert sym.per_channel_gate_reading(3)["rescaled_equal"]
     o = sym.rescaling_overflow(6, -20.0)
     assert o["bias_nonpositive"] and o["key_nonnegative"]
-    j = o["first_overflow"]
-    # the claim, in float32: e^{-b_j} = e^{20 j} is finite at j - 1 and overflows at j
-    assert torch.isfinite(torch.exp(torch.tensor(20.0 * (j - 1)))) and torch.isinf(torch.exp(torch.tensor(20.0 * j)))
+    t = o["overflow_position"]
+    # the claim, in float32: e^{-c_t} = e^{20 (t + 1)} (t + 1 gates summed, 0-based) is finite at t - 1 and overflows at t
+    assert torch.isfinite(torch.exp(torch.tensor(20.0 * t))) and torch.isinf(torch.exp(torch.tensor(20.0 * (t + 1))))
     with pytest.raises(ValueError, match="`n`"):
         sym.gate_product_log_sum(0)
     with pytest.raises(ValueError, match="`log_f`"):

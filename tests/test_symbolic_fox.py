@@ -62,7 +62,7 @@ def test_rescaling_overflow_is_0_based():
     assert set(o["bias_exponents"]) == {(i, j) for i in range(6) for j in range(i + 1)}
     assert names(o["cumulative"][0]) == {r"\log f_{0}"}  # c_0 = log f_0
     t = o["overflow_position"]
-    assert t == 4 and o["gates_at_overflow"] == o["first_overflow"] == 5
+    assert t == 4 and o["gates_at_overflow"] == 5
     # the claim, in float32, with c_t = (t + 1) log f: e^{-c_{t-1}} is finite, e^{-c_t} is not
     c = torch.cumsum(torch.full((6,), -20.0, dtype=torch.float32), 0)
     overflows = torch.isinf(torch.exp(-c))

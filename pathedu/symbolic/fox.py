@@ -144,7 +144,7 @@ def rescaling_overflow(n: int = 6, log_f: float = -20.0, max_exponent: float | N
     ``overflow_position`` is the first position ``t`` whose ``e^{-c_t}`` overflows float32
     (``e^x`` overflows for ``x > max_exponent = ln(float32 max) = 88.72...``);
     ``gates_at_overflow = overflow_position + 1`` is the number of gates ``c_t`` has summed
-    by then, and ``first_overflow`` is the same count under its older name.
+    by then.
     """
     n = _check_positive_int(n, "n")
     if not log_f < 0:
@@ -160,4 +160,4 @@ def rescaling_overflow(n: int = 6, log_f: float = -20.0, max_exponent: float | N
                 bias_nonpositive=all(bool(x.is_nonpositive) for x in bias.values()),
                 key_nonnegative=all(bool(x.is_nonnegative) for x in key),
                 max_exponent=max_exponent, overflow_position=position,
-                gates_at_overflow=position + 1, first_overflow=position + 1)
+                gates_at_overflow=position + 1)
