@@ -51,7 +51,7 @@ def test_log_weights_check(capsys):
     for why, fn in wrong.items():
         assert not ch10.check_stick_log_weights(fn), why
     out = capsys.readouterr().out
-    for phrase in ("own gate", "query's own token", "logsigmoid(-z)", "not 0", "diagonal must be -inf", "sign",
+    for phrase in ("own gate", "query's own token", "logsigmoid(-ell)", "not 0", "diagonal must be -inf", "sign",
                    "NaN"):
         assert phrase in out, phrase
 
@@ -90,7 +90,7 @@ def test_remainder_check(capsys):
     for why, fn in wrong.items():
         assert not ch10.check_stick_remainder(fn), why
     out = capsys.readouterr().out
-    for phrase in ("diagonal j = i", "r_0 = 1", "broken off", "sigma(-z_ij)"):
+    for phrase in ("diagonal j = i", "r_0 = 1", "broken off", "sigma(-l_ij)"):
         assert phrase in out, phrase
 
 

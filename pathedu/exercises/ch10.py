@@ -5,7 +5,7 @@ hint and returns a :class:`pathedu.exercises.Verdict` (truthy when right).  A
 wrong answer, or one that raises, never raises here.  ``hint(n, level=1)`` prints a hint for
 exercise ``n``: level 1 a nudge, 2 the structure, 3 the recipe.
 
-Positions are 0-based: row ``i`` of a ``(..., T, T)`` logit matrix ``z`` is the query, column ``j`` the key,
+Positions are 0-based: row ``i`` of a ``(..., T, T)`` logit matrix ``ell`` is the query, column ``j`` the key,
 and a query sees the keys ``j < i`` only (the first token sees nothing).
 """
 from __future__ import annotations
@@ -21,29 +21,29 @@ from ._grader import (Exercises, Verdict, call_student as _call, check_function,
 __all__ = ["check_stick_log_weights", "check_stick_remainder", "check_stick_block_step", "hint"]
 
 EXERCISES = Exercises("ch10", {
-    1: ("Walk the stick backwards from the query: key j takes sigma(z_ij) of what the keys between j and the query "
+    1: ("Walk the stick backwards from the query: key j takes sigma(l_ij) of what the keys between j and the query "
         "left. Which keys lie strictly between them, and in which space do you add their shares up?",
-        "log A[..., i, j] = logsigmoid(z[..., i, j]) + the sum of logsigmoid(-z[..., i, m]) over m = j+1 .. i-1; "
+        "log alpha[..., i, j] = logsigmoid(ell[..., i, j]) + the sum of logsigmoid(-ell[..., i, s]) over s = j+1 .. i-1; "
         "-inf where j >= i (the query itself and the future are not keys). For each row that sum is a reverse "
-        "cumulative sum along the keys, strictly after j; the gates of keys m >= i must be 0 before you sum.",
-        "seen = torch.ones(T, T, dtype=torch.bool).tril(-1); g = F.logsigmoid(-z).masked_fill(~seen, 0.0); "
-        "after = g.flip(-1).cumsum(-1).flip(-1) - g (the sum over m > j); "
-        "return (F.logsigmoid(z) + after).masked_fill(~seen, -inf). Never torch.log(1 - torch.sigmoid(z))."),
+        "cumulative sum along the keys, strictly after j; the gates of keys s >= i must be 0 before you sum.",
+        "seen = torch.ones(T, T, dtype=torch.bool).tril(-1); g = F.logsigmoid(-ell).masked_fill(~seen, 0.0); "
+        "after = g.flip(-1).cumsum(-1).flip(-1) - g (the sum over s > j); "
+        "return (F.logsigmoid(ell) + after).masked_fill(~seen, -inf). Never torch.log(1 - torch.sigmoid(ell))."),
     2: ("Each key breaks off a share of the stick; what is left after query i has visited all its keys is a "
         "product of one factor per key. Which keys does row i visit, and how long is the stick of a query that "
         "has no key at all?",
-        "r[..., i] = prod over j < i of (1 - sigma(z[..., i, j])): the output has shape (..., T), and r[..., 0] "
-        "is an empty product. In log space, 1 - sigma(z) is sigma(-z), so the product is exp of a masked sum of "
-        "logsigmoid(-z) along the last dim.",
+        "r[..., i] = prod over j < i of (1 - sigma(ell[..., i, j])): the output has shape (..., T), and r[..., 0] "
+        "is an empty product. In log space, 1 - sigma(ell) is sigma(-ell), so the product is exp of a masked sum of "
+        "logsigmoid(-ell) along the last dim.",
         "seen = torch.ones(T, T, dtype=torch.bool).tril(-1); "
-        "return torch.exp(F.logsigmoid(-z).masked_fill(~seen, 0.0).sum(-1)) (row 0 sums nothing: exp(0) = 1)."),
+        "return torch.exp(F.logsigmoid(-ell).masked_fill(~seen, 0.0).sum(-1)) (row 0 sums nothing: exp(0) = 1)."),
     3: ("The keys right of the block have already broken off their shares: the carry is the log of what they left. "
         "Every weight in this block is scaled by that leftover, and the block leaves less for the keys on its left.",
-        "With g = logsigmoid(-z) (..., M, N): log w[..., r, c] = logsigmoid(z[..., r, c]) + (sum of g[..., r, m] "
-        "over block columns m > c) + carry[..., r]; acc' = acc + exp(log w) @ v (..., M, Dv); carry' = carry + "
+        "With g = logsigmoid(-ell) (..., M, N): log w[..., r, c] = logsigmoid(ell[..., r, c]) + (sum of g[..., r, s] "
+        "over block columns s > c) + carry[..., r]; acc' = acc + exp(log w) @ v (..., M, Dv); carry' = carry + "
         "g.sum(-1) (..., M). No mask: every key of the block is left of every query.",
-        "g = F.logsigmoid(-z); after = g.flip(-1).cumsum(-1).flip(-1) - g; "
-        "w = torch.exp(F.logsigmoid(z) + after + carry[..., None]); return acc + w @ v, carry + g.sum(-1)."),
+        "g = F.logsigmoid(-ell); after = g.flip(-1).cumsum(-1).flip(-1) - g; "
+        "w = torch.exp(F.logsigmoid(ell) + after + carry[..., None]); return acc + w @ v, carry + g.sum(-1)."),
 })
 hint = EXERCISES.hint
 
@@ -62,20 +62,20 @@ def _seen(T):
 
 # Known mistakes of exercise 1, each a function of z, and what to say about it.
 def _log_weights_inclusive(z):
-    """Key j's own gate counted too: sum over m = j .. i-1."""
+    """Key j's own gate counted too: sum over s = j .. i-1."""
     seen = _seen(z.shape[-1])
     return (sb._log_weights(z) + F.logsigmoid(-z)).masked_fill(~seen, _NEG_INF)
 
 
 def _log_weights_through_query(z):
-    """The query's own token counted as a gate: sum over m = j+1 .. i."""
+    """The query's own token counted as a gate: sum over s = j+1 .. i."""
     seen = _seen(z.shape[-1])
     own = torch.diagonal(F.logsigmoid(-z), dim1=-2, dim2=-1)[..., :, None]
     return (sb._log_weights(z) + own).masked_fill(~seen, _NEG_INF)
 
 
 def _log_weights_linear(z):
-    """The factors 1 - sigma(z) formed in linear space, then their log."""
+    """The factors 1 - sigma(ell) formed in linear space, then their log."""
     seen = _seen(z.shape[-1])
     g = torch.log(1 - torch.sigmoid(z)).masked_fill(~seen, 0.0)
     after = g.flip(-1).cumsum(-1).flip(-1) - g
@@ -84,9 +84,9 @@ def _log_weights_linear(z):
 
 @EXERCISES.check(1)
 def check_stick_log_weights(fn) -> Verdict:
-    """``fn(z: (..., T, T)) -> log A: (..., T, T)`` with ``log A_ij = log sigma(z_ij) + sum_{m=j+1..i-1}
-    log sigma(-z_im)`` for ``j < i`` and ``-inf`` for ``j >= i``; checked on float64 logits of a few shapes,
-    the last trial with logits large enough (|z| > 37) that ``1 - sigmoid(z)`` rounds to 0 even in float64."""
+    """``fn(ell: (..., T, T)) -> log alpha: (..., T, T)`` with ``log alpha_ij = log sigma(l_ij) + sum_{s=j+1..i-1}
+    log sigma(-l_is)`` for ``j < i`` and ``-inf`` for ``j >= i``; checked on float64 logits of a few shapes,
+    the last trial with logits large enough (|l| > 37) that ``1 - sigmoid(ell)`` rounds to 0 even in float64."""
     name = "stick-breaking log weights"
     shapes, scales = [(2, 7, 7), (3, 11, 11), (1, 9, 9)], [1.5, 3.0, 25.0]
     for seed in range(3):
@@ -98,14 +98,14 @@ def check_stick_log_weights(fn) -> Verdict:
         if not isinstance(got, torch.Tensor):
             return verdict(name, False, f"expected a torch.Tensor, got {type(got).__name__}.")
         if tuple(got.shape) != tuple(z.shape):
-            return verdict(name, False, f"expected shape {tuple(z.shape)} for z of shape {tuple(z.shape)}, "
+            return verdict(name, False, f"expected shape {tuple(z.shape)} for ell of shape {tuple(z.shape)}, "
                                         f"got {tuple(got.shape)}.")
         got = got.double()
         seen = _seen(T)
         if bool(torch.isnan(got).any()):
             return verdict(name, False, "your answer has NaN entries, an -inf - (-inf) somewhere. Either the log "
-                                        "gates were formed as log(1 - sigmoid(z)), which is -inf once z > 37 (1 - "
-                                        "sigmoid(z) rounds to 0, even in float64): form them as logsigmoid(-z); or "
+                                        "gates were formed as log(1 - sigmoid(ell)), which is -inf once l > 37 (1 - "
+                                        "sigmoid(ell) rounds to 0, even in float64): form them as logsigmoid(-ell); or "
                                         "-inf was put in before summing: give the gates of the keys a row does not "
                                         "see the value 0, sum, and write -inf only at the end.")
         hidden = got[..., ~seen]
@@ -115,31 +115,31 @@ def check_stick_log_weights(fn) -> Verdict:
                 return verdict(name, False, "the diagonal must be -inf too: a query is not a key of its own row "
                                             "(keys j < i only), so the first token sees nothing and row 0 is all "
                                             "-inf.")
-            return verdict(name, False, "above the diagonal (j > i, the future) log A must be -inf, not 0: "
+            return verdict(name, False, "above the diagonal (j > i, the future) log alpha must be -inf, not 0: "
                                         "exp(0) = 1 would give every future key a whole stick.")
         want = sb._log_weights(z)
         got_s, want_s = got[..., seen], want[..., seen]
         if bool(torch.isneginf(got_s).any()):
             return verdict(name, False, "some weights below the diagonal are exactly 0 (log = -inf) where the true "
-                                        "value is tiny but positive: 1 - sigmoid(z) rounds to 0 once z > 37 even in "
-                                        "float64. Form log(1 - sigma(z)) as logsigmoid(-z), never as "
-                                        "log(1 - sigmoid(z)).")
+                                        "value is tiny but positive: 1 - sigmoid(ell) rounds to 0 once l > 37 even in "
+                                        "float64. Form log(1 - sigma(ell)) as logsigmoid(-ell), never as "
+                                        "log(1 - sigmoid(ell)).")
         if not torch.allclose(got_s, want_s, rtol=1e-9, atol=1e-9):
             for wrong, message in [
                 (_log_weights_inclusive, "you counted key j's own gate: the product runs over the keys strictly "
-                                         "after j, m = j+1 .. i-1 (key j takes sigma(z_ij), it does not also "
-                                         "leave 1 - sigma(z_ij))."),
+                                         "after j, s = j+1 .. i-1 (key j takes sigma(l_ij), it does not also "
+                                         "leave 1 - sigma(l_ij))."),
                 (_log_weights_through_query, "you counted the query's own token as a gate: the product stops at "
-                                             "m = i-1, since the query is not a key of its own row."),
+                                             "s = i-1, since the query is not a key of its own row."),
                 (lambda x: -sb._log_weights(x), "the sign is flipped: every log weight is <= 0."),
             ]:
                 ref = wrong(z)[..., seen]
                 if torch.allclose(got_s, ref, rtol=1e-9, atol=1e-9):
                     return verdict(name, False, message)
-            return verdict(name, False, "wrong values below the diagonal: log A_ij = logsigmoid(z_ij) + "
-                                        "logsigmoid(-z_i,j+1) + ... + logsigmoid(-z_i,i-1). " + fallback_hint())
-    return verdict(name, True, "-inf on and above the diagonal, and below it log sigma(z_ij) plus the log gates "
-                               "of the keys between j and the query, exact even where 1 - sigmoid(z) rounds to 0.")
+            return verdict(name, False, "wrong values below the diagonal: log alpha_ij = logsigmoid(l_ij) + "
+                                        "logsigmoid(-ell_i,j+1) + ... + logsigmoid(-ell_i,i-1). " + fallback_hint())
+    return verdict(name, True, "-inf on and above the diagonal, and below it log sigma(l_ij) plus the log gates "
+                               "of the keys between j and the query, exact even where 1 - sigmoid(ell) rounds to 0.")
 
 
 def _remainder_reference(z):
@@ -149,8 +149,8 @@ def _remainder_reference(z):
 
 @EXERCISES.check(2)
 def check_stick_remainder(fn) -> Verdict:
-    """``fn(z: (..., T, T)) -> r: (..., T)`` with ``r_i = prod_{j<i} (1 - sigma(z_ij))`` (``r_0 = 1``): what
-    each query leaves of its stick, ``1 - sum_j A_ij``; checked against the log-space form on float64 logits."""
+    """``fn(ell: (..., T, T)) -> r: (..., T)`` with ``r_i = prod_{j<i} (1 - sigma(l_ij))`` (``r_0 = 1``): what
+    each query leaves of its stick, ``1 - sum_j alpha_ij``; checked against the log-space form on float64 logits."""
     shapes = [(2, 8, 8), (3, 13, 13), (1, 1, 1)]
 
     def make(seed):
@@ -176,9 +176,9 @@ def check_stick_remainder(fn) -> Verdict:
                    "nothing (the product runs over j < i)."),
         (first_zero, "the first token has no key, so it breaks nothing: its whole stick is left, r_0 = 1 "
                      "(an empty product), not 0."),
-        (broken_not_left, "that is the stick that was broken off (the row sum of A), not what is left: "
-                          "r_i = 1 - sum_j A_ij."),
-        (sigma_not_complement, "each key leaves 1 - sigma(z_ij) = sigma(-z_ij) of the stick, not sigma(z_ij)."),
+        (broken_not_left, "that is the stick that was broken off (the row sum of alpha), not what is left: "
+                          "r_i = 1 - sum_j alpha_ij."),
+        (sigma_not_complement, "each key leaves 1 - sigma(l_ij) = sigma(-l_ij) of the stick, not sigma(l_ij)."),
     ]
     return check_function("the leftover stick", fn, _remainder_reference, make, rtol=1e-9, wrong_variants=wrong)
 
@@ -190,8 +190,8 @@ def _block_reference(z, v, carry, acc):
 
 @EXERCISES.check(3)
 def check_stick_block_step(fn) -> Verdict:
-    """``fn(z, v, carry, acc) -> (acc', carry')``: one step of the right-to-left scan over a block of ``N`` keys
-    that lie left of every one of ``M`` queries (no mask). ``z: (..., M, N)`` the logits, ``v: (..., N, Dv)``,
+    """``fn(ell, v, carry, acc) -> (acc', carry')``: one step of the right-to-left scan over a block of ``N`` keys
+    that lie left of every one of ``M`` queries (no mask). ``ell: (..., M, N)`` the logits, ``v: (..., N, Dv)``,
     ``carry: (..., M)`` the log of the stick left by the keys right of the block (<= 0), ``acc: (..., M, Dv)``;
     checked against :func:`pathedu.stickbreaking._block_log_weights` on float64 inputs."""
     dims = [((2,), 4, 5, 3), ((3,), 6, 3, 2), ((1, 2), 1, 4, 5)]
@@ -232,9 +232,9 @@ def check_stick_block_step(fn) -> Verdict:
         (no_carry_in_weights, "the carry must scale this block's weights too: the keys right of the block already "
                               "took their shares, so every weight here is multiplied by exp(carry)."),
         (inclusive, "you counted key c's own gate in its weight: within the block the sum runs over the columns "
-                    "strictly right of c (key c takes sigma(z), it does not also leave 1 - sigma(z))."),
-        (carry_with_sigma, "the carry adds what the block leaves, logsigmoid(-z), not what it takes, logsigmoid(z)."),
-        (carry_in_linear_space, "return the carry in log space, the way it came in (a sum of logsigmoid(-z), <= 0), "
+                    "strictly right of c (key c takes sigma(ell), it does not also leave 1 - sigma(ell))."),
+        (carry_with_sigma, "the carry adds what the block leaves, logsigmoid(-ell), not what it takes, logsigmoid(ell)."),
+        (carry_in_linear_space, "return the carry in log space, the way it came in (a sum of logsigmoid(-ell), <= 0), "
                                 "not its exponential."),
         (left_to_right, "the stick is broken from the query backwards: a key's weight depends on the keys right of "
                         "it (nearer the query), not on those left of it."),
