@@ -1,13 +1,12 @@
 """Course tools for lecturers: student copies of the labs, and grading the copies students hand back.
 
     python -m pathedu.course student [OUTDIR] [--labs DIR]   (default OUTDIR: ./student_labs)
-    python -m pathedu.course grade SUBMISSIONS [--out grades.csv] [--timeout 120]
+    python -m pathedu.course grade SUBMISSIONS [--out grades.csv] [--timeout 60] [--notebook-timeout 600]
 
 The labs are the notebooks ``NN_<name>_lab.ipynb`` of the repository's ``notebooks/`` folder; they are not part of
 the installed package.  Run from a clone, ``student`` finds them there; after ``pip install`` point it at that
-folder of a clone with ``--labs DIR``.  Grading runs notebooks in a Jupyter kernel: it needs ``nbclient``,
-``nbformat`` and ``ipykernel``, which ``pip install "pathedu[course]"`` installs (from a clone:
-``pip install ".[course]"``).
+folder of a clone with ``--labs DIR``.  Grading needs ``nbformat`` and IPython, which
+``pip install "pathedu[course]"`` installs (from a clone: ``pip install ".[course]"``).
 
 A lab's exercise is four cells: the task (Markdown), a stub that raises ``NotImplementedError`` and calls the
 chapter's check (which prints ``Not yet [...]`` without raising), a solution cell tagged ``solution`` (and
@@ -22,25 +21,66 @@ the student's answer.  A student copy (:func:`student_copy`):
 
 The copies go outside ``notebooks/`` by default, where the test command does not collect them.
 
-Grading (:func:`grade`) executes every ``*.ipynb`` under SUBMISSIONS (recursively; the folder right below
-SUBMISSIONS is the student id, or the file name for a notebook directly in it) with nbclient, in grading mode
-(``PATHEDU_GRADING=1``: a check rejects an answer that calls pathedu's own forms), each check recording its
-verdict as a JSON line in the file named by ``PATHEDU_GRADING_RESULTS``.  It writes a CSV with the columns
-``student, notebook, exercise, verdict, message`` (one row per exercise of each notebook, the last verdict its
-checks gave; ``not run`` when no check of it ran; ``error`` for a notebook that could not be run) and prints one
-summary line per student.
+Grading (:func:`grade`) RUNS THE STUDENTS' CODE, with your user's rights: see the warning below.  It grades every
+``*.ipynb`` under SUBMISSIONS (recursively; the folder right below SUBMISSIONS is the student id, or the file name
+for a notebook directly in it), every exercise of the notebook's chapter (its name's ``NN_`` prefix and the check
+modules it imports), and decides each verdict in its own process, where no student code runs:
+
+1. It reads the notebook without running it (:func:`plan_exercises`).  An exercise's answer is the argument of
+   the last call of its check, ``chNN.check_x(answer)``; the statements of the code cells before that call that
+   the answer depends on (its definitions, imports, assignments, followed back to where each name is bound) are
+   all that will run.  Any other cell, one that writes files or forges results for instance, never runs.
+2. A fresh worker process per exercise runs those statements in a temporary working directory of its own and
+   evaluates the answer (:mod:`pathedu.exercises._worker`).  Workers are forked from a server that imported
+   torch and pathedu, takes requests from the grader alone and never runs a submission's code; a worker keeps
+   no file descriptor but its channel to the grader, and on Linux no process of the same user can trace the
+   server, the workers or the grader while it grades.
+3. The chapter's check runs in the grader's process, on inputs drawn there from a secret seed (the checks' own
+   seeds are public: :func:`pathedu.exercises._grader.fresh_inputs`).  Each call of the student's function goes
+   to the worker as plain data and its result comes back as plain data (numbers, strings, tuples, lists, dicts,
+   plain tensors and arrays: nothing unpickled, no object of the student's), which the check compares with the
+   references it computes itself.  What the student's code does in its own process (patching the check,
+   ``torch.allclose`` or pathedu, writing result files, detecting that it is graded) cannot reach the verdict.
+4. Grading mode's rule holds: an answer that is, or calls, pathedu's own forms is "Not yet".  Calls are seen by
+   tripwires in the worker and, where the student's code could switch those off, by reading the answer's source
+   in the grader (:func:`pathedu.exercises._grader.pathedu_in_source`), which also refuses the checks' own
+   references (``ch01._merge_reference``).  Pathedu's code pasted, or reached through a name spelt at run time
+   after switching the tripwires off, is not caught.
+
+Each check (building the answer included) gets ``--timeout`` seconds and each notebook ``--notebook-timeout``;
+a worker that runs over is ended with everything it started in its process group.  That contains mistakes and
+casual mischief (a loop that never ends, files deleted or written in the working folder, which is removed
+afterwards), but it is **not a security sandbox**: the code runs as your user and can reach anything your user
+can, the grader's own installed code included (and through it the next verdicts).  Run the grader in a
+container with a read-only file system (``python -m pathedu.course grade --help`` shows how) or on a machine you
+can wipe.  Grading needs ``os.fork`` (Linux, macOS; on Windows, use the container).
+
+The CSV has the columns ``student, notebook, exercise, verdict, message``: one row per exercise of each notebook,
+``Correct`` or ``Not yet`` with the check's message, ``not run`` when the notebook does not call the check or the
+answer could not be built (the message says why), and a first row ``error`` for a notebook that could not be
+read or ran out of time.  One summary line per student is printed.
 """
 from __future__ import annotations
 
 import argparse
+import ast
+import contextlib
 import copy
 import csv
 import importlib
+import io
 import json
 import os
+import random
 import re
+import signal
+import socket
+import struct
+import symtable
 import sys
 import tempfile
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 SOLUTION_TAG = "solution"
@@ -48,6 +88,7 @@ LABS_DIR = Path(__file__).resolve().parent.parent / "notebooks"  # in a clone: t
 COURSE_DEPENDENCIES = ("nbclient", "nbformat", "ipykernel")  # the `course` extra of pyproject.toml
 DEFAULT_OUT = Path("student_labs")
 _CHECK = re.compile(r"^assert (ch\d\d\.check_\w+\(.*\))\s*$")
+_CHECK_CALL = re.compile(r"\b(ch\d\d)\.(check_\w+)\(")
 
 
 def tags(cell: dict) -> list:
@@ -79,15 +120,22 @@ def _guard_check(source: str) -> str:
     return "\n".join(out)
 
 
-def student_copy(nb: dict) -> dict:
-    """A copy of notebook ``nb`` (nbformat 4, as a dict) for students: see the module docstring."""
+def student_copy(nb: dict, *, keep_lesson_outputs: bool = False) -> dict:
+    """A copy of notebook ``nb`` (nbformat 4, as a dict) for students: see the module docstring.
+
+    With ``keep_lesson_outputs``, the cells before the first exercise (the first code cell that calls a check
+    or is a solution) keep their outputs: the lab's demonstrations, which show a student who runs them the same
+    thing, and no answer.  The book's student edition is made so; the copies handed out are not."""
     nb = copy.deepcopy(nb)
-    cells = []
+    cells, lesson = [], keep_lesson_outputs
     for cell in nb["cells"]:
+        if cell["cell_type"] == "code" and (is_solution(cell) or _CHECK_CALL.search(_source(cell))):
+            lesson = False
         if is_solution(cell):
             continue
         if cell["cell_type"] == "code":
-            cell["outputs"], cell["execution_count"] = [], None
+            if not lesson:
+                cell["outputs"], cell["execution_count"] = [], None
             cell["source"] = _guard_check(_source(cell))
         cells.append(cell)
     nb["cells"] = cells
@@ -138,7 +186,9 @@ def student(outdir: Path = DEFAULT_OUT, notebooks=None, *, labs_dir: Path | None
 
 COLUMNS = ("student", "notebook", "exercise", "verdict", "message")
 DEFAULT_REPORT = Path("grades.csv")
-_CHECK_CALL = re.compile(r"\b(ch\d\d)\.(check_\w+)\(")
+DEFAULT_TIMEOUT = 60            # seconds, one check (every call of the answer it makes, and building the answer)
+DEFAULT_NOTEBOOK_TIMEOUT = 600  # seconds, every exercise of one notebook
+_CHAPTER = re.compile(r"ch\d\d")
 
 
 def submissions(folder: Path) -> list[tuple[str, str, Path]]:
@@ -176,22 +226,30 @@ def _checks_called(cell: dict) -> list[tuple[str, str]]:
     return [(chapter, _label(chapter, name)) for chapter, name in _CHECK_CALL.findall(_source(cell))]
 
 
-def _label(chapter: str, check_name: str) -> str:
+def _check_function(chapter: str, name: str):
+    """The grader's own check ``pathedu.exercises.<chapter>.<name>``, or ``None``."""
+    if not _CHAPTER.fullmatch(chapter) or not name.startswith("check_"):
+        return None
     try:
-        return getattr(importlib.import_module(f"pathedu.exercises.{chapter}"), check_name).label
+        check = getattr(importlib.import_module(f"pathedu.exercises.{chapter}"), name)
     except (ImportError, AttributeError):
-        return check_name
+        return None
+    return check if hasattr(check, "evaluate") else None
 
 
-def _cell_error(nb: dict, chapter: str, label: str) -> str:
-    """The error shown by the first cell that calls ``chapter``'s check ``label`` and raised, else ``''``."""
-    for cell in nb.get("cells", []):
-        if (chapter, label) not in _checks_called(cell):
-            continue
-        for out in cell.get("outputs", []):
-            if out.get("output_type") == "error":
-                return f"{out.get('ename', 'Error')}: {out.get('evalue', '')}"
-    return ""
+def _label(chapter: str, check_name: str) -> str:
+    check = _check_function(chapter, check_name)
+    return check.label if check is not None else check_name
+
+
+def chapter_checks(chapter: str) -> list:
+    """Every registered check of ``chapter`` (``"ch01"``), in the order of its module's ``__all__``."""
+    try:
+        module = importlib.import_module(f"pathedu.exercises.{chapter}")
+    except ImportError:
+        return []
+    checks = [getattr(module, name, None) for name in getattr(module, "__all__", ())]
+    return [c for c in checks if hasattr(c, "evaluate")]
 
 
 def _one_line(text: str, limit: int = 300) -> str:
@@ -203,14 +261,18 @@ class CourseDependencyMissing(ImportError):
     """A package that grading needs is not installed; the message names the extra that installs it."""
 
 
-def require_course_dependencies(kernel_name: str = "python3") -> None:
-    """Raise :class:`CourseDependencyMissing` unless nbclient, nbformat (and, for the ``python3`` kernel,
-    ipykernel) can be imported: they come with ``pip install "pathedu[course]"``."""
+#: What ``grade`` imports from the course extra: nbformat reads the notebooks, IPython (ipykernel's) turns the
+#: cells' IPython syntax (``%magic``, ``!command``) into Python before the grader reads them.
+GRADING_NEEDS = ("nbformat", "IPython")
+
+
+def require_course_dependencies() -> None:
+    """Raise :class:`CourseDependencyMissing` unless what grading needs (:data:`GRADING_NEEDS`) can be imported:
+    it comes with ``pip install "pathedu[course]"``."""
     import importlib.util
 
-    wanted = COURSE_DEPENDENCIES if kernel_name == "python3" else COURSE_DEPENDENCIES[:2]
     missing = []
-    for name in wanted:
+    for name in GRADING_NEEDS:
         try:
             found = importlib.util.find_spec(name) is not None
         except (ImportError, ValueError):
@@ -219,61 +281,581 @@ def require_course_dependencies(kernel_name: str = "python3") -> None:
             missing.append(name)
     if missing:
         raise CourseDependencyMissing(
-            f"grading runs notebooks in a Jupyter kernel and needs {', '.join(missing)} (not installed): "
-            "pip install \"pathedu[course]\" (from a clone of the repository: pip install \".[course]\")")
+            f"grading needs {', '.join(missing)} (not installed), from the course extra "
+            f"({', '.join(COURSE_DEPENDENCIES)}): pip install \"pathedu[course]\" (from a clone of the repository: "
+            "pip install \".[course]\")")
 
 
-def run_notebook(path: Path, *, timeout: int = 120, kernel_name: str = "python3"):
-    """Execute notebook ``path`` in grading mode; returns ``(nb, records, failure)``: the executed notebook (a
-    dict; ``None`` when it could not be read), the checks' records (dicts, in order) and what stopped it
-    (``''`` when it ran to the end; a cell that raises does not stop it)."""
-    import nbclient
-    import nbformat
+# --- reading a submission (nothing of it runs here) ---------------------------------------------------------
 
-    from .exercises._grader import GRADING_ENV, RESULTS_ENV
+@dataclass
+class _Cell:
+    position: int                # 1-based, among all the notebook's cells
+    source: str                  # as Python (IPython syntax turned into calls)
+    tree: ast.Module | None      # None when the cell does not parse
+    problem: str = ""            # its syntax error
+
+
+@dataclass
+class _Statement:
+    cell: _Cell
+    index: int                   # in the cell's body
+    node: ast.stmt
+    binds: frozenset             # names it certainly binds
+    touches: frozenset           # names it binds or may change (binds included)
+    reads: frozenset             # names it reads, in nested scopes too (a function's globals)
+    late: frozenset              # the names of ``reads`` read in nested scopes: when a function runs
+    star: bool                   # ``from x import *``
+
+
+@dataclass
+class ExercisePlan:
+    """How one exercise of a submission is graded: the check, the notebook statements that build the answer,
+    the answer's expression, and what reading the source found."""
+
+    chapter: str
+    label: str
+    check: object
+    pieces: list = field(default_factory=list)  # [{"cell", "source", "statements"}] in notebook order
+    answer: str = ""             # "((args,), {kwargs})", evaluated after the pieces
+    own: list = field(default_factory=list)    # pathedu functions the answer is
+    named: list = field(default_factory=list)  # pathedu functions named in the functions it needs
+    problem: str = ""            # why it is not graded ('' when it is)
+    syntax: str = ""             # a cell before the check call that does not parse
+
+
+def _python(source: str) -> str:
+    """A cell's source as Python: IPython's ``%magic`` and ``!command`` lines become calls (which fail outside
+    IPython, if they ever run)."""
+    try:
+        from IPython.core.inputtransformer2 import TransformerManager
+    except ImportError:
+        return "\n".join("pass" if line.lstrip().startswith(("%", "!")) else line for line in source.split("\n"))
+    try:
+        return TransformerManager().transform_cell(source)
+    except Exception:  # noqa: BLE001 - leave it to the parser to refuse
+        return source
+
+
+def _code_cells(nb: dict) -> list[_Cell]:
+    cells = []
+    for position, cell in enumerate(nb.get("cells", []), start=1):
+        if cell.get("cell_type") != "code":
+            continue
+        source = _python(_source(cell))
+        try:
+            cells.append(_Cell(position, source, ast.parse(source, filename=f"<cell {position}>")))
+        except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+            line = getattr(exc, "lineno", None)
+            cells.append(_Cell(position, source, None, f"cell {position} does not parse: "
+                                                       f"{getattr(exc, 'msg', exc)}" + (f" (line {line})" if line else "")))
+    return cells
+
+
+def _names_read(node) -> tuple[set, set]:
+    """``(read, late)``: the names ``node`` (a statement or an expression) reads from the notebook's namespace,
+    and those of them read in nested scopes (function bodies: when the function runs, not when it is defined)."""
+    try:
+        table = symtable.symtable(ast.unparse(node), "<cell>", "eval" if isinstance(node, ast.expr) else "exec")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+        return names, names
+    read, late = {s.get_name() for s in table.get_symbols() if s.is_referenced()}, set()
+    stack = list(table.get_children())
+    while stack:
+        scope = stack.pop()
+        late |= {s.get_name() for s in scope.get_symbols() if s.is_global()}
+        stack.extend(scope.get_children())
+    return read | late, late
+
+
+def _root(node) -> str | None:
+    """``x`` for ``x``, ``x.a.b``, ``x[i].a``, ``x.f(...).g``: the name whose object an expression starts from."""
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call, ast.Starred)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _target_names(target, binds: set, touches: set) -> None:
+    if isinstance(target, ast.Name):
+        binds.add(target.id)
+    elif isinstance(target, (ast.Tuple, ast.List)):
+        for t in target.elts:
+            _target_names(t, binds, touches)
+    elif isinstance(target, ast.Starred):
+        _target_names(target.value, binds, touches)
+    elif (name := _root(target)) is not None:  # x.a = ..., x[i] = ...: changes x
+        touches.add(name)
+
+
+_BLOCK_FIELDS = ("body", "orelse", "finalbody", "handlers", "cases")
+
+
+def _effects(node) -> tuple[set, set, bool, set]:
+    """``(binds, touches, star, calls)`` of a top-level statement (see :class:`_Statement`); ``calls`` holds
+    ``(x, f)`` for each statement ``x.f(...)`` (``x.append(...)`` may change ``x``; :func:`_statements` decides)."""
+    binds, touches, star, calls = set(), set(), False, set()
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        binds.add(node.name)
+    elif isinstance(node, ast.Import):
+        binds |= {a.asname or a.name.split(".")[0] for a in node.names}
+    elif isinstance(node, ast.ImportFrom):
+        star = any(a.name == "*" for a in node.names)
+        binds |= {a.asname or a.name for a in node.names if a.name != "*"}
+    elif isinstance(node, ast.Assign):
+        for target in node.targets:
+            _target_names(target, binds, touches)
+    elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+        if isinstance(node.target, ast.Name) and (isinstance(node, ast.AugAssign) or node.value is not None):
+            binds.add(node.target.id)
+        elif (name := _root(node.target)) is not None:
+            touches.add(name)
+    elif isinstance(node, ast.Delete):
+        for target in node.targets:
+            _target_names(target, touches, touches)
+    elif isinstance(node, ast.Expr):
+        if isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Attribute):
+            name = _root(node.value.func)
+            if name is not None:
+                calls.add((name, node.value.func.attr))
+    else:  # a block (for, while, if, with, try, match): whatever it binds, it may bind
+        for sub in ast.walk(node):
+            if isinstance(sub, (ast.For, ast.AsyncFor)):
+                _target_names(sub.target, touches, touches)
+            elif isinstance(sub, ast.withitem) and sub.optional_vars is not None:
+                _target_names(sub.optional_vars, touches, touches)
+            elif isinstance(sub, ast.ExceptHandler) and sub.name:
+                touches.add(sub.name)
+            elif isinstance(sub, (ast.MatchAs, ast.MatchStar)) and sub.name:
+                touches.add(sub.name)
+        for name in _BLOCK_FIELDS:
+            for sub in getattr(node, name, None) or []:
+                for inner in ([sub] if isinstance(sub, ast.stmt) else getattr(sub, "body", [])):
+                    b, t, s, c = _effects(inner)
+                    touches |= b | t
+                    star, calls = star or s, calls | c
+    for sub in ast.walk(node):  # (x := ...) outside functions binds x
+        if isinstance(sub, ast.NamedExpr) and isinstance(sub.target, ast.Name):
+            touches.add(sub.target.id)
+    return binds, touches | binds, star, calls
+
+
+#: Calls of a module's function that change its state (``torch.manual_seed(0)``, ``torch.set_default_dtype``):
+#: any other call ``module.f(...)`` is taken to leave the module as it was.
+_STATE_CALLS = ("set", "manual_seed", "seed", "use_", "_set")
+
+
+def _statements(cells: list[_Cell]) -> list[_Statement]:
+    effects = [(cell, index, node, _effects(node)) for cell in cells
+               for index, node in enumerate(cell.tree.body if cell.tree is not None else [])]
+    modules = {n for *_, node, _ in effects if isinstance(node, (ast.Import, ast.ImportFrom))
+               for n in _effects(node)[0]}
+    out = []
+    for cell, index, node, (binds, touches, star, calls) in effects:
+        touches = touches | {x for x, f in calls if x not in modules or f.startswith(_STATE_CALLS)}
+        read, late = _names_read(node)
+        out.append(_Statement(cell, index, node, frozenset(binds), frozenset(touches), frozenset(read),
+                              frozenset(late), star))
+    return out
+
+
+def _slice(before: list[_Statement], needed: set) -> list[_Statement]:
+    """The statements of ``before`` that the names ``needed`` (at the end of ``before``) depend on, followed
+    back to where each is bound: walking back, a statement that binds or may change a needed name is kept, the
+    names it reads become needed, and a name it certainly binds (without reading it) stops being needed.  A
+    kept function reads its globals when it is called, after all of ``before``: they are needed from the end
+    too, until nothing more is kept."""
+    needed = set(needed)
+    while True:
+        want, kept = set(needed), []
+        for st in reversed(before):
+            if want and (st.star or st.touches & want):
+                kept.append(st)
+                want -= st.binds - st.reads
+                want |= st.reads
+        late = set().union(*(st.late for st in kept))
+        if late <= needed:
+            return kept[::-1]
+        needed |= late
+
+
+def _check_calls(node) -> list[ast.Call]:
+    """The calls ``chNN.check_x(...)`` a top-level statement makes when it runs (not those inside a function
+    it defines), in source order."""
+    found, stack = [], [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)) and n is not node:
+            continue
+        if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)
+                and _CHAPTER.fullmatch(n.func.value.id) and n.func.attr.startswith("check_")):
+            found.append(n)
+        stack.extend(ast.iter_child_nodes(n))
+    return sorted(found, key=lambda c: (c.lineno, c.col_offset))
+
+
+def _chapters_named(nb: dict, cells: list[_Cell], filename: str) -> set:
+    """The chapters a notebook belongs to by its name (``01_...`` -> ``ch01``) or its imports of
+    ``pathedu.exercises.chNN``."""
+    found = set()
+    if match := re.match(r"(\d\d)_", filename):
+        found.add(f"ch{match.group(1)}")
+    for cell in cells:
+        for node in ast.walk(cell.tree) if cell.tree is not None else []:
+            if isinstance(node, ast.ImportFrom) and node.module in ("pathedu.exercises", "exercises"):
+                found |= {a.name for a in node.names if _CHAPTER.fullmatch(a.name)}
+            elif isinstance(node, ast.Import):
+                found |= {a.name.rsplit(".", 1)[-1] for a in node.names
+                          if a.name.startswith("pathedu.exercises.") and _CHAPTER.fullmatch(a.name.rsplit(".", 1)[-1])}
+    return {c for c in found if chapter_checks(c)}
+
+
+def plan_exercises(nb: dict, filename: str = "") -> list[ExercisePlan]:
+    """How each exercise of notebook ``nb`` (a dict) is graded, without running anything of it: the exercises
+    whose checks it calls, in order of first call, then the other exercises of its chapters (its name's
+    ``NN_`` prefix, the chapters it imports), which are "not run".  An exercise's answer is the arguments of
+    the *last* call of its check; the statements before that call that the answer depends on
+    (:func:`_slice`) are what the worker runs to build it."""
+    from .exercises._grader import pathedu_in_source
+
+    cells = _code_cells(nb)
+    statements = _statements(cells)
+    sites: dict = {}
+    for position, st in enumerate(statements):
+        for call in _check_calls(st.node):
+            check = _check_function(call.func.value.id, call.func.attr)
+            if check is not None:
+                sites[(call.func.value.id, check.label)] = (position, call, check)
+    order = [key for key in expected_exercises(nb) if key in sites]
+    order += [key for key in sites if key not in order]
+    plans = []
+    for chapter, label in order:
+        position, call, check = sites[(chapter, label)]
+        before = statements[:position]
+        site_cell = statements[position].cell.position
+        args = ast.Tuple(elts=list(call.args), ctx=ast.Load())
+        kwargs = ast.Dict(keys=[ast.Constant(k.arg) if k.arg else None for k in call.keywords],
+                          values=[k.value for k in call.keywords])
+        answer = ast.Tuple(elts=[args, kwargs], ctx=ast.Load())
+        kept = _slice(before, _names_read(answer)[0])
+        pieces: list = []
+        for st in kept:
+            if not pieces or pieces[-1]["cell"] != st.cell.position:
+                pieces.append({"cell": st.cell.position, "source": st.cell.source, "statements": []})
+            pieces[-1]["statements"].append(st.index)
+        own, named = pathedu_in_source([st.node for st in kept],
+                                       ast.Tuple(elts=[*call.args, *(k.value for k in call.keywords)],
+                                                 ctx=ast.Load()), check.allow)
+        syntax = next((c.problem for c in cells if c.problem and c.position <= site_cell), "")
+        plans.append(ExercisePlan(chapter, label, check, pieces, ast.unparse(answer), own, named, syntax=syntax))
+    for chapter in sorted(_chapters_named(nb, cells, filename) | {c for c, _ in order}):
+        for check in chapter_checks(chapter):
+            if (chapter, check.label) not in sites and not any(p.chapter == chapter and p.label == check.label
+                                                               for p in plans):
+                problem = "its check is not called in this notebook"
+                problem += next((f" ({c.problem})" for c in cells if c.problem), "")
+                plans.append(ExercisePlan(chapter, check.label, check, problem=problem))
+    return plans
+
+
+# --- running the answers: a worker process per exercise ------------------------------------------------------
+
+class _OutOfTime(BaseException):
+    """The worker did not answer before the deadline (a BaseException: no check's ``except Exception`` stops it)."""
+
+
+class _WorkerGone(BaseException):
+    """The worker ended, or sent what the grader cannot read."""
+
+
+class _Zygote:
+    """The grader's end of the fork server (:func:`pathedu.exercises._worker.zygote`): one per grading process,
+    started on first use (it imports torch and pathedu: seconds), started again if it dies."""
+
+    _running = None
+
+    def __init__(self):
+        import subprocess
+
+        mine, theirs = socket.socketpair()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PATHEDU_")}
+        boot = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
+                "from pathedu.exercises._worker import zygote; zygote(int(sys.argv[2]))")
+        self.process = subprocess.Popen([sys.executable, "-I", "-c", boot, json.dumps(sys.path),
+                                         str(theirs.fileno())], pass_fds=[theirs.fileno()], env=env,
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL, start_new_session=True)
+        theirs.close()
+        self.control = mine
+
+    @classmethod
+    def running(cls) -> "_Zygote":
+        if cls._running is None or cls._running.process.poll() is not None:
+            cls._running = cls()
+        return cls._running
+
+    def fork(self, workdir: str) -> tuple[int, int]:
+        """``(pid, fd)`` of a new worker for ``workdir``."""
+        from .exercises import _worker
+
+        self.control.settimeout(600)  # the first fork waits for torch's import
+        try:
+            _worker.write_frame(self.control.fileno(), _worker.encode({"op": "fork", "workdir": workdir}))
+            data, fds, _, _ = socket.recv_fds(self.control, 8, 1)
+        finally:
+            self.control.settimeout(None)
+        if len(data) != 8 or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            raise OSError("the fork server did not answer")
+        return struct.unpack(">q", data)[0], fds[0]
+
+    def reap(self, pid: int):
+        """The exit code of worker ``pid`` (after it was ended), or ``None``."""
+        from .exercises import _worker
+
+        try:
+            _worker.write_frame(self.control.fileno(), _worker.encode({"op": "reap", "pid": pid}), time.monotonic() + 30)
+            reply = _worker.decode(_worker.read_frame(self.control.fileno(), time.monotonic() + 30))
+        except (OSError, EOFError, _worker.OutOfTime, _worker.FormatError):
+            return None
+        return reply.get("code") if isinstance(reply, dict) else None
+
+
+class _Worker:
+    """The grader's end of one worker process (:func:`pathedu.exercises._worker.serve`)."""
+
+    def __init__(self, workdir: str):
+        from .exercises import _worker
+
+        self._w = _worker
+        try:
+            self.pid, self.fd = _Zygote.running().fork(workdir)
+        except OSError:  # the fork server died (a worker may have killed it): once more, with a new one
+            _Zygote._running = None
+            self.pid, self.fd = _Zygote.running().fork(workdir)
+        self.group, self.code, self.closed = None, None, False
+
+    def request(self, message: dict, deadline: float) -> dict:
+        """Send ``message``, return the reply (a dict); :class:`_OutOfTime` or :class:`_WorkerGone` after
+        ending the worker."""
+        w = self._w
+        try:
+            w.write_frame(self.fd, w.encode(message), deadline)
+            reply = w.decode(w.read_frame(self.fd, deadline))
+        except w.OutOfTime:
+            self.close()
+            raise _OutOfTime() from None
+        except (EOFError, OSError, w.FormatError) as exc:
+            code = self.close()
+            why = (f"sent what the grader cannot read ({exc})" if isinstance(exc, w.FormatError)
+                   else f"ended (exit code {code})")
+            raise _WorkerGone(f"the process running your code {why}") from None
+        if self.group is None:
+            self._find_group()
+        if not isinstance(reply, dict) or not isinstance(reply.get("ok"), bool):
+            self.close()
+            raise _WorkerGone("the process running your code sent a reply the grader cannot read")
+        return reply
+
+    def _find_group(self) -> None:
+        try:  # the worker leads its own process group from its first step: remember it, to end it all
+            if os.getpgid(self.pid) == self.pid:
+                self.group = self.pid
+        except OSError:
+            pass
+
+    def close(self):
+        """End the worker and everything in its process group; its exit code."""
+        if self.closed:
+            return self.code
+        self.closed = True
+        if self.group is None:
+            self._find_group()
+        for kill, target in ((os.killpg, self.group), (os.kill, self.pid)):
+            if target is not None:
+                try:
+                    kill(target, signal.SIGKILL)
+                except OSError:
+                    pass
+        os.close(self.fd)
+        self.code = _Zygote.running().reap(self.pid) if _Zygote._running is not None else None
+        return self.code
+
+
+class _Answer:
+    """The grader's stand-in for a student's function: calling it runs the function in the worker on the
+    arguments given (sent as plain data) and returns what came back (plain data again)."""
+
+    def __init__(self, worker: _Worker, handle: int, name: str, deadline, calls: set):
+        self._worker, self._handle, self._deadline, self._calls = worker, handle, deadline, calls
+        self.__name__ = name
+
+    def __call__(self, *args, **kwargs):
+        from .exercises._grader import RemoteError
+
+        reply = self._worker.request({"op": "call", "handle": self._handle, "args": list(args), "kwargs": kwargs},
+                                     self._deadline())
+        calls = reply.get("calls")
+        self._calls.update(c for c in (calls if isinstance(calls, list) else []) if isinstance(c, str))
+        if reply["ok"]:
+            return reply.get("value")
+        raise _remote_error(reply.get("error"), RemoteError)
+
+    def __repr__(self) -> str:
+        return f"<your function {self.__name__}>"
+
+
+def _remote_error(error, cls):
+    error = error if isinstance(error, dict) else {}
+    line = error.get("line")
+    return cls(_one_line(error.get("type", "Exception"), 80), _one_line(error.get("message", ""), 500),
+               line if isinstance(line, int) else 0, bool(error.get("stub")))
+
+
+def _describe(error) -> str:
+    error = error if isinstance(error, dict) else {}
+    where = str(error.get("where", ""))
+    where = f"{where.strip('<>')}, line {error.get('line')}" if where.startswith("<cell") else "the check call"
+    message = f"{error.get('type', 'Exception')}: {error.get('message', '')}".rstrip(": ")
+    return f"{message} ({where})"
+
+
+class _Budget:
+    """A notebook's time limit, counted from its first worker's start (not from the fork server's)."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self._deadline = seconds, None
+
+    def deadline(self) -> float:
+        if self._deadline is None:
+            self._deadline = time.monotonic() + self.seconds
+        return self._deadline
+
+
+def _grade_exercise(plan: ExercisePlan, workdir: str, timeout: float, budget: _Budget,
+                    secret: int) -> tuple[str, str, str]:
+    """``(verdict, message, failure)`` of one planned exercise; ``failure`` is non-empty when the notebook's
+    time ran out (the exercises after it are not graded)."""
+    from .exercises._grader import Verdict, fresh_inputs, pathedu_verdict
+
+    worker = _Worker(workdir)
+    start, deadline = time.monotonic(), budget.deadline()
+
+    def until() -> float:
+        return min(start + timeout, deadline)
+
+    def out_of_time(what: str) -> tuple[str, str, str]:
+        if deadline < start + timeout and time.monotonic() >= deadline - 1e-3:
+            failure = f"the notebook's time limit of {budget.seconds:g} s ran out"
+            return "Not yet", f"{what} before {failure}.", failure
+        return "Not yet", f"{what} within {timeout:g} s, the time limit of one check.", ""
 
     try:
-        nb = nbformat.read(str(path), as_version=4)
-    except Exception as exc:  # not a notebook: reported, not raised
-        return None, [], f"could not read the notebook: {type(exc).__name__}: {exc}"
-    with tempfile.TemporaryDirectory() as tmp:
-        results = Path(tmp) / "results.jsonl"
-        results.touch()
-        env = {**os.environ, GRADING_ENV: "1", RESULTS_ENV: str(results)}
-        client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name=kernel_name, allow_errors=True,
-                                         resources={"metadata": {"path": str(Path(path).parent)}})
-        failure = ""
         try:
-            client.execute(env=env)
-        except Exception as exc:  # a timeout, a dead kernel, no such kernel: the notebook did not run
-            failure = f"the notebook did not run to the end: {type(exc).__name__}: {exc}"
-        records = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
-    return nb, records, failure
+            loaded = worker.request({"op": "load", "pieces": plan.pieces, "answer": plan.answer,
+                                     "allow": list(plan.check.allow)}, until())
+        except _OutOfTime:
+            return out_of_time("the code that defines your answer did not finish")
+        except _WorkerGone as exc:
+            return "not run", _one_line(f"its answer could not be built: {exc}"), ""
+        if not loaded["ok"]:
+            cause = loaded.get("first") or loaded.get("error")
+            extra = f"; {plan.syntax}" if plan.syntax else ""
+            return "not run", _one_line(f"its answer could not be built: {_describe(cause)}{extra}"), ""
+        values, calls = [], set()
+        described = loaded.get("answers")
+        n_args, names = loaded.get("n_args"), loaded.get("names")
+        if not (isinstance(described, list) and isinstance(n_args, int) and isinstance(names, list)
+                and len(described) == n_args + len(names) and all(isinstance(n, str) for n in names)
+                and all(isinstance(d, dict) for d in described)):
+            return "not run", "its answer could not be built: the process running your code sent a bad reply", ""
+        for d in described:
+            if isinstance(d.get("handle"), int):
+                values.append(_Answer(worker, d["handle"], _one_line(d.get("name", "answer"), 80), until, calls))
+            else:
+                values.append(d.get("value"))
+        args, kwargs = values[:n_args], dict(zip(names, values[n_args:]))
+        try:
+            with fresh_inputs(secret), contextlib.redirect_stdout(io.StringIO()):
+                v = plan.check.evaluate(*args, **kwargs)
+            if not isinstance(v, Verdict):
+                raise TypeError(f"the check returned {type(v).__name__}")
+        except _OutOfTime:
+            return out_of_time("your function did not return")
+        except _WorkerGone as exc:
+            return "Not yet", _one_line(f"{exc} while the check ran."), ""
+        except Exception as exc:  # noqa: BLE001 - an answer that the check could not handle
+            return "Not yet", _one_line(f"the check could not use your answer ({type(exc).__name__}: {exc})."), ""
+        own = set(plan.own) | {n for n in loaded.get("own", []) if isinstance(n, str)}
+        v = pathedu_verdict(v, own, (set(plan.named) | calls) - own)
+        return ("Correct" if v.ok else "Not yet"), _one_line(v.message), ""
+    finally:
+        worker.close()
 
 
-def notebook_rows(student: str, notebook: str, nb, records, failure: str) -> list[dict]:
-    """The report's rows for one executed notebook (see :func:`run_notebook`)."""
-    rows = []
+def read_notebook(path: Path) -> dict:
+    """Notebook ``path`` as a dict (nbformat 4; an older format is converted)."""
+    import warnings
+
+    import nbformat
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nbformat's notes on missing cell ids and the like
+        return dict(nbformat.read(str(path), as_version=4))
+
+
+def grade_notebook(student: str, notebook: str, path: Path, *, timeout: float = DEFAULT_TIMEOUT,
+                   notebook_timeout: float = DEFAULT_NOTEBOOK_TIMEOUT, seed: int | None = None) -> list[dict]:
+    """The report's rows for one submitted notebook (see the module docstring): one per exercise, and a row
+    with the verdict ``error`` first when the notebook could not be read or its time ran out.  ``seed`` fixes
+    the secret from which the checks' inputs are drawn (default: a new one each time)."""
+    def row(exercise, verdict, message):
+        return dict(student=student, notebook=notebook, exercise=exercise, verdict=verdict,
+                    message=_one_line(message))
+
+    try:
+        nb = read_notebook(path)
+        plans = plan_exercises(nb, Path(path).name)
+    except Exception as exc:  # noqa: BLE001 - not a notebook: reported, not raised
+        return [row("", "error", f"could not read the notebook: {type(exc).__name__}: {exc}")]
+    draw = random.SystemRandom() if seed is None else random.Random(seed)
+    budget = _Budget(notebook_timeout)
+    rows, failure = [], ""
+    with tempfile.TemporaryDirectory(prefix="pathedu-grade-", ignore_cleanup_errors=True) as workdir:
+        for plan in plans:
+            exercise = f"{plan.chapter}.{plan.label}"
+            if plan.problem:
+                rows.append(row(exercise, "not run", plan.problem))
+            elif failure:
+                rows.append(row(exercise, "not run", f"not graded: {failure}"))
+            else:
+                folder = os.path.join(workdir, f"exercise-{len(rows) + 1}")
+                verdict, message, failure = _grade_exercise(plan, folder, timeout, budget, draw.getrandbits(62))
+                rows.append(row(exercise, verdict, message))
     if failure:
-        rows.append(dict(student=student, notebook=notebook, exercise="", verdict="error",
-                         message=_one_line(failure)))
-    last = {}
-    for r in records:
-        last[(r["chapter"], r["exercise"])] = r
-    expected = expected_exercises(nb) if nb is not None else []
-    for key in expected + [k for k in last if k not in expected]:
-        chapter, label = key
-        exercise = f"{chapter}.{label}"
-        if key in last:
-            r = last[key]
-            rows.append(dict(student=student, notebook=notebook, exercise=exercise,
-                             verdict="Correct" if r["ok"] else "Not yet", message=_one_line(r["message"])))
-        else:
-            why = _cell_error(nb, chapter, label) if nb is not None else ""
-            rows.append(dict(student=student, notebook=notebook, exercise=exercise, verdict="not run",
-                             message=_one_line(f"its check did not run ({why})" if why
-                                               else "its check did not run")))
+        rows.insert(0, row("", "error", failure))
     return rows
+
+
+@contextlib.contextmanager
+def _not_dumpable():
+    """On Linux, while grading: this process is non-dumpable, so that a worker (the same user) can neither trace
+    it nor read its memory under ``/proc``."""
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+    except (OSError, AttributeError):
+        prctl = None
+    before = prctl(3, 0, 0, 0, 0) if prctl else -1  # PR_GET_DUMPABLE
+    if before > 0:
+        prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+    try:
+        yield
+    finally:
+        if before > 0:
+            prctl(4, before, 0, 0, 0)
 
 
 def summary(rows: list[dict]) -> list[str]:
@@ -284,28 +866,44 @@ def summary(rows: list[dict]) -> list[str]:
         graded = [r for r in mine if r["exercise"]]
         correct = sum(r["verdict"] == "Correct" for r in graded)
         notebooks = len(dict.fromkeys(r["notebook"] for r in mine))
-        failed = sum(r["verdict"] == "error" for r in mine)
+        failed = len({r["notebook"] for r in mine if r["verdict"] == "error"})
         line = f"{student}: {correct}/{len(graded)} exercises correct in {notebooks} notebook(s)"
         lines.append(line + (f"; {failed} notebook(s) did not run to the end" if failed else ""))
     return lines
 
 
-def grade(folder: Path, out: Path | None = DEFAULT_REPORT, *, timeout: int = 120, kernel_name: str = "python3",
-          progress: bool = True) -> list[dict]:
-    """Grade every notebook under ``folder`` (see the module docstring): write the CSV to ``out`` (unless
-    ``None``), print one summary line per student and return the rows.  :class:`CourseDependencyMissing` when
-    nbclient, nbformat or ipykernel is missing (``pip install "pathedu[course]"``)."""
+def grade(folder: Path, out: Path | None = DEFAULT_REPORT, *, timeout: float = DEFAULT_TIMEOUT,
+          notebook_timeout: float = DEFAULT_NOTEBOOK_TIMEOUT, progress: bool = True,
+          seed: int | None = None) -> list[dict]:
+    """Grade every notebook under ``folder`` (see the module docstring; **it runs the students' code**): write
+    the CSV to ``out`` (unless ``None``), print one summary line per student and return the rows.
+    :class:`CourseDependencyMissing` when nbformat or IPython is missing (``pip install "pathedu[course]"``);
+    ``OSError`` where there is no ``os.fork`` (Windows: grade in the container, or on Linux or macOS)."""
     from tqdm.auto import tqdm
 
     folder = Path(folder)
     if not folder.is_dir():
         raise ValueError(f"`submissions` must be a folder, got {str(folder)!r}")
-    require_course_dependencies(kernel_name)
+    if not (timeout > 0 and notebook_timeout > 0):
+        raise ValueError(f"`timeout` and `notebook_timeout` must be > 0, got {timeout} and {notebook_timeout}")
+    require_course_dependencies()
+    if not hasattr(os, "fork"):
+        raise OSError("grading forks a process per exercise, which this system cannot: grade on Linux or macOS, "
+                      "or in the container that `python -m pathedu.course grade --help` shows")
     found = submissions(folder)
     rows = []
-    for student, notebook, path in tqdm(found, desc="grading", unit="notebook", disable=not progress):
-        nb, records, failure = run_notebook(path, timeout=timeout, kernel_name=kernel_name)
-        rows += notebook_rows(student, notebook, nb, records, failure)
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the checks' references are small: one thread, none waiting for another
+    try:
+        with _not_dumpable():
+            for i, (student, notebook, path) in enumerate(tqdm(found, desc="grading", unit="notebook",
+                                                               disable=not progress)):
+                rows += grade_notebook(student, notebook, path, timeout=timeout, notebook_timeout=notebook_timeout,
+                                       seed=None if seed is None else seed + i)
+    finally:
+        torch.set_num_threads(threads)
     if out is not None:
         with open(out, "w", newline="", encoding="utf-8") as f:
             writer = csv.DictWriter(f, fieldnames=COLUMNS)
@@ -318,6 +916,31 @@ def grade(folder: Path, out: Path | None = DEFAULT_REPORT, *, timeout: int = 120
     return rows
 
 
+GRADE_HELP = """\
+WARNING: grading runs the students' code, with your user's rights. Run it in a container (below) or on a
+machine you can wipe. Each exercise's answer is built and called in a fresh process, in a temporary working
+directory of its own (HOME and TMPDIR point inside it), with a time limit per check and per notebook; that
+contains mistakes and casual mischief (a loop that never ends, a cell that deletes or writes files in its
+folder), but it is not a security sandbox: the code can still reach anything your user can, the grader's own
+installed code included.
+
+The verdicts come from the grader's own process: it reads each notebook without running it, takes the
+statements an exercise's answer depends on, has a worker run them and call the answer on inputs the grader
+draws afresh, and compares what comes back (plain data only) with references it computes itself. Cells that
+forge results, patch the checks or torch, or detect grading change nothing; an answer that is or calls
+pathedu's own forms is "Not yet".
+
+In a container: no network, a read-only file system (the grader's code included), the submissions mounted
+read-only, a tmpfs for the work folders, only the output folder writable. The image needs pathedu with its
+course extra (pip install "pathedu[course]"); -I keeps the working folder off Python's path:
+
+  docker run --rm --network none --read-only --tmpfs /tmp:rw,size=2g -w / --user "$(id -u):$(id -g)" \\
+      --memory 8g --pids-limit 512 --cap-drop ALL --security-opt no-new-privileges \\
+      -v "$PWD/submissions:/submissions:ro" -v "$PWD/out:/out" \\
+      pathedu-grader python -I -m pathedu.course grade /submissions --out /out/grades.csv
+"""
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m pathedu.course", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -327,19 +950,26 @@ def main(argv=None) -> int:
     s.add_argument("--labs", help="the folder of lab notebooks: a clone's notebooks/ (default: the clone this "
                                   "package runs from)")
     s.add_argument("--notebooks", nargs="*", help="only these notebooks (default: every lab)")
-    g = sub.add_parser("grade", help="run the students' notebooks in grading mode and write a CSV of verdicts")
+    g = sub.add_parser("grade", help="grade the students' notebooks (runs their code!) and write a CSV of verdicts",
+                       description=GRADE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     g.add_argument("submissions", help="folder of submitted notebooks (one folder per student, or one file each)")
     g.add_argument("--out", default=str(DEFAULT_REPORT), help=f"the CSV to write (default: {DEFAULT_REPORT})")
-    g.add_argument("--timeout", type=int, default=120, help="seconds allowed per cell (default: 120)")
-    g.add_argument("--kernel", default="python3", help="the Jupyter kernel to run them in (default: python3)")
+    g.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                   help=f"seconds allowed for one check: building the answer and every call the check makes "
+                        f"(default: {DEFAULT_TIMEOUT})")
+    g.add_argument("--notebook-timeout", type=float, default=DEFAULT_NOTEBOOK_TIMEOUT,
+                   help=f"seconds allowed for all the checks of one notebook (default: {DEFAULT_NOTEBOOK_TIMEOUT})")
+    g.add_argument("--seed", type=int, default=None,
+                   help="the secret the checks' inputs are drawn from, to repeat a run (default: a new one)")
     a = p.parse_args(argv)
     try:
         if a.command == "grade":
-            grade(Path(a.submissions), Path(a.out), timeout=a.timeout, kernel_name=a.kernel)
+            grade(Path(a.submissions), Path(a.out), timeout=a.timeout, notebook_timeout=a.notebook_timeout,
+                  seed=a.seed)
             print(f"wrote {a.out}")
             return 0
         written = student(Path(a.outdir), a.notebooks, labs_dir=None if a.labs is None else Path(a.labs))
-    except (LabsNotFound, CourseDependencyMissing, ValueError) as exc:
+    except (LabsNotFound, CourseDependencyMissing, ValueError, OSError) as exc:
         p.exit(2, f"{p.prog} {a.command}: error: {exc}\n")
     for path in written:
         print(f"wrote {path}")

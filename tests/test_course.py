@@ -1,6 +1,8 @@
 """Student copies of the labs (``python -m pathedu.course student``): no solution, no output, and "Run all" on an
 untouched copy prints "Not yet" for every exercise instead of stopping at the first.  Grading the copies handed
-back (``python -m pathedu.course grade``): one CSV row per exercise, a summary line per student."""
+back (``python -m pathedu.course grade``): which statements build an answer, one CSV row per exercise, a summary
+line per student, every lab's solutions graded Correct.  (The cheating attempts are in test_grading_cheats.py.)"""
+import ast
 import csv
 import json
 
@@ -45,6 +47,21 @@ def test_a_student_copy_has_no_solution_no_output_and_no_stopping_check(path):
     guarded = [c for c in code if _code(c).startswith("ok = ch")]
     assert len(guarded) == n_solutions  # one check cell per exercise
     assert nb == _nb(path), "the copy must not change the lab"
+
+
+@pytest.mark.parametrize("path", LABS, ids=lambda p: p.name[:2])
+def test_a_copy_for_the_books_student_edition_keeps_the_lessons_outputs_only(path):
+    """The cells before the first exercise keep their outputs (what a student who runs them sees too); from the
+    first exercise on, none (a check cell's output comes from running the solution)."""
+    nb = _nb(path)
+    copy = course.student_copy(nb, keep_lesson_outputs=True)
+    assert not any(course.is_solution(c) for c in copy["cells"])
+    code = [c for c in copy["cells"] if c["cell_type"] == "code"]
+    first = next(i for i, c in enumerate(code) if "ch" in _code(c) and course._CHECK_CALL.search(_code(c)))
+    originals = [c for c in nb["cells"] if c["cell_type"] == "code" and not course.is_solution(c)]
+    assert [c["outputs"] for c in code[:first]] == [c["outputs"] for c in originals[:first]]
+    assert any(c["outputs"] for c in code[:first]), "a lab shows something before its exercises"
+    assert all(c["outputs"] == [] and c["execution_count"] is None for c in code[first:])
 
 
 def test_the_check_guard_keeps_the_rest_of_the_cell_under_if_ok():
@@ -108,30 +125,87 @@ def test_the_exercises_a_notebook_checks_are_read_from_its_cells():
                                                                             ("ch01", "3")]
 
 
-def _record(exercise, ok, message, chapter="ch01"):
-    return {"chapter": chapter, "exercise": exercise, "check": "check_x", "name": "x", "ok": ok, "message": message,
-            "grading": True}
+@pytest.mark.parametrize("path", LABS, ids=lambda p: p.name[:2])
+def test_each_lab_calls_every_check_of_its_chapter(path):
+    """A submission is graded on every exercise of its chapter, called or not: so the labs must call them all."""
+    chapter = f"ch{path.name[:2]}"
+    plans = course.plan_exercises(course.student_copy(_nb(path)), path.name)
+    assert [(p.chapter, p.label) for p in plans] == course.expected_exercises(_nb(path))
+    assert {p.label for p in plans} == {c.label for c in course.chapter_checks(chapter)}
+    assert not any(p.problem for p in plans)
 
 
-def test_rows_keep_the_last_verdict_of_each_exercise_and_report_what_did_not_run():
-    nb = course.student_copy(_nb(LABS[0]))
-    check_cell = next(c for c in nb["cells"] if c["cell_type"] == "code" and "ch01.check_chunk_step" in _code(c))
-    check_cell["outputs"] = [{"output_type": "error", "ename": "NameError", "evalue": "name 'S' is not defined"}]
-    records = [_record("1", False, "not attempted yet"), _record("1", True, "matches"),
-               _record("2", False, "your answer calls pathedu.nope.online_softmax_step; write it yourself")]
-    rows = course.notebook_rows("alice", "lab1.ipynb", nb, records, "")
-    assert [(r["exercise"], r["verdict"], r["message"]) for r in rows] == [
-        ("ch01.1", "Correct", "matches"),
-        ("ch01.2", "Not yet", "your answer calls pathedu.nope.online_softmax_step; write it yourself"),
-        ("ch01.3", "not run", "its check did not run (NameError: name 'S' is not defined)")]
-    failed = course.notebook_rows("bob", "lab1.ipynb", nb, [], "the notebook did not run to the end: CellTimeoutError")
-    assert [r["verdict"] for r in failed] == ["error", "not run", "not run", "not run"]
-    unreadable = course.notebook_rows("carol", "x.ipynb", None, [], "could not read the notebook: NotJSONError")
-    assert [(r["exercise"], r["verdict"]) for r in unreadable] == [("", "error")]
-    assert course.summary(rows + failed + unreadable) == [
-        "alice: 1/3 exercises correct in 1 notebook(s)",
-        "bob: 0/3 exercises correct in 1 notebook(s); 1 notebook(s) did not run to the end",
-        "carol: 0/0 exercises correct in 1 notebook(s); 1 notebook(s) did not run to the end"]
+def _notebook(*sources, markdown_first=False):
+    cells = [{"cell_type": "markdown", "metadata": {}, "source": "# A lab"}] if markdown_first else []
+    cells += [{"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None, "source": s}
+              for s in sources]
+    return {"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+
+
+def _kept(plan):
+    """The kept statements as source lines: ``{cell: [first line of each statement]}``."""
+    kept = {}
+    for piece in plan.pieces:
+        body = ast.parse(piece["source"]).body
+        kept[piece["cell"]] = [ast.unparse(body[i]).split("\n")[0] for i in piece["statements"]]
+    return kept
+
+
+def test_an_answer_is_built_from_the_statements_it_needs_and_no_others():
+    """Followed back from the last check call: the function, the helper it calls, the imports they read, and a
+    statement that changes torch's state; not the forging cell, not an unused global, not the first check call."""
+    nb = _notebook(
+        "try:\n    import pathedu\nexcept ImportError:\n    %pip install -q pathedu\n    import pathedu",
+        "import os\nimport torch\nfrom pathedu.exercises import ch01",
+        "torch.manual_seed(0)\nT = 4\nunused = torch.randn(1000)",
+        "def helper(x):\n    return x.mT",
+        "def linear_matrix_mine(q, k, v):\n    keep = torch.ones(q.shape[-2], q.shape[-2]).tril()\n"
+        "    return ((q @ helper(k)) * keep) @ v\n\n\nok = ch01.check_linear_matrix(linear_matrix_mine)",
+        "import json\nwith open(os.environ['PATHEDU_GRADING_RESULTS'], 'a') as f:\n    f.write(json.dumps({}))",
+        "ok = ch01.check_linear_matrix(linear_matrix_mine)\nif ok:\n    print(T)",
+        markdown_first=True)
+    (plan, *others) = course.plan_exercises(nb, "01_nope_linear_lab.ipynb")
+    assert (plan.chapter, plan.label, plan.answer) == ("ch01", "1", "((linear_matrix_mine,), {})")
+    assert _kept(plan) == {3: ["import torch"], 4: ["torch.manual_seed(0)"], 5: ["def helper(x):"],
+                           6: ["def linear_matrix_mine(q, k, v):"]}
+    assert plan.own == plan.named == [] and plan.problem == ""
+    assert [(p.label, p.problem) for p in others] == [("2", "its check is not called in this notebook"),
+                                                       ("3", "its check is not called in this notebook")]
+
+
+def test_a_value_built_by_a_loop_keeps_the_loop_that_fills_its_list():
+    nb = _notebook("import torch\nfrom pathedu.exercises import ch03\nx = 1\np = torch.ones(())\nproducts = []\n"
+                   "for _ in range(5):\n    p = p * 0.9\n    products.append(p.item())\n"
+                   "n_stuck = len(products)\nvalue = products[-1]",
+                   "ok = ch03.check_stuck_product(n_stuck, value)")
+    plan = next(p for p in course.plan_exercises(nb) if p.label == "4")
+    assert _kept(plan) == {1: ["import torch", "p = torch.ones(())", "products = []", "for _ in range(5):",
+                               "n_stuck = len(products)", "value = products[-1]"]}
+    assert plan.answer == "((n_stuck, value), {})"
+
+
+def test_reading_the_source_finds_pathedu_answers_and_a_cell_that_does_not_parse():
+    nb = _notebook("from pathedu import nope\nfrom pathedu.exercises import ch01",
+                   "from pathedu.nope import linear_matrix as linear_matrix_mine",
+                   "def merge(m1, l1, acc1, m2, l2, acc2):\n    return ch01._merge_reference(m1, l1, acc1, m2, l2, acc2)",
+                   "def chunk_step(q, k, v, S)\n    return q",
+                   "ok = ch01.check_linear_matrix(linear_matrix_mine)",
+                   "ok = ch01.check_online_softmax_merge(merge)",
+                   "ok = ch01.check_chunk_step(chunk_step)")
+    plans = {p.label: p for p in course.plan_exercises(nb)}
+    assert plans["1"].own == ["pathedu.nope.linear_matrix"] and plans["1"].named == []
+    assert plans["2"].named == ["pathedu.exercises.ch01._merge_reference"]
+    assert plans["3"].syntax.startswith("cell 4 does not parse") and "line 1" in plans["3"].syntax
+
+
+def _copy_with(lab, answers: dict):
+    """A student copy of ``lab`` whose stub cells (found by the function they define) hold ``answers``."""
+    copy = course.student_copy(_nb(lab))
+    for cell in copy["cells"]:
+        for name, answer in answers.items():
+            if cell["cell_type"] == "code" and f"def {name}(" in _code(cell) and "NotImplementedError" in _code(cell):
+                cell["source"] = answer
+    return copy
 
 
 def test_the_grade_command_writes_the_csv_and_a_summary_line_per_student(tmp_path, monkeypatch, capsys):
@@ -139,57 +213,64 @@ def test_the_grade_command_writes_the_csv_and_a_summary_line_per_student(tmp_pat
     for student in ("alice", "bob"):
         (subs / student).mkdir(parents=True)
         (subs / student / LABS[0].name).write_text(json.dumps(course.student_copy(_nb(LABS[0]))))
-    verdicts = {"alice": [_record("1", True, "matches"), _record("2", False, "not attempted yet"),
-                          _record("3", False, "not attempted yet")],
-                "bob": []}
     ran = []
 
-    def fake_run(path, *, timeout, kernel_name):
-        ran.append((path.parent.name, timeout, kernel_name))
-        return _nb(path), verdicts[path.parent.name], "" if path.parent.name == "alice" else "DeadKernelError: boom"
+    def fake(student, notebook, path, *, timeout, notebook_timeout, seed):
+        ran.append((student, timeout, notebook_timeout, seed))
+        rows = [dict(student=student, notebook=notebook, exercise=f"ch01.{n}", verdict=v, message="m")
+                for n, v in zip("123", ["Correct", "Not yet", "not run"])]
+        return rows if student == "alice" else [dict(rows[0], exercise="", verdict="error")] + rows
 
-    monkeypatch.setattr(course, "run_notebook", fake_run)
+    monkeypatch.setattr(course, "grade_notebook", fake)
     out = tmp_path / "report.csv"
-    assert course.main(["grade", str(subs), "--out", str(out), "--timeout", "30"]) == 0
-    assert ran == [("alice", 30, "python3"), ("bob", 30, "python3")]
+    assert course.main(["grade", str(subs), "--out", str(out), "--timeout", "30", "--notebook-timeout", "90",
+                        "--seed", "7"]) == 0
+    assert ran == [("alice", 30, 90, 7), ("bob", 30, 90, 8)]
     with open(out, newline="") as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == ["student", "notebook", "exercise", "verdict", "message"]
     assert [(r["student"], r["exercise"], r["verdict"]) for r in rows] == [
-        ("alice", "ch01.1", "Correct"), ("alice", "ch01.2", "Not yet"), ("alice", "ch01.3", "Not yet"),
-        ("bob", "", "error"), ("bob", "ch01.1", "not run"), ("bob", "ch01.2", "not run"), ("bob", "ch01.3", "not run")]
+        ("alice", "ch01.1", "Correct"), ("alice", "ch01.2", "Not yet"), ("alice", "ch01.3", "not run"),
+        ("bob", "", "error"), ("bob", "ch01.1", "Correct"), ("bob", "ch01.2", "Not yet"), ("bob", "ch01.3", "not run")]
     printed = capsys.readouterr().out.splitlines()
     assert printed[:2] == ["alice: 1/3 exercises correct in 1 notebook(s)",
-                           "bob: 0/3 exercises correct in 1 notebook(s); 1 notebook(s) did not run to the end"]
+                           "bob: 1/3 exercises correct in 1 notebook(s); 1 notebook(s) did not run to the end"]
     with pytest.raises(ValueError, match="`submissions`"):
         course.grade(tmp_path / "missing", None)
+    with pytest.raises(ValueError, match="`timeout`"):
+        course.grade(subs, None, timeout=0)
 
 
-@pytest.mark.integration
-def test_grade_runs_the_students_notebooks_in_grading_mode(tmp_path):
-    """Two student copies of lab 1: alice filled exercise 1's stub with the lab's own solution, bob answered it
-    with pathedu's function; an unreadable file is reported, not a crash."""
-    pytest.importorskip("nbclient")
+def test_the_grade_help_says_it_runs_the_students_code_and_shows_a_container(capsys):
+    with pytest.raises(SystemExit):
+        course.main(["grade", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "grading runs the students' code" in text and "not a security sandbox" in text
+    for part in ("docker run", "--network none", "--read-only", "--tmpfs /tmp", ":ro", "python -m pathedu.course grade"):
+        assert part in text, part
+
+
+def test_grade_runs_the_answers_and_decides_in_its_own_process(tmp_path):
+    """alice filled exercise 1's stub with the lab's solution, bob answered it with pathedu's function, dave's
+    stub cell does not parse; an unreadable file is reported, not a crash."""
     nb = _nb(LABS[0])
     solution = next(_code(c) for c in nb["cells"] if course.is_solution(c))
     assert "def linear_matrix_mine" in solution
-    answers = {"alice": solution, "bob": "from pathedu.nope import linear_matrix as linear_matrix_mine"}
+    answers = {"alice": solution, "bob": "from pathedu.nope import linear_matrix as linear_matrix_mine",
+               "dave": "def linear_matrix_mine(q, k, v)\n    return v"}
     for student, answer in answers.items():
-        copy = course.student_copy(nb)
-        stub = next(c for c in copy["cells"] if c["cell_type"] == "code" and "NotImplementedError" in _code(c))
-        assert "def linear_matrix_mine" in _code(stub)
-        stub["source"] = answer + "\n\n\nok = ch01.check_linear_matrix(linear_matrix_mine)\n"
         (tmp_path / "subs" / student).mkdir(parents=True)
-        (tmp_path / "subs" / student / LABS[0].name).write_text(json.dumps(copy))
+        (tmp_path / "subs" / student / LABS[0].name).write_text(
+            json.dumps(_copy_with(LABS[0], {"linear_matrix_mine": answer})))
     (tmp_path / "subs" / "carol.ipynb").write_text("not a notebook")
     out = tmp_path / "grades.csv"
-    course.grade(tmp_path / "subs", out, timeout=300, progress=False)
+    course.grade(tmp_path / "subs", out, timeout=60, progress=False)
     with open(out, newline="") as f:
         rows = [(r["student"], r["notebook"], r["exercise"], r["verdict"], r["message"]) for r in csv.DictReader(f)]
     stub = ("Not yet", "not attempted yet: your function still raises NotImplementedError. Replace the `raise` "
                        "line with your code and run the cell again. Stuck? ch01.hint({}) prints a first hint.")
     lab = LABS[0].name
-    assert rows == [
+    assert rows[:7] == [
         ("alice", lab, "ch01.1", "Correct", "matches the reference on 3 random inputs."),
         ("alice", lab, "ch01.2", stub[0], stub[1].format(2)),
         ("alice", lab, "ch01.3", stub[0], stub[1].format(3)),
@@ -197,6 +278,33 @@ def test_grade_runs_the_students_notebooks_in_grading_mode(tmp_path):
          "your answer is pathedu.nope.linear_matrix itself, pathedu's own code; write it yourself."),
         ("bob", lab, "ch01.2", stub[0], stub[1].format(2)),
         ("bob", lab, "ch01.3", stub[0], stub[1].format(3)),
-        ("carol", "carol.ipynb", "", "error", rows[-1][4]),
+        ("carol", "carol.ipynb", "", "error", rows[6][4]),
     ]
-    assert rows[-1][4].startswith("could not read the notebook")
+    assert rows[6][4].startswith("could not read the notebook")
+    dave = rows[7]
+    assert dave[2:4] == ("ch01.1", "not run")
+    assert "its answer could not be built: NameError: name 'linear_matrix_mine' is not defined" in dave[4]
+    assert "does not parse" in dave[4]
+
+
+def _with_solutions(lab):
+    """A student copy of ``lab`` whose stubs hold the lab's solutions."""
+    nb = _nb(lab)
+    cells = nb["cells"]
+    solution_after = {i - 1: _code(c) for i, c in enumerate(cells) if course.is_solution(c)}
+    filled = [dict(c, source=solution_after[i]) if i in solution_after else c
+              for i, c in enumerate(cells) if not course.is_solution(c)]
+    return course.student_copy(dict(nb, cells=filled))
+
+
+def test_every_solution_of_every_lab_is_graded_correct_on_fresh_inputs(tmp_path):
+    """Each lab's solutions in its stubs, graded as a student's copy: every exercise Correct, on inputs drawn
+    from a secret seed (two seeds); the answers' source names no forbidden pathedu function."""
+    for lab in LABS:
+        (tmp_path / "subs" / "sol").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "subs" / "sol" / lab.name).write_text(json.dumps(_with_solutions(lab)))
+    for seed in (1, 2):
+        rows = course.grade(tmp_path / "subs", None, timeout=120, progress=False, seed=seed)
+        assert len(rows) == sum(len(course.expected_exercises(_nb(lab))) for lab in LABS)
+        wrong = [(r["exercise"], r["verdict"], r["message"]) for r in rows if r["verdict"] != "Correct"]
+        assert not wrong

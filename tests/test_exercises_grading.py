@@ -1,5 +1,6 @@
 """Grading mode: a check rejects an answer that is, or calls, pathedu's own implementation, and accepts the labs'
-solutions; the grader's own reference computations never trip it, and everything is put back afterwards."""
+solutions; the grader's own reference computations never trip it, and everything is put back afterwards.  The
+course grader's reading of an answer's source finds the same functions without running anything."""
 import functools
 import json
 import math
@@ -177,16 +178,59 @@ def test_torch_is_allowed_and_answers_that_are_values_are_graded_as_usual(capsys
     assert "apply_rope" not in verdict.message and "frequencies" not in verdict.message
 
 
-def test_every_check_records_its_verdict_when_asked(tmp_path, monkeypatch, capsys):
-    results = tmp_path / "results.jsonl"
-    monkeypatch.setenv("PATHEDU_GRADING_RESULTS", str(results))
-    ch01.check_linear_matrix(lambda q, k, v: (q @ k.mT * torch.ones(q.shape[-2], q.shape[-2]).tril().double()) @ v)
-    ch07.check_gamma(lambda lf: 1 / 0)
-    with grading():
-        ch01.check_linear_matrix(nope.linear_matrix)
-    rows = [json.loads(line) for line in results.read_text().splitlines()]
-    assert [(r["chapter"], r["exercise"], r["check"], r["ok"], r["grading"]) for r in rows] == [
-        ("ch01", "1", "check_linear_matrix", True, False),
-        ("ch07", "3a", "check_gamma", False, False),
-        ("ch01", "1", "check_linear_matrix", False, True)]
-    assert "ZeroDivisionError" in rows[1]["message"] and "pathedu.nope.linear_matrix" in rows[2]["message"]
+SOURCES = [  # (answer's source, the answer expression, allow, (own, named))
+    ("from pathedu.nope import linear_matrix as f", "f", (), (["pathedu.nope.linear_matrix"], [])),
+    ("from pathedu import nope\nf = nope.linear_matrix", "f", (), (["pathedu.nope.linear_matrix"], [])),
+    ("import pathedu\ndef f(q, k, v):\n    return pathedu.nope.linear_recurrent(q, k, v)", "f", (),
+     ([], ["pathedu.nope.linear_recurrent"])),
+    ("from pathedu import nope\ndef f(q, k, v):\n    g = nope.linear_matrix\n"
+     "    return getattr(g, '__pathedu_tripwire__', g)(q, k, v)", "f", (), ([], ["pathedu.nope.linear_matrix"])),
+    ("import pathedu.nope as n\ndef f(q, k, v):\n    return getattr(n, 'linear_chunked')(q, k, v)", "f", (),
+     ([], ["pathedu.nope.linear_chunked"])),
+    ("def f(q, k, v, impl=None):\n    from pathedu.alibi import retnet_matrix\n    return retnet_matrix(q, k, v, 1.0)",
+     "f", (), ([], ["pathedu.alibi.retnet_matrix"])),
+    ("import functools\nfrom pathedu import nope", "functools.partial(nope.linear_chunked, chunk=4)", (),
+     ([], ["pathedu.nope.linear_chunked"])),
+    ("from pathedu.exercises import ch01\ndef f(*a):\n    return ch01._merge_reference(*a)", "f", (),
+     ([], ["pathedu.exercises.ch01._merge_reference"])),
+    # not forbidden: an allowed helper, the student's own function named like pathedu's, constants, assigning
+    ("from pathedu import rope\ndef f(q, k, d):\n    return (rope.apply_rope(q[:, None], offset=d)[:, 0] * k).sum(-1)",
+     "f", ("pathedu.rope.apply_rope",), ([], [])),
+    ("from pathedu import fox\ndef log_gate_matrix(lf):\n    return lf.cumsum(-1)\n"
+     "def fox_matrix(q, k, v, lf):\n    return log_gate_matrix(lf)", "fox_matrix", (), ([], [])),
+    ("from pathedu import tasks\ndef f(t):\n    return t.masked_fill(t == tasks.R, tasks.IGNORE)", "f", (), ([], [])),
+    ("from pathedu import nope\ndef f(q, k, v):\n    nope.linear_recurrent = None\n    return v", "f", (), ([], [])),
+    # beyond reading: a name spelt at run time (the worker's tripwire is there for that)
+    ("from pathedu import nope\ndef f(q, k, v):\n    return getattr(nope, 'linear_' + 'matrix')(q, k, v)", "f", (),
+     ([], [])),
+]
+
+
+@pytest.mark.parametrize("source, answer, allow, found", SOURCES, ids=range(len(SOURCES)))
+def test_reading_an_answers_source_finds_the_pathedu_functions_it_names(source, answer, allow, found):
+    """The course grader's second look, in its own process: nothing of the source runs."""
+    import ast
+
+    tree = ast.parse(source)
+    assert _grader.pathedu_in_source(tree.body, ast.parse(answer, mode="eval").body, allow) == found
+
+
+def test_an_error_raised_in_another_process_is_phrased_as_a_local_one():
+    def remote(*args):
+        raise _grader.RemoteError("ZeroDivisionError", "division by zero", 7, False)
+
+    def stub(*args):
+        raise _grader.RemoteError("NotImplementedError", "exercise 1", 2, True)
+
+    _, err = _grader.call_student(remote, 1)
+    assert err == "your function raised ZeroDivisionError: division by zero (line 7)" and not err.stub
+    _, err = _grader.call_student(stub)
+    assert err.stub and "NotImplementedError: exercise 1 (line 2)" in err
+
+
+def test_evaluate_gives_the_verdict_without_grading_mode_or_printing(monkeypatch, capsys):
+    """What the course grader calls in its own process: the check as it is, even with PATHEDU_GRADING=1."""
+    monkeypatch.setenv("PATHEDU_GRADING", "1")
+    verdict = ch01.check_linear_matrix.evaluate(nope.linear_matrix)
+    assert verdict and capsys.readouterr().out == ""
+    assert not ch01.check_linear_matrix(nope.linear_matrix)

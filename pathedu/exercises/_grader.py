@@ -26,17 +26,26 @@ Three things live here, and the chapters only supply text and references:
   ``symbolic``, ...); work done in another thread or process.  Each check may allow a few helpers that the
   exercise builds on (``allow=`` of :meth:`Exercises.check`, e.g. ``rope.apply_rope`` for the relative logit).
 
-When the environment variable ``PATHEDU_GRADING_RESULTS`` names a file, every check appends its verdict to it as
-one JSON line (``python -m pathedu.course grade`` reads them).
+  The tripwires run in the process of the code they watch, so code that means to can get round them (it can
+  find the original functions, or switch the tripwires off).  ``python -m pathedu.course grade`` therefore also
+  reads the answer's source (:func:`pathedu_in_source`): a watched function named in a function the answer
+  needs, through an import or a module attribute, is caught there, in the grader's own process.  A name spelt
+  at run time (``getattr(nope, "linear_" + "matrix")``) together with a tripwire switched off is not caught,
+  no more than pasted source is.
+
+Checks are feedback: they run in the caller's process and trust it.  A grade comes from
+``python -m pathedu.course grade``, which runs the checks in its own process on the answers' outputs (see
+:mod:`pathedu.course`); there a check's inputs are drawn afresh (:func:`fresh_inputs`).
 """
 from __future__ import annotations
 
+import ast
 import contextlib
 import contextvars
 import functools
+import hashlib
 import importlib
 import inspect
-import json
 import os
 import sys
 import traceback
@@ -47,7 +56,6 @@ import torch
 
 LEVELS = (1, 2, 3)
 GRADING_ENV = "PATHEDU_GRADING"
-RESULTS_ENV = "PATHEDU_GRADING_RESULTS"
 #: The modules whose public functions are the reference forms that grading mode forbids.
 WATCHED = ("pathedu.nope", "pathedu.alibi", "pathedu.fox", "pathedu.rope", "pathedu.path", "pathedu.pathfox",
            "pathedu.stickbreaking", "pathedu.cope", "pathedu.tasks",
@@ -94,6 +102,15 @@ class StudentError(str):
     stub: bool = False
 
 
+class RemoteError(Exception):
+    """An exception raised by a student's function in another process (``python -m pathedu.course grade``):
+    ``student_type``, ``student_line`` and ``student_stub`` describe it as :func:`call_student` would."""
+
+    def __init__(self, type_name: str, message: str, line: int, stub: bool):
+        super().__init__(message)
+        self.student_type, self.student_line, self.student_stub = type_name, line, stub
+
+
 def call_student(fn, *args):
     """Run the student's function: ``(result, None)``, or ``(None, message)`` naming the
     exception and the line it came from (the student's code failed: say where, kindly).
@@ -101,9 +118,13 @@ def call_student(fn, *args):
     try:
         return fn(*args), None
     except Exception as exc:
-        last = traceback.extract_tb(exc.__traceback__)[-1]
-        err = StudentError(f"your function raised {type(exc).__name__}: {exc} (line {last.lineno})")
-        err.stub = isinstance(exc, NotImplementedError)
+        if isinstance(exc, RemoteError):
+            name, line, stub = exc.student_type, exc.student_line, exc.student_stub
+        else:
+            name, line = type(exc).__name__, traceback.extract_tb(exc.__traceback__)[-1].lineno
+            stub = isinstance(exc, NotImplementedError)
+        err = StudentError(f"your function raised {name}: {exc} (line {line})")
+        err.stub = stub
         return None, err
 
 
@@ -313,8 +334,9 @@ class Exercises:
         grading mode lets this exercise's answers call).
 
         The decorated check runs with the exercise's hints in reach (:func:`fallback_hint`,
-        :func:`not_attempted`), in grading mode when it is on, prints its final verdict once and records it
-        when ``PATHEDU_GRADING_RESULTS`` names a file."""
+        :func:`not_attempted`), in grading mode when it is on, and prints its final verdict once.  Its
+        ``evaluate(*answers)`` returns the verdict without printing it and never in grading mode (the course
+        grader's view: there the answers are stand-ins for functions that run in another process)."""
         ex = self.exercises[n]
         label = str(n) if label is None else label
         allow = tuple(allow)
@@ -332,23 +354,19 @@ class Exercises:
                 finally:
                     _CURRENT.reset(token)
                 print(repr(v))
-                _record(v, ex, label, check.__name__)
                 return v
 
-            run.exercise, run.label, run.allow = ex, label, allow
+            def evaluate(*args, **kwargs) -> Verdict:
+                token = _CURRENT.set(ex)
+                try:
+                    return check(*args, **kwargs)
+                finally:
+                    _CURRENT.reset(token)
+
+            run.exercise, run.label, run.allow, run.evaluate = ex, label, allow, evaluate
             return run
 
         return decorate
-
-
-def _record(v: Verdict, ex: Exercise, label: str, check_name: str) -> None:
-    path = os.environ.get(RESULTS_ENV)
-    if not path:
-        return
-    row = {"chapter": ex.chapter, "exercise": label, "check": check_name, "name": v.name, "ok": v.ok,
-           "message": v.message, "grading": grading_mode()}
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(row) + "\n")
 
 
 # ---------------------------------------------------------------------------
@@ -551,17 +569,192 @@ def _armed(answers, allow, entry):
                 setattr(holder, key, value)
 
 
+def answer_is_pathedu(answers, allow=()) -> list[str]:
+    """The names of the pathedu functions that the callable ``answers`` are (the function itself, or a
+    ``functools.partial`` or ``functools.wraps`` wrapper of one), except those in ``allow``."""
+    allowed = {id(_resolve(name)) for name in allow}
+    return sorted({name for answer in answers if callable(answer) for fn in _unwrap(answer)
+                   if id(fn) not in allowed and (name := _pathedu_name(fn)) is not None})
+
+
+def pathedu_verdict(v: Verdict, own, calls) -> Verdict:
+    """``v``, unless the answer is pathedu's own function (``own``) or calls one (``calls``): then "Not yet",
+    saying which."""
+    if own:
+        return Verdict(v.name, False, f"your answer is {', '.join(sorted(own))} itself, pathedu's own code; write "
+                                      "it yourself.")
+    if calls:
+        return Verdict(v.name, False, f"your answer calls {', '.join(sorted(calls))}; write it yourself "
+                                      "(grading mode: pathedu's own forms are off limits here).")
+    return v
+
+
 def _graded(check, answers, allow, entry) -> Verdict:
     """Run ``check()`` (the check with the ``answers`` bound) in grading mode: an answer that is pathedu's own
     function, or that calls one, is "Not yet" whatever the check found."""
-    allowed = {id(_resolve(name)) for name in allow}
-    own = sorted({name for answer in answers if callable(answer) for fn in _unwrap(answer)
-                  if id(fn) not in allowed and (name := _pathedu_name(fn)) is not None})
+    own = answer_is_pathedu(answers, allow)
     with _armed(answers, allow, entry) as state:
         v = check()
-    if own:
-        return Verdict(v.name, False, f"your answer is {', '.join(own)} itself, pathedu's own code; write it yourself.")
-    if state.calls:
-        return Verdict(v.name, False, f"your answer calls {', '.join(sorted(state.calls))}; write it yourself "
-                                      "(grading mode: pathedu's own forms are off limits here).")
-    return v
+    return pathedu_verdict(v, own, state.calls)
+
+
+# ---------------------------------------------------------------------------
+# Reading an answer's source (the course grader, in its own process)
+# ---------------------------------------------------------------------------
+
+def _import_pathedu(name: str):
+    """Module ``name`` when it is part of pathedu (importing pathedu's own modules only), else ``None``."""
+    if not _is_pathedu(name):
+        return None
+    try:
+        return importlib.import_module(name)
+    except Exception:  # noqa: BLE001 - a name that is no module of pathedu
+        return None
+
+
+def _member(obj, attr: str):
+    """``obj.attr`` for a pathedu module or function (never an attribute of anything else)."""
+    if isinstance(obj, types.ModuleType) and _is_pathedu(obj.__name__):
+        found = getattr(obj, attr, None)
+        return found if found is not None else _import_pathedu(f"{obj.__name__}.{attr}")
+    if isinstance(obj, (types.FunctionType, functools.partial)) and attr in ("__wrapped__", "func"):
+        return getattr(obj, attr, None)
+    return None
+
+
+def _static_value(node, env: dict):
+    """What a name, an attribute chain or ``getattr(x, "name")`` denotes, when it leads to pathedu through the
+    imports and plain assignments recorded in ``env``; else ``None``."""
+    if isinstance(node, ast.Name):
+        return env.get(node.id)
+    if isinstance(node, ast.Attribute):
+        base = _static_value(node.value, env)
+        return None if base is None else _member(base, node.attr)
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+            and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+        base = _static_value(node.args[0], env)
+        return None if base is None else _member(base, node.args[1].value)
+    return None
+
+
+def _record_bindings(statements, env: dict) -> None:
+    """Update ``env`` (name -> the pathedu module or function it holds, or ``None``) with the imports and
+    assignments of ``statements`` and of the blocks nested in them, in order (not inside functions)."""
+    for node in statements:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    env[alias.asname] = _import_pathedu(alias.name)
+                else:
+                    root = alias.name.split(".")[0]
+                    env[root] = _import_pathedu(root)
+                    _import_pathedu(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            module = _import_pathedu(node.module or "") if not node.level else None
+            for alias in node.names:
+                if alias.name != "*":
+                    env[alias.asname or alias.name] = None if module is None else _member(module, alias.name)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            env[node.name] = None
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)) and getattr(node, "value", None) is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            value = _static_value(node.value, env)
+            for target in targets:
+                for name in ast.walk(target):
+                    if isinstance(name, ast.Name):
+                        env[name.id] = value if isinstance(target, ast.Name) else None
+        else:
+            for field_name in ("body", "orelse", "finalbody", "handlers"):
+                _record_bindings(getattr(node, field_name, None) or [], env)
+
+
+def pathedu_in_source(statements, answer, allow=()) -> tuple[list[str], list[str]]:
+    """``(own, named)``: the forbidden functions that the expression ``answer`` is, and those named (read, not
+    assigned to) inside the functions and lambdas of ``statements`` or of ``answer`` (AST nodes), through the
+    imports (``from pathedu.nope import linear_matrix``, ``from pathedu import nope``, ``import pathedu``) and
+    plain assignments (``f = nope.linear_matrix``) of ``statements``, imports inside the function, and
+    ``getattr(module, "name")`` with a literal name.  Forbidden: the watched forms (:data:`WATCHED`, less
+    ``allow``) and every function of ``pathedu.exercises`` (the checks' own references).  Only pathedu's own
+    modules are imported; nothing of the source runs."""
+    watched = watched_functions()
+    allowed = {id(_resolve(name)) for name in allow}
+
+    def name_of(fn):
+        if id(fn) in allowed:
+            return None
+        if id(fn) in watched:
+            return watched[id(fn)][1]
+        module = getattr(fn, "__module__", None) or ""
+        if isinstance(fn, types.FunctionType) and module.startswith("pathedu.exercises."):
+            return f"{module}.{fn.__qualname__}"  # the grader's own references and helpers
+        return None
+
+    def forbidden(obj):
+        if obj is None or not callable(obj):
+            return None
+        return next((name for fn in _unwrap(obj) if (name := name_of(fn)) is not None), None)
+
+    env: dict = {}
+    _record_bindings(statements, env)
+    own = set()
+    if isinstance(answer, ast.Tuple):
+        parts = list(answer.elts)
+    else:
+        parts = [answer]
+    for part in parts:
+        name = forbidden(_static_value(part, env))
+        if name:
+            own.add(name)
+    named = set()
+    functions = [n for root in [*statements, answer] for n in ast.walk(root)
+                 if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))]
+    for part in parts:  # an answer built from pathedu's functions (a partial, a wrapper) names them too
+        if not forbidden(_static_value(part, env)):
+            functions.append(part)
+    for fn in functions:
+        local = dict(env)
+        _record_bindings([n for n in ast.walk(fn) if isinstance(n, (ast.Import, ast.ImportFrom))], local)
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Call) or (isinstance(node, (ast.Name, ast.Attribute))
+                                              and isinstance(node.ctx, ast.Load)):
+                name = forbidden(_static_value(node, local))
+                if name:
+                    named.add(name)
+    return sorted(own), sorted(named - own)
+
+
+# ---------------------------------------------------------------------------
+# Fresh inputs
+# ---------------------------------------------------------------------------
+
+_SECRET: contextvars.ContextVar = contextvars.ContextVar("pathedu_secret", default=None)
+
+
+class _SaltedGenerator(torch.Generator):
+    """A ``torch.Generator`` whose ``manual_seed(s)`` seeds it from ``s`` and the secret of
+    :func:`fresh_inputs`."""
+
+    def manual_seed(self, seed):
+        secret = _SECRET.get()
+        if secret is not None:
+            digest = hashlib.blake2b(f"{secret}:{int(seed)}".encode(), digest_size=8).digest()
+            seed = int.from_bytes(digest, "little") >> 1
+        return super().manual_seed(seed)
+
+
+@contextlib.contextmanager
+def fresh_inputs(secret: int):
+    """While active, every ``torch.Generator()`` made through ``torch.Generator`` is seeded from its seed *and*
+    ``secret``, and torch's global generator from ``secret``: a check draws the same shapes from new random
+    values that nobody could know in advance (the checks' fixed seeds are public).  For the course grader's
+    process only (it swaps ``torch.Generator`` for the duration; it is not thread-safe)."""
+    saved, state = torch.Generator, torch.get_rng_state()
+    token = _SECRET.set(int(secret))
+    torch.Generator = _SaltedGenerator
+    torch.manual_seed(int(secret) & (2 ** 63 - 1))
+    try:
+        yield
+    finally:
+        torch.Generator = saved
+        torch.set_rng_state(state)
+        _SECRET.reset(token)
