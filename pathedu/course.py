@@ -916,7 +916,27 @@ def grade(folder: Path, out: Path | None = DEFAULT_REPORT, *, timeout: float = D
     return rows
 
 
-GRADE_HELP = """\
+#: An image with pathedu and its course extra (CPU PyTorch), built from a clone of the repository.
+CONTAINER_BUILD = """\
+docker build -t pathedu-grader -f - . <<'EOF'
+FROM python:3.11-slim
+COPY pyproject.toml README.md /src/
+COPY pathedu /src/pathedu
+COPY kernels /src/kernels
+RUN pip install --no-cache-dir torch --index-url https://download.pytorch.org/whl/cpu \\
+ && pip install --no-cache-dir "/src[course]"
+EOF"""
+
+#: Grading in that image: no network, a read-only file system (the grader's code included), the submissions
+#: mounted read-only, a tmpfs for the working folders, only out/ writable; ``-I`` keeps the working folder off
+#: Python's path.
+CONTAINER_RUN = """\
+docker run --rm --network none --read-only --tmpfs /tmp:rw,size=2g -w / --user "$(id -u):$(id -g)" \\
+    --memory 8g --pids-limit 512 --cap-drop ALL --security-opt no-new-privileges \\
+    -v "$PWD/submissions:/submissions:ro" -v "$PWD/out:/out" \\
+    pathedu-grader python -I -m pathedu.course grade /submissions --out /out/grades.csv"""
+
+GRADE_HELP = f"""\
 WARNING: grading runs the students' code, with your user's rights. Run it in a container (below) or on a
 machine you can wipe. Each exercise's answer is built and called in a fresh process, in a temporary working
 directory of its own (HOME and TMPDIR point inside it), with a time limit per check and per notebook; that
@@ -931,13 +951,12 @@ forge results, patch the checks or torch, or detect grading change nothing; an a
 pathedu's own forms is "Not yet".
 
 In a container: no network, a read-only file system (the grader's code included), the submissions mounted
-read-only, a tmpfs for the work folders, only the output folder writable. The image needs pathedu with its
-course extra (pip install "pathedu[course]"); -I keeps the working folder off Python's path:
+read-only, a tmpfs for the working folders, only the output folder writable. Build the image once, from a
+clone, then grade (-I keeps the working folder off Python's path):
 
-  docker run --rm --network none --read-only --tmpfs /tmp:rw,size=2g -w / --user "$(id -u):$(id -g)" \\
-      --memory 8g --pids-limit 512 --cap-drop ALL --security-opt no-new-privileges \\
-      -v "$PWD/submissions:/submissions:ro" -v "$PWD/out:/out" \\
-      pathedu-grader python -I -m pathedu.course grade /submissions --out /out/grades.csv
+{CONTAINER_BUILD}
+
+{CONTAINER_RUN}
 """
 
 

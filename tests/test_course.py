@@ -250,6 +250,15 @@ def test_the_grade_help_says_it_runs_the_students_code_and_shows_a_container(cap
         assert part in text, part
 
 
+def test_how_to_use_says_that_grading_runs_the_students_code_and_shows_the_container():
+    page = (course.LABS_DIR.parent / "book" / "how_to_use.md").read_text(encoding="utf8")
+    text = " ".join(page.split())
+    assert "Grading runs your students' code" in text and "not a security sandbox" in text
+    assert "course.CONTAINER_BUILD" in page and "course.CONTAINER_RUN" in page  # the recipe the --help prints
+    assert "--network none" in course.CONTAINER_RUN and ":ro" in course.CONTAINER_RUN
+    assert "--read-only" in course.CONTAINER_RUN and "--tmpfs /tmp" in course.CONTAINER_RUN
+
+
 def test_grade_runs_the_answers_and_decides_in_its_own_process(tmp_path):
     """alice filled exercise 1's stub with the lab's solution, bob answered it with pathedu's function, dave's
     stub cell does not parse; an unreadable file is reported, not a crash."""

@@ -10,6 +10,10 @@ what is wrong, not a stack trace.  ``chNN.hint(n, level)`` prints exercise
 In grading mode (``with pathedu.exercises.grading(): ...`` or the environment
 variable ``PATHEDU_GRADING=1``) a check also rejects an answer that uses
 pathedu's own implementation; see :mod:`pathedu.exercises._grader`.
+
+A check runs in the process of the code it checks and trusts it: it gives
+feedback.  Grades come from ``python -m pathedu.course grade``, which runs the
+same checks in its own process on what the answers return (:mod:`pathedu.course`).
 """
 from ._grader import (REGISTRY, Exercises, Verdict, call_student, check_function, diagnose, grading, grading_mode,
                       rel_error, verdict)

@@ -395,21 +395,41 @@ def serve(fd: int, workdir: str) -> None:
 # The fork server
 # ---------------------------------------------------------------------------
 
-def nondumpable() -> None:
-    """On Linux, make this process (and the processes it forks) non-dumpable: another process of the same user
-    can then neither ptrace it nor read its memory or file descriptors under ``/proc``.  Elsewhere nothing."""
+def _prctl(option: int, value: int) -> None:
     if not sys.platform.startswith("linux"):
         return
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
     except (OSError, AttributeError):
         pass
 
 
-def _fork_worker(control: socket.socket, workdir: str) -> None:
-    """Fork a worker for ``workdir`` and send the grader its pid and its channel (a socket's file descriptor)."""
+def nondumpable() -> None:
+    """On Linux, make this process (and the processes it forks) non-dumpable: another process of the same user
+    can then neither ptrace it nor read its memory or file descriptors under ``/proc``.  Elsewhere nothing."""
+    _prctl(4, 0)  # PR_SET_DUMPABLE
+
+
+def _die_with_parent() -> None:
+    """On Linux, end this process when its parent ends (the grader, for the fork server; the fork server, for a
+    worker): a grader killed in the middle leaves no worker looping on."""
+    _prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+
+
+def _end(pid: int) -> None:
+    """End worker ``pid`` and its process group (whatever its code started)."""
+    for kill, target in ((os.killpg, pid), (os.kill, pid)):
+        try:
+            kill(target, 9)
+        except OSError:
+            pass
+
+
+def _fork_worker(control: socket.socket, workdir: str) -> int:
+    """Fork a worker for ``workdir``, send the grader its pid and its channel (a socket's file descriptor);
+    return the pid."""
     mine, theirs = socket.socketpair()
     pid = os.fork()
     if pid == 0:  # the worker
@@ -421,6 +441,7 @@ def _fork_worker(control: socket.socket, workdir: str) -> None:
                 os.dup2(fd, 3, inheritable=False)
                 fd = 3
             os.closerange(4, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 4096)
+            _die_with_parent()
             serve(fd, workdir)
         except BaseException:  # noqa: BLE001 - nothing to report to: the grader sees the channel close
             code = 1
@@ -431,12 +452,14 @@ def _fork_worker(control: socket.socket, workdir: str) -> None:
         socket.send_fds(control, [struct.pack(">q", pid)], [mine.fileno()])
     finally:
         mine.close()
+    return pid
 
 
 def zygote(control_fd: int) -> None:
     """The fork server's main loop (see the module docstring): preload, then answer the grader's requests on the
     socket ``control_fd`` until it closes: ``fork`` (a worker for a working directory) and ``reap`` (a worker's
-    exit code, after the grader ended it)."""
+    exit code, after the grader ended it).  When the grader is gone (the socket closed, however it ended), every
+    worker not yet reaped is ended with its process group."""
     nondumpable()
     os.environ.setdefault("MPLBACKEND", "Agg")
     import pathedu  # noqa: F401 - the device policy, before any kernel is defined
@@ -446,17 +469,24 @@ def zygote(control_fd: int) -> None:
     watched_functions()  # imports every watched module: a worker starts with them
     control = socket.socket(fileno=control_fd)
     fd = control.fileno()
-    while True:
-        try:
-            msg = decode(read_frame(fd))
-        except (EOFError, OSError, FormatError):
-            return
-        if msg.get("op") == "fork":
-            _fork_worker(control, str(msg["workdir"]))
-        elif msg.get("op") == "reap":
+    workers: set = set()
+    try:
+        while True:
             try:
-                _, status = os.waitpid(int(msg["pid"]), 0)
-                code = os.waitstatus_to_exitcode(status)
-            except ChildProcessError:
-                code = None
-            write_frame(fd, encode({"code": code}))
+                msg = decode(read_frame(fd))
+            except (EOFError, OSError, FormatError):
+                return
+            if msg.get("op") == "fork":
+                workers.add(_fork_worker(control, str(msg["workdir"])))
+            elif msg.get("op") == "reap":
+                pid = int(msg["pid"])
+                workers.discard(pid)
+                try:
+                    _, status = os.waitpid(pid, 0)
+                    code = os.waitstatus_to_exitcode(status)
+                except ChildProcessError:
+                    code = None
+                write_frame(fd, encode({"code": code}))
+    finally:
+        for pid in workers:
+            _end(pid)
