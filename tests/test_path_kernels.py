@@ -246,7 +246,9 @@ def test_fp16_products_of_the_main_pass_scale_the_rows_of_q_and_k(norm_q):
 
     # a NaN in one query, an inf in one key: the same entries are non-finite in both passes
     q[0, 40, 3], k[0, 70, 5] = float("nan"), float("inf")
-    exact, fast = passes()
+    with warnings.catch_warnings():  # the interpreter's numpy meets the NaN and inf put there on purpose
+        warnings.filterwarnings("ignore", "invalid value encountered", RuntimeWarning)
+        exact, fast = passes()
     for name in ("qt", "kt", "ad", "g"):
         bad = ~torch.isfinite(getattr(exact, name))
         assert bad.any() or name == "g"
