@@ -141,3 +141,14 @@ def test_triton_prefill_in_pieces_then_decoding_is_one_pass():
     ref_out, ref_S = nope.linear_recurrent(q.double(), k.double(), v.double(), return_state=True)
     assert rel_err(pieces, ref_out) <= 1e-5 and rel_err(S_pieces, ref_S) <= 1e-5
     assert S.dtype == torch.float32 and S.shape == (2, 24, 16)
+
+
+def test_bench_module_lists_fla_linear_attention_beside_ours():
+    """The chapter's benchmark ops (GPU only to run): flash-linear-attention's chunked linear attention is timed beside
+    ``linear_triton`` and checked against it (forward, or forward + backward with ``--backward``)."""
+    from pathedu.bench import nope as bench
+
+    ops = {o.name: o for o in bench.ops()}
+    assert {"sdpa", "nope_triton", "linear_triton", "fla_chunk_linear_attn", "fla_fused_chunk_linear_attn"} <= set(ops)
+    for name in ("fla_chunk_linear_attn", "fla_fused_chunk_linear_attn"):
+        assert ops[name].peer and ops[name].reference == "linear_triton" and callable(ops[name].setup)

@@ -17,7 +17,8 @@ Linear side (checked against ``torch_rope_linear``):
 * ``torch_rope_linear``: :func:`pathedu.rope.apply_rope` + our chunked linear-attention kernel
   (``pathedu.nope.linear_triton``): linear attention on rotated inputs;
 * ``complex_triton``: our pre-pass + the same kernel (:func:`pathedu.rope.complex_triton`);
-* ``complex_triton_fused``: the linear template's rotation hook instead (no pre-pass);
+* ``complex_triton_fused``: the linear template's rotation hook instead (no pre-pass; with ``--backward`` it runs
+  the pre-pass path, as ``complex_triton`` does: the hook has no backward);
 * ``fla_rope_linear``: fla's rotary kernel + ``fla.ops.linear_attn.chunk_linear_attn``
   (``scale=1``, ``normalize=False``: plain causal linear attention).
 
