@@ -1,4 +1,4 @@
-"""Book maintenance, five commands (run from anywhere; paths are the repository's):
+"""Book maintenance, six commands (run from anywhere; paths are the repository's):
 
 ``python book/tools.py assets [--force]``
     Fetch the web assets that let the built book render math and widgets with
@@ -41,6 +41,15 @@
     from ``pathedu`` by ``book/slides/figures.py`` into ``fig/``, and reveal.js
     and MathJax are copied from ``book/offline/`` into ``lib/``: the folder is
     self-contained and projects from disk with no network.  Needs the assets.
+
+``python book/tools.py edition student|instructor --out DIR``
+    Build one edition of the book into ``DIR/_build/html`` (slides in its
+    ``slides/``).  The instructor edition is the normal build of the
+    repository.  The student edition is built from a copy of the sources in
+    ``DIR/source`` without any solution: every chapter's problem solutions
+    (the ``{admonition} Solution`` blocks and the code cell that checks each),
+    and the labs as ``python -m pathedu.course student`` copies them (no
+    solution cell, no output from the first exercise on).  Needs the assets.
 
 The module is also a small Sphinx extension (``sphinx.local_extensions`` in
 ``_config.yml``): it stops the build with the fix when the assets are missing,
@@ -701,6 +710,114 @@ def cmd_slides(args) -> None:
 
 
 # ---------------------------------------------------------------------------
+# edition: the student edition (no solutions) and the instructor edition
+# ---------------------------------------------------------------------------
+
+EDITIONS = ("student", "instructor")
+# What the book build reads from the repository: the configuration, the pages, the labs, the kernels that pages
+# include with literalinclude.  book/offline (the assets) is linked, not copied.
+EDITION_SOURCES = ("_config.yml", "_toc.yml", "book", "notebooks", "kernels")
+SOLUTION_INFO = re.compile(r"\{(admonition|dropdown)\}\s*Solution\b")
+SOLUTIONS_FOLDED = re.compile(r"Each\s+solution\s+is\s+folded\s+away.*?\.(?=\s|$)", re.S)
+STUDENT_NOTE = "The solutions are in the instructor edition of this book."
+
+
+def _page_blocks(text: str):
+    """The top-level blocks of a MyST page as markdown-it tokens with line maps (front matter, colon fences)."""
+    from markdown_it import MarkdownIt
+    from mdit_py_plugins.colon_fence import colon_fence_plugin
+    from mdit_py_plugins.dollarmath import dollarmath_plugin
+    from mdit_py_plugins.front_matter import front_matter_plugin
+
+    md = MarkdownIt("commonmark").use(front_matter_plugin).use(colon_fence_plugin).use(dollarmath_plugin)
+    return [t for t in md.parse(text) if t.level == 0 and t.map is not None and t.nesting in (0, 1)]
+
+
+def strip_solutions(text: str) -> tuple[str, int, int]:
+    """A page without its problems' solutions: ``(text, solutions removed, check cells removed)``.
+
+    Removed: every ``{admonition} Solution`` (or ``{dropdown} Solution``) block, the code cell right after it
+    (the hidden cell that checks the solution), and the Problems introduction's sentence that says the solutions
+    are folded away, which becomes :data:`STUDENT_NOTE`."""
+    lines = text.splitlines(keepends=True)
+    blocks = _page_blocks(text)
+    drop, solutions, checks = set(), 0, 0
+    for i, token in enumerate(blocks):
+        if token.type in ("fence", "colon_fence") and SOLUTION_INFO.match(token.info.strip()):
+            drop.update(range(*token.map))
+            solutions += 1
+            after = blocks[i + 1] if i + 1 < len(blocks) else None
+            if after is not None and after.type == "fence" and after.info.strip().startswith("{code-cell}"):
+                drop.update(range(*after.map))
+                checks += 1
+    kept = "".join(line for n, line in enumerate(lines) if n not in drop)
+    if solutions:
+        kept = SOLUTIONS_FOLDED.sub(STUDENT_NOTE, kept)
+    return re.sub(r"\n{3,}", "\n\n", kept), solutions, checks
+
+
+def student_sources(dest: Path) -> dict:
+    """Write the student edition's sources into ``dest`` (a copy of :data:`EDITION_SOURCES`, ``book/offline``
+    linked): every page of ``book/`` through :func:`strip_solutions`, every notebook of ``notebooks/`` through
+    :func:`pathedu.course.student_copy` (lesson outputs kept).  Returns ``{path: (solutions, checks)}`` for the
+    pages and ``{path: solution cells}`` for the notebooks, relative to ``dest``."""
+    from pathedu.course import is_solution, student_copy
+
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    for name in EDITION_SOURCES:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns(
+                "offline", "__pycache__", ".ipynb_checkpoints", "_build"))
+        else:
+            shutil.copy2(src, dest / name)
+    if OFFLINE.is_dir():
+        (dest / "book" / "offline").symlink_to(OFFLINE, target_is_directory=True)
+    removed = {}
+    for page in sorted((dest / "book").glob("*.md")):
+        text, solutions, checks = strip_solutions(page.read_text(encoding="utf8"))
+        page.write_text(text, encoding="utf8")
+        removed[page.relative_to(dest).as_posix()] = (solutions, checks)
+    for path in sorted((dest / "notebooks").glob("*.ipynb")):
+        nb = json.loads(path.read_text(encoding="utf8"))
+        path.write_text(json.dumps(student_copy(nb, keep_lesson_outputs=True), indent=1, ensure_ascii=False) + "\n",
+                        encoding="utf8")
+        removed[path.relative_to(dest).as_posix()] = sum(is_solution(c) for c in nb["cells"])
+    return removed
+
+
+def build_edition(edition: str, out: Path) -> Path:
+    """Build ``edition`` (see the module docstring) into ``out``; returns the HTML folder."""
+    if edition not in EDITIONS:
+        raise ValueError(f"`edition` must be one of {', '.join(EDITIONS)}, got {edition!r}")
+    _require_slide_assets()
+    out = out.resolve()
+    source = ROOT
+    if edition == "student":
+        source = out / "source"
+        removed = student_sources(source)
+        pages = sum(1 for v in removed.values() if isinstance(v, tuple) and v[0])
+        print(f"student sources in {source}: the solutions of {pages} pages' problems and "
+              f"{sum(v for v in removed.values() if isinstance(v, int))} lab solution cells removed")
+    jupyter_book = Path(sys.executable).parent / "jupyter-book"
+    command = [str(jupyter_book) if jupyter_book.is_file() else "jupyter-book", "build", str(source), "-W", "-n",
+               "--keep-going", "--path-output", str(out)]
+    if subprocess.run(command).returncode != 0:
+        die(f"the {edition} edition's build failed (the log is above)")
+    html = out / "_build" / "html"
+    os.environ.setdefault("MPLBACKEND", "Agg")  # the slides' figures (not before: the pages show theirs inline)
+    build_slides(html / "slides")
+    return html
+
+
+def cmd_edition(args) -> None:
+    html = build_edition(args.edition, Path(args.out))
+    print(f"{args.edition} edition in {html}: open {html / 'index.html'}")
+
+
+# ---------------------------------------------------------------------------
 # Sphinx extension (``sphinx.local_extensions`` in _config.yml)
 # ---------------------------------------------------------------------------
 
@@ -778,6 +895,10 @@ def main(argv=None) -> None:
     p = sub.add_parser("slides", help="build the chapters' reveal.js slide decks (needs the assets)")
     p.add_argument("--out", default=str(SLIDES_OUT), help="output folder (default _build/html/slides)")
     p.set_defaults(func=cmd_slides)
+    p = sub.add_parser("edition", help="build the student edition (no solutions) or the instructor edition")
+    p.add_argument("edition", choices=EDITIONS)
+    p.add_argument("--out", required=True, help="output folder (the HTML goes to OUT/_build/html)")
+    p.set_defaults(func=cmd_edition)
     args = parser.parse_args(argv)
     args.func(args)
 

@@ -584,7 +584,7 @@ class _Zygote:
         self.process = subprocess.Popen([sys.executable, "-I", "-c", boot, json.dumps(sys.path),
                                          str(theirs.fileno())], pass_fds=[theirs.fileno()], env=env,
                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL, start_new_session=True)
+                                        start_new_session=True)  # its errors on stderr; a worker silences its own
         theirs.close()
         self.control = mine
 

@@ -393,10 +393,14 @@ def grading(on: bool = True):
 
 @functools.lru_cache(maxsize=None)
 def watched_functions() -> dict:
-    """``{id(function): (function, "pathedu.module.name")}`` for every public function of :data:`WATCHED`."""
+    """``{id(function): (function, "pathedu.module.name")}`` for every public function of :data:`WATCHED` (a
+    module that cannot be imported, a kernel module without Triton, has none that could be called)."""
     found = {}
     for modname in WATCHED:
-        module = importlib.import_module(modname)
+        try:
+            module = importlib.import_module(modname)
+        except ImportError:  # pathedu.TritonUnavailable included
+            continue
         for name in getattr(module, "__all__", ()):
             obj = getattr(module, name, None)
             if isinstance(obj, types.FunctionType) and id(obj) not in found:
