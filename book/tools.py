@@ -54,7 +54,8 @@
 The module is also a small Sphinx extension (``sphinx.local_extensions`` in
 ``_config.yml``): it stops the build with the fix when the assets are missing,
 keeps the Colab button only on pages made from notebooks (Colab cannot open the
-MyST Markdown pages), and lets the widgets typeset their labels with MathJax 3.
+MyST Markdown pages), puts a link to its slide deck under every chapter's title,
+and lets the widgets typeset their labels with MathJax 3.
 
 Standard library plus nbformat, nbclient and PyYAML; ``slides`` also uses
 markdown-it-py and mdit-py-plugins (installed with jupyter-book) and, for its
@@ -845,6 +846,31 @@ def _colab_only_for_notebooks(app, pagename, templatename, context, doctree) -> 
                 buttons.remove(group)
 
 
+SLIDES_LINK_CLASS = "pathedu-slides-link"
+
+
+def chapter_slides_href(pagename: str) -> str | None:
+    """The link from a chapter's built page to its deck, ``slides/chNN.html`` at the root of the HTML folder (where
+    ``.ci/book`` and the editions build the decks), relative to the page; ``None`` for a page that is no chapter."""
+    match = CHAPTER_RE.fullmatch(pagename)
+    if match is None:
+        return None
+    return "../" * pagename.count("/") + f"slides/ch{match.group(1)}.html"
+
+
+def _link_chapter_slides(app, pagename, templatename, context, doctree) -> None:
+    """Put a "Slides for this chapter" link under the title of every chapter page (``book/chNN_*``)."""
+    href = chapter_slides_href(pagename)
+    body = context.get("body")
+    if href is None or not body:
+        return
+    link = (f'<p class="{SLIDES_LINK_CLASS}"><a class="reference external" href="{href}">'
+            "Slides for this chapter</a> (reveal.js; <kbd>S</kbd> opens the speaker notes)</p>\n")
+    title = body.find("</h1>")
+    at = title + len("</h1>") if title >= 0 else 0
+    context["body"] = body[:at] + "\n" + link + body[at:]
+
+
 # ipywidgets 8 typesets widget labels through MathJax 2's API (``MathJax.Hub.Queue``);
 # the book loads MathJax 3, which has no ``Hub``.  Deferred scripts (MathJax) have
 # run by DOMContentLoaded; the widgets render later, on "load".
@@ -871,6 +897,7 @@ def setup(app):
     app.add_js_file(None, body=MATHJAX2_SHIM)
     app.connect("builder-inited", _require_assets)
     app.connect("html-page-context", _colab_only_for_notebooks, priority=900)  # after the theme's (501)
+    app.connect("html-page-context", _link_chapter_slides)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
 
 

@@ -335,3 +335,40 @@ def test_colab_button_is_dropped_from_markdown_pages_only():
     tools._colab_only_for_notebooks(app, "b", "page.html", ipynb, None)
     assert [b["text"] for b in md["header_buttons"][0]["buttons"]] == ["Binder"]
     assert [b["text"] for b in ipynb["header_buttons"][0]["buttons"]] == ["Colab", "Binder"]
+
+
+@pytest.fixture(scope="module")
+def html_with_slides(html) -> Path:
+    """The book with its decks in ``slides/``, built as ``.ci/book`` and the editions build them."""
+    proc = subprocess.run([sys.executable, str(ROOT / "book" / "tools.py"), "slides", "--out", str(html / "slides")],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return html
+
+
+def test_every_slide_link_resolves_and_every_chapter_links_its_deck(html_with_slides):
+    """Every link to a deck in the built pages reaches a file of the build; every chapter page links its own deck
+    (under its title), and the teaching page links every deck and the decks' index."""
+    html = html_with_slides
+    chapters = tools.toc_chapters()
+    assert len(chapters) >= 18
+    broken, linked = [], {}
+    for page in sorted(html.rglob("*.html")):
+        rel = page.relative_to(html)
+        if rel.parts[0] in ("slides", "_static", "_sources"):
+            continue
+        for href in re.findall(r'href="([^"#?]*slides/[^"#?]*)', page.read_text(encoding="utf8")):
+            target = (page.parent / href).resolve()
+            if not target.is_file():
+                broken.append(f"{rel}: {href}")
+            linked.setdefault(rel.with_suffix("").as_posix(), set()).add(target)
+    assert not broken, "links to files the build does not have:\n" + "\n".join(broken)
+    decks = {(html / "slides" / f"ch{nn}.html").resolve() for nn, _ in chapters}
+    for nn, doc in chapters:
+        own = (html / "slides" / f"ch{nn}.html").resolve()
+        assert own in linked.get(doc, set()), f"{doc} does not link its deck slides/ch{nn}.html"
+        text = _page(html, doc)
+        assert text.count(tools.SLIDES_LINK_CLASS) == 1, f"{doc}: want one 'Slides for this chapter' link"
+    teaching = linked.get("book/teaching", set())
+    assert decks <= teaching, f"the teaching page misses {sorted(p.name for p in decks - teaching)}"
+    assert (html / "slides" / "index.html").resolve() in teaching, "the teaching page does not link the index"

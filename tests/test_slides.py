@@ -279,3 +279,24 @@ def test_no_slide_is_taller_than_the_slide(slides):
             too_tall += [f"{deck.name} slide {n} ({title.strip()[:40]!r}): {h} px > {limit}"
                          for n, h, limit, title in heights if h > limit + 1]
     assert not too_tall, "\n".join(too_tall)
+
+
+def test_every_chapter_page_gets_a_link_to_its_deck():
+    """The book's Sphinx hook puts one link under each chapter's title, to ``slides/chNN.html`` beside the pages'
+    folder (where ``.ci/book`` and the editions build the decks); other pages get none."""
+    import posixpath
+
+    assert CHAPTERS, "_toc.yml lists no chapter"
+    for nn, doc in CHAPTERS:
+        context = {"body": f'<section id="x">\n<h1>Title {nn}<a class="headerlink" href="#x">#</a></h1>\n<p>text</p>'}
+        tools._link_chapter_slides(None, doc, "page.html", context, None)
+        body = context["body"]
+        links = re.findall(r'<p class="' + tools.SLIDES_LINK_CLASS + r'"><a [^>]*href="([^"]+)"', body)
+        assert len(links) == 1, f"{doc}: {len(links)} slide links"
+        target = posixpath.normpath(posixpath.join(posixpath.dirname(doc), links[0]))
+        assert target == f"slides/ch{nn}.html", f"{doc} links {links[0]}, which is {target}"
+        assert body.index("</h1>") < body.index(tools.SLIDES_LINK_CLASS) < body.index("<p>text"), "under the title"
+    for page in ("book/teaching", "book/intro", "notebooks/01_nope_linear_lab"):
+        context = {"body": "<h1>T</h1>"}
+        tools._link_chapter_slides(None, page, "page.html", context, None)
+        assert context["body"] == "<h1>T</h1>", page
