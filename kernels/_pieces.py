@@ -149,16 +149,17 @@ def _rn(x, PRECISION: tl.constexpr):
     towards zero.  A biased rounding is harmless once, but the block transitions
     ``P_J`` are applied again and again (to the carried query, to the RNN's state):
     truncated factors made every ``P_J`` slightly too short and the error grew
-    linearly with T (kernels/NOTES_path.md).  Rounding to nearest first (add half
-    a tf32 ulp to the bit pattern, clear the 13 low bits) makes it unbiased.
+    linearly with T (``NOTES_path.md``, "Rounding to nearest before tf32 products").
+    Rounding to nearest first (add half a tf32 ulp to the bit pattern, clear the
+    13 low bits) makes it unbiased.
 
     Infinities and the quiet NaN that PyTorch writes (``0x7FC00000``) come out unchanged; a NaN with only its low
     13 mantissa bits set comes out as an infinity; but a NaN whose mantissa's top ten bits are all set carries into
     the sign bit and comes out as -0.0, a finite number.  NVIDIA's canonical NaN (``0x7FFFFFFF``), what arithmetic
     on a NaN returns on the GPU, is one.  So an operand that can hold one is made quiet before it gets here
     (:func:`_quiet_nan`, :func:`_quiet_fp32`, :func:`_quiet_for`: the linear template's scores, keys and state, fp32
-    inputs, the preparation passes' stored fp32 factors; ``kernels/NOTES_path.md`` section 14).  A select inside
-    this function instead cost PaTH's, DeltaNet's and Gated DeltaNet's forwards 6-13% on the H100 (section 13), and
+    inputs, the preparation passes' stored fp32 factors; ``NOTES_path.md``, "NaNs through the rounding").  A select
+    inside this function instead cost PaTH's, DeltaNet's and Gated DeltaNet's forwards 6-13% on the H100, and
     ``cvt.rna.tf32.f32``, the PTX instruction for this rounding, keeps NaNs but compiles for sm_90 to that same
     select (``FSETP`` of ``|x| >= inf``, a predicated add, the mask; Triton 3.6, offline).
 

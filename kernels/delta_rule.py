@@ -46,13 +46,13 @@ The Householder RNN's factors are fp32.  DeltaNet's ``W`` and ``U~`` are stored 
 flash-linear-attention stores them: they are written once and read once, and fp32 doubles those bytes) and in
 fp32 otherwise (fp16's exponent range is too narrow for ``U~ = A V``), or in ``factor_dtype`` when given:
 ``torch.float32`` for bf16 inputs is about a third closer to float64 and up to 9% slower
-(kernels/NOTES_path.md, sections 9 and 12).  Products are tf32 for 16-bit inputs with
+(``NOTES_linear.md``, "The WY factors' dtype").  Products are tf32 for 16-bit inputs with
 operands rounded to nearest (the state is multiplied by ``I - K^T W`` or ``I + G_c`` chunk after
 chunk, and the tensor cores' truncation would shrink it a little every time), and about fp32 for
 fp32 inputs (three tf32 products on a GPU, exact in the interpreter); see :func:`._pieces._dot`.  DeltaNet's WY
 pass multiplies 16-bit inputs' factors in fp16 instead (the same ten mantissa bits, each block conjugated into
 fp16's range by powers of two: :func:`.ut_prepare._wy_prepare`; 29% less time for the pass on an H200,
-kernels/NOTES_path.md, section 26).
+``NOTES_linear.md``, "fp16 products in the WY pass").
 A NaN or inf in ``q``, ``k`` or ``v`` at position ``t`` changes outputs at positions ``>= t`` only
 (:mod:`.ut_prepare` says how, for DeltaNet's ``w = k``).  Inputs are validated once, at the entry
 points below (see :mod:`._launch`).

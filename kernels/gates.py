@@ -4,7 +4,7 @@ FoX's bias is ``c_i - c_j`` with ``c_t = sum_{s <= t} log_f[s]`` the cumulative 
 fp32 before the attention kernel (the kernels add ``c_r - c_j`` per key block: :func:`._pieces._gate_keys`).  As
 ``torch.cumsum`` of the ``(BH, T)`` gates plus the gates' check (``torch.aminmax``,
 :func:`pathedu.checks.log_gate_condition`) this prologue took 32 + 8 us at T = 1024, BH = 1024 on an H100
-(``pathedu/data/launches_8a8958b.json``): a tenth of SDPA's whole forward, for 8 MB of traffic that costs about
+(``pathedu/data/launches_softmax_fwd.json``): a tenth of SDPA's whole forward, for 8 MB of traffic that costs about
 3 us.  :func:`_gate_prefix` reads each head's gates once, writes their prefix sums, and counts the gates that break
 ``-inf < log_f <= 0`` as it goes, for :meth:`pathedu.checks.checked_after.defer` (as the UT preparation pass
 counts ``w`` and ``beta``).

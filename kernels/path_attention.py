@@ -57,7 +57,8 @@ pass's backward (:func:`.ut_prepare.ut_prepare_backward`) bring the gradients ba
 A forward that will be differentiated therefore runs on the same schedule (:func:`_path_dyadic_fwd`: the
 preparation pass, the carries, then FlashAttention's forward on those rectangles) and saves the log-sum-exp of
 exactly the logits the backward differentiates, as FlashAttention-2 does; the scan's logits are rounded
-differently, and its statistics did not fit the backward's (kernels/NOTES_path.md, sections 7, 8 and 19).  By
+differently, and its statistics did not fit the backward's (``NOTES_path.md``, "The training forward runs on the
+backward's schedule").  By
 default it also keeps its factors and meeting points for the backward (``save_factors``).
 
 **Non-finite inputs.**  The diagonal region folds through
@@ -292,8 +293,8 @@ def _path_dyadic_fwd(X, AD, V, O, C, LSE, T, LEVELS, qk_scale, stride_xl, stride
     differently.  A backward that normalised its own logits with the scan's log-sum-exp was exact only in exact
     arithmetic: where logits are large (a trained model's sharp attention), a logit off by ``delta`` turns ``p``
     into ``p 2^delta``, the rows stop summing to one, and the gradients were 20-300% off float64 in a trained model
-    (``kernels/NOTES_path.md``, section 8).  So a forward that will be differentiated walks the tiles of
-    ``_path_bwd``'s query role instead, from the meeting-point rows ``X`` and the in-block scores ``AD``, and
+    (``NOTES_path.md``, "The training forward runs on the backward's schedule").  So a forward that will be
+    differentiated walks the tiles of ``_path_bwd``'s query role instead, from the meeting-point rows ``X`` and the in-block scores ``AD``, and
     computes each logit as ``_path_bwd`` does (:func:`.flash_attention._bwd_logits`): the log-sum-exp it saves
     (``LSE``, log2 units, fp32 ``(BH, T)``) is the one of the logits that the backward differentiates, as in
     FlashAttention-2.  ``O``: ``(BH, T, Dv)``.  Non-finite values: the diagonal tile folds through

@@ -25,10 +25,10 @@ and for the left half, with ``N_J = k~_J^T dX_J`` ::
 So each sweep runs *against* the direction in which its carry was built: it needs ``C_B`` (or ``E_B``) in the
 order opposite to the one that makes them.  :func:`_carry_fwd` stores every block's carry as it goes
 (``keep_carries``; ``D x D`` per block and level, as many numbers as the level's rows of ``X`` when the block is
-``D`` rows), and :func:`_carry_bwd` reads them back while it walks the other way with ``S`` (or ``U``).  Until
-session 24 the backward rebuilt them instead, in a first sweep through a scratch tensor; reading them took 0.85 ms
-less per training step at T = 2048 on an H200 and storing them 0.27 ms more in the forward
-(``pathedu/data/choice_carries_kept.json``, ``kernels/NOTES_path.md`` section 20).  Every block
+``D`` rows), and :func:`_carry_bwd` reads them back while it walks the other way with ``S`` (or ``U``).
+Rebuilding them in the backward instead, in a first sweep through a scratch tensor, takes 0.85 ms more per
+training step at T = 2048 on an H200, where storing them costs the forward 0.27 ms
+(``pathedu/data/choice_carries_kept.json``; ``NOTES_path.md``, "The carries").  Every block
 belongs to one half per level, so one launch per level writes each gradient row once (level 1's launch, which folds
 level 0 in, writes every row; each later one adds to what the levels before left).  Products are
 :func:`._pieces._dot` at the preparation pass's precision (:func:`.ut_prepare.prep_precision`).
@@ -234,7 +234,8 @@ def _kernel(tuned, plain):
 def _precision(dtype, D: int) -> str:
     """The preparation pass's product precision, but rounded tf32 instead of "x3" for D > 64 (fp32 inputs): three
     tf32 products of 128 x 128 tiles need more shared memory than an H100 has (294912 of 232448 bytes), and exact
-    fp32 ("ieee") products of them took more than five minutes to compile with triton 3.6 (NOTES_path.md, 7)."""
+    fp32 ("ieee") products of them took more than five minutes to compile with triton 3.6 (``NOTES_path.md``,
+    "fp32 inputs")."""
     p = prep_precision(dtype)
     return "tf32" if p == "x3" and D > 64 else p
 
@@ -287,7 +288,8 @@ def carry_backward(qt, kt, g, block: int, dX, dtype, carries, precision=None):
     levels before left.  ``dtype``: the inputs' (it sets the gradient products' precision, in the version that
     keeps every NaN: :func:`._launch.keeping_nans`).  For fp16 factors (16-bit inputs) with ``D > 32`` the products
     run in fp16, every gradient tile scaled by a power of two (:func:`._pieces._scaled`): 3.91 against 4.58 ms for
-    tf32's at T = 2048, B = H = 32, D = 64 on an H200 (``kernels/NOTES_path.md`` section 25); heads of 16 or 32 keep
+    tf32's at T = 2048, B = H = 32, D = 64 on an H200 (``NOTES_path.md``, "fp16 products in the backward"); heads of
+    16 or 32 keep
     tf32, as the UT backward does (:func:`.ut_prepare.backward_precision`).  ``precision``: ``"fp16"`` or
     ``"tf32n"`` to choose (fp16 needs fp16 factors), None for that default."""
     BH, T_pad, D = qt.shape

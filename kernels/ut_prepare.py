@@ -69,11 +69,12 @@ def main_pass_precision(precision: str) -> str:
     """The products of :func:`_ut_prepare` for a pass of ``precision`` (:func:`prep_precision`): where the pass
     would round fp32 operands to tf32 it converts them to fp16, which keeps the same 10 mantissa bits (so the
     same numbers) in half the registers and multiplies at twice the tensor cores' rate: 0.65 ms against 1.02 for
-    the pass at T = 1024, B = H = 32, D = 64 on an H200 (``kernels/NOTES_path.md``, section 23).  What it multiplies
+    the pass at T = 1024, B = H = 32, D = 64 on an H200 (``NOTES_path.md``, "fp16 products in the preparation
+    pass").  What it multiplies
     stays inside fp16's range: the factors of reflections (unit ``w``, as for the scan's fp16 ``G``) and the rows
     of ``q`` and ``k`` scaled by powers of two (:func:`_pow2_rows`).  DeltaNet's WY pass (:func:`_wy_prepare`)
     takes the same precision, its keys and values brought into range by the block's conjugation (0.48 ms against
-    0.67 at T = 1024, section 26).  Other precisions are kept."""
+    0.67 at T = 1024; ``NOTES_linear.md``, "fp16 products in the WY pass").  Other precisions are kept."""
     return "fp16" if precision == "tf32" else precision
 
 
@@ -84,7 +85,8 @@ def backward_precision(precision: str, head_dim: int) -> str:
     otherwise the version that keeps every NaN of the gradients' arithmetic (:func:`._launch.keeping_nans`:
     ``"tf32n"``, ``"x3n"`` for fp32 inputs, ``"ieee"`` in the interpreter).  With ``D <= 32`` (tiles of 16 or 32
     columns) Triton 3.6 made fp16 versions of :func:`_ut_bwd_w_inverse` that fault on the H200 (illegal address, at
-    some T and warps only; ``kernels/NOTES_path.md`` section 24); such heads are small, and tf32 costs them little."""
+    some T and warps only; ``NOTES_path.md``, "Compiler faults to remember"); such heads are small, and tf32 costs
+    them little."""
     p = main_pass_precision(precision)
     return keeping_nans(precision if p == "fp16" and head_dim <= 32 else p)
 
@@ -153,7 +155,8 @@ def _unit_lower_inverse(n, p_tile, stride, rows, BT: tl.constexpr):
     blocks only.  Each step needs row ``N_i`` as a vector along the rows of ``X``: ``N`` is written to the tile
     at ``p_tile`` (row stride ``stride``, memory the caller overwrites afterwards) and each row is read back in
     that layout, so that a step costs one reduction, not two (cutting the row out of the tile in registers
-    is a second reduction: the first version, 4.7 times slower at T = 8192, ``kernels/NOTES_path.md``)."""
+    is a second reduction; with the Gram matrix on the FMA units as well, that kernel took 4.7 times as long at
+    T = 8192: ``NOTES_path.md``, "The triangular inverse")."""
     p = p_tile + rows[:, None] * stride + rows[None, :]  # [BT, BT]
     tl.store(p, n)
     tl.debug_barrier()  # every row of N is in memory before any lane reads it back
@@ -182,8 +185,8 @@ def _ut_diag_inverse(K, W, BETA, LOG_F, X, BAD, T, stride_kb, stride_kt, stride_
     :func:`_diag_block_n`) to ``BAD`` (``(8,)`` fp32, zeroed by the caller; entries ``2c`` and ``2c + 1`` for
     condition ``c``, so that each pair reads as a condition's two extremes; an atomic add only where one is
     broken): the value checks of the arguments this launch reads anyway, at no cost of their own (a separate
-    reduction of ``w`` read it once more: 95 us of PaTH's 1.98 ms at T = 1024, ``kernels/NOTES_path.md``,
-    section 12)."""
+    reduction of ``w`` reads it once more: 95 us of PaTH's 1.98 ms at T = 1024 on an H100; ``NOTES_path.md``,
+    "Value checks where the values are read")."""
     start = tl.program_id(0) * SUB
     bh = tl.program_id(1).to(tl.int64)
     rows = tl.arange(0, SUB)
@@ -237,7 +240,7 @@ def _ut_tile_as_is(ptr, bh, start, stride_b, stride_t, T, HEAD_DIM: tl.constexpr
     dtype (rows past ``T`` and columns past ``D`` load as 0).  A 16-bit tile takes half the registers of an fp32
     one: the preparation pass and its backward keep ``q`` and ``k`` this way and widen them where a product uses
     them (a 16-bit value is a tf32 value: the products see the same numbers; in the backward this cut the spills and
-    3% of its time, ``kernels/NOTES_path.md`` section 21)."""
+    3% of its time: ``NOTES_path.md``, "The UT backward in four kernels")."""
     return _load_rows(ptr + bh * stride_b + start * stride_t, tl.arange(0, BT), tl.arange(0, BLOCK_D), stride_t,
                       T - start, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
 
@@ -325,7 +328,8 @@ def _ut_prepare(Q, K, W, BETA, QT, QN, KT, AD, GM, WC, NU, INV, T,
     Registers set this kernel's speed: a ``64 x 64`` fp32 tile is 32 registers per thread at 4 warps, and the
     products below need more such tiles than fit.  So each tile is loaded where it is first needed (``k`` twice,
     the second time from the L2 cache) and dies as early as the order allows: 27% less time than loading
-    ``q``, ``k``, ``w`` up front (``kernels/NOTES_path.md``, section 11, with a two-launch split that was slower).
+    ``q``, ``k``, ``w`` up front, and faster than a two-launch split (``NOTES_path.md``, "One preparation program,
+    tiles loaded where needed").
     ``PRECISION="fp16"`` (:func:`main_pass_precision`) halves what the products' operands take and the tensor
     cores' steps: the forward's variant no longer spills (4 warps, sm_90), and the pass takes 36% less time
     (section 23).
@@ -486,12 +490,12 @@ def _wy_prepare(K, V, BETA, LOG_F, AD, WW, WU, T, stride_kb, stride_kt, stride_v
 
 
 # The UT factors' backward, in four kernels.  Its ~20 products of 64 x 64 tiles keep more fp32 tiles alive than a
-# multiprocessor has registers: in two kernels (the first version) both spilled 1.6-3.6 KB per thread
-# (`python -m pathedu.bench.registers`) and the step took 53 ms at T = 8192, more than its bytes cost
-# (kernels/NOTES_path.md, 7).  Each kernel below loads a tile where it first needs it and passes partial
-# gradients to the next through memory (a 64 x 64 fp32 tile is 16 KB; a spilled one is read and written many
-# times; five kernels at first, the last two merged since: kernels/NOTES_path.md, section 19).  All four take the
-# same arguments, so one launcher runs them in order.
+# multiprocessor has registers: as two kernels both spilled 1.6-3.6 KB per thread
+# (`python -m pathedu.bench.registers`) and the step took 53 ms at T = 8192 on an H100, more than its bytes cost.
+# Each kernel below loads a tile where it first needs it and passes partial gradients to the next through memory
+# (a 64 x 64 fp32 tile is 16 KB; a spilled one is read and written many times).  The last one does the inverse's
+# terms and ``w``'s in one program, which reads the inverse, ``w`` and ``beta`` once (kernels/NOTES_path.md,
+# "The UT backward in four kernels").  All four take the same arguments, so one launcher runs them in order.
 #
 # Their products run in fp16 for 16-bit inputs (:func:`backward_precision`).  Two kinds of operand go in: the
 # factors of reflections (``w``, the inverse, ``A``, ``A W``), bounded, converted as they are (:func:`._pieces._rn`);
@@ -628,7 +632,7 @@ def _ut_bwd_w_inverse(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, 
     ``A = X D_beta``, ``X = (I + N)^{-1}``, ``N = strictLower(D_beta W W^T)`` (``dN = -X^T dX X^T``); then through
     ``k~ = K - (A WK)^T W``, ``G = -W^T (A W)`` and ``A W`` itself.  One program reads the inverse, ``w`` and
     ``beta`` once and ``dw`` once for both groups of terms; the first group's ``[BT, BT]`` tiles die before the
-    second's products start (``kernels/NOTES_path.md``, section 19)."""
+    second's products start (``NOTES_path.md``, "The UT backward in four kernels")."""
     blk = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     start = blk * BT
