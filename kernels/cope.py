@@ -371,6 +371,13 @@ def _cope_bwd_key(Q, K, V, DO, QE, LSE, DELTA, DK, DV, SR, SU, UT, T, P, NB, sca
 # gave 2.4e-3.  Two stages fail to compile (``PassManager::run failed`` in ``TritonGPUPipeline``, fp16).
 # tests/gpu/test_forms.py runs every dtype and head dim through this configuration.
 _GPU_CONFIG = dict(BLOCK=32, num_warps=4, num_stages=1)
+# The backward's sweeps take 16-row tiles for 16-bit inputs on a GPU.  Measured on an H200 (triton 3.6, torch 2.11;
+# B = 2, H = 1, T = 300, D = Dv = 64, P = 16, bf16, gradients against float64 autograd through cope_matrix): with
+# 32-row tiles the key sweep's dk and dv came out wrong (max error 0.89 and 0.77 of the largest entry, with the
+# counts summed by tl.cumsum) or the kernel read out of bounds (an illegal address, counts summed by products),
+# while dq and dpos_emb were right (6e-3, 4e-3); with 16-row tiles every gradient was within 6e-3, by either way of
+# summing.  fp32 inputs are right with 32-row tiles (every gradient within 6e-6), so they keep them.
+_GPU_BWD_BLOCK_16BIT = 16
 
 
 def _check_block(block) -> int | None:
@@ -389,9 +396,9 @@ def cope_attention(q, k, v, pos_emb, *, scale=None, block=None):
     Shapes: ``q, k: (..., T, D)``, ``v: (..., T, Dv)``, ``pos_emb: (P, D)`` or broadcastable to
     ``(..., P, D)`` -> ``(..., T, Dv)``; ``D, Dv`` in 16..128; fp16/bf16/fp32 (gates, counts and
     the softmax in fp32; ``qe = Q E^T`` taken once in fp32).  ``scale=None`` means ``D ** -0.5``
-    (it scales ``q . k``, not the position term).  ``block``: the tile size (16, 32, 64 or 128;
-    None: 32 on a GPU, 32 or 64 in the interpreter).  Every argument is validated here (values
-    with one host synchronisation).  When autograd wants gradients of ``q``, ``k``, ``v`` or ``pos_emb``, the
+    (it scales ``q . k``, not the position term).  ``block``: the tile size (16, 32, 64 or 128; None: 32 on a
+    GPU, 16 for the backward of 16-bit inputs there, 32 or 64 in the interpreter).  Every argument is validated
+    here (values with one host synchronisation).  When autograd wants gradients of ``q``, ``k``, ``v`` or ``pos_emb``, the
     output has a ``grad_fn``: the kernels' backward gives ``dq`` (through ``q K^T``), ``dk``, ``dv`` and ``dqe``,
     and autograd takes ``dqe`` through the pre-pass ``qe = Q E^T`` to ``q`` and ``pos_emb`` (:class:`_Cope`).
     """
@@ -412,13 +419,15 @@ def cope_attention(q, k, v, pos_emb, *, scale=None, block=None):
     return x.result(out)
 
 
-def _tiles(x: Flat, block=None) -> dict:
+def _tiles(x: Flat, block=None, backward: bool = False) -> dict:
     """The launch's tile and its compile options: ``block`` (tests), the interpreter's few large tiles, or
-    :data:`_GPU_CONFIG`."""
+    :data:`_GPU_CONFIG` (the backward of 16-bit inputs: :data:`_GPU_BWD_BLOCK_16BIT`)."""
     if block is not None:
         cfg = dict(_GPU_CONFIG, BLOCK=block)
     elif interpreting():
         cfg = dict(BLOCK=32 if x.n.T <= 32 else 64)
+    elif backward and x.dtype != torch.float32:
+        cfg = dict(_GPU_CONFIG, BLOCK=_GPU_BWD_BLOCK_16BIT)
     else:
         cfg = dict(_GPU_CONFIG)
     if interpreting():
@@ -455,7 +464,7 @@ def _cope_bwd_launch(x: Flat, qe, out, lse, do, P: int, scale: float, block=None
     compute dtype and ``dqe`` fp32 ``(BH, T, P)``."""
     n = x.n
     do = do.to(x.dtype).contiguous()
-    cfg = _tiles(x, block)
+    cfg = _tiles(x, block, backward=True)
     NB = triton.cdiv(n.T, cfg["BLOCK"])
     dq, dk, dv = torch.empty_like(x.q), torch.empty_like(x.k), torch.empty_like(x.v)
     dqe = torch.zeros_like(qe)

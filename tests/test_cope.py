@@ -355,3 +355,18 @@ def test_triton_gradients_keep_non_finite_inputs_confined(case):
     if which == "v":
         assert torch.isfinite(dv).all() and torch.equal(dv, clean[2])
     assert not torch.isfinite(dq[0, t:]).all(-1).any()
+
+
+@pytest.mark.parametrize("dtype, backward, block", [(torch.bfloat16, False, 32), (torch.bfloat16, True, 16),
+                                                    (torch.float16, True, 16), (torch.float32, True, 32)])
+def test_gpu_tiles_of_the_backward(monkeypatch, dtype, backward, block):
+    """On a GPU the backward's sweeps of 16-bit inputs take 16-row tiles (32-row tiles gave wrong dk and dv on an
+    H200 with triton 3.6: kernels/cope.py, ``_GPU_BWD_BLOCK_16BIT``); fp32 and the forward keep 32."""
+    from types import SimpleNamespace
+
+    import pathedu.kernels.cope as kc
+
+    monkeypatch.setattr(kc, "interpreting", lambda: False)
+    x = SimpleNamespace(dtype=dtype, n=SimpleNamespace(T=300))
+    assert kc._tiles(x, backward=backward)["BLOCK"] == block
+    assert kc._tiles(x, 64, backward=backward)["BLOCK"] == 64  # an explicit tile wins

@@ -36,7 +36,12 @@ if ! ls .whl/*.whl > /dev/null 2>&1; then
 fi
 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     > /tmp/pathedu_pip.log 2>&1 || { cat /tmp/pathedu_pip.log; echo "run.sh: installing .whl/ failed" >&2; exit 3; }
-export PYTHONPATH="/tmp/site:$PWD"
+# pathedu from this tree through a link, and no current directory on sys.path (PYTHONSAFEPATH): the tree's
+# top-level folder kernels/ would otherwise shadow the PyPI package `kernels`, which transformers (imported by
+# fla.layers) looks for, and fla's import fails.  pathedu maps kernels/ to pathedu.kernels itself.
+mkdir -p /tmp/pathedu_src && ln -sfn "$PWD/pathedu" /tmp/pathedu_src/pathedu
+export PYTHONPATH="/tmp/site:/tmp/pathedu_src"
+export PYTHONSAFEPATH=1
 export PYTHONUNBUFFERED=1
 export PATHEDU_FLA=yes
 export PATHEDU_CHECKS_DIR=/tmp/pathedu_checks
