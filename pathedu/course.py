@@ -55,10 +55,15 @@ can, the grader's own installed code included (and through it the next verdicts)
 container with a read-only file system (``python -m pathedu.course grade --help`` shows how) or on a machine you
 can wipe.  Grading needs ``os.fork`` (Linux, macOS; on Windows, use the container).
 
-The CSV has the columns ``student, notebook, exercise, verdict, message``: one row per exercise of each notebook,
-``Correct`` or ``Not yet`` with the check's message, ``not run`` when the notebook does not call the check or the
-answer could not be built (the message says why), and a first row ``error`` for a notebook that could not be
-read or ran out of time.  One summary line per student is printed.
+The CSV has the columns ``student, notebook, exercise, kind, verdict, points, max_points, message, answer``: one
+row per exercise of each notebook, ``Correct`` or ``Not yet`` with the check's message, ``not run`` when the
+notebook does not call the check or the answer could not be built (the message says why), and a first row
+``error`` for a notebook that could not be read or ran out of time.  ``kind`` is the exercise's kind (``code``,
+``predict``, ``explain``, ``bug``; :data:`pathedu.exercises.KINDS`); ``points`` what it earned out of
+``max_points``, with partial credit where the check gives it (a bug named but not fixed, some entries of a
+predicted shape).  A written answer (``explain``) gets the verdict ``needs marking``, its rubric as the message,
+the student's text as ``answer`` and no points: the marker fills them in.  Each notebook's last row, exercise
+``total``, sums the points.  One summary line per student is printed.
 """
 from __future__ import annotations
 
@@ -184,7 +189,8 @@ def student(outdir: Path = DEFAULT_OUT, notebooks=None, *, labs_dir: Path | None
 # Grading the copies students hand back
 # ---------------------------------------------------------------------------
 
-COLUMNS = ("student", "notebook", "exercise", "verdict", "message")
+COLUMNS = ("student", "notebook", "exercise", "kind", "verdict", "points", "max_points", "message", "answer")
+TOTAL = "total"  # the exercise column of each notebook's last row, which sums its points
 DEFAULT_REPORT = Path("grades.csv")
 DEFAULT_TIMEOUT = 60            # seconds, one check (every call of the answer it makes, and building the answer)
 DEFAULT_NOTEBOOK_TIMEOUT = 600  # seconds, every exercise of one notebook
@@ -734,9 +740,10 @@ class _Budget:
 
 
 def _grade_exercise(plan: ExercisePlan, workdir: str, timeout: float, budget: _Budget,
-                    secret: int) -> tuple[str, str, str]:
-    """``(verdict, message, failure)`` of one planned exercise; ``failure`` is non-empty when the notebook's
-    time ran out (the exercises after it are not graded)."""
+                    secret: int) -> tuple[str, str, str, dict]:
+    """``(verdict, message, failure, extra)`` of one planned exercise; ``failure`` is non-empty when the
+    notebook's time ran out (the exercises after it are not graded); ``extra`` holds the verdict's ``fraction``
+    of the points, its ``marking`` rubric and its ``answer`` when the check got that far."""
     from .exercises._grader import Verdict, fresh_inputs, pathedu_verdict
 
     worker = _Worker(workdir)
@@ -748,8 +755,8 @@ def _grade_exercise(plan: ExercisePlan, workdir: str, timeout: float, budget: _B
     def out_of_time(what: str) -> tuple[str, str, str]:
         if deadline < start + timeout and time.monotonic() >= deadline - 1e-3:
             failure = f"the notebook's time limit of {budget.seconds:g} s ran out"
-            return "Not yet", f"{what} before {failure}.", failure
-        return "Not yet", f"{what} within {timeout:g} s, the time limit of one check.", ""
+            return "Not yet", f"{what} before {failure}.", failure, {}
+        return "Not yet", f"{what} within {timeout:g} s, the time limit of one check.", "", {}
 
     try:
         try:
@@ -758,18 +765,18 @@ def _grade_exercise(plan: ExercisePlan, workdir: str, timeout: float, budget: _B
         except _OutOfTime:
             return out_of_time("the code that defines your answer did not finish")
         except _WorkerGone as exc:
-            return "not run", _one_line(f"its answer could not be built: {exc}"), ""
+            return "not run", _one_line(f"its answer could not be built: {exc}"), "", {}
         if not loaded["ok"]:
             cause = loaded.get("first") or loaded.get("error")
             extra = f"; {plan.syntax}" if plan.syntax else ""
-            return "not run", _one_line(f"its answer could not be built: {_describe(cause)}{extra}"), ""
+            return "not run", _one_line(f"its answer could not be built: {_describe(cause)}{extra}"), "", {}
         values, calls = [], set()
         described = loaded.get("answers")
         n_args, names = loaded.get("n_args"), loaded.get("names")
         if not (isinstance(described, list) and isinstance(n_args, int) and isinstance(names, list)
                 and len(described) == n_args + len(names) and all(isinstance(n, str) for n in names)
                 and all(isinstance(d, dict) for d in described)):
-            return "not run", "its answer could not be built: the process running your code sent a bad reply", ""
+            return "not run", "its answer could not be built: the process running your code sent a bad reply", "", {}
         for d in described:
             if isinstance(d.get("handle"), int):
                 values.append(_Answer(worker, d["handle"], _one_line(d.get("name", "answer"), 80), until, calls))
@@ -784,12 +791,16 @@ def _grade_exercise(plan: ExercisePlan, workdir: str, timeout: float, budget: _B
         except _OutOfTime:
             return out_of_time("your function did not return")
         except _WorkerGone as exc:
-            return "Not yet", _one_line(f"{exc} while the check ran."), ""
+            return "Not yet", _one_line(f"{exc} while the check ran."), "", {}
         except Exception as exc:  # noqa: BLE001 - an answer that the check could not handle
-            return "Not yet", _one_line(f"the check could not use your answer ({type(exc).__name__}: {exc})."), ""
+            return ("Not yet", _one_line(f"the check could not use your answer ({type(exc).__name__}: {exc})."), "",
+                    {})
         own = set(plan.own) | {n for n in loaded.get("own", []) if isinstance(n, str)}
         v = pathedu_verdict(v, own, (set(plan.named) | calls) - own)
-        return ("Correct" if v.ok else "Not yet"), _one_line(v.message), ""
+        extra = {"fraction": v.fraction, "marking": v.marking if v.ok else "", "answer": v.answer}
+        if extra["marking"]:
+            return "needs marking", _one_line(f"rubric: {v.marking}", 2000), "", extra
+        return ("Correct" if v.ok else "Not yet"), _one_line(v.message), "", extra
     finally:
         worker.close()
 
@@ -810,9 +821,10 @@ def grade_notebook(student: str, notebook: str, path: Path, *, timeout: float = 
     """The report's rows for one submitted notebook (see the module docstring): one per exercise, and a row
     with the verdict ``error`` first when the notebook could not be read or its time ran out.  ``seed`` fixes
     the secret from which the checks' inputs are drawn (default: a new one each time)."""
-    def row(exercise, verdict, message):
-        return dict(student=student, notebook=notebook, exercise=exercise, verdict=verdict,
-                    message=_one_line(message))
+    def row(exercise, verdict, message, kind="", points="", max_points="", answer=""):
+        return dict(student=student, notebook=notebook, exercise=exercise, kind=kind, verdict=verdict,
+                    points=points, max_points=max_points, message=_one_line(message, 2000),
+                    answer=_one_line(answer, 2000))
 
     try:
         nb = read_notebook(path)
@@ -825,17 +837,32 @@ def grade_notebook(student: str, notebook: str, path: Path, *, timeout: float = 
     with tempfile.TemporaryDirectory(prefix="pathedu-grade-", ignore_cleanup_errors=True) as workdir:
         for plan in plans:
             exercise = f"{plan.chapter}.{plan.label}"
+            kind, out_of = getattr(plan.check, "kind", "code"), getattr(plan.check, "points", 1.0)
             if plan.problem:
-                rows.append(row(exercise, "not run", plan.problem))
+                rows.append(row(exercise, "not run", plan.problem, kind, 0, _points(out_of)))
             elif failure:
-                rows.append(row(exercise, "not run", f"not graded: {failure}"))
+                rows.append(row(exercise, "not run", f"not graded: {failure}", kind, 0, _points(out_of)))
             else:
                 folder = os.path.join(workdir, f"exercise-{len(rows) + 1}")
-                verdict, message, failure = _grade_exercise(plan, folder, timeout, budget, draw.getrandbits(62))
-                rows.append(row(exercise, verdict, message))
+                verdict, message, failure, extra = _grade_exercise(plan, folder, timeout, budget,
+                                                                   draw.getrandbits(62))
+                earned = "" if extra.get("marking") else _points(extra.get("fraction", 0.0) * out_of)
+                rows.append(row(exercise, verdict, message, kind, earned, _points(out_of), extra.get("answer", "")))
     if failure:
         rows.insert(0, row("", "error", failure))
+    if plans:
+        graded = [r for r in rows if r["exercise"]]
+        to_mark = sum(r["verdict"] == "needs marking" for r in graded)
+        rows.append(row(TOTAL, "", f"plus {to_mark} written answer(s) to mark (their points are not counted yet)"
+                        if to_mark else "", "", _points(sum(float(r["points"] or 0) for r in graded)),
+                        _points(sum(float(r["max_points"]) for r in graded))))
     return rows
+
+
+def _points(x: float):
+    """Points as the report writes them: an int when whole, else rounded to two decimals."""
+    x = round(float(x), 2)
+    return int(x) if x == int(x) else x
 
 
 @contextlib.contextmanager
@@ -859,15 +886,21 @@ def _not_dumpable():
 
 
 def summary(rows: list[dict]) -> list[str]:
-    """One line per student: exercises correct out of those in their notebooks, and notebooks that failed."""
+    """One line per student: exercises correct out of those in their notebooks, points (those of the written
+    answers still to be marked left out), and notebooks that failed."""
     lines = []
     for student in dict.fromkeys(r["student"] for r in rows):
         mine = [r for r in rows if r["student"] == student]
-        graded = [r for r in mine if r["exercise"]]
+        graded = [r for r in mine if r["exercise"] and r["exercise"] != TOTAL]
         correct = sum(r["verdict"] == "Correct" for r in graded)
         notebooks = len(dict.fromkeys(r["notebook"] for r in mine))
         failed = len({r["notebook"] for r in mine if r["verdict"] == "error"})
         line = f"{student}: {correct}/{len(graded)} exercises correct in {notebooks} notebook(s)"
+        if any(r.get("max_points") not in (None, "") for r in graded):
+            earned = _points(sum(float(r.get("points") or 0) for r in graded))
+            line += f", {earned}/{_points(sum(float(r.get('max_points') or 0) for r in graded))} points"
+        to_mark = sum(r["verdict"] == "needs marking" for r in graded)
+        line += f" ({to_mark} written answer(s) to mark)" if to_mark else ""
         lines.append(line + (f"; {failed} notebook(s) did not run to the end" if failed else ""))
     return lines
 
@@ -906,7 +939,7 @@ def grade(folder: Path, out: Path | None = DEFAULT_REPORT, *, timeout: float = D
         torch.set_num_threads(threads)
     if out is not None:
         with open(out, "w", newline="", encoding="utf-8") as f:
-            writer = csv.DictWriter(f, fieldnames=COLUMNS)
+            writer = csv.DictWriter(f, fieldnames=COLUMNS, restval="")
             writer.writeheader()
             writer.writerows(rows)
     for line in summary(rows):

@@ -68,28 +68,51 @@ WATCHED = ("pathedu.nope", "pathedu.alibi", "pathedu.fox", "pathedu.rope", "path
 # Verdicts
 # ---------------------------------------------------------------------------
 
+#: The kinds of exercise and the points each is worth by default: writing a function (``code``), committing to a
+#: number or a shape before a cell reveals it (``predict``), a short written answer that a person marks
+#: (``explain``), naming and fixing a planted bug (``bug``: 1 point for the name, 2 for the fix).
+KINDS = {"code": 2, "predict": 1, "explain": 2, "bug": 3}
+
+
 @dataclass
 class Verdict:
-    """What a check found; prints as one line and is truthy when the answer is right."""
+    """What a check found; prints as one line and is truthy when the answer is right.
+
+    ``score`` is the fraction of the exercise's points earned (``None``: all when ``ok``, none otherwise);
+    ``marking`` is the rubric when a person marks the answer (an *explain* exercise: status "Needs marking");
+    ``answer`` is what the marker or the report shows of the answer (a prediction, a named bug, a text)."""
 
     name: str
     ok: bool
     message: str
+    score: float | None = None
+    marking: str = ""
+    answer: str = ""
 
     def __bool__(self) -> bool:
         return self.ok
 
+    @property
+    def fraction(self) -> float:
+        """The fraction of the exercise's points earned, in [0, 1]."""
+        return (1.0 if self.ok else 0.0) if self.score is None else float(self.score)
+
+    @property
+    def status(self) -> str:
+        """``"Correct"``, ``"Not yet"`` or ``"Needs marking"``."""
+        return "Needs marking" if self.marking and self.ok else ("Correct" if self.ok else "Not yet")
+
     def __repr__(self) -> str:
-        return f"{'Correct' if self.ok else 'Not yet'} [{self.name}]: {self.message}"
+        return f"{self.status} [{self.name}]: {self.message}"
 
 
 _CURRENT: contextvars.ContextVar = contextvars.ContextVar("pathedu_exercise", default=None)
 
 
-def verdict(name: str, ok: bool, message: str) -> Verdict:
-    """A :class:`Verdict`, printed at once, or by the registered check that is running (see
-    :meth:`Exercises.check`), which prints the final verdict once."""
-    v = Verdict(name, bool(ok), message)
+def verdict(name: str, ok: bool, message: str, **extra) -> Verdict:
+    """A :class:`Verdict` (``extra``: its ``score``, ``marking``, ``answer``), printed at once, or by the
+    registered check that is running (see :meth:`Exercises.check`), which prints the final verdict once."""
+    v = Verdict(name, bool(ok), message, **extra)
     if _CURRENT.get() is None:
         print(repr(v))
     return v
@@ -262,6 +285,120 @@ def check_parts(name, student_fn, reference_fn, make_inputs, part_names, *, tria
 
 
 # ---------------------------------------------------------------------------
+# Predict, explain, find the bug
+# ---------------------------------------------------------------------------
+
+def _entry_right(guess, truth, rtol: float, atol: float) -> bool:
+    """Whether one entry of a prediction is right: a string or a bool exactly (strings without case and outer
+    spaces), a number within ``atol + rtol * |truth|``."""
+    if isinstance(truth, str):
+        return isinstance(guess, str) and guess.strip().lower() == truth.strip().lower()
+    if isinstance(truth, bool) or isinstance(guess, bool):
+        return isinstance(guess, bool) and isinstance(truth, bool) and guess == truth
+    if not isinstance(guess, (int, float)) or guess != guess:  # a number, not NaN
+        return False
+    return abs(guess - truth) <= atol + rtol * abs(truth)
+
+
+def check_prediction(name: str, guess, truth, *, rtol: float = 0.0, atol: float = 0.0,
+                     near: float | None = None) -> Verdict:
+    """A *predict, then run* exercise: the student's ``guess``, written down before a cell reveals ``truth``.
+
+    ``truth`` is a number, a bool, a string, or a tuple of them (a shape); a number is right within
+    ``atol + rtol * |truth|``, and with ``near`` (a relative tolerance) a number that is off but within
+    ``near * |truth|`` earns half the points.  A tuple earns the fraction of its entries that are right, and is
+    Correct when all are.  ``None`` is an untouched stub.  The verdict never says what ``truth`` is (the next
+    cell shows it)."""
+    if guess is None:
+        return not_attempted(name, "your prediction is still None: write down a value before you run the cell "
+                                   "that reveals it")
+    shown = repr(guess)[:200]
+    if isinstance(truth, tuple):
+        if not isinstance(guess, (tuple, list)) or len(guess) != len(truth):
+            return verdict(name, False, f"expected {len(truth)} entries (a tuple, like a shape), got {shown}.",
+                           answer=shown)
+        right = sum(_entry_right(g, t, rtol, atol) for g, t in zip(guess, truth))
+        if right == len(truth):
+            return verdict(name, True, f"your prediction {shown} is right.", answer=shown)
+        return verdict(name, False, f"{right} of the {len(truth)} entries of your prediction {shown} are right; "
+                                    "run the next cell and find the others.", score=right / len(truth),
+                       answer=shown)
+    if _entry_right(guess, truth, rtol, atol):
+        return verdict(name, True, f"your prediction {shown} is right.", answer=shown)
+    if (near is not None and isinstance(guess, (int, float)) and not isinstance(guess, bool)
+            and not isinstance(truth, bool) and abs(guess - truth) <= near * abs(truth)):
+        return verdict(name, False, f"your prediction {shown} is close but not within the tolerance (half the "
+                                    "points); run the next cell and see how far.", score=0.5, answer=shown)
+    return verdict(name, False, f"your prediction {shown} is off; run the next cell and see why.", answer=shown)
+
+
+def check_explanation(name: str, text, *, rubric: str, min_words: int = 20) -> Verdict:
+    """An *explain* exercise: a short written answer ``text`` (a string), which a person marks against
+    ``rubric``.  The check only sees that it is there (``None``, an empty string: not attempted yet) and long
+    enough (``min_words``); then the verdict is "Needs marking", truthy, with the rubric for the marker (the
+    course grader writes it and the answer into its report) and not in the message a student reads."""
+    if text is None or (isinstance(text, str) and not text.strip()):
+        return not_attempted(name, "your answer is still empty: write a few sentences in the string")
+    if not isinstance(text, str):
+        return verdict(name, False, f"expected your answer as a string (text in quotes), got {type(text).__name__}.")
+    words = len(text.split())
+    if words < min_words:
+        return verdict(name, False, f"{words} words: write at least {min_words} (two or three sentences).",
+                       answer=text)
+    return verdict(name, True, f"{words} words recorded; your lecturer marks them against a rubric.",
+                   marking=rubric, answer=text)
+
+
+#: The kinds of planted bug a *find the bug* exercise asks to name (the key is the answer).
+BUG_KINDS = {
+    "index": "an index one place off: a position, a block boundary or a gate read at the wrong token",
+    "self": "a token's own gate (or transition) acts on itself",
+    "order": "a product of matrices taken in the wrong order",
+    "scale": "a scale missing, or applied where it does not belong",
+    "space": "log space and linear space mixed up: a log gate used as a gate, or gates added",
+    "mask": "the causal mask wrong: the diagonal dropped, or the future let in",
+}
+
+
+def check_bug(name: str, named, fixed, *, bug: str, reference, make_inputs, buggy, trials: int = 3,
+              rtol: float = 1e-8) -> Verdict:
+    """A *find the bug* exercise: ``named`` is the student's name for the planted bug (a key of
+    :data:`BUG_KINDS`; right: 1 of 3 points) and ``fixed`` their fixed function, compared with ``reference`` on
+    ``make_inputs(seed)`` as :func:`check_function` does (right: 2 of 3 points).  ``buggy`` is the planted form:
+    a "fix" that still computes it is told so.  Correct when both are right; partial credit otherwise."""
+    if bug not in BUG_KINDS:
+        raise ValueError(f"`bug` must be one of {', '.join(BUG_KINDS)}, got {bug!r}")
+    _, err = call_student(fixed, *make_inputs(0)) if callable(fixed) else (None, None)
+    stub_fix = fixed is None or (err is not None and getattr(err, "stub", False))
+    if named is None and stub_fix:
+        return not_attempted(name, "`bug` is still None and your fixed function still raises "
+                                   "NotImplementedError")
+    kinds = ", ".join(f'"{k}"' for k in BUG_KINDS)
+    if named is None:
+        said = "name the bug too (set `bug`)"
+    elif not isinstance(named, str) or named.strip().lower() not in BUG_KINDS:
+        said = f"`bug` must be one of {kinds}, got {repr(named)[:80]}"
+    elif named.strip().lower() == bug:
+        said = "the bug is named right"
+    else:
+        said = f"the planted bug is not {named.strip().lower()!r}"
+    name_ok = said == "the bug is named right"
+    if stub_fix:
+        fix_ok, fixed_said = False, "your fixed function still raises NotImplementedError"
+    else:
+        v = check_function(name, fixed, reference, make_inputs, trials=trials, rtol=rtol, hint="",
+                           wrong_variants=[(buggy, "It still computes what the planted bug computes")])
+        fix_ok = v.ok
+        fixed_said = "the fixed function matches the reference" if fix_ok else f"the fix: {v.message}"
+    points = int(name_ok) + 2 * int(fix_ok)
+    ok = name_ok and fix_ok
+    message = f"{said}; {fixed_said} ({points}/3 points)."
+    if not ok:
+        message += f" {fallback_hint()}" if fallback_hint() else ""
+    return verdict(name, ok, message, score=points / 3, answer=repr(named)[:80])
+
+
+# ---------------------------------------------------------------------------
 # Hints in three levels, and the registry of every chapter's exercises
 # ---------------------------------------------------------------------------
 
@@ -328,7 +465,7 @@ class Exercises:
         print(text)
         return text
 
-    def check(self, n: int, *, label: str | None = None, allow=()):
+    def check(self, n: int, *, label: str | None = None, allow=(), kind: str = "code", points: float | None = None):
         """Decorate exercise ``n``'s check function (``label`` names it in grading reports when one exercise has
         several checks, e.g. ``"3a"``; ``allow`` lists pathedu functions, as ``"pathedu.rope.apply_rope"``, that
         grading mode lets this exercise's answers call).
@@ -336,7 +473,10 @@ class Exercises:
         The decorated check runs with the exercise's hints in reach (:func:`fallback_hint`,
         :func:`not_attempted`), in grading mode when it is on, and prints its final verdict once.  Its
         ``evaluate(*answers)`` returns the verdict without printing it and never in grading mode (the course
-        grader's view: there the answers are stand-ins for functions that run in another process)."""
+        grader's view: there the answers are stand-ins for functions that run in another process).  ``kind`` is
+        one of :data:`KINDS`, and ``points`` what the exercise is worth (default: its kind's)."""
+        if kind not in KINDS:
+            raise ValueError(f"`kind` must be one of {', '.join(KINDS)}, got {kind!r}")
         ex = self.exercises[n]
         label = str(n) if label is None else label
         allow = tuple(allow)
@@ -364,6 +504,7 @@ class Exercises:
                     _CURRENT.reset(token)
 
             run.exercise, run.label, run.allow, run.evaluate = ex, label, allow, evaluate
+            run.kind, run.points = kind, float(KINDS[kind] if points is None else points)
             return run
 
         return decorate

@@ -17,6 +17,9 @@ Exercises:
 3. :func:`check_chunk_step`: one chunk of causal linear attention with the
    state of the prefix, ``O_c = Q_c S^T + (Q_c K_c^T * M) V_c`` and
    ``S <- S + V_c^T K_c``.
+4. :func:`check_state_shape` (predict, then run): the shape of linear attention's state.
+5. :func:`check_why_order` (explain): what the causal mask tells a model without positions.
+6. :func:`check_chunked_bug` (find the bug): a chunked form with one planted error.
 
 ``hint(n, level=1)`` prints a hint for exercise ``n``: level 1 a nudge, 2 the structure, 3 the recipe.
 """
@@ -27,9 +30,10 @@ import torch
 
 from .. import nope
 from ..masks import causal_mask
-from ._grader import Exercises, Verdict, check_function, check_parts
+from ._grader import Exercises, Verdict, check_bug, check_explanation, check_function, check_parts, check_prediction
 
-__all__ = ["check_linear_matrix", "check_online_softmax_merge", "check_chunk_step", "hint"]
+__all__ = ["check_linear_matrix", "check_online_softmax_merge", "check_chunk_step", "check_state_shape",
+           "check_why_order", "check_chunked_bug", "hint"]
 
 EXERCISES = Exercises("ch01", {
     1: ("Unroll the recurrence: which outer products does S_t hold, and what does S_t q_t become once you "
@@ -52,6 +56,19 @@ EXERCISES = Exercises("ch01", {
         "exercise 1's masked (C, C) product applied to V_c. The new state adds one outer product v_j k_j^T per "
         "token of the chunk: a (Dv, C) @ (C, D) product.",
         "o_c = Q_c S^T + (Q_c K_c^T * M) V_c with M causal (diagonal kept); S_new = S + V_c^T K_c."),
+    4: ("The state is a sum of outer products v_t k_t^T, one per token, kept for every batch and head.",
+        "Leading dims (B, H) stay; the token dim is summed away; an outer product of a (Dv,) and a (D,) vector "
+        "is (Dv, D).",
+        "(B, H, Dv, D): o_t = S_t q_t maps a D-vector to a Dv-vector."),
+    5: ("Compare what token i sees with and without the mask: a set of keys, and how many.",
+        "Two facts: the past is seen as an unordered set (shuffling it changes nothing), and the set has i + 1 "
+        "elements, which the softmax's normalisation can reveal.",
+        "A zero query averages its i + 1 visible values uniformly; if only token 0 carries a 1, token i reads "
+        "1/(i+1): a count, hence a position; without the mask every token sees the same set."),
+    6: ("Run it next to nope.linear_recurrent on a tiny input and compare the chunks' terms one by one.",
+        "Each chunk has two terms: the prefix read through S and the masked intra-chunk product. Linear "
+        "attention has no scale at all.",
+        "The intra-chunk term is multiplied by D ** -0.5: a softmax habit. Drop it (bug kind \"scale\")."),
 })
 hint = EXERCISES.hint
 
@@ -203,3 +220,76 @@ def check_chunk_step(chunk_step) -> Verdict:
     """
     return check_parts("chunk with prefix state", chunk_step, _chunk_reference, _chunk_inputs, ("o_c", "S_new"),
                        wrong_variants=_CHUNK_WRONG)
+
+
+# ---------------------------------------------------------------------------
+# Exercise 4 (predict, then run): the shape of the state
+# ---------------------------------------------------------------------------
+
+#: The lab's sizes for exercise 4 (batch, heads, tokens, key and value widths).
+STATE_SIZES = dict(B=2, H=3, T=40, D=16, Dv=24)
+
+
+def _state_shape() -> tuple:
+    B, H, T, D, Dv = (STATE_SIZES[n] for n in ("B", "H", "T", "D", "Dv"))
+    q, k = torch.zeros(B, H, T, D, dtype=torch.float64), torch.zeros(B, H, T, D, dtype=torch.float64)
+    _, S = nope.linear_recurrent(q, k, torch.zeros(B, H, T, Dv, dtype=torch.float64), return_state=True)
+    return tuple(S.shape)
+
+
+@EXERCISES.check(4, kind="predict")
+def check_state_shape(shape) -> Verdict:
+    """Exercise 4: the shape of the state that ``nope.linear_recurrent(q, k, v, return_state=True)`` returns
+    for the sizes :data:`STATE_SIZES` (a tuple; one point, shared among its entries)."""
+    return check_prediction("predict: the state's shape", shape, _state_shape())
+
+
+# ---------------------------------------------------------------------------
+# Exercise 5 (explain): what the causal mask tells a model without positions
+# ---------------------------------------------------------------------------
+
+WHY_ORDER_RUBRIC = ("2 points. 1: without the mask attention is permutation-equivariant, and with it token i "
+                    "still sees its past as an unordered set (shuffling tokens 0..i-1 leaves o_i unchanged). "
+                    "1: what the mask adds is the size of that set, i + 1, which the softmax's normalisation "
+                    "exposes (a uniform average of a value carried by token 0 only is 1/(i+1)), so a model can "
+                    "count and recover positions. No point for 'the mask encodes positions' without how.")
+
+
+@EXERCISES.check(5, kind="explain")
+def check_why_order(text) -> Verdict:
+    """Exercise 5: a few sentences on how a causal model without position encoding can still learn positions
+    (marked by a person against :data:`WHY_ORDER_RUBRIC`)."""
+    return check_explanation("explain: what the mask tells", text, rubric=WHY_ORDER_RUBRIC)
+
+
+# ---------------------------------------------------------------------------
+# Exercise 6 (find the bug): a chunked form with one planted error
+# ---------------------------------------------------------------------------
+
+def _chunked_planted(q, k, v, chunk=4):
+    """The lab's planted form: the intra-chunk term carries the softmax side's scale."""
+    T, D = q.shape[-2], q.shape[-1]
+    S = q.new_zeros(*q.shape[:-2], v.shape[-1], D)
+    out = []
+    for a in range(0, T, chunk):
+        q_c, k_c, v_c = q[..., a:a + chunk, :], k[..., a:a + chunk, :], v[..., a:a + chunk, :]
+        keep = torch.ones(q_c.shape[-2], q_c.shape[-2], dtype=q.dtype).tril()
+        out.append(q_c @ S.mT + ((q_c @ k_c.mT) * keep * D ** -0.5) @ v_c)
+        S = S + v_c.mT @ k_c
+    return torch.cat(out, -2)
+
+
+def _chunked_inputs(seed):
+    g = torch.Generator().manual_seed(600 + seed)
+    lead, T, D, Dv = [((2,), 11, 8, 5), ((2, 2), 9, 4, 6), ((), 6, 16, 3)][seed % 3]
+    return _randn(g, *lead, T, D), _randn(g, *lead, T, D), _randn(g, *lead, T, Dv)
+
+
+@EXERCISES.check(6, kind="bug")
+def check_chunked_bug(bug, linear_chunked_fixed) -> Verdict:
+    """Exercise 6: ``bug`` names the planted error of the lab's ``linear_chunked_planted`` (a key of
+    :data:`pathedu.exercises.BUG_KINDS`), ``linear_chunked_fixed(q, k, v) -> (..., T, Dv)`` is the form fixed
+    (``q, k: (..., T, D)``, ``v: (..., T, Dv)``, chunks of 4); compared with
+    :func:`pathedu.nope.linear_recurrent`."""
+    return check_bug("find the bug: chunked linear attention", bug, linear_chunked_fixed, bug="scale",
+                     reference=_linear_reference, make_inputs=_chunked_inputs, buggy=_chunked_planted)
