@@ -147,14 +147,13 @@ import triton.language as tl
 
 from ..alibi import gamma_condition
 from ..checks import QKV, check_bool, check_positive_int, checked_after, log_gate_condition
+from ..fox import CHANNEL_CHUNK  # the per-channel path's chunk length: the reference form owns it
 from ._launch import (Flat, dot_precision, interpreting, next_pow2, per_head, per_token, prepare_qkv,
                       rotate_args, state_result, state_rows, wants_grad)
 from ._pieces import (_any_nonfinite, _dot, _finite_or_zero, _input_dot, _load_rotated, _load_rows, _quiet_fp32,
                       _quiet_nan, _rope_cos_sin, _rope_shift, _store_rows)
 
 __all__ = ["chunked_linear_attention", "gated_linear_attention", "CHANNEL_CHUNK"]
-
-CHANNEL_CHUNK = 16  # chunk length of the per-channel path (its intra-chunk term is C x C x BLOCK_DC)
 
 
 @triton.jit

@@ -382,6 +382,11 @@ def gla_matrix(q, k, v, log_f):
     return causal_matmul(W.tril(), v_).to(q.dtype)
 
 
+# The chunk length of the per-channel gate's chunked forms, this one's default and the kernel's only one: its
+# intra-chunk term is a C x C x D broadcast (C x C x BLOCK_DC in the kernel), so C stays small.
+CHANNEL_CHUNK = 16
+
+
 def gla_chunked(q, k, v, log_f, *, chunk: int | None = None):
     """Chunkwise-parallel form: the reference :mod:`pathedu.kernels.linear_attention` follows.
 
@@ -399,8 +404,6 @@ def gla_chunked(q, k, v, log_f, *, chunk: int | None = None):
     kernel's choice, 64 tokens for a per-token gate and
     ``CHANNEL_CHUNK = 16`` for a per-channel one.  Shapes as :func:`gla_naive`.
     """
-    from .kernels.linear_attention import CHANNEL_CHUNK
-
     n, g, channel, dt = _prepare_gla(q, k, v, log_f)
     C = check_positive_int(chunk, "chunk") if chunk is not None else (CHANNEL_CHUNK if channel else 64)
     q_, k_, v_ = q.to(dt), k.to(dt), v.to(dt)

@@ -59,11 +59,6 @@ found["triton_imported"] = "triton" in sys.modules
 print(json.dumps(found))
 """
 
-# gla_chunked, a reference form, takes its default chunk (``CHANNEL_CHUNK``) from the Triton module
-# pathedu/kernels/linear_attention.py, so it needs Triton to be importable; fixed in pathedu/fox.py.
-NEEDS_TRITON_TODAY = {"gla_chunked", "gla_chunked.channel"}
-
-
 @pytest.fixture(scope="module")
 def without_triton(tmp_path_factory) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -83,16 +78,9 @@ def test_import_pathedu_works_and_says_there_is_no_triton(without_triton):
 
 def test_every_reference_form_runs(without_triton):
     broken = {name: why for name, why in without_triton["reference"].items()
-              if why != "ok" and name not in NEEDS_TRITON_TODAY}
+              if why != "ok"}
     assert not broken, broken
     assert len(without_triton["reference"]) >= 60
-
-
-@pytest.mark.xfail(strict=True, reason="pathedu/fox.py: gla_chunked imports CHANNEL_CHUNK from the Triton module "
-                                       "kernels/linear_attention.py")
-def test_gla_chunked_runs_without_triton(without_triton):
-    assert all(without_triton["reference"][name] == "ok" for name in NEEDS_TRITON_TODAY), \
-        {name: without_triton["reference"][name] for name in NEEDS_TRITON_TODAY}
 
 
 def _says_what_to_use(message: str) -> bool:
