@@ -85,6 +85,13 @@ def _literals(source: str) -> list[str]:
     return [m.group(2) for m in re.finditer(r"""(["'])([A-Za-z0-9_\-]*)\1""", source)]
 
 
+def package_calls() -> dict:
+    """Package functions that read data files their callers do not name: function name -> files."""
+    from pathedu.experiments import plots
+
+    return {"word_problem_grid": [plots.GRID_FILE]}
+
+
 def package_names() -> dict:
     """The values of the package's own name builders: ``chapter`` (``pathedu.bench.CHAPTERS``) in
     ``bench_{chapter}.json``, ``name`` (``pathedu.experiments.EXPERIMENTS``) in ``exp_{name}.json``."""
@@ -111,6 +118,9 @@ def references(text: str, names: list[str], known: dict | None = None) -> set[st
     found |= {f"exp_{s}.json" for s in _RECORD_CALL.findall(text)}
     if re.search(r"""\brecord\(\s*["']\w+["']\s*,\s*\w""", text):  # record(experiment, n) for n in (...)
         found |= {f"exp_{s}.json" for s in _QUOTED.findall(text)}
+    for call, files in package_calls().items():  # a package function that reads files the caller never names
+        if re.search(rf"\b{call}\(", text):
+            found |= set(files)
     if _CHECKS_CALL.search(text):
         found.add("gpu_checks.json")
     if re.search(r"(?<!def )\bload\(\s*name\b", text):  # a loop over quoted stems (chapter 18's file lists)
@@ -140,7 +150,77 @@ def readers_by_file(names=None, globs=PRODUCT_GLOBS) -> dict[str, list[str]]:
     return out
 
 
+# What a manifest entry says about where a file came from, read from the file's own header: ``meta`` (benchmarks,
+# launches, parts, checks, comparison runs) or the record's top level (experiments, probes); a file that keeps
+# several runs gives their commands and the span of their dates.
+NOT_RECORDED = "not recorded"
+_LONG = 300  # a longer command is cut at its first " && " and says how many follow
+
+
+def _walk(obj, key):
+    """Every value stored under ``key`` anywhere in ``obj`` (rows and records skipped), in order."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if k == key and isinstance(v, str):
+                yield v
+            elif k not in ("rows", "records", "history") and isinstance(v, (dict, list)):
+                yield from _walk(v, key)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _walk(v, key)
+
+
+def provenance(record: dict) -> dict:
+    """``{"command", "device", "date"}`` of a data file, from its header; :data:`NOT_RECORDED` where it has none."""
+    head = record["meta"] if isinstance(record.get("meta"), dict) else record
+    out = {}
+    for field in ("command", "device", "date"):
+        own = head.get(field) if isinstance(head.get(field), str) else None
+        found = [own] if own else list(dict.fromkeys(
+            v for k in (field, f"probe_{field}", f"ab_{field}") for v in _walk(record, k)))
+        if field == "date":
+            days = sorted({v[:10] for v in found})
+            out[field] = (days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}") if days else NOT_RECORDED
+        elif field == "command":
+            cut = []
+            for cmd in found:
+                pieces = cmd.split(" && ")
+                if len(cmd) > _LONG and len(pieces) > 1:
+                    cmd = f"{pieces[0]} (then {len(pieces) - 1} more, in the file's command)"
+                cut.append(cmd)
+            script = [k for k in head if k.endswith("script")] if not cut else []
+            out[field] = (cut[0] if len(cut) == 1 else cut if cut else
+                          f"{NOT_RECORDED} (the script that made it is kept in the file: meta.{script[0]})" if script
+                          else NOT_RECORDED)
+        else:
+            out[field] = found[0] if len(set(found)) == 1 else sorted(set(found)) if found else NOT_RECORDED
+    return out
+
+
+def toml_entry(name: str, readers: list[str], wheel: bool, shows: str = "") -> str:
+    """A manifest entry for data file ``name`` (TOML), its provenance read from the file."""
+    prov = provenance(json.loads((DATA / name).read_text()))
+    lines = [f'["{name}"]']
+    if shows:
+        lines.append(f"shows = {json.dumps(shows)}")
+    for field in ("command", "device", "date"):
+        value = prov[field]
+        if isinstance(value, list):
+            lines.append(f"{field} = [\n" + "".join(f"    {json.dumps(v)},\n" for v in value) + "]")
+        else:
+            lines.append(f"{field} = {json.dumps(value)}")
+    lines.append("readers = [" + ", ".join(json.dumps(r) for r in readers) + "]")
+    lines.append(f"wheel = {'true' if wheel else 'false'}")
+    return "\n".join(lines) + "\n"
+
+
 if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:2] == ["--entry"]:  # python tests/data_readers.py --entry NAME.json: a draft manifest entry
+        for name in sys.argv[2:]:
+            print(toml_entry(name, readers_by_file([name])[name], wheel=False))
+        raise SystemExit(0)
     product = readers_by_file()
     other = readers_by_file(globs=OTHER_GLOBS)
     for name in data_files():

@@ -12,7 +12,8 @@ that every number on the page comes from a file and none is typed by hand.
 * :func:`plot_word_problem`, :func:`plot_mqrar` -- the figures of the other two experiments
   (accuracy against depth and length; accuracy against N), for records of any size.
 * :func:`min_layers`, :func:`plot_min_layers` -- the fewest layers reaching the threshold against the word
-  length (the PaTH paper's Fig. 2); :func:`word_problem_grid` -- the committed seed-0 runs they read.
+  length (the PaTH paper's Fig. 2); :func:`word_problem_grid` -- the committed seed-0 runs they read
+  (:func:`make_word_problem_grid` writes them from the full records).
 * :func:`plot_histories`, :func:`plot_grad_checks` -- training curves of runs side by side, and how far
   their gradient was from the float32 matrix form's along the way.
 * :func:`describe` -- the structure of a record, as lines of text (what a run stores).
@@ -36,7 +37,7 @@ from . import default_out, get_module
 
 __all__ = ["LABELS", "SPLITS", "label", "load", "flipflop_rows", "format_flipflop_table", "fmt_percent",
            "eval_curves", "plot_flipflop_sparse", "plot_flipflop_history", "plot_word_problem", "min_layers",
-           "plot_min_layers", "word_problem_grid", "mqrar_accuracies",
+           "plot_min_layers", "word_problem_grid", "make_word_problem_grid", "mqrar_accuracies",
            "plot_mqrar", "plot_histories", "plot_grad_checks", "describe", "markdown_table", "seed_cell",
            "flipflop_seed_table", "plot_flipflop_seeds", "word_problem_table", "mqrar_seed_table",
            "plot_gradient_agreement"]
@@ -102,17 +103,34 @@ def combine(parts, *, select=None) -> dict:
             "summary": mod.summarize(runs, config)}
 
 
+GRID_FILE = "exp_word_problem_grid.json"
+"""Chapter 9's seed-0 word-problem grid without the runs' training histories: what :func:`word_problem_grid` reads."""
+
+
 def word_problem_grid() -> dict:
-    """Chapter 9's seed-0 word-problem grid, read from the committed records with :func:`combine`: A5 at length 10
-    and S5 at lengths 10 and 20 (``exp_word_problem_lengths.json``), and A5 at length 20 from three series: RoPE
-    from the first (``exp_word_problem.json``), PaTH with the fixed backward (``exp_word_problem_path_fixed.json``),
-    FoX and DeltaNet (``exp_word_problem_fox_deltanet.json``).  Four mixers, one to four layers."""
+    """Chapter 9's seed-0 word-problem grid (``pathedu/data/exp_word_problem_grid.json``): A5 and S5 at lengths 10
+    and 20, four mixers, one to four layers, each run with its settings and final accuracies.  The installed
+    package ships this file instead of the four full records, with every run's training curve, that
+    :func:`make_word_problem_grid` combines into it."""
+    return json.loads((default_out("word_problem").parent / GRID_FILE).read_text())
+
+
+def make_word_problem_grid(out=None) -> dict:
+    """The grid :func:`word_problem_grid` reads, combined with :func:`combine` from the committed records of a clone:
+    A5 at length 10 and S5 at lengths 10 and 20 (``exp_word_problem_lengths.json``), and A5 at length 20 from three
+    series: RoPE from the first (``exp_word_problem.json``), PaTH with the fixed backward
+    (``exp_word_problem_path_fixed.json``), FoX and DeltaNet (``exp_word_problem_fox_deltanet.json``); each run
+    without its ``history``.  ``out``: a file to write it to (as the records are written)."""
     data = default_out("word_problem").parent
     parts = [load("word_problem", path=data / name) for name in (
         "exp_word_problem_lengths.json", "exp_word_problem.json", "exp_word_problem_path_fixed.json",
         "exp_word_problem_fox_deltanet.json")]
-    return combine(parts, select=[None, lambda r: r["mixer"] == "rope" and r["seed"] == 0, lambda r: r["seed"] == 0,
+    grid = combine(parts, select=[None, lambda r: r["mixer"] == "rope" and r["seed"] == 0, lambda r: r["seed"] == 0,
                                   None])
+    grid["runs"] = [{k: v for k, v in r.items() if k != "history"} for r in grid["runs"]]
+    if out is not None:
+        Path(out).write_text(json.dumps(grid, indent=1, allow_nan=True) + "\n")
+    return grid
 
 
 def _check_record(record, experiment: str) -> dict:

@@ -1,0 +1,94 @@
+"""pathedu/data holds what the book, the labs and the package read, each file described in MANIFEST.toml, and the
+installed package ships only what its functions and the labs read.
+
+The manifest's entries: ``command``, ``device``, ``date`` (read from the file's own header, so a mistyped or
+invented one fails here), ``readers`` (repository paths; a package module may carry its function in brackets) and
+``wheel``.  How a reader names a file (literally, through a loader, an f-string) is found by tests/data_readers.py.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import data_readers as dr  # noqa: E402
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+MANIFEST = dr.DATA / "MANIFEST.toml"
+
+
+@pytest.fixture(scope="module")
+def manifest() -> dict:
+    return tomllib.loads(MANIFEST.read_text(encoding="utf8"))
+
+
+def reader_path(reader: str) -> str:
+    """``"pathedu/bench/__init__.py (pathedu.bench.load)"`` -> ``"pathedu/bench/__init__.py"``."""
+    return reader.split(" (")[0]
+
+
+def shipped(entry: dict) -> bool:
+    """What the wheel must ship: a file a lab reads, or a package function outside a clone."""
+    return any(r.startswith("notebooks/") or (r.startswith("pathedu/") and "in a clone" not in r)
+               for r in entry["readers"])
+
+
+def test_every_data_file_has_an_entry_and_every_entry_a_file(manifest):
+    files = set(dr.data_files())
+    assert sorted(files - set(manifest)) == [], "data files missing from MANIFEST.toml (README.md: how to add one)"
+    assert sorted(set(manifest) - files) == [], "MANIFEST.toml entries whose file is not in pathedu/data"
+    others = {p.name for p in dr.DATA.iterdir()} - files - {"MANIFEST.toml", "README.md"}
+    assert not others, f"pathedu/data holds only JSON data, the manifest and the README: {sorted(others)}"
+
+
+def test_every_entry_says_where_its_file_came_from(manifest):
+    """Command, device and date are the file's own (``provenance`` reads its header); a file derived from others
+    by a package function names them, and they are in the folder."""
+    for name, entry in manifest.items():
+        assert {"command", "device", "date", "readers", "wheel"} <= set(entry), name
+        assert isinstance(entry["wheel"], bool) and entry["readers"], name
+        if "derived_from" in entry:
+            assert set(entry["derived_from"]) <= set(manifest), name
+            continue
+        recorded = dr.provenance(json.loads((dr.DATA / name).read_text()))
+        assert {k: entry[k] for k in recorded} == recorded, f"{name}: not what its header records"
+
+
+def test_every_reader_names_its_file(manifest):
+    """Each reader in the manifest reads the file: by name, through a loader or an f-string (tests/data_readers.py)."""
+    known = dr.package_names()
+    wrong = []
+    for name, entry in manifest.items():
+        for reader in entry["readers"]:
+            path = dr.ROOT / reader_path(reader)
+            if not path.is_file() or name not in dr.references(dr.reader_text(path), [name],
+                                                               known.get(reader_path(reader))):
+                wrong.append((name, reader))
+    assert wrong == [], "manifest readers that do not read the file"
+
+
+def test_every_file_is_read_by_the_product(manifest):
+    """Nothing in the folder is read only by tests or notes: every file has a reader among the book's pages and
+    slides, the labs and the package (found by name, independently of the manifest)."""
+    found = dr.readers_by_file(list(manifest))
+    assert [n for n, readers in found.items() if not readers] == []
+
+
+def test_the_wheel_flag_follows_the_readers(manifest):
+    """``wheel = true`` exactly for the files a lab or a package function reads."""
+    wrong = [n for n, e in manifest.items() if e["wheel"] != shipped(e)]
+    assert wrong == [], "wheel flags that disagree with the readers (a lab or a package function: true)"
+
+
+def test_the_grid_the_lab_reads_is_made_from_the_committed_records():
+    """exp_word_problem_grid.json (in the wheel) is what make_word_problem_grid computes from the full records."""
+    from pathedu.experiments import plots
+
+    assert plots.word_problem_grid() == json.loads(json.dumps(plots.make_word_problem_grid()))
