@@ -113,7 +113,7 @@ def test_select_form():
 
 
 def test_errors():
-    with pytest.raises(ValueError, match="`mixer`.*nope, alibi, fox, rope, path, pathfox, linear"):
+    with pytest.raises(ValueError, match="`mixer`.*nope, alibi, fox, rope, path, pathfox, stickbreaking, cope, linear"):
         build_model("mamba", **SIZES)
     with pytest.raises(ValueError, match="`d_model`"):
         build_model("rope", vocab=5, d_model=30, n_layers=1, n_heads=4)
