@@ -498,3 +498,22 @@ def test_gla_triton_prefill_in_pieces_then_decoding_is_one_pass(gate):
     assert rel_err(pieces, full) <= 1e-5 and rel_err(S_pieces, S) <= 1e-5
     ref_out, ref_S = fox.gla_recurrent(q.double(), k.double(), v.double(), log_f.double(), return_state=True)
     assert rel_err(pieces, ref_out) <= 1e-5 and rel_err(S_pieces, ref_S) <= 1e-5
+
+
+@pytest.mark.parametrize("layout", ["transposed", "expanded"])
+def test_fox_triton_reads_log_f_in_any_layout_when_batch_times_heads_equals_T(layout):
+    """The square case ``B * H == T``: a ``log_f`` of shape ``(B, H, T)`` whose strides are those of a transposed
+    ``(T, B * H)`` tensor (or one broadcast over heads) holds the same values as a contiguous one, and the kernel reads
+    the values, not the memory order: its output equals the float64 reference of the same values."""
+    torch.manual_seed(3)
+    B, H, T, D = 2, 4, 8, 16
+    q, k, v = (torch.randn(B, H, T, D) for _ in range(3))
+    if layout == "transposed":
+        log_f = torch.nn.functional.logsigmoid(torch.randn(T, B * H)).t().reshape(B, H, T)
+        assert log_f.stride()[-1] != 1
+    else:
+        log_f = torch.nn.functional.logsigmoid(torch.randn(B, 1, T)).expand(B, H, T)
+        assert log_f.stride()[1] == 0
+    got = fox.fox_triton(q, k, v, log_f)
+    want = fox.fox_matrix(q.double(), k.double(), v.double(), log_f.double())
+    assert (got.double() - want).abs().max() < 1e-5
