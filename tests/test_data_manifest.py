@@ -8,7 +8,10 @@ invented one fails here), ``readers`` (repository paths; a package module may ca
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -22,6 +25,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 MANIFEST = dr.DATA / "MANIFEST.toml"
+WHEEL_LIMIT = 2 * 1024 * 1024  # bytes
 
 
 @pytest.fixture(scope="module")
@@ -82,9 +86,12 @@ def test_every_file_is_read_by_the_product(manifest):
 
 
 def test_the_wheel_flag_follows_the_readers(manifest):
-    """``wheel = true`` exactly for the files a lab or a package function reads."""
+    """``wheel = true`` exactly for the files a lab or a package function reads; pyproject.toml lists them."""
     wrong = [n for n, e in manifest.items() if e["wheel"] != shipped(e)]
     assert wrong == [], "wheel flags that disagree with the readers (a lab or a package function: true)"
+    pyproject = tomllib.loads((dr.ROOT / "pyproject.toml").read_text())
+    listed = set(pyproject["tool"]["setuptools"]["package-data"]["pathedu.data"])
+    assert listed == {n for n, e in manifest.items() if e["wheel"]}
 
 
 def test_the_grid_the_lab_reads_is_made_from_the_committed_records():
@@ -92,3 +99,22 @@ def test_the_grid_the_lab_reads_is_made_from_the_committed_records():
     from pathedu.experiments import plots
 
     assert plots.word_problem_grid() == json.loads(json.dumps(plots.make_word_problem_grid()))
+
+
+def test_the_wheel_ships_the_package_data_and_nothing_else(manifest, tmp_path):
+    """Built from a clean copy (a stale build/ folder would add files; a few seconds): at most 2 MB, its data
+    exactly the wheel = true files."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for part in ("pyproject.toml", "README.md", "pathedu", "kernels"):
+        copy = shutil.copytree if (dr.ROOT / part).is_dir() else shutil.copy2
+        copy(dr.ROOT / part, src / part, **({"ignore": shutil.ignore_patterns("__pycache__")}
+                                            if (dr.ROOT / part).is_dir() else {}))
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+                           "-w", str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (wheel,) = (tmp_path / "dist").glob("pathedu-*.whl")
+    assert wheel.stat().st_size <= WHEEL_LIMIT, f"{wheel.stat().st_size / 2**20:.2f} MB"
+    with zipfile.ZipFile(wheel) as z:
+        data = {Path(n).name for n in z.namelist() if n.startswith("pathedu/data/")}
+    assert data == {n for n, e in manifest.items() if e["wheel"]}
