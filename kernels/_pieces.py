@@ -42,7 +42,7 @@ def _log2_approx(x):
     """``log2`` of an fp32 tile by the GPU's one-instruction approximation (``lg2.approx.f32``, absolute error
     about 2^-22 on [1, 2]).  ``tl.math.log2`` compiles to an accurate library routine, many instructions
     long: in stick-breaking's kernel, which takes one per logit, it cost about a fifth of the time
-    (``kernels/NOTES_flash.md``).  PTX, so GPU only: callers choose it with a constexpr, never in the
+    (``NOTES_flash.md``, "Stick-breaking's log2").  PTX, so GPU only: callers choose it with a constexpr, never in the
     interpreter."""
     return tl.inline_asm_elementwise("lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
 
@@ -424,7 +424,8 @@ def _softmax_fold_scaled(acc, m_i, l_i, s, scale, v, GUARD: tl.constexpr, MASKED
     A positive scale commutes with the maximum, and rounding is monotone, so ``max_j fl(s_ij c)`` is
     ``fl(c max_j s_ij)``: the maximum is taken on the raw products and scaled once per row, and each logit's
     scale rides in the exponent's fused multiply-add (``2^(s c - m)``).  Scaling the tile first costs one multiply
-    per logit, about a tenth of the FlashAttention loop's instructions (``kernels/NOTES_flash.md``)."""
+    per logit, about a tenth of the FlashAttention loop's instructions (``NOTES_flash.md``, "The logits' scale in the
+    exponent")."""
     if SCALE == "none":
         m_new = tl.maximum(m_i, tl.max(s, 1))
     else:

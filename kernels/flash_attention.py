@@ -55,7 +55,7 @@ tiles, multiplying the diagonal blocks through :func:`._pieces._masked_dot` (the
 values without their NaN/inf) and giving the rows that do see one their NaN or
 inf back (:func:`._pieces._first_nonfinite`, :func:`._pieces._poison`).  One
 launch doing both (the careful code in every program) cost 3-13% at B = H = 32,
-D = 64 on an H100; two cost nothing measurable (``kernels/NOTES_flash.md``).
+D = 64 on an H100; two cost nothing measurable (``NOTES_flash.md``, "Two launches for non-finite values").
 """
 from __future__ import annotations
 
@@ -160,7 +160,7 @@ def _flash_block(Q, K, V, O, BIAS_ARG, LSE, bh, pid_m, T, qk_scale, log2_base,
             # Through this program's own output rows and back: a tile that comes from a load is staged in shared
             # memory for the products, one that comes from arithmetic stays in registers through the whole loop
             # (137 registers instead of 126 for 128 x 64 tiles of 8 warps: one program per multiprocessor instead
-            # of two; kernels/NOTES_flash.md, session 21).  The rows are overwritten by the output at the end.
+            # of two; kernels/NOTES_flash.md, "RoPE's rotation").  The rows are overwritten by the output at the end.
             p_o = O + bh * stride_ob + start_m * stride_ot
             _store_rows(p_o, q, tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_D), stride_ot, T - start_m, HEAD_DIM)
             tl.debug_barrier()
@@ -470,7 +470,8 @@ def bwd_delta(out, do) -> torch.Tensor:
 # Backward tiles: a block of OUTER keys (queries) stays on chip while tiles of INNER queries (keys) stream
 # past it.  OUTER % INNER == 0, so that the diagonal region is whole inner tiles.  Two pipeline stages
 # only: with three stages and 32-row inner tiles, dK came out wrong on an H100 with triton 3.6 (relative
-# RMS 3e-2 to 8e-2 against fp32, every other gradient right; kernels/NOTES_flash.md).
+# RMS 3e-2 to 8e-2 against fp32, every other gradient right; kernels/NOTES_flash.md, "Compiler faults to
+# remember").
 _BWD_CONFIGS = [
     triton.Config({"OUTER": o, "INNER": i}, num_warps=w, num_stages=2)
     for o, i, w in [(64, 64, 4), (128, 32, 4), (128, 32, 8), (128, 64, 8), (64, 32, 4), (128, 128, 8)]
@@ -488,7 +489,7 @@ per pair of tiles: ``True``), two roles without atomics (seven: ``False``), or, 
 measured faster for the case (:func:`single_pass`).  Read at each call; ``PATHEDU_ATOMIC_DQ=1`` / ``0`` sets it
 for a whole process (how the benchmarks compare the two)."""
 
-# Measured on an H100 (B = H = 32, D = 64, bf16, forward + backward, kernels/NOTES_flash.md): without a bias the
+# Measured on an H100 (B = H = 32, D = 64, bf16, forward + backward, kernels/NOTES_flash.md, "dQ by atomic additions"): without a bias the
 # single pass is faster from T = 4096 (1.29 / 1.25x SDPA at 4096 / 8192 against 1.31 / 1.31x) and slower below
 # (1.28 / 1.32x at 1024 / 2048 against 1.11 / 1.21x: half the programs, and the atomics' traffic); with FoX's gate
 # it is slower at every T (1.91-1.95x against 1.43-1.51x).

@@ -359,7 +359,7 @@ def _linear_chunks(Q, K, V, O, LOG_F, AD, GM, H0, STATES, T, log2_base,
             # decay) and the state come out of arithmetic, whose NaN on a GPU is the canonical one: each is made
             # quiet where it meets the rounding (a NaN of q or k reaches the rows from its own on through them).
             # Two selects per chunk, three with a decay: on the H100 DeltaNet under 0.5% slower, Gated DeltaNet
-            # 2.5-3% (kernels/NOTES_path.md, section 14).
+            # 2.5-3% (kernels/NOTES_path.md, "NaNs through the rounding").
             o += _dot(_quiet_nan(s), v, PRECISION)
             # H <- P^T H + K~^T V (householder), H + K^T U (delta); quiet for the next chunk's products
             H = _quiet_nan(h + _dot(tl.trans(k.to(tl.float32)), v, PRECISION))
@@ -912,7 +912,7 @@ def _linear_launch(x: Flat, gate: str, log_f3=None, *, chunk: int = 64, prep=Non
         v3, ad = prep.u, prep.w
     precision = dot_precision(x.dtype) if precision is None else precision
     block_d = next_pow2(n.D)
-    block_dv = min(next_pow2(n.Dv), 64)  # 32 measured slower (NOTES_path section 9): the state loop is the long pole
+    block_dv = min(next_pow2(n.Dv), 64)  # 32 slower (NOTES_linear.md, "One program per head and value block, the state in registers")
     grid = (triton.cdiv(n.Dv, block_dv), x.BH)
     rotate_hook, log2_base = rotate_args(rotate)
     flags = torch.empty(grid[0] * grid[1], dtype=torch.int8, device=out.device)  # written by every program
@@ -927,7 +927,7 @@ def _linear_launch(x: Flat, gate: str, log_f3=None, *, chunk: int = 64, prep=Non
                 num_warps=4, num_stages=1 if interpreting() else 2)
     # Two launches, as the FlashAttention template's forward: plain products, then a redo with the NaN/inf
     # bookkeeping of the programs whose final state is not finite (usually none).  The bookkeeping inside
-    # the fast loop cost a fifth of its time (kernels/NOTES_path.md section 13).
+    # the fast loop cost a fifth of its time (kernels/NOTES_linear.md, "Two launches for non-finite values").
     _linear_fwd[grid](*args, **meta)
     _linear_careful[grid](*args, **meta)
     return out

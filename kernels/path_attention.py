@@ -46,7 +46,8 @@ and its norm is folded into a per-row logit scale.  The preparation pass runs
 tf32 products on fp32 tiles with operands rounded to nearest (:func:`._pieces._rn`: the
 tensor cores truncate, and a truncated ``G_J`` shrinks ``q^`` a little at every
 block, an error that grows linearly with T).  fp32 inputs run about fp32
-throughout.  kernels/NOTES_path.md has the measurements behind each choice.
+throughout.  The measurements behind each choice: NOTES_path.md, "The carried query in fp32, its updates
+in fp16", and NOTES_path.md, "Rounding to nearest before tf32 products".
 
 **Backward pass** (:func:`_path_bwd_launch`, :class:`_PathAttention`).  Reversing the scan would need every
 carried query in the opposite order.  Instead query block ``I`` and key block ``J < I`` meet once, at the
@@ -419,10 +420,11 @@ def _path_bwd(X, AD, V, DO, LSE, DELTA, C, DX, DAD, DV, DBR, DBC, T, LEVELS, qk_
 
 
 # Backward tiles: the program's block is one UT block (levels are defined on UT blocks); INNER-row
-# tiles stream past it, two stages only (as the template's backward, kernels/NOTES_flash.md).
+# tiles stream past it, two stages only (as the template's backward, kernels/NOTES_flash.md, "Compiler faults to
+# remember").
 # No 8-warp config with 64-row tiles: with triton 3.6 on an H100 it gave wrong dk, dw, dbeta at D = 32 in
 # bf16 and fp16 and an illegal memory access at Dv = 32, the others right at every probed shape; chosen only
-# when it timed fastest, it failed in some runs and not others (the probe: NOTES_path.md, section 7).
+# when it timed fastest, it failed in some runs and not others (NOTES_path.md, "Compiler faults to remember").
 _BWD_CONFIGS = [triton.Config({"INNER": i}, num_warps=w, num_stages=2)
                 for i, w in [(16, 4), (32, 4), (64, 4)]]  # 16: for block = 16
 
@@ -615,7 +617,7 @@ def _bwd_kernel(x: Flat, c, do, lse, delta, scale: float, block: int, prep: Prep
     # dX (L * BH * T * D values, the backward's largest tensor) in fp32.  bf16 would halve its bytes (the
     # reversed carries read it once) and keeps fp32's exponent range, but measured on the H100 it made PaTH's bf16
     # gradients 7-17% less accurate (w and beta 2.5e-3 and 2.4e-3 from float64 instead of 2.2e-3 and 2.0e-3) for
-    # at most 2% of the time (kernels/NOTES_path.md, section 10).  Every row before T is written by exactly one
+    # at most 2% of the time (kernels/NOTES_path.md, "dX in fp32").  Every row before T is written by exactly one
     # program of _path_bwd at every level (a block is in a left or a right half); only the rows past T, which
     # nothing writes and the reversed carries read as whole blocks, are zeroed here.
     dX = torch.empty(X.shape, dtype=torch.float32, device=X.device)
@@ -640,7 +642,7 @@ def _bwd_kernel(x: Flat, c, do, lse, delta, scale: float, block: int, prep: Prep
 # The meeting-point rows: fp32 for fp32 inputs, fp16 for 16-bit ones.  A trained model's logits reach hundreds (log2
 # units), where a row rounded to bf16 moves a logit by tenths and a probability by tens of percent; fp16 keeps the
 # 10 mantissa bits of the tf32 products that read fp32 rows, in half their bytes and at the tensor cores' full
-# rate (kernels/NOTES_path.md, section 8).  The rows are carried by reflections (norm <= 1), so they stay within
+# rate (kernels/NOTES_path.md, "Meeting points in fp16, gradient products in dO's dtype").  The rows are carried by reflections (norm <= 1), so they stay within
 # the queries' and keys' own range.  The gradient products run in dO's dtype (flash_attention._dkdv_steps): bf16
 # for bf16 inputs; for fp16 inputs fp16, as in any fp16 attention backward (train with a scaled loss).
 # An override for every input dtype (meeting_point_dtype); None: the rule above.

@@ -18,7 +18,7 @@ The other way, ``rotation="fused"``: both templates have a rotation hook
 (:func:`._pieces._rope_cos_sin`, :func:`._pieces._rope_shift`,
 :func:`._pieces._load_rotated`), so no rotated copy is written; the FlashAttention
 template turns each key tile once per query block.  Measured on the H100
-(``kernels/NOTES_flash.md``), the hook is the faster way on the linear side, where each chunk is
+(``NOTES_flash.md``, "RoPE's rotation"), the hook is the faster way on the linear side, where each chunk is
 turned once (``complex_triton``'s default), and the slower one on the FlashAttention side.  There
 ``rope_triton`` splits the work: without gradients the pass turns the keys alone and stores the cos/sin it
 computed in a small table (``(2, T, D/2)`` fp32, written by the first heads' programs), from which the

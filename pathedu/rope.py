@@ -454,7 +454,7 @@ def rope_triton(q, k, v, *, base: float = 10000.0, scale=None, pairing: str = "i
     traffic, the same logits).  ``rotation="fused"``: the template's rotation hook turns q and k as it loads
     them instead (no pass through memory; inference only).  On an H100 the fused hook is 1.8-2.2x slower than
     the pre-pass (``pathedu/data/bench_rope.json``: each key tile is turned once per query block), hence the
-    default (``kernels/NOTES_flash.md``).
+    default (``kernels/NOTES_flash.md``, "RoPE's rotation").
 
     fp16/bf16/fp32, head dims 16..128 (even), fp32 accumulation.  Shapes and
     conventions as :func:`rope_naive`.  On a CPU it runs in Triton's interpreter

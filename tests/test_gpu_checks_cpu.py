@@ -168,8 +168,7 @@ def test_register_report_compiles_for_sm90_without_a_gpu():
 def test_register_report_says_when_ptxas_serialises_the_tensor_core_products():
     """``--serialized`` compiles each kernel's PTX again with Triton's ptxas (``-v``) and reports its message C7515:
     the FlashAttention template's main tile keeps its products pipelined; PaTH's forward carries do not
-    (``kernels/NOTES_path.md`` sections 17 and 20: the reversed carries did too until they stopped rebuilding the
-    carries, session 24)."""
+    (``kernels/NOTES_path.md``, "The carries": the reversed carries did too while they rebuilt the carries)."""
     import subprocess
     import sys
 
@@ -218,7 +217,7 @@ def test_flash_loop_multiplies_once_per_logit_for_the_rescale_only():
     8 warps: 32 logits and 32 accumulator entries per thread and trip) each logit costs one exponential (MUFU), and
     the multiplies are the accumulator's rescale: the logits' scale rides in the exponent's fused multiply-add
     (``_softmax_fold_scaled``).  Scaling the logit tile first, as before, made 64 multiplies a trip, about a tenth of
-    the loop's instructions (kernels/NOTES_flash.md).  In the diagonal loop the causal mask is one 32-bit compare per
+    the loop's instructions (kernels/NOTES_flash.md, "The logits' scale in the exponent").  In the diagonal loop the causal mask is one 32-bit compare per
     logit: compared as absolute positions, the offsets shared the address arithmetic's 64 bits and each logit took
     two compares (72 a trip at f14a666)."""
     loops = _loop_mixes("_flash_fwd (none, 128 x 64, 8 warps)")

@@ -732,7 +732,7 @@ def test_backward_tiles_fit_the_schedule():
 def test_backward_keeps_gradients_below_fp16s_range():
     """The backward's gradient products run in dO's dtype, not in the meeting-point rows': the rows are fp16 for
     16-bit inputs, and a trained layer's gradients can sit far below fp16's normal range (RMS 1.8e-7 measured,
-    kernels/NOTES_path.md, section 8).  Rows forced to fp16 beside gradients of 1e-7 (fp32 here: the CPU runs
+    kernels/NOTES_path.md, "Meeting points in fp16, gradient products in dO's dtype").  Rows forced to fp16 beside gradients of 1e-7 (fp32 here: the CPU runs
     16-bit inputs in fp32): the gradients must match float64 as closely as with gradients of 1 (products of dz
     rounded to fp16 flushed most of them to zero)."""
     from pathedu.kernels.path_attention import meeting_point_dtype, path_attention
@@ -759,8 +759,8 @@ def test_backward_differentiates_the_forwards_own_logits():
     """A forward to be differentiated runs on the backward's schedule and saves the log-sum-exp of those logits.
     The backward once normalised its recomputed logits with the scan's statistics instead: exact in exact
     arithmetic, but with a trained model's sharp logits the rows no longer summed to one (gradients 20-180% off in
-    one layer on the GPU; 2e-3 to 4e-3 here, with the scan's updates in fp16, kernels/NOTES_path.md, section 8).
-    Sharp logits: the output and every gradient match float64, and keeping the factors (``save_factors``, the
+    one layer on the GPU; 2e-3 to 4e-3 here, with the scan's updates in fp16, kernels/NOTES_path.md, "The training forward runs on the
+    backward's schedule").  Sharp logits: the output and every gradient match float64, and keeping the factors (``save_factors``, the
     default) or making them again in the backward gives the same bits."""
     torch.manual_seed(0)
     T, D = 200, 32
@@ -889,8 +889,8 @@ def _ready_product(A, B, C, N: tl.constexpr, PRECISION: tl.constexpr):
 @pytest.mark.parametrize("precision", ["tf32n", "x3n", "ieee"])
 def test_an_operand_rounded_once_gives_the_same_product(precision):
     """``_pieces._dot_ready`` skips the rounding of an operand that already went through ``_rn`` (the UT factors'
-    backward rounds each tile that only products read once, where it is made; ``kernels/NOTES_path.md`` section
-    21): the rounding is idempotent, so the product is ``_dot``'s bit for bit, NaNs included; with ``"x3n"`` or
+    backward rounds each tile that only products read once, where it is made; ``kernels/NOTES_path.md``,
+    "Rounding to nearest before tf32 products"): the rounding is idempotent, so the product is ``_dot``'s bit for bit, NaNs included; with ``"x3n"`` or
     ``"ieee"`` it is ``_dot`` itself (``_rn`` leaves those operands alone)."""
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(16, 16, generator=g), torch.randn(16, 16, generator=g)

@@ -606,7 +606,8 @@ def _fp32_factors(rec, get, ours: str, reference: str, params: dict, limit: floa
                 limit=limit, params=dict(params, factors="fp32"))
 
 
-# The update's variants measured as T grows (kernels/NOTES_path.md, 3.1-3.3): name -> (_config, limit).
+# The update's variants measured as T grows (kernels/NOTES_path.md, "Rounding to nearest before tf32 products"):
+# name -> (_config, limit).
 PATH_GROWTH_VARIANTS = {
     "dense": (dict(update="dense"), 1e-2),
     "ut": (dict(update="ut"), 1e-2),
@@ -819,9 +820,9 @@ GRAD_LIMIT = 1e-2  # rel_rms of a bf16 gradient against fp32 and against float64
 # q, k, v; fp32: 2.8e-5 against 8e-7).  In bf16 its bound is five times the others'.
 SLOPE_GRAD_LIMIT = 5e-2
 # PaTH's transition gradients (w, beta) in the stress case, T = 16384 with beta in [1.999, 2] (reflections): the
-# issue asks for finite gradients there; bf16 against fp32 measured 1.7e-2 (q, k, v: 8.4e-3; at T = 1024 and
+# gradients must be finite there; bf16 against fp32 measured 1.7e-2 (q, k, v: 8.4e-3; at T = 1024 and
 # uniform beta every gradient is within 3e-3).  Each of them sums dz over ~T^2/2 pairs carried through up to
-# 256 blocks of products in rounded tf32 (x3 for fp32): kernels/NOTES_path.md, section 7.
+# 256 blocks of products in rounded tf32 (x3 for fp32): kernels/NOTES_path.md, "The dyadic schedule".
 STRESS_TRANSITION_GRAD_LIMIT = 3e-2
 
 

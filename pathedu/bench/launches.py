@@ -17,8 +17,8 @@ on the same inputs:
 
 ``ms - device_ms`` is time the GPU spends idle or in launch gaps inside a call; when ``host_ms`` exceeds
 ``device_ms``, the host, not the GPU, sets the pace of back-to-back calls.  The data file
-(``{"meta": ..., "rows": [...]}``) is what ``kernels/NOTES_flash.md`` and ``NOTES_path.md`` cite for
-"where the short-T time goes".
+(``{"meta": ..., "rows": [...]}``) is what the design notes cite for where the short-T time goes
+(``kernels/NOTES_flash.md``, "Where the time goes"; ``kernels/NOTES_path.md``, "Where the time goes").
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ rotation pre-pass (subject ``rope``) is timed beside a plain copy of q and k, it
 is timed on its own with ``triton.testing.do_bench`` (median), on the inputs of :mod:`pathedu.bench.path` and
 :mod:`pathedu.bench.pathfox`, beside the whole ops of flash-linear-attention when it is installed.
 The data file (``{"meta": ..., "rows": [{"T", "subject", "part", "ms"}]}``) is what
-``kernels/NOTES_path.md`` and the chapters cite for "where the time goes".
+the chapters and ``kernels/NOTES_path.md``, "Where the time goes", cite.
 """
 from __future__ import annotations
 
@@ -157,7 +157,7 @@ def _path_backward_parts(q, k, v, bench):
         del X, C
     times["backward 3: reversed carries"] = bench(lambda: carry_backward(prep.qt, prep.kt, prep.g, block, dX,
                                                                           x.dtype, kept))
-    if prep.g.dtype == torch.float16:  # both product precisions of fp16 factors (kernels/NOTES_path.md, 25)
+    if prep.g.dtype == torch.float16:  # both product precisions of fp16 factors (kernels/NOTES_path.md, "The carries")
         for p in ("fp16", "tf32n"):
             times[f"backward 3: reversed carries (precision='{p}')"] = bench(
                 lambda: carry_backward(prep.qt, prep.kt, prep.g, block, dX, x.dtype, kept, precision=p))

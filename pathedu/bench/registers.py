@@ -121,7 +121,7 @@ KERNELS.update({  # the four kernels of the UT factors' backward, at 4 and 8 war
                                                           ("Q", "K"), warps)
     for name in ("_ut_bwd_aw", "_ut_bwd_scores", "_ut_bwd_qk", "_ut_bwd_w_inverse") for warps in (4, 8)})
 KERNELS.update({  # the same at the head dims that keep tf32 products (ut_prepare.backward_precision): --sass compares
-    # their machine code with an older tree's (kernels/NOTES_path.md, section 24)
+    # their machine code with an older tree's (kernels/NOTES_path.md, "Compiler faults to remember")
     f"{name} (D = {d}, tf32n)": ("ut_prepare", name, dict(HEAD_DIM=d, BLOCK_D=d, BT=64, PRECISION="tf32n"),
                                  ("Q", "K"), 4)
     for d in (16, 32) for name in ("_ut_bwd_aw", "_ut_bwd_scores", "_ut_bwd_qk", "_ut_bwd_w_inverse")})
@@ -269,8 +269,7 @@ def loop_mix(sass: str) -> list[dict]:
 def sass_fingerprint(sass: str) -> tuple[str, int]:
     """``(hash, instructions)`` of a SASS listing (``cuobjdump -sass``): a short SHA-1 of its instructions with their
     addresses removed, and how many there are.  Two trees whose kernel compiles to the same fingerprint run the same
-    machine code: a change that should not touch a kernel can be checked offline (``kernels/NOTES_path.md`` section
-    24).  Compare trees with care: a tree put on ``PYTHONPATH`` beside an editable install imports its own
+    machine code: a change that should not touch a kernel can be checked offline.  Compare trees with care: a tree put on ``PYTHONPATH`` beside an editable install imports its own
     ``pathedu`` but the install's ``pathedu.kernels`` unless its ``kernels/`` is linked into its ``pathedu/``
     (:func:`main` prints where the kernels came from)."""
     import hashlib

@@ -51,7 +51,7 @@ def test_non_finite_upstream_gradient_is_not_lost(dtype, form):
     every gradient it feeds: a non-finite entry in each of ``dq, dk, dv`` and the gates' gradients of that head, the
     other head's gradients as in the clean run.  The backward kernels' tf32 rounding of fp32 tiles (``_rn``) turns
     the GPU's canonical NaN ``0x7FFFFFFF``, which arithmetic on a NaN returns, into -0.0 unless it is made quiet
-    first (kernels/NOTES_path.md 13.1, 14); the interpreter's NaNs are quiet, so only a GPU shows it."""
+    first (kernels/NOTES_path.md, "NaNs through the rounding"); the interpreter's NaNs are quiet, so only a GPU shows it."""
     (q, k, v, ex), _ = inputs(form, ((1, 2), 300, 64, 64), dtype, seed=5)
     leaves = [x.clone().requires_grad_() for x in (q, k, v, *ex.values())]
     names = ["q", "k", "v", *ex]

@@ -86,7 +86,7 @@ def test_bad_values_raise_after_the_kernel_is_queued():
 def _nans(dtype):
     """The NaNs to plant: PyTorch's quiet NaN and, for fp32, NVIDIA's canonical NaN ``0x7FFFFFFF`` (what GPU
     arithmetic returns, e.g. an upstream ``inf - inf``), which the tf32 rounding ``_rn`` turns into -0.0 unless made
-    quiet first (kernels/NOTES_path.md 13.1)."""
+    quiet first (kernels/NOTES_path.md, "NaNs through the rounding")."""
     nans = [float("nan")]
     if dtype == torch.float32:
         nans.append(torch.tensor(0x7FFFFFFF, dtype=torch.int32).view(torch.float32).item())
@@ -154,8 +154,8 @@ def test_ut_backward_holds_any_magnitude():
 @pytest.mark.parametrize("D", [16, 32, 48, 128])  # D = 64: test_ut_backward_holds_any_magnitude
 def test_ut_backward_at_every_head_dim(D, T):
     """The UT backward in the precision it runs at each head dim (fp16 products above 32, tf32 at 32 and below:
-    ut_prepare.backward_precision, after fp16 kernels of D = 16 and 32 faulted on the H200, kernels/NOTES_path.md
-    section 24), autotuned: every output finite; against the "x3" backward, dq and dk (bf16) within 1e-2 of each
+    ut_prepare.backward_precision, after fp16 kernels of D = 16 and 32 faulted on the H200, kernels/NOTES_path.md,
+    "Compiler faults to remember"), autotuned: every output finite; against the "x3" backward, dq and dk (bf16) within 1e-2 of each
     block, dw within 5e-3, and dbeta within 5e-3 where a block holds more than one token; and within 1e-3 of the
     same backward with tf32 products ("tf32n", the ten bits rounded the same way), dbeta included.
 
@@ -200,7 +200,7 @@ def _check_non_finite(form, where, dtype, *, grad):
     template flags a block whose accumulator is not finite, the linear template a program whose final state is
     not finite.  Both flags rest on NaN surviving the GPU's arithmetic (0 * NaN = NaN on the tensor cores, and the
     tf32 rounding of the operands: this test found DeltaNet's loop, then the Householder RNN's fp32 factors and
-    values, losing the GPU's canonical NaN there, kernels/NOTES_path.md 13.1), which the interpreter cannot show.
+    values, losing the GPU's canonical NaN there, kernels/NOTES_path.md, "NaNs through the rounding"), which the interpreter cannot show.
     A NaN or inf in the middle of a chunk (position 150 of 300, one channel of one head):
 
     * in ``v``, also with its key row 0 (``zero_key``: then only 0 * NaN carries it to the state): every output
