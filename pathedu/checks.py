@@ -15,14 +15,36 @@ and a forward to be differentiated) of every mechanism:
   ``pos_emb``) must be finite and in their ranges: anything else is refused with a ``ValueError`` naming the
   argument (:func:`finite_condition`, :func:`range_condition`, :func:`log_gate_condition`; PaTH's ``w`` and
   ``beta`` must also give non-expanding transitions, :func:`transition_condition`).
+
+When a value check makes the host wait (:func:`value_checks`):
+
+* Shape, dtype and device checks read only metadata and always run, at no cost to the device.
+* A value check has to read a number the device computed.  By default (``"raise"``) each call reads it before it
+  returns and raises a ``ValueError`` that names the argument and the offending value, at the line that passed
+  it: what a reader running one cell of the book, or a student's exercise, needs.  The price is one wait for the
+  device per call, so one per layer per forward in a model; a kernel entry point queues its kernels before it
+  waits (:class:`checked_after`), so at the book's sizes the wait overlaps the kernels, but a host that waits
+  cannot run ahead of the device, and a wait cannot be captured by a CUDA graph or traced by ``torch.compile``.
+* A trainer chooses once: ``with value_checks("defer"):`` decides each condition on the device and reports the
+  first failure, with the same message, when :func:`check_deferred` runs (or the block ends), so the host never
+  waits in the step; ``with value_checks(False):`` skips the value checks altogether (CUDA graphs,
+  ``torch.compile``, inputs valid by construction).
+* The alternative, deferring by default, was not taken: the error would surface later, at an unrelated line
+  (or never, in a notebook that does not call :func:`check_deferred`), and the book's pages and exercises rely on
+  an error at the call.  What decided it is the count of waits each default saves or costs: a reader calls a
+  form a handful of times per cell, so one wait per call costs nothing they can see, while a trainer's loop
+  makes one per layer per step and can turn them all off with one line.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import numbers
+import threading
 import warnings
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import torch
 
@@ -160,30 +182,100 @@ def check_positive_int(x, name: str) -> int:
 
 
 # ---------------------------------------------------------------------------
-# Value checks with one host synchronisation
+# Value checks: when the host waits for them
 # ---------------------------------------------------------------------------
 # A value check (is every gate <= 0?) is a reduction on the device followed by
 # a read of its result on the host.  Every condition here reduces its tensor to
 # its two extremes, [min, max], with one kernel (``torch.aminmax``, which
-# propagates NaN), and the host decides from those two numbers: a condition
-# costs one launch whatever it asks (finite, in a range, a valid log gate).
-# A call that checks several tensors builds every condition first and reads
-# them all at once with :func:`require`, so it waits for the device once.  A
-# kernel entry point reads them with :class:`checked_after` instead, after
-# queuing its kernels, so that the device is never idle while the host waits.
+# propagates NaN), and is decided from those two numbers against an interval:
+# a condition costs one launch whatever it asks (finite, in a range, a valid
+# log gate).  What happens next is the value-check mode (:func:`value_checks`):
+# read on the host at once (``"raise"``, the default; a call that checks several
+# tensors reads them all together, so it waits for the device once, and a
+# kernel entry point reads them with :class:`checked_after`, after queuing its
+# kernels), decided on the device and read later (``"defer"``), or not computed
+# at all (``"off"``).
+
+VALUE_CHECK_MODES = ("raise", "defer", "off")
+_MODE_ALIASES = {True: "raise", False: "off", "raise": "raise", "defer": "defer", "off": "off"}
+_process_mode = ["raise"]  # set_value_checks
+_local_mode: contextvars.ContextVar = contextvars.ContextVar("pathedu_value_checks", default=None)  # value_checks
 
 
-class Condition(NamedTuple):
-    """A value condition on a tensor, decided on the host from the tensor's extremes.
+def _mode_name(mode) -> str:
+    if isinstance(mode, bool) or isinstance(mode, str):
+        if mode in _MODE_ALIASES:
+            return _MODE_ALIASES[mode]
+    raise ValueError(f"`mode` must be True, False or one of {VALUE_CHECK_MODES}, got {mode!r}")
 
-    ``stats``: ``[min, max]`` of the tensor, shape ``(2,)``, on its device (NaN
-    when the tensor holds a NaN); ``holds(lo, hi) -> bool``: whether the condition
-    is met (a NaN fails every comparison); ``message() -> str``: the error to raise
-    (computed only on failure, so it may read the offending values)."""
 
-    stats: torch.Tensor
-    holds: Callable[[float, float], bool]
-    message: Callable[[], str]
+def value_check_mode() -> str:
+    """The value-check mode in force here: ``"raise"``, ``"defer"`` or ``"off"`` (see :func:`value_checks`)."""
+    return _local_mode.get() or _process_mode[0]
+
+
+def set_value_checks(mode) -> str:
+    """Set the value-check mode of the whole process (every thread without a :func:`value_checks` block of its
+    own); returns the previous one.  ``mode``: as in :func:`value_checks`."""
+    previous, _process_mode[0] = _process_mode[0], _mode_name(mode)
+    return previous
+
+
+@contextlib.contextmanager
+def value_checks(mode=True):
+    """Choose, inside the block, what the value checks of every form do (the shape, dtype and device checks,
+    which read no values, always run).
+
+    * ``True`` or ``"raise"`` (the default outside any block): each call reads its conditions on the host and
+      raises ``ValueError`` naming the argument and the offending value before it returns.  On a GPU that is one
+      wait for the device per call.
+    * ``"defer"``: each condition is decided on the device (a few elementwise kernels on its ``[min, max]``) and
+      the flags are kept; nothing waits.  :func:`check_deferred` reads every flag kept so far with one wait and
+      raises the first failing condition's ``ValueError``, message unchanged; leaving the block calls it.
+      Call it where the host waits anyway (logging a loss).  The flags keep the checked tensors alive until then
+      (at most :data:`MAX_PENDING` calls' worth; older flags are folded into one and lose their message).
+    * ``False`` or ``"off"``: no value is checked; a bad value gives what the kernels compute on it (NaN, an
+      expanding product), silently.  For CUDA graphs and ``torch.compile``, which cannot capture a read of the
+      device, and for a trainer whose inputs are correct by construction (``beta = 2 sigmoid(...)``, normalised
+      ``w``, ``log_f = logsigmoid(...)``).
+
+    Per thread (a ``contextvars`` variable); :func:`set_value_checks` sets the mode of the whole process.
+    """
+    name = _mode_name(mode)
+    token = _local_mode.set(name)
+    try:
+        yield name
+        if name == "defer":
+            check_deferred()
+    finally:
+        _local_mode.reset(token)
+
+
+class Condition:
+    """A value condition on a tensor, decided from the tensor's extremes against an interval.
+
+    ``stats``: ``[min, max]`` of the tensor, shape ``(2,)``, on its device (NaN when the tensor holds a NaN);
+    the condition holds when ``lo <= min`` (``lo < min`` with ``lo_open``) and ``max <= hi`` (``max < hi`` with
+    ``hi_open``), so a NaN fails it; ``message() -> str``: the error to raise (computed only on failure, so it
+    may read the offending values)."""
+
+    __slots__ = ("stats", "lo", "hi", "lo_open", "hi_open", "message")
+
+    def __init__(self, stats: torch.Tensor, lo: float, hi: float, message: Callable[[], str], *,
+                 lo_open: bool = False, hi_open: bool = False):
+        self.stats, self.lo, self.hi, self.message = stats, lo, hi, message
+        self.lo_open, self.hi_open = lo_open, hi_open
+
+    def holds(self, lo: float, hi: float) -> bool:
+        """Whether extremes ``lo, hi`` (host numbers) meet the condition."""
+        return ((lo > self.lo) if self.lo_open else (lo >= self.lo)) and \
+            ((hi < self.hi) if self.hi_open else (hi <= self.hi))
+
+    def holds_on_device(self, stats: torch.Tensor) -> torch.Tensor:
+        """:meth:`holds` on ``stats`` (this condition's ``[min, max]``) where they are: a bool tensor of shape
+        ``(1,)``, no read by the host."""
+        lo, hi = stats[0:1], stats[1:2]
+        return (lo > self.lo if self.lo_open else lo >= self.lo) & (hi < self.hi if self.hi_open else hi <= self.hi)
 
 
 def extremes(x: torch.Tensor) -> torch.Tensor:
@@ -215,13 +307,62 @@ def _gathered(conditions: list) -> torch.Tensor:
     return stats[0] if len(stats) == 1 else torch.cat(stats)
 
 
+# Deferred flags: (bool tensor on the device, one entry per condition; the conditions, or None once folded).
+MAX_PENDING = 1024
+"""How many calls' flags ``"defer"`` keeps with their conditions before it folds the oldest into one flag."""
+_pending: list = []
+_pending_lock = threading.Lock()
+_FOLDED = ("a value check failed in a call whose message was dropped (more than MAX_PENDING calls were checked "
+           "in \"defer\" mode between two reads; call `pathedu.checks.check_deferred()` more often)")
+
+
+def _keep_deferred(conditions: list, stats: torch.Tensor) -> None:
+    """Decide ``conditions`` (``None`` entries hold a place in ``stats`` and are skipped) on the device from
+    ``stats``, their ``[min, max]`` pairs in order, and keep the flags for :func:`check_deferred`."""
+    kept = [(c, stats[2 * i: 2 * i + 2]) for i, c in enumerate(conditions) if c is not None]
+    if not kept:
+        return
+    flags = torch.cat([c.holds_on_device(s) for c, s in kept])
+    with _pending_lock:
+        _pending.append((flags, [c for c, _ in kept]))
+        if len(_pending) > MAX_PENDING:
+            old = _pending[: len(_pending) // 2]
+            del _pending[: len(old)]
+            for device in {f.device for f, _ in old}:
+                folded = torch.cat([f for f, _ in old if f.device == device]).all().reshape(1)
+                _pending.insert(0, (folded, None))
+
+
+def check_deferred() -> None:
+    """Read every flag kept in ``"defer"`` mode (:func:`value_checks`) since the last read, with one wait per
+    device, forget them, and raise the ``ValueError`` of the first condition that failed, in call order."""
+    with _pending_lock:
+        taken = list(_pending)
+        _pending.clear()
+    if not taken:
+        return
+    values = {}
+    for device in {f.device for f, _ in taken}:
+        values[device] = iter(torch.cat([f for f, _ in taken if f.device == device]).tolist())
+    for flags, conditions in taken:
+        ok = [next(values[flags.device]) for _ in range(flags.numel())]
+        for good, condition in zip(ok, conditions or [None] * len(ok)):
+            if not good:
+                raise ValueError(_FOLDED if condition is None else condition.message())
+
+
 def require(*conditions: Condition | None) -> None:
     """Raise ``ValueError`` with the message of the first condition (:class:`Condition`) that fails.
 
     ``None`` entries are skipped (a condition on an empty tensor).  All conditions are read with
-    one host synchronisation."""
+    one host synchronisation; in ``"defer"`` mode they are decided on the device and kept for
+    :func:`check_deferred` instead (no wait)."""
     conditions = [c for c in conditions if c is not None]
-    if conditions:
+    if not conditions:
+        return
+    if value_check_mode() == "defer":
+        _keep_deferred(conditions, _gathered(conditions))
+    else:
         _raise_first_false(_pairs(_gathered(conditions).tolist()), conditions)
 
 
@@ -236,7 +377,10 @@ class checked_after:
     discarded with its output.  Only for bodies that are safe on any value (no value decides an
     index or a size).  A kernel of the body may add a condition it decides as it goes
     (:meth:`defer`).  Every condition is read with one host synchronisation, on leaving the block
-    (on the CPU too, where the body has then run on the values).
+    (on the CPU too, where the body has then run on the values).  In ``"defer"`` mode
+    (:func:`value_checks`) nothing is copied or read: the conditions are decided on the device and
+    kept for :func:`check_deferred`.  In ``"off"`` mode the condition builders return None, so
+    there is nothing to read.
 
     In Triton's interpreter (the CPU) the body's warnings are held back until the conditions are read: dropped
     when one fails, so that only its ``ValueError`` is shown, and issued again after the block otherwise, except
@@ -250,6 +394,7 @@ class checked_after:
     def __init__(self, *conditions: Condition | None):
         self._held = None  # the warnings.catch_warnings that holds the body's warnings back (interpreter only)
         self._groups = []  # (conditions, their [min, max] pairs: pinned host copy or CPU tensor, event or None)
+        self._deferred = value_check_mode() == "defer"
         kept = [c for c in conditions if c is not None]
         if kept:
             self._add(kept, _gathered(kept))
@@ -257,7 +402,9 @@ class checked_after:
     def _add(self, conditions: list, stats: torch.Tensor) -> None:
         """Keep ``conditions`` (``None`` entries hold a place in ``stats`` and are skipped) with ``stats``, their
         ``[min, max]`` pairs in order; on a GPU, queue the copy to the host behind the work queued so far."""
-        if stats.device.type == "cuda":
+        if self._deferred:
+            _keep_deferred(conditions, stats)
+        elif stats.device.type == "cuda":
             host = torch.empty(stats.shape, dtype=stats.dtype, pin_memory=True)
             host.copy_(stats, non_blocking=True)
             event = torch.cuda.Event()
@@ -319,16 +466,21 @@ def _interpreter_float_warning(w: warnings.WarningMessage) -> bool:
             and ("encountered in" in text or "All-NaN" in text))
 
 
-def _counted(counted: torch.Tensor):
+def _off(x: torch.Tensor) -> bool:
+    """No condition to build: ``x`` is empty, or value checks are off (:func:`value_checks`)."""
+    return x.numel() == 0 or value_check_mode() == "off"
+
+
+def _counted(counted: torch.Tensor, message) -> Condition:
     """The condition "``counted`` (a kernel's count of the entries that break it, twice) is zero"."""
-    return counted, lambda a, b: a == 0 and b == 0
+    return Condition(counted, 0.0, 0.0, message)
 
 
 def log_gate_condition(log_f: torch.Tensor, name: str = "log_f", *,
                        counted: torch.Tensor | None = None) -> Condition | None:
     """``-inf < log_f <= 0`` everywhere (the log of a forget gate in (0, 1]; NaN fails).  ``counted``: as in
     :func:`finite_condition`."""
-    if log_f.numel() == 0:
+    if _off(log_f):
         return None
 
     def message():
@@ -338,8 +490,8 @@ def log_gate_condition(log_f: torch.Tensor, name: str = "log_f", *,
         return f"`{name}` must be <= 0 (the log of a forget gate in (0, 1]); found {bad}"
 
     if counted is not None:
-        return Condition(*_counted(counted), message)
-    return Condition(extremes(log_f), lambda lo, hi: lo > float("-inf") and hi <= 0, message)
+        return _counted(counted, message)
+    return Condition(extremes(log_f), -math.inf, 0.0, message, lo_open=True)
 
 
 def range_condition(x: torch.Tensor, name: str, lo: float, hi: float, why: str = "", *,
@@ -347,11 +499,8 @@ def range_condition(x: torch.Tensor, name: str, lo: float, hi: float, why: str =
                     counted: torch.Tensor | None = None) -> Condition | None:
     """``lo <= x <= hi`` everywhere (``lo < x`` with ``lo_open``; ``finite``: no inf either, for an open-ended
     range).  NaN fails, as does anything outside the range.  ``counted``: as in :func:`finite_condition`."""
-    if x.numel() == 0:
+    if _off(x):
         return None
-
-    def holds(a, b):
-        return (a > lo if lo_open else a >= lo) and b <= hi and (not finite or math.isfinite(a) and math.isfinite(b))
 
     def message():
         good = ((x > lo) if lo_open else (x >= lo)) & (x <= hi) & (torch.isfinite(x) if finite else True)
@@ -362,23 +511,24 @@ def range_condition(x: torch.Tensor, name: str, lo: float, hi: float, why: str =
         return f"`{name}` must {where}{why}; found {_first_bad(x, good)}"
 
     if counted is not None:
-        return Condition(*_counted(counted), message)
-    return Condition(extremes(x), holds, message)
+        return _counted(counted, message)
+    return Condition(extremes(x), lo, hi, message, lo_open=lo_open or (finite and lo == -math.inf),
+                     hi_open=finite and hi == math.inf)
 
 
 def finite_condition(x: torch.Tensor, name: str, *, counted: torch.Tensor | None = None) -> Condition | None:
     """Every entry finite (no NaN, no inf).  ``counted``: instead of a reduction of ``x``, a ``(2,)`` fp32 tensor
     both of whose entries a kernel that reads ``x`` anyway sets to the number of non-finite entries it met (zero
     when there are none; for :meth:`checked_after.defer`)."""
-    if x.numel() == 0:
+    if _off(x):
         return None
 
     def message():
         return f"`{name}` must be finite; found {_first_bad(x, torch.isfinite(x))}"
 
     if counted is not None:
-        return Condition(*_counted(counted), message)
-    return Condition(extremes(x), lambda a, b: math.isfinite(a) and math.isfinite(b), message)
+        return _counted(counted, message)
+    return Condition(extremes(x), -math.inf, math.inf, message, lo_open=True, hi_open=True)
 
 
 # PaTH's transitions H_t = I - beta_t w_t w_t^T must not expand: H_t has the eigenvalue 1 - beta_t |w_t|^2 (along
@@ -395,7 +545,7 @@ def transition_condition(w: torch.Tensor, beta: torch.Tensor, name: str = "w", *
     transition ``H_t = I - beta_t w_t w_t^T`` is non-expansive (eigenvalues in [-1, 1]), as it is for a unit
     ``w_t`` and ``beta_t`` in [0, 2].  ``|w_t|^2`` is summed in float32 for 16-bit ``w``.  ``counted``: as in
     :func:`finite_condition` (a kernel that forms ``|w_t|^2`` anyway counts the rows that break it)."""
-    if w.numel() == 0:
+    if _off(w):
         return None
 
     def products():
@@ -412,5 +562,5 @@ def transition_condition(w: torch.Tensor, beta: torch.Tensor, name: str = "w", *
                 f"`{name}`, e.g. `{name} = torch.nn.functional.normalize({name}, dim=-1)`")
 
     if counted is not None:
-        return Condition(*_counted(counted), message)
-    return Condition(extremes(products()), lambda lo, hi: hi <= 2 + tol, message)
+        return _counted(counted, message)
+    return Condition(extremes(products()), -math.inf, 2 + tol, message)

@@ -33,3 +33,44 @@ def test_gpu_checks(target, tmp_path):
     bad = [checks.format_record(r) for r in records if not r["ok"]]
     assert records and not bad, "\n".join(bad)
     assert rc == 0
+
+
+GRAPH_FORMS = ("nope_triton", "alibi_triton", "fox_triton", "rope_triton", "path_triton", "pathfox_triton")
+
+
+@pytest.mark.parametrize("name", GRAPH_FORMS)
+def test_a_forward_with_value_checks_off_is_captured_by_a_cuda_graph(name):
+    """``pathedu.checks.value_checks(False)``: no read of the device in the forward, so a CUDA graph captures
+    it; replayed on new inputs (copied into the captured tensors), it gives the eager forward's output."""
+    import torch
+
+    from forms import FORMS, call
+    from pathedu.checks import value_checks
+
+    form = next(f for f in FORMS if f.name == name)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 256, 64, generator=g, dtype=torch.float64) for _ in range(3))
+    ex = form.extras(q, k, v, 0)
+    static = [x.to("cuda", torch.bfloat16) for x in (q, k, v)]
+    static_ex = {n: x.to("cuda", torch.float32) for n, x in ex.items()}
+    with value_checks(False):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up: compiles and autotunes outside the capture
+            for _ in range(2):
+                call(form, *static, static_ex)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = call(form, *static, static_ex)
+    q2, k2, v2 = (torch.randn(2, 2, 256, 64, generator=g, dtype=torch.float64) for _ in range(3))
+    ex2 = form.extras(q2, k2, v2, 1)
+    for dst, src in zip(static, (q2, k2, v2)):
+        dst.copy_(src)
+    for n, x in ex2.items():
+        static_ex[n].copy_(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = call(form, *static, static_ex)
+    err = (out.float() - eager.float()).abs().max().item()
+    assert err <= 1e-3 * eager.float().abs().max().item(), err  # the same kernels on the same values
