@@ -59,7 +59,6 @@ D = 64 on an H100; two cost nothing measurable (``NOTES_flash.md``, "Two launche
 """
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
@@ -483,12 +482,6 @@ _flash_bwd_tuned = triton.autotune(_BWD_CONFIGS, key=_BWD_KEY)(_flash_bwd)
 # final launch, must start from zeroed accumulators.
 _flash_bwd_atomic_tuned = triton.autotune(_BWD_CONFIGS, key=_BWD_KEY, reset_to_zero=["DQ", "DBR"])(_flash_bwd)
 
-ATOMIC_DQ = {"1": True, "0": False}.get(os.environ.get("PATHEDU_ATOMIC_DQ", "auto"))
-"""Which pass the template's backward takes: FlashAttention-2's single pass (dQ by atomic adds, five tile products
-per pair of tiles: ``True``), two roles without atomics (seven: ``False``), or, ``None`` (the default), the one
-measured faster for the case (:func:`single_pass`).  Read at each call; ``PATHEDU_ATOMIC_DQ=1`` / ``0`` sets it
-for a whole process (how the benchmarks compare the two)."""
-
 # Measured on an H100 (B = H = 32, D = 64, bf16, forward + backward, kernels/NOTES_flash.md, "dQ by atomic additions"): without a bias the
 # single pass is faster from T = 4096 (1.29 / 1.25x SDPA at 4096 / 8192 against 1.31 / 1.31x) and slower below
 # (1.28 / 1.32x at 1024 / 2048 against 1.11 / 1.21x: half the programs, and the atomics' traffic); with FoX's gate
@@ -498,9 +491,11 @@ SINGLE_PASS_MIN_T = 4096
 
 def single_pass(bias: str, T: int) -> bool:
     """Whether the backward of a ``bias`` (``"none"``, ``"alibi"``, ``"loggate"``) attention over ``T`` tokens takes
-    the single pass: :data:`ATOMIC_DQ` when set, else no bias and ``T >= SINGLE_PASS_MIN_T``."""
-    if ATOMIC_DQ is not None:
-        return ATOMIC_DQ
+    the single pass when the caller does not choose (``atomic_dq=None``): no bias and ``T >= SINGLE_PASS_MIN_T``.
+
+    The backward has two schedules: FlashAttention-2's single pass (dQ by atomic adds, five tile products per pair
+    of tiles) and two roles without atomics (seven).  :func:`attention`'s ``atomic_dq`` picks one (``True`` /
+    ``False``) or leaves it to this rule (``None``)."""
     return bias == "none" and T >= SINGLE_PASS_MIN_T
 
 
@@ -525,7 +520,7 @@ _flash_fwd_tuned = triton.autotune(_GPU_CONFIGS, key=["T", "HEAD_DIM", "HEAD_DV"
     _flash_fwd)
 
 
-def attention(q, k, v, *, scale=None, alibi_slope=None, log_f=None):
+def attention(q, k, v, *, scale=None, alibi_slope=None, log_f=None, atomic_dq=None):
     """Causal softmax attention with an optional additive position bias.
 
     Shapes: ``q, k: (..., T, D)``, ``v: (..., T, Dv)`` -> ``(..., T, Dv)``;
@@ -537,6 +532,11 @@ def attention(q, k, v, *, scale=None, alibi_slope=None, log_f=None):
     * ``log_f`` ``(..., T)``, finite entries <= 0: ``bias_ij = sum_{s=j+1..i} log_f[s]``
       (not multiplied by ``scale``).
 
+    ``atomic_dq``: the backward's schedule, FlashAttention-2's single pass with ``dQ`` added atomically
+    (``True``), two roles without atomics (``False``), or the one measured faster for the case (``None``, the
+    default: :func:`single_pass`).  Both give the same gradients up to rounding (the atomic adds' order is not
+    fixed, so the single pass's ``dQ`` is not bitwise reproducible).
+
     Every argument is validated here (values read once the kernel is queued).  When
     autograd wants gradients (of ``q, k, v``, ``alibi_slope`` or ``log_f``), the output has
     a ``grad_fn`` whose backward is one more kernel (:class:`_FlashAttention`).
@@ -546,17 +546,19 @@ def attention(q, k, v, *, scale=None, alibi_slope=None, log_f=None):
     if alibi_slope is not None and log_f is not None:
         raise ValueError("pass at most one of `alibi_slope` and `log_f`")
     if alibi_slope is not None:
-        return biased_attention(q, k, v, "alibi", alibi_slope, scale=scale, name="alibi_slope")
+        return biased_attention(q, k, v, "alibi", alibi_slope, scale=scale, name="alibi_slope", atomic_dq=atomic_dq)
     if log_f is not None:
-        return biased_attention(q, k, v, "loggate", log_f, scale=scale, name="log_f")
-    return biased_attention(q, k, v, "none", None, scale=scale)
+        return biased_attention(q, k, v, "loggate", log_f, scale=scale, name="log_f", atomic_dq=atomic_dq)
+    return biased_attention(q, k, v, "none", None, scale=scale, atomic_dq=atomic_dq)
 
 
-def biased_attention(q, k, v, bias: str, bias_arg, *, scale=None, name: str = ""):
+def biased_attention(q, k, v, bias: str, bias_arg, *, scale=None, name: str = "", atomic_dq=None):
     """:func:`attention` with the bias hook named: ``bias`` is ``"none"``, ``"alibi"``
     (``bias_arg`` = the slope) or ``"loggate"`` (``bias_arg`` = ``log_f``), and error
     messages call ``bias_arg`` ``name`` (the chapter forms pass ``"slope"``, ``"log_f"``).
-    A missing ``bias_arg`` is an error here, never a silent NoPE."""
+    A missing ``bias_arg`` is an error here, never a silent NoPE.  ``atomic_dq``: as in :func:`attention`."""
+    if atomic_dq is not None and not isinstance(atomic_dq, bool):
+        raise TypeError(f"`atomic_dq` must be True, False or None, got {atomic_dq!r}")
     x = prepare_qkv(q, k, v, backward=True)
     scale = check_scale(scale, x.n.D)
     conditions = ()
@@ -570,7 +572,7 @@ def biased_attention(q, k, v, bias: str, bias_arg, *, scale=None, name: str = ""
     with checked_after(*conditions) as check:  # the values are read once the kernel is queued
         if bias == "loggate":  # the prefix sums, once, in fp32, outside the kernel; the gates checked as they are read
             bias_arg = cumulative_log_gates(bias_arg, name, check)
-        return x.result(_attention(x, scale, bias, bias_arg))
+        return x.result(_attention(x, scale, bias, bias_arg, atomic_dq=atomic_dq))
 
 
 def _attention_launch(x: Flat, scale: float, bias: str = "none", bias_arg=None, lse=None,
@@ -672,31 +674,33 @@ class _FlashAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q3, k3, v3, bias_arg, flat, scale, bias):
+    def forward(ctx, q3, k3, v3, bias_arg, flat, scale, bias, atomic_dq):
         x = Flat(flat.n, q3, k3, v3, flat.dtype, flat.like)
         lse = torch.empty(x.BH, x.n.T, dtype=torch.float32, device=x.device)
         out = _attention_launch(x, scale, bias, bias_arg, lse=lse)
         ctx.save_for_backward(q3, k3, v3, out, lse, bias_arg)
-        ctx.flat, ctx.scale, ctx.bias = flat, scale, bias
+        ctx.flat, ctx.scale, ctx.bias, ctx.atomic_dq = flat, scale, bias, atomic_dq
         return out
 
     @staticmethod
     def backward(ctx, do):
         q3, k3, v3, out, lse, bias_arg = ctx.saved_tensors
         x = Flat(ctx.flat.n, q3, k3, v3, ctx.flat.dtype, ctx.flat.like)
-        dq, dk, dv, rows, cols = _attention_bwd_launch(x, do, out, lse, ctx.scale, ctx.bias, bias_arg)
+        dq, dk, dv, rows, cols = _attention_bwd_launch(x, do, out, lse, ctx.scale, ctx.bias, bias_arg,
+                                                       atomic_dq=ctx.atomic_dq)
         d_bias = None
         if ctx.bias == "loggate":
             d_bias = rows - cols
         elif ctx.bias == "alibi":
             pos = torch.arange(x.n.T, dtype=torch.float32, device=x.device)
             d_bias = ((cols - rows).double() @ pos.double()).float()  # float64: two large sums cancel
-        return dq, dk, dv, d_bias, None, None, None
+        return dq, dk, dv, d_bias, None, None, None, None
 
 
-def _attention(x: Flat, scale: float, bias: str = "none", bias_arg=None) -> torch.Tensor:
+def _attention(x: Flat, scale: float, bias: str = "none", bias_arg=None, *, atomic_dq=None) -> torch.Tensor:
     """:func:`_attention_launch`, through :class:`_FlashAttention` when autograd wants gradients
-    (of ``x.q, x.k, x.v`` or ``bias_arg``): the one entry the public functions call."""
+    (of ``x.q, x.k, x.v`` or ``bias_arg``): the one entry the public functions call.  ``atomic_dq``: the
+    backward's schedule (:func:`attention`)."""
     if wants_grad(x.q, x.k, x.v, bias_arg):
-        return _FlashAttention.apply(x.q, x.k, x.v, bias_arg, x, scale, bias)
+        return _FlashAttention.apply(x.q, x.k, x.v, bias_arg, x, scale, bias, atomic_dq)
     return _attention_launch(x, scale, bias, bias_arg)

@@ -520,16 +520,15 @@ def test_backward_tiles_do_not_change_the_gradients(bias):
 
 def test_backward_takes_the_single_pass_where_it_was_measured_faster(monkeypatch):
     """The default dispatch: the single pass (atomic dQ) for attention without a bias from SINGLE_PASS_MIN_T
-    tokens, the two roles otherwise; PATHEDU_ATOMIC_DQ's value (ATOMIC_DQ) overrides it.  Through the public
-    form, with the threshold lowered so that the interpreter reaches it: the same gradients either way."""
+    tokens, the two roles otherwise; the argument ``atomic_dq`` overrides it.  Through the public form, with the
+    threshold lowered so that the interpreter reaches it: the same gradients either way."""
     from pathedu import nope
     from pathedu.kernels import flash_attention as fa
 
-    monkeypatch.setattr(fa, "ATOMIC_DQ", None)
     assert fa.single_pass("none", fa.SINGLE_PASS_MIN_T) and not fa.single_pass("none", fa.SINGLE_PASS_MIN_T - 1)
     assert not fa.single_pass("loggate", 10 ** 6) and not fa.single_pass("alibi", 10 ** 6)
-    monkeypatch.setattr(fa, "ATOMIC_DQ", True)
-    assert fa.single_pass("loggate", 16)
+    with pytest.raises(TypeError, match="`atomic_dq` must be True, False or None"):
+        fa.attention(*(torch.randn(1, 1, 4, 16) for _ in range(3)), atomic_dq=1)
 
     g = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(1, 2, 150, 16, generator=g) for _ in range(3))
@@ -543,14 +542,15 @@ def test_backward_takes_the_single_pass_where_it_was_measured_faster(monkeypatch
 
     monkeypatch.setattr(fa, "_attention_bwd_launch", spy)
     grads = []
-    for atomic, threshold in ((None, 64), (False, 64)):
-        monkeypatch.setattr(fa, "ATOMIC_DQ", atomic)
-        monkeypatch.setattr(fa, "SINGLE_PASS_MIN_T", threshold)
+    monkeypatch.setattr(fa, "SINGLE_PASS_MIN_T", 64)
+    for atomic in (None, False, True):
         leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-        grads.append(torch.autograd.grad(nope.nope_triton(*leaves), leaves, do))
-    assert calls == [True, False]
-    for a, b in zip(*grads):
-        assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+        out = nope.nope_triton(*leaves) if atomic is None else fa.attention(*leaves, atomic_dq=atomic)
+        grads.append(torch.autograd.grad(out, leaves, do))
+    assert calls == [True, False, True]
+    for other in grads[1:]:
+        for a, b in zip(grads[0], other):
+            assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_checked_after_reads_conditions_around_the_launch():
