@@ -25,7 +25,8 @@ the ``"delta"`` hook); the book's Part III (*Making it fast*) explains their des
   PaTH's backward meets every pair of blocks at a
 boundary of a dyadic tree: :mod:`.path_carry` carries queries and keys there (and back, for
 the gradients), the FlashAttention template's backward steps do the rest, and
-:mod:`.ut_prepare` has the preparation pass's backward beside its forward.
+:mod:`.ut_prepare` has the preparation pass's backward beside its forward.  :mod:`.path_attention`'s
+docstring lists every kernel of PaTH's forward and backward, in launch order, with the function that launches it.
 
 Beyond the six dualities, :mod:`.cope` (CoPE) runs the FlashAttention loop right to left from the
 diagonal, carrying each query row's count of sigmoid gates; a fp32 pre-pass forms ``qe = Q E^T`` and the

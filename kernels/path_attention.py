@@ -67,6 +67,37 @@ default it also keeps its factors and meeting points for the backward (``save_fa
 a NaN or inf in ``q``, ``k`` or ``v`` at position ``t`` changes outputs at
 positions ``>= t`` only.  Inputs are validated once, at :func:`path_attention`
 (see :mod:`._launch`).
+
+**Every kernel of PaTH, in launch order: kernel (its module) <- the function that launches it.**
+
+Forward without gradients, :func:`path_attention` -> :func:`_path_launch`:
+
+1. ``_gate_prefix`` (:mod:`.gates`) <- :func:`.gates.cumulative_log_gates`: PaTH-FoX's ``c = cumsum(log_f)``;
+2. ``_ut_diag_inverse`` (:mod:`.ut_prepare`) <- :func:`.ut_prepare.invert_diagonal_blocks`, called by
+   :class:`.ut_prepare.Prepared`: each block's ``(I + L)^-1``, counting bad ``w`` and ``beta``;
+3. ``_ut_prepare`` (:mod:`.ut_prepare`) <- :class:`.ut_prepare.Prepared`: ``q~, k~, Ã, G`` per block;
+4. :func:`_path_fwd` <- :func:`_path_launch`: the right-to-left scan.
+
+Forward to be differentiated, :class:`_PathAttention` -> :func:`_path_train_forward`:
+
+1. steps 1 to 3 above, through :func:`_bwd_prepare` (which keeps the inverses);
+2. ``_carry_fwd`` (:mod:`.path_carry`) <- :func:`.path_carry.carry_forward`: queries and keys to their meeting
+   points;
+3. :func:`_path_dyadic_fwd` <- :func:`_dyadic_forward`: FlashAttention's forward on those rectangles.
+
+Backward, :meth:`_PathAttention.backward` -> :func:`_path_bwd_launch`:
+
+1. ``_bwd_delta`` (:mod:`.flash_attention`) <- :func:`.flash_attention.bwd_delta`: ``delta = dO . O``;
+2. :func:`_path_bwd` <- :func:`_bwd_kernel`: FlashAttention's backward steps on the rectangles: ``dX, dÃ, dV``
+   and the gate's row and column sums;
+3. ``_carry_bwd`` (:mod:`.path_carry`) <- :func:`.path_carry.carry_backward`: the carries reversed:
+   ``dq~, dk~, dG``;
+4. ``_ut_bwd_aw``, ``_ut_bwd_scores``, ``_ut_bwd_qk``, ``_ut_bwd_w_inverse`` (:mod:`.ut_prepare`, in this order)
+   <- :func:`.ut_prepare.ut_prepare_backward`: the preparation pass reversed: ``dq, dk, dw, dbeta``;
+5. ``_gate_prefix`` right to left <- the backward of :func:`.gates.cumulative_log_gates`: PaTH-FoX's ``dlog_f``.
+
+The backward steps shared with FlashAttention (``dkdv_steps``, ``dq_steps``, ``bwd_logits``, ``bwd_probs``) live
+in :mod:`.flash_attention`; the jit helpers shared by every kernel in :mod:`._pieces`.
 """
 from __future__ import annotations
 
