@@ -331,7 +331,7 @@ def _ut_prepare(Q, K, W, BETA, QT, QN, KT, AD, GM, WC, NU, INV, T,
     ``q``, ``k``, ``w`` up front, and faster than a two-launch split (``NOTES_path.md``, "One preparation program,
     tiles loaded where needed").
     ``PRECISION="fp16"`` (:func:`main_pass_precision`) halves what the products' operands take and the tensor
-    cores' steps: the forward's variant no longer spills (4 warps, sm_90), and the pass takes 36% less time
+    cores' steps: the forward's variant does not spill (4 warps, sm_90), and the pass takes 36% less time
     (section 23).
     """
     blk = tl.program_id(0)
