@@ -157,6 +157,8 @@ def causal_depthwise(channels: int, size: int) -> nn.Conv1d:
 
 def convolve(conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
     """``conv`` along the tokens of ``x: (B, T, C)``, keeping the first ``T`` outputs (the causal ones)."""
+    if x.shape[1] == 0:  # PyTorch's convolutions refuse an empty sequence
+        return x.new_zeros(x.shape[0], 0, conv.out_channels)
     return conv(x.transpose(1, 2))[..., : x.shape[1]].transpose(1, 2)
 
 
@@ -285,7 +287,7 @@ class TokenMixer(nn.Module):
                              f"got shape {tuple(x.shape)}")
 
     def _heads(self, x: torch.Tensor, B: int, T: int) -> torch.Tensor:
-        return x.view(B, T, self.n_heads, -1).transpose(1, 2)  # (B, H, T, Dh)
+        return x.view(B, T, self.n_heads, x.shape[-1] // self.n_heads).transpose(1, 2)  # (B, H, T, Dh)
 
     @staticmethod
     def _work(x: torch.Tensor) -> torch.dtype:
@@ -347,7 +349,7 @@ class TokenMixer(nn.Module):
                 o = self._core(form, q.to(work), k.to(work), v.to(work), extra)
         if self.head_norm is not None:
             o = self.head_norm(o.to(work))
-        o = o.transpose(1, 2).reshape(B, T, -1)
+        o = o.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
         return self.o(o.to(x.dtype))  # x is fp32 under autocast too; the Linear casts as autocast says
 
     def _core(self, form: str, q, k, v, extra) -> torch.Tensor:

@@ -136,7 +136,7 @@ def test_linear_side_normalises():
     assert set(LINEAR_MIXERS) == {m for m in MIXERS if _model(m).blocks[0].mixer.head_norm is not None}
 
 
-@pytest.mark.parametrize("mixer", ["rope", "path", "linear", "retnet", "gla"])
+@pytest.mark.parametrize("mixer", ["rope", "path", "stickbreaking", "cope", "linear", "retnet", "gla"])
 def test_triton_form_matches_matrix(mixer):
     """The Triton forms (here in the interpreter) plugged in the same way as the matrix forms (GLA's chunked form:
     it has no matrix form in a model), the linear side's included."""
@@ -234,3 +234,33 @@ def test_per_token_quantities_reads_what_each_layer_chose():
     assert all(not blk.mixer.keep_extra and not blk.mixer.kept for blk in model.blocks)
     with pytest.raises(TypeError, match="`model`"):
         models.per_token_quantities(object(), tokens)
+
+
+def test_mixers_are_the_layer_classes():
+    """The registry names layer classes: each block's mixer is an instance of pathedu.layers.LAYERS[name]."""
+    from pathedu.layers import LAYERS, TokenMixer
+
+    assert MIXERS == tuple(LAYERS)
+    for mixer in MIXERS:
+        mod = _model(mixer).blocks[0].mixer
+        assert type(mod) is LAYERS[mixer] and isinstance(mod, TokenMixer) and mod.mixer == mixer
+    assert {"stickbreaking", "cope"} <= set(models.SOFTMAX_MIXERS)
+
+
+def test_stickbreaking_and_cope_mixers():
+    """Stick-breaking adds no parameter to q, k, v, o; CoPE adds its table (npos_max x head_dim, zeros at the
+    start, shared by the heads), counted; npos_max is CoPE's only."""
+    plain = parameter_count("nope", **SIZES)
+    assert _model("stickbreaking").num_parameters() == parameter_count("stickbreaking", **SIZES) == plain
+    model = _model("cope", npos_max=10)
+    assert model.num_parameters() == parameter_count("cope", **SIZES, npos_max=10) == plain + 2 * 10 * 16
+    assert model.config["npos_max"] == 10 and "npos_max" not in _model("rope").config
+    table = model.blocks[0].mixer.pos_emb
+    assert table.shape == (10, 16) and not table.any()
+    assert parameter_count("cope", **SIZES) == plain + 2 * 64 * 16  # npos_max = 64 by default
+    with pytest.raises(ValueError, match="`npos_max`"):
+        build_model("rope", **SIZES, npos_max=10)
+    with pytest.raises(ValueError, match="`npos_max`"):
+        build_model("cope", **SIZES, npos_max=0)
+    for mixer in ("stickbreaking", "cope"):
+        assert select_form(mixer, device="cpu", T=64) == "matrix" and select_form(mixer, "triton") == "triton"
