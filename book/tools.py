@@ -35,7 +35,7 @@
 ``python book/tools.py slides [--out DIR]``
     Build one reveal.js slide deck per chapter of ``_toc.yml`` from
     ``book/slides/chNN.md`` into ``_build/html/slides/chNN.html``, with an
-    ``index.html`` listing them (``.ci/book`` runs it after the book build).
+    ``index.html`` listing them (every HTML build of the book runs it last).
     The Markdown is converted here (markdown-it, as MyST uses; ``$``/``$$``
     maths is handed to MathJax untouched), figures named ``fig:NAME`` are drawn
     from ``pathedu`` by ``book/slides/figures.py`` into ``fig/``, and reveal.js
@@ -54,7 +54,8 @@
 The module is also a small Sphinx extension (``sphinx.local_extensions`` in
 ``_config.yml``): it stops the build with the fix when the assets are missing,
 keeps the Colab button only on pages made from notebooks (Colab cannot open the
-MyST Markdown pages), puts a link to its slide deck under every chapter's title,
+MyST Markdown pages), puts a link to its slide deck under every chapter's title
+and builds the decks into the HTML folder's ``slides/`` when the build succeeds,
 and lets the widgets typeset their labels with MathJax 3.
 
 Standard library plus nbformat, nbclient and PyYAML; ``slides`` also uses
@@ -871,6 +872,20 @@ def _link_chapter_slides(app, pagename, templatename, context, doctree) -> None:
     context["body"] = body[:at] + "\n" + link + body[at:]
 
 
+def _build_slides_with_the_book(app, exception) -> None:
+    """Build the decks into the HTML folder's ``slides/`` at the end of a successful HTML build, so that every
+    build of the book (``jupyter-book build`` as well as ``.ci/book`` and the editions) carries the decks that its
+    chapter pages link."""
+    if exception is not None or app.builder.format != "html":
+        return
+    os.environ.setdefault("MPLBACKEND", "Agg")  # the decks' figures; the pages' own ran in their kernels
+    try:
+        decks = build_slides(Path(app.outdir) / "slides")
+    except SystemExit as stop:  # build_slides reports a broken deck with die()
+        raise RuntimeError(f"the slide decks could not be built: {stop}") from None
+    print(f"{len(decks)} slide decks in {Path(app.outdir) / 'slides'}")
+
+
 # ipywidgets 8 typesets widget labels through MathJax 2's API (``MathJax.Hub.Queue``);
 # the book loads MathJax 3, which has no ``Hub``.  Deferred scripts (MathJax) have
 # run by DOMContentLoaded; the widgets render later, on "load".
@@ -898,6 +913,7 @@ def setup(app):
     app.connect("builder-inited", _require_assets)
     app.connect("html-page-context", _colab_only_for_notebooks, priority=900)  # after the theme's (501)
     app.connect("html-page-context", _link_chapter_slides)
+    app.connect("build-finished", _build_slides_with_the_book)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
 
 

@@ -300,3 +300,18 @@ def test_every_chapter_page_gets_a_link_to_its_deck():
         context = {"body": "<h1>T</h1>"}
         tools._link_chapter_slides(None, page, "page.html", context, None)
         assert context["body"] == "<h1>T</h1>", page
+
+
+def test_the_book_build_builds_the_decks_only_after_a_good_html_build(monkeypatch, tmp_path):
+    """The Sphinx hook builds the decks into ``<outdir>/slides`` when an HTML build succeeds, and not otherwise."""
+    built = []
+    monkeypatch.setattr(tools, "build_slides", lambda out: built.append(out) or [out / "ch01.html"])
+    html = SimpleNamespace(builder=SimpleNamespace(format="html"), outdir=str(tmp_path))
+    tools._build_slides_with_the_book(html, RuntimeError("the build failed"))
+    tools._build_slides_with_the_book(SimpleNamespace(builder=SimpleNamespace(format="latex"), outdir="x"), None)
+    assert built == []
+    tools._build_slides_with_the_book(html, None)
+    assert built == [tmp_path / "slides"]
+    monkeypatch.setattr(tools, "build_slides", lambda out: tools.die("book/slides/ch99.md has no slides"))
+    with pytest.raises(RuntimeError, match="ch99"):
+        tools._build_slides_with_the_book(html, None)
