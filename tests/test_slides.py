@@ -315,3 +315,18 @@ def test_the_book_build_builds_the_decks_only_after_a_good_html_build(monkeypatc
     monkeypatch.setattr(tools, "build_slides", lambda out: tools.die("book/slides/ch99.md has no slides"))
     with pytest.raises(RuntimeError, match="ch99"):
         tools._build_slides_with_the_book(html, None)
+
+
+def test_every_lab_is_named_on_its_chapters_deck():
+    """A chapter with a lab in _toc.yml names the lab's notebook on its deck, and every notebook a deck names exists."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf8"))
+    labs_of = {}
+    for part in toc["parts"]:
+        for entry in part["chapters"]:
+            labs_of[entry["file"]] = [s["file"] for s in entry.get("sections", []) if s["file"].startswith("notebooks/")]
+    for nn, doc in CHAPTERS:
+        deck = (ROOT / "book" / "slides" / f"ch{nn}.md").read_text(encoding="utf8")
+        for lab in labs_of.get(doc, []):
+            assert f"`{lab}.ipynb`" in deck, f"book/slides/ch{nn}.md does not name its lab {lab}.ipynb"
+        for named in re.findall(r"`(notebooks/[\w.]+\.ipynb)`", deck):
+            assert (ROOT / named).is_file(), f"book/slides/ch{nn}.md names {named}, which does not exist"
