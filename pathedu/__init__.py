@@ -12,6 +12,9 @@ duality (naive, recurrent, matrix, blockwise/chunked, Triton):
 * :mod:`pathedu.cope`   CoPE (contextual positions: counts of sigmoid gates; no linear dual)
 * :mod:`pathedu.stickbreaking` stick-breaking attention (a query-dependent cumulative forget gate; no linear dual)
 
+:mod:`pathedu.layers` wraps each of them in a ``torch.nn.Module`` (``(B, T, d_model) -> (B, T, d_model)``, with
+the papers' parametrisation and token-by-token decoding), e.g. ``pathedu.layers.PaTHAttention(d_model, n_heads)``.
+
 Conventions (every form): ``q, k: (..., T, D)``, ``v: (..., T, Dv)``, per-token arguments ``(..., T)``; gates in
 log space; 0-based positions, a token's own gate never acting on itself; bad input refused with a
 ``TypeError``/``ValueError`` naming the argument; non-finite ``q, k, v`` confined to the outputs that depend
@@ -66,7 +69,8 @@ __version__ = "0.1.0"
 # works after a plain ``import pathedu``), loaded on first access so that
 # ``import pathedu`` itself stays fast (PEP 562).
 _LAZY = ("nope", "alibi", "fox", "rope", "path", "pathfox", "cope", "stickbreaking", "checks", "masks", "plotting",
-         "constructions", "symbolic", "exercises", "bench", "kernels", "widgets", "course", "tasks", "models", "train",
+         "constructions", "symbolic", "exercises", "bench", "kernels", "widgets", "course", "tasks", "layers", "models",
+         "train",
          "experiments", "distributed")
 
 
