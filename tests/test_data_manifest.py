@@ -92,6 +92,8 @@ def test_the_wheel_flag_follows_the_readers(manifest):
     pyproject = tomllib.loads((dr.ROOT / "pyproject.toml").read_text())
     listed = set(pyproject["tool"]["setuptools"]["package-data"]["pathedu.data"])
     assert listed == {n for n, e in manifest.items() if e["wheel"]}
+    # Otherwise a clone's pathedu.egg-info/SOURCES.txt (an editable install's) adds every file of the folder.
+    assert pyproject["tool"]["setuptools"]["include-package-data"] is False
 
 
 def test_the_grid_the_lab_reads_is_made_from_the_committed_records():
