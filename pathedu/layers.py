@@ -31,11 +31,15 @@ GatedDeltaNet       delta rule and a gate   ``gated_deltanet``  DeltaNet's ``bet
 
 Forms (``form=``; :func:`choose_form`).  ``"auto"`` runs the Triton kernel when the input is on a CUDA GPU and
 Triton compiles for it, provided the kernel has a backward pass whenever autograd needs one
-(:data:`TRITON_BACKWARD`: every mechanism but DeltaNet and Gated DeltaNet, whose Triton forms are forward only);
+(:func:`triton_trains`: :data:`TRITON_BACKWARD` lists the mechanisms that have one; DeltaNet's and Gated DeltaNet's
+are found by trying once);
 otherwise a PyTorch form: the ``*_matrix`` form, or the ``*_chunked`` form on the linear side beyond
-``matrix_max_T`` tokens (1024; one ``T x T`` product is faster than a loop of chunks below it) and always for
-GLA (its matrix form holds a ``T x T x D`` tensor).  An explicit ``"matrix"``, ``"chunked"`` (``*_blockwise``
-on the softmax side), ``"triton"`` or ``"recurrent"`` (token by token) overrides it.  PyTorch forms compute in
+``matrix_max_T`` tokens (1024 by default) and always for GLA (its matrix form holds a ``T x T x D`` tensor).  The
+linear side's matrix forms hold ``T x T`` matrices (DeltaNet's a ``T x T`` triangular solve), so their cost grows
+as ``T^2`` or ``T^3`` where the chunked forms grow as ``T``; below ``matrix_max_T`` the rule is the one
+:mod:`pathedu.models` trains with, so that a layer and a model given the same weights compute the same numbers.
+An explicit ``"matrix"``, ``"chunked"`` (``*_blockwise`` on the softmax side), ``"triton"`` or ``"recurrent"``
+(token by token) overrides it.  PyTorch forms compute in
 float32 (float64 for float64 input) with autocast off; Triton forms take ``q, k, v`` in their dtype (bf16 under
 autocast), gates, ``w`` and ``beta`` in fp32, and float64 input as fp32.
 
@@ -75,7 +79,7 @@ from ._device import triton_mode
 __all__ = ["TokenMixer", "NoPEAttention", "ALiBiAttention", "ForgettingAttention", "RoPEAttention", "PaTHAttention",
            "PaTHFoXAttention", "StickBreakingAttention", "CoPEAttention", "LinearAttention", "MultiScaleRetention",
            "GatedLinearAttention", "DeltaNet", "GatedDeltaNet", "LAYERS", "FUNCS", "TRITON_BACKWARD", "FORMS",
-           "DecodeCache", "choose_form"]
+           "DecodeCache", "choose_form", "triton_trains"]
 
 FORMS = ("auto", "matrix", "chunked", "triton", "recurrent")
 GLA_RANK, GLA_TEMPERATURE = 16, 16.0
@@ -110,10 +114,53 @@ FUNCS = {
                        "triton": _pathfox.gated_deltanet_triton, "recurrent": _pathfox.gated_deltanet_recurrent},
 }
 
-# The mechanisms whose Triton form has a backward pass (a model can train through it).
+# The mechanisms whose Triton form has a backward pass (a model can train through it); the others are tried once
+# (:func:`triton_trains`).
 TRITON_BACKWARD = frozenset({"nope", "alibi", "fox", "rope", "path", "pathfox", "stickbreaking", "cope",
                              "linear", "retnet", "gla"})
 LINEAR_SIDE = frozenset({"linear", "retnet", "gla", "deltanet", "gated_deltanet"})
+_TRIED: dict[str, bool] = {}  # mixer -> what one try of its Triton backward found, in this process
+
+
+def triton_trains(mixer: str) -> bool:
+    """Whether ``mixer``'s Triton form has a backward pass, so that a layer can train through it.
+
+    The mechanisms of :data:`TRITON_BACKWARD` have one.  For the others (DeltaNet and Gated DeltaNet, whose
+    kernels began as forward passes) the answer is found by trying, once per process: the Triton form on a tiny
+    input that requires grad (on the GPU when Triton compiles for one, else in Triton's interpreter, about a
+    second), differentiated back to ``q``.  Any error, or an output without a gradient, means no.  The
+    alternative, a table kept by hand, says no after the backward pass exists, until someone edits it.
+    """
+    if mixer not in FUNCS:
+        raise ValueError(f"`mixer` must be one of {', '.join(FUNCS)}; got {mixer!r}")
+    if mixer in TRITON_BACKWARD:
+        return True
+    if mixer not in _TRIED:
+        _TRIED[mixer] = _try_backward(mixer)
+    return _TRIED[mixer]
+
+
+def _try_backward(mixer: str) -> bool:
+    """One differentiated call of ``mixer``'s Triton form (the delta-rule family) on ``T = D = 16``: True when the
+    gradient of ``q`` comes back finite."""
+    import warnings
+
+    device = "cuda" if torch.cuda.is_available() and triton_mode() == "gpu" else "cpu"
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (F.normalize(torch.randn(1, 1, 16, 16, generator=g), dim=-1).to(device) for _ in range(3))
+    beta = torch.rand(1, 1, 16, generator=g).to(device)
+    log_f = -torch.rand(1, 1, 16, generator=g).to(device)
+    args = [q.requires_grad_(), k, v, beta] + ([log_f] if mixer == "gated_deltanet" else [])
+    try:
+        with torch.enable_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = FUNCS[mixer]["triton"](*args)
+            if out.grad_fn is None:
+                return False
+            (dq,) = torch.autograd.grad(out.sum(), q)
+        return bool(torch.isfinite(dq).all())
+    except Exception:  # a form without a backward refuses inputs that require grad
+        return False
 
 
 def choose_form(mixer: str, form: str = "auto", *, device=None, T: int = 0, matrix_max_T: int = 1024,
@@ -123,7 +170,7 @@ def choose_form(mixer: str, form: str = "auto", *, device=None, T: int = 0, matr
     ``mixer``: a registry name (:data:`LAYERS`); ``form``: one of :data:`FORMS`, returned as is unless
     ``"auto"``.  ``"auto"``: ``"triton"`` when ``device`` is CUDA, Triton compiles for a GPU
     (:func:`pathedu.triton_mode`) and either the mechanism's Triton form has a backward pass
-    (:data:`TRITON_BACKWARD`) or no gradient is needed (``needs_grad=False``) and ``triton_without_grad``;
+    (:func:`triton_trains`) or no gradient is needed (``needs_grad=False``) and ``triton_without_grad``;
     otherwise ``"matrix"``, or ``"chunked"`` for GLA and on the linear side when ``T > matrix_max_T``.
     """
     if mixer not in FUNCS:
@@ -133,7 +180,7 @@ def choose_form(mixer: str, form: str = "auto", *, device=None, T: int = 0, matr
     if form != "auto":
         return form
     on_gpu = device is not None and torch.device(device).type == "cuda" and triton_mode() == "gpu"
-    if on_gpu and (mixer in TRITON_BACKWARD or (triton_without_grad and not needs_grad)):
+    if on_gpu and ((triton_without_grad and not needs_grad) or triton_trains(mixer)):
         return "triton"
     if mixer == "gla" or (mixer in LINEAR_SIDE and T > matrix_max_T):
         return "chunked"
@@ -649,8 +696,8 @@ class DeltaNet(_Linear):
     """DeltaNet (Schlag et al., 2021; Yang et al., 2024): ``S_t = S_{t-1} (I - beta_t k_t k_t^T) +
     beta_t v_t k_t^T`` with unit keys (``q, k`` L2-normalised per head: the transition is then a contraction) and
     ``beta_t = beta_max sigmoid(W_b x_t + b_b)``, ``beta_max = 1`` (2 gives the negative-eigenvalue variant); the
-    output RMS-normalised per head, an optional short convolution ``short_conv`` (:class:`LinearAttention`).  Its
-    Triton form has no backward pass: ``"auto"`` runs it on a GPU only when no gradient is needed.  Functions:
+    output RMS-normalised per head, an optional short convolution ``short_conv`` (:class:`LinearAttention`).
+    ``"auto"`` trains through its Triton form when that has a backward pass (:func:`triton_trains`).  Functions:
     :mod:`pathedu.path`.  Shapes: :class:`TokenMixer`."""
 
     mixer, has_beta = "deltanet", True

@@ -55,7 +55,8 @@ Choices, following the papers:
   per layer, shared by the heads, zeros at the start as in the paper's code; ``npos_max=64`` by default.
 
 The form (:func:`select_form`): ``"auto"`` takes the Triton kernel when the mechanism has a Triton
-backward (the eight softmax-side kernels, and the linear template for ``linear``, ``retnet`` and ``gla``) and
+backward (the eight softmax-side kernels, the linear template for ``linear``, ``retnet`` and ``gla``, and the
+delta rule's kernels once they have one: :func:`pathedu.layers.triton_trains`) and
 the input is on a CUDA GPU; otherwise the PyTorch
 ``*_matrix`` form (``*_chunked`` for the linear side when ``T > matrix_max_T``, and always for GLA's
 per-channel gate).  ``path_matrix`` and ``pathfox_matrix`` cost O(T^3) for the triangular solve and
@@ -81,7 +82,7 @@ import torch
 import torch.nn as nn
 
 from .layers import FUNCS as _FUNCS
-from .layers import GLA_RANK, LAYERS, LINEAR_SIDE, TRITON_BACKWARD, TokenMixer, choose_form
+from .layers import GLA_RANK, LAYERS, LINEAR_SIDE, TokenMixer, choose_form, triton_trains
 from .layers import causal_depthwise as _causal_depthwise  # noqa: F401  (kept for readers of the old name)
 from .layers import convolve as _convolve  # noqa: F401
 
@@ -105,17 +106,17 @@ def _check_mixer(mixer) -> str:
 def select_form(mixer: str, form: str = "auto", *, device=None, T: int = 0, matrix_max_T: int = 1024) -> str:
     """The form a mixer runs in a model: ``"triton"``, ``"matrix"`` or ``"chunked"`` (blockwise on the softmax side).
 
-    ``"auto"``: Triton when ``mixer``'s Triton form has a backward pass (:data:`pathedu.layers.TRITON_BACKWARD`:
-    every mixer but ``deltanet`` and ``gated_deltanet``), Triton compiles for a GPU (:func:`pathedu.triton_mode`)
-    and ``device`` is CUDA, in training and evaluation alike; else ``"matrix"``, or ``"chunked"`` for the linear
-    side when ``T > matrix_max_T`` and for ``gla`` (its matrix form holds a T x T x D tensor)
-    (:func:`pathedu.layers.choose_form`).  An explicit form the mixer lacks in a model (a Triton form without
-    a backward pass) raises ``ValueError``.
+    ``"auto"``: Triton when ``mixer``'s Triton form has a backward pass (:func:`pathedu.layers.triton_trains`:
+    every mixer's but, until it has one, DeltaNet's and Gated DeltaNet's), Triton compiles for a GPU
+    (:func:`pathedu.triton_mode`) and ``device`` is CUDA, in training and evaluation alike; else ``"matrix"``,
+    or ``"chunked"`` for the linear side when ``T > matrix_max_T`` and for ``gla`` (its matrix form holds a
+    T x T x D tensor): :func:`pathedu.layers.choose_form`.  An explicit form the mixer lacks in a model (a
+    Triton form without a backward pass) raises ``ValueError``.
     """
     mixer = _check_mixer(mixer)
     if form not in FORMS:
         raise ValueError(f"`form` must be one of {', '.join(FORMS)}; got {form!r}")
-    if form == "triton" and mixer not in TRITON_BACKWARD:
+    if form == "triton" and not triton_trains(mixer):
         available = ", ".join(f for f in _FUNCS[mixer] if f in FORMS and f != "triton")
         raise ValueError(f"`form` {form!r} is not available for mixer {mixer!r} in a model (its Triton kernels "
                          f"have no backward pass); available: {available}")
@@ -323,8 +324,8 @@ def forced_form(model: "LM", form: str):
 def per_token_quantities(model: "LM", tokens: torch.Tensor) -> list[dict]:
     """What each layer's mixer computed from ``tokens: (B, T)``: one dict per layer with the per-token
     quantities it passes to its mechanism, e.g. ``{"beta": (B, H, T), "w": (B, H, T, Dh)}`` for PaTH,
-    ``{"log_f": (B, H, T)}`` for FoX (empty for NoPE, ALiBi, RoPE, linear, RetNet).  For reading what a
-    trained model learnt (does PaTH use reflections, beta near 2?).  Runs the model once in eval mode."""
+    ``{"log_f": (B, H, T)}`` for FoX (empty for NoPE, ALiBi, RoPE, stick-breaking, CoPE, linear, RetNet).  For
+    reading what a trained model learnt (does PaTH use reflections, beta near 2?).  Runs the model once in eval mode."""
     if not isinstance(model, LM):
         raise TypeError(f"`model` must be a pathedu.models.LM, got {type(model).__name__}")
     mixers = [blk.mixer for blk in model.blocks]

@@ -119,20 +119,46 @@ def test_choose_form(monkeypatch):
     assert choose_form("path", device="cpu", T=2048) == "matrix"  # the softmax side is never chunked by default
     assert choose_form("deltanet", "triton") == "triton" and choose_form("cope", "recurrent") == "recurrent"
     monkeypatch.setattr(layers, "triton_mode", lambda: "gpu")  # as on a GPU
-    for name in NAMES:
-        trains = name not in ("deltanet", "gated_deltanet")
-        assert choose_form(name, device="cuda", T=64) == ("triton" if trains else "matrix"), name
-        assert choose_form(name, device="cuda", T=64, needs_grad=False) == "triton", name
-        assert choose_form(name, device="cuda", T=64, needs_grad=False, triton_without_grad=False) == (
-            "triton" if trains else "matrix"), name
-        assert choose_form(name, device="cpu", T=64) != "triton"
-    assert choose_form("deltanet", device="cuda", T=4096) == "chunked"
+    for delta_rule_trains in (False, True):  # what trying the delta rule's Triton backward found
+        monkeypatch.setattr(layers, "_TRIED", {"deltanet": delta_rule_trains, "gated_deltanet": delta_rule_trains})
+        for name in NAMES:
+            trains = delta_rule_trains or name not in ("deltanet", "gated_deltanet")
+            assert choose_form(name, device="cuda", T=64) == ("triton" if trains else "matrix"), name
+            assert choose_form(name, device="cuda", T=64, needs_grad=False) == "triton", name
+            assert choose_form(name, device="cuda", T=64, needs_grad=False, triton_without_grad=False) == (
+                "triton" if trains else "matrix"), name
+            assert choose_form(name, device="cpu", T=64) != "triton"
+        assert choose_form("deltanet", device="cuda", T=4096) == ("triton" if delta_rule_trains else "chunked")
     monkeypatch.setattr(layers, "triton_mode", lambda: "interpreter")  # a CUDA device Triton does not compile for
     assert choose_form("path", device="cuda", T=64) == "matrix"
     with pytest.raises(ValueError, match="`form`"):
         choose_form("path", "fast")
     with pytest.raises(ValueError, match="`mixer`"):
         choose_form("mamba")
+
+
+def test_triton_trains_finds_the_delta_rule_backward_by_trying(monkeypatch):
+    """DeltaNet's Triton backward is found by one try (here in the interpreter), remembered, and agrees with what
+    training through the layer's Triton form does."""
+    monkeypatch.setattr(layers, "_TRIED", {})
+    assert layers.triton_trains("path") and layers._TRIED == {}  # listed: nothing to try
+    found = layers.triton_trains("deltanet")
+    assert layers._TRIED == {"deltanet": found}
+    torch.manual_seed(0)
+    a = LAYERS["deltanet"](32, 2, 16, form="matrix")
+    b = LAYERS["deltanet"](32, 2, 16, form="triton")
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(1, 16, 32)
+    if found:
+        b(x).square().sum().backward()
+        a(x).square().sum().backward()
+        for (n, pa), pb in zip(a.named_parameters(), b.parameters()):
+            assert torch.allclose(pa.grad, pb.grad, rtol=0, atol=1e-3 * pa.grad.abs().max()), n
+    else:
+        with pytest.raises((TypeError, ValueError, RuntimeError)):
+            b(x).square().sum().backward()
+    with pytest.raises(ValueError, match="`mixer`"):
+        layers.triton_trains("mamba")
 
 
 def test_layer_asks_for_the_backward_it_needs(monkeypatch):

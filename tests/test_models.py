@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pathedu import models
+from pathedu import layers, models
 from pathedu.models import LINEAR_MIXERS, MIXERS, build_model, parameter_count, select_form
 
 SIZES = dict(vocab=11, d_model=32, n_layers=2, n_heads=2)
@@ -103,8 +103,12 @@ def test_select_form():
     assert select_form("deltanet", device="cpu", T=2048) == "chunked"
     assert select_form("path", device="cpu", T=2048) == "matrix"  # softmax side: never chunked by default
     assert select_form("rope", "triton") == "triton"
-    with pytest.raises(ValueError, match="`form`.*backward"):
-        select_form("deltanet", "triton")
+    with pytest.MonkeyPatch.context() as mp:  # a Triton form without a backward pass cannot train a model
+        mp.setattr(layers, "_TRIED", {"deltanet": False})
+        with pytest.raises(ValueError, match="`form`.*backward"):
+            select_form("deltanet", "triton")
+        mp.setattr(layers, "_TRIED", {"deltanet": True})
+        assert select_form("deltanet", "triton") == "triton"
     for mixer in ("linear", "retnet", "gla"):  # the linear template's backward: Triton on a GPU, as before on a CPU
         assert select_form(mixer, "triton") == "triton"
         assert select_form(mixer, device="cpu", T=64) == ("chunked" if mixer == "gla" else "matrix")
