@@ -3,15 +3,17 @@
 A reader names a data file literally (``"bench_nope_h200.json"``), through a loader that builds the name
 (``pathedu.bench.load("nope_h200")`` -> ``bench_nope_h200.json``, ``load(..., backward=True)`` -> ``_fwdbwd``,
 ``plot_benchmark("cope")``, ``load_checks(...)`` -> ``gpu_checks.json``, ``plots.load("mqrar")`` -> ``exp_mqrar.json``,
-chapter 9's ``record("mqrar", "mqrar_fixed")`` -> ``exp_mqrar_fixed.json``), or by an f-string whose placeholders
-run over a tuple written on the same line (``for tag in ("", "_fixed")``); a placeholder with no such tuple matches
-any name.  A quoted string in a file that calls one of these loaders also counts when it is a name the loader
-builds (chapter 18 lists its benchmark files in a dict before loading them).
+chapter 9's ``record("mqrar", "mqrar_fixed")`` -> ``exp_mqrar_fixed.json``), through a package function that reads
+a file its caller does not name (``plots.word_problem_grid()``), or by an f-string whose placeholders take the
+literals they hold, the package's own names (``pathedu.bench.CHAPTERS`` in ``bench_{chapter}.json``) or the tuple
+of a ``for`` written on that line or the three before (``for tag in ("", "_fixed")``); a placeholder left open
+matches any name inside a specific stem only (``mqrar_path_N2_{name}``, not ``exp_{name}``).  A quoted string in
+a file that loads ``load(name)`` in a loop counts when it is a name the loader builds (chapter 18's file lists).
 
 Readers are the book's pages and slides (``book/*.md``, ``book/slides/*``, ``book/tools.py``), the labs' code cells
-(``notebooks/*.ipynb``), the package (``pathedu/**/*.py``, ``kernels/*.py``) and, for the check that a file can be
-removed, the tests and CI scripts.  ``python tests/data_readers.py`` prints every data file with its readers and
-the files nothing reads.
+(``notebooks/*.ipynb``) and the package (``pathedu/**/*.py``); the check that a file can be removed also looks at
+the tests, the CI scripts, the README, CONTRIBUTING and the kernels.  ``python tests/data_readers.py`` prints
+every data file with its readers and the files nothing reads; ``--entry NAME.json`` drafts a manifest entry.
 """
 from __future__ import annotations
 
@@ -25,9 +27,9 @@ DATA = ROOT / "pathedu" / "data"
 
 # Where a product reader lives (the manifest names these), and where the removal check looks besides.
 PRODUCT_GLOBS = ("book/*.md", "book/slides/*.md", "book/slides/*.py", "book/tools.py", "notebooks/*.ipynb",
-                 "pathedu/**/*.py", "kernels/*.py")
+                 "pathedu/**/*.py")
 OTHER_GLOBS = ("tests/**/*.py", "tests/**/*.sh", ".ci/*", "conftest.py", "README.md", "CONTRIBUTING.md",
-               "kernels/*.md")
+               "kernels/*.py", "kernels/*.md")  # the kernels read no data: their comments may cite a file
 
 _NAME = r"[A-Za-z0-9_.\-]+"
 _LITERAL = re.compile(rf"({_NAME}\.json)")
