@@ -8,6 +8,7 @@ invented one fails here), ``readers`` (repository paths; a package module may ca
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -103,20 +104,69 @@ def test_the_grid_the_lab_reads_is_made_from_the_committed_records():
     assert plots.word_problem_grid() == json.loads(json.dumps(plots.make_word_problem_grid()))
 
 
-def test_the_wheel_ships_the_package_data_and_nothing_else(manifest, tmp_path):
-    """Built from a clean copy (a stale build/ folder would add files; a few seconds): at most 2 MB, its data
-    exactly the wheel = true files."""
-    src = tmp_path / "src"
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The wheel, built from a clean copy of what it is made of (a stale build/ folder would add files)."""
+    base = tmp_path_factory.mktemp("wheel")
+    src = base / "src"
     src.mkdir()
     for part in ("pyproject.toml", "README.md", "pathedu", "kernels"):
-        copy = shutil.copytree if (dr.ROOT / part).is_dir() else shutil.copy2
-        copy(dr.ROOT / part, src / part, **({"ignore": shutil.ignore_patterns("__pycache__")}
-                                            if (dr.ROOT / part).is_dir() else {}))
+        if (dr.ROOT / part).is_dir():
+            shutil.copytree(dr.ROOT / part, src / part, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(dr.ROOT / part, src / part)
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-                           "-w", str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=600)
+                           "-w", str(base / "dist"), str(src)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    (wheel,) = (tmp_path / "dist").glob("pathedu-*.whl")
+    (built,) = (base / "dist").glob("pathedu-*.whl")
+    return built
+
+
+def test_the_wheel_ships_the_package_data_and_nothing_else(manifest, wheel):
+    """At most 2 MB (a few seconds to build), its data exactly the wheel = true files."""
     assert wheel.stat().st_size <= WHEEL_LIMIT, f"{wheel.stat().st_size / 2**20:.2f} MB"
     with zipfile.ZipFile(wheel) as z:
         data = {Path(n).name for n in z.namelist() if n.startswith("pathedu/data/")}
     assert data == {n for n, e in manifest.items() if e["wheel"]}
+
+
+PROBE = r"""
+import json
+from pathedu import bench
+from pathedu.experiments import EXPERIMENTS, plots
+found = {}
+for chapter in bench.CHAPTERS:
+    for backward in (False, True):
+        try:
+            found[f"bench_{chapter}{'_fwdbwd' if backward else ''}.json"] = bool(bench.load(chapter, backward=backward)["rows"])
+        except FileNotFoundError:
+            pass
+    try:
+        found["gpu_checks.json"] = bool(bench.load_checks(chapter)["records"])
+    except FileNotFoundError:
+        pass
+for name in EXPERIMENTS:
+    if plots.load(name) is not None:
+        found[f"exp_{name}.json"] = True
+grid = plots.word_problem_grid()
+found[plots.GRID_FILE] = bool(plots.min_layers(grid))
+print(json.dumps({"found": found, "file": bench.__file__}))
+"""
+
+
+def test_the_installed_package_reads_what_it_ships(manifest, wheel, tmp_path):
+    """Unpacked as pip installs it, the package's loaders (pathedu.bench.load for every chapter, with and without
+    the backward pass; load_checks; plots.load for every experiment; lab 9's plots.word_problem_grid) find every
+    shipped file, and nothing else of the folder."""
+    site = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(site)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(site)
+    proc = subprocess.run([sys.executable, "-c", PROBE], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["file"].startswith(str(site))
+    assert all(out["found"].values())
+    assert set(out["found"]) == {n for n, e in manifest.items() if e["wheel"]}
