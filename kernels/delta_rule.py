@@ -61,8 +61,9 @@ from __future__ import annotations
 
 import torch
 
-from ..checks import checked_after, log_gate_condition
-from ._launch import per_token, prepare_qkv
+from ..checks import check_bool, checked_after, log_gate_condition
+from ._launch import per_token, prepare_qkv, state_result, state_rows, wants_grad
+from .delta_rule_backward import DeltaRule, HouseholderRNN
 from .linear_attention import _linear_launch
 from .ut_prepare import Prepared, WYPrepared, check_block, prep_precision
 
@@ -79,23 +80,35 @@ def _factor_dtype(factor_dtype, input_dtype):
     return factor_dtype
 
 
-def _run(q, k, v, w, beta, log_f=None, *, delta: bool, chunk, factor_dtype=None):
-    x = prepare_qkv(q, k, v)
+def _run(q, k, v, w, beta, log_f=None, *, delta: bool, chunk, factor_dtype=None, initial_state=None,
+         return_state=False):
+    x = prepare_qkv(q, k, v, backward=True)
     wy_dtype = _factor_dtype(factor_dtype, x.dtype) if delta else torch.float32
     n = x.n
-    w3 = x.k if delta else per_token(w, "w", x, extra=(n.D,))
-    beta3 = per_token(beta, "beta", x)
-    log_f3 = None if log_f is None else per_token(log_f, "log_f", x)
+    w3 = x.k if delta else per_token(w, "w", x, extra=(n.D,), backward=True)
+    beta3 = per_token(beta, "beta", x, backward=True)
+    log_f3 = None if log_f is None else per_token(log_f, "log_f", x, backward=True)
     chunk = check_block(chunk, n.D, "chunk")
+    h0 = None if initial_state is None else state_rows(initial_state, x)
+    return_state = check_bool(return_state, "return_state")
     # Read once the kernels are queued.  The preparation pass's first launch counts the entries of w, beta and
     # (DeltaNet's) log_f that break their conditions as it reads them; the Householder RNN's gate it does not read.
     with checked_after(None if log_f3 is None or delta else log_gate_condition(log_f3, "log_f")) as check:
-        if x.empty_input:
-            return x.result(x.new_output(n.Dv))
-        prep, precision = _prepare(x, w3, beta3, chunk, delta=delta, log_f3=log_f3, check=check,
-                                   wy_dtype=wy_dtype)
-        gate = "delta" if delta else "householder"
-        return x.result(_linear_launch(x, gate, log_f3, chunk=chunk, prep=prep, precision=precision))
+        if wants_grad(x.q, x.k, x.v, None if delta else w3, beta3, log_f3, h0):
+            if delta:
+                out, ht = DeltaRule.apply(x.q, x.k, x.v, beta3, log_f3, h0, x, chunk, wy_dtype, check)
+            else:
+                out, ht = HouseholderRNN.apply(x.q, x.k, x.v, w3, beta3, log_f3, h0, x, chunk, check)
+        else:
+            ht = torch.empty(x.BH, n.D, n.Dv, dtype=torch.float32, device=x.device) if return_state else None
+            if x.empty_input:
+                out = _linear_launch(x, "delta" if delta else "householder", log_f3, chunk=chunk, h0=h0, final=ht)
+            else:
+                prep, precision = _prepare(x, w3, beta3, chunk, delta=delta, log_f3=log_f3, check=check,
+                                           wy_dtype=wy_dtype)
+                gate = "delta" if delta else "householder"
+                out = _linear_launch(x, gate, log_f3, chunk=chunk, prep=prep, precision=precision, h0=h0, final=ht)
+        return (x.result(out), state_result(ht, x)) if return_state else x.result(out)
 
 
 def _prepare(x, w3, beta3, chunk: int, *, delta: bool, log_f3=None, check=None, wy_dtype=torch.float32):
@@ -114,7 +127,7 @@ def _prepare(x, w3, beta3, chunk: int, *, delta: bool, log_f3=None, check=None, 
     return prep, precision
 
 
-def chunked_householder(q, k, v, w, beta, *, log_f=None, chunk=None):
+def chunked_householder(q, k, v, w, beta, *, log_f=None, chunk=None, initial_state=None, return_state=False):
     """The Householder RNN ``S_t = a_t S_{t-1} H_t + v_t k_t^T``, ``o_t = S_t q_t``, chunked.
 
     ``H_t = I - beta_t w_t w_t^T`` (``w`` used as given); ``a_t = exp(log_f[t])``, or 1
@@ -125,12 +138,19 @@ def chunked_householder(q, k, v, w, beta, *, log_f=None, chunk=None):
     fp32; fp32 state; the UT form (module docstring).  Unrolled: ``o_i = sum_{j<=i} (k_j^T H_{j+1} ... H_i q_i) v_j``
     (smallest index on the left).  ``chunk`` in {16, 32, 64, 128} (``None``: 64 for
     ``D <= 64``, else 32).  Every argument is validated here (values read once the kernels are
-    queued, :class:`pathedu.checks.checked_after`); no input may require grad while grad mode is on.
+    queued, :class:`pathedu.checks.checked_after`).
+
+    ``initial_state``: ``S_{-1}``, ``(..., Dv, D)`` (any floating dtype; default 0); ``return_state=True`` returns
+    ``(out, S_{T-1})``, the state fp32 ``(..., Dv, D)``, as the recurrent forms do: a sequence runs in pieces, each
+    starting from the last one's state.  Differentiable in ``q, k, v, w, beta``, ``log_f`` and ``initial_state``, and
+    through the returned state (:class:`.delta_rule_backward.HouseholderRNN`).
     """
-    return _run(q, k, v, w, beta, log_f, delta=False, chunk=chunk)
+    return _run(q, k, v, w, beta, log_f, delta=False, chunk=chunk, initial_state=initial_state,
+                return_state=return_state)
 
 
-def chunked_delta_rule(q, k, v, beta, *, log_f=None, chunk=None, factor_dtype=None):
+def chunked_delta_rule(q, k, v, beta, *, log_f=None, chunk=None, factor_dtype=None, initial_state=None,
+                       return_state=False):
     """DeltaNet ``S_t = a_t S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T``, ``o_t = S_t q_t``, chunked.
 
     No scale, no normalisation of ``q``/``k`` (normalise ``k`` yourself: the
@@ -139,6 +159,9 @@ def chunked_delta_rule(q, k, v, beta, *, log_f=None, chunk=None, factor_dtype=No
     ``(..., T, Dv)``; ``a_t`` (Gated DeltaNet), dtypes, sizes and validation as
     :func:`chunked_householder` (``beta`` used in fp32).  The WY form (module docstring); ``factor_dtype``
     (None, ``torch.bfloat16`` or ``torch.float32``): the dtype of the stored factors ``W`` and ``U~`` (None: bf16
-    for bf16 inputs, fp32 for the others).
+    for bf16 inputs, fp32 for the others).  ``initial_state``, ``return_state`` and gradients as
+    :func:`chunked_householder` (:class:`.delta_rule_backward.DeltaRule`: ``k`` gets the gradients of both its
+    roles, the key and the transition's ``w``).
     """
-    return _run(q, k, v, None, beta, log_f, delta=True, chunk=chunk, factor_dtype=factor_dtype)
+    return _run(q, k, v, None, beta, log_f, delta=True, chunk=chunk, factor_dtype=factor_dtype,
+                initial_state=initial_state, return_state=return_state)

@@ -653,16 +653,19 @@ def householder_chunked(q, k, v, w, beta, *, chunk: int = 64, initial_state=None
     return (out, S.to(q_in.dtype)) if return_state else out
 
 
-def householder_triton(q, k, v, w, beta):
+def householder_triton(q, k, v, w, beta, *, initial_state=None, return_state: bool = False):
     """The chunked Householder RNN in Triton (:func:`pathedu.kernels.delta_rule.chunked_householder`).
 
     fp16/bf16/fp32 ``q, k, v``; ``w`` (finite) and ``beta`` (in [0, 2]) used in fp32;
-    head dims 16..128.  Shapes as :func:`householder_naive`.  Every argument is
-    validated by the kernel entry point (values read once its kernels are queued).
+    head dims 16..128.  Shapes as :func:`householder_naive`.  ``initial_state`` / ``return_state`` as
+    :func:`householder_recurrent` (``(..., Dv, D)``; the returned state is fp32): a long sequence can be run in
+    pieces.  Differentiable in ``q, k, v, w, beta`` and ``initial_state``, and through the returned state (the
+    kernel's backward pass).  Every argument is validated by the kernel entry point (values read once its
+    kernels are queued).
     """
     from .kernels.delta_rule import chunked_householder
 
-    return chunked_householder(q, k, v, w, beta)
+    return chunked_householder(q, k, v, w, beta, initial_state=initial_state, return_state=return_state)
 
 
 # ---------------------------------------------------------------------------
@@ -765,14 +768,17 @@ def deltanet_chunked(q, k, v, beta, *, chunk: int = 64, initial_state=None, retu
     return (out, S.to(q_in.dtype)) if return_state else out
 
 
-def deltanet_triton(q, k, v, beta, *, factor_dtype=None):
+def deltanet_triton(q, k, v, beta, *, factor_dtype=None, initial_state=None, return_state: bool = False):
     """The chunked delta rule in Triton (:func:`pathedu.kernels.delta_rule.chunked_delta_rule`).
 
     fp16/bf16/fp32 ``q, k, v``; ``beta`` (in [0, 2]) used in fp32; head dims 16..128.
     Shapes as :func:`deltanet_naive`.  ``factor_dtype``: the stored WY factors' dtype (None: bf16 for bf16
-    inputs, fp32 otherwise; ``torch.float32`` is closer to float64 and slower).  Every argument is validated
-    by the kernel entry point (values read once its kernels are queued).
+    inputs, fp32 otherwise; ``torch.float32`` is closer to float64 and slower).  ``initial_state`` /
+    ``return_state`` as :func:`deltanet_recurrent` (the returned state is fp32).  Differentiable in ``q, k, v,
+    beta`` and ``initial_state``, and through the returned state (the kernel's backward pass).  Every argument
+    is validated by the kernel entry point (values read once its kernels are queued).
     """
     from .kernels.delta_rule import chunked_delta_rule
 
-    return chunked_delta_rule(q, k, v, beta, factor_dtype=factor_dtype)
+    return chunked_delta_rule(q, k, v, beta, factor_dtype=factor_dtype, initial_state=initial_state,
+                              return_state=return_state)

@@ -493,7 +493,7 @@ def gated_householder_chunked(q, k, v, w, beta, log_f, *, chunk: int = 64, initi
     return (out, S.to(q.dtype)) if return_state else out
 
 
-def gated_householder_triton(q, k, v, w, beta, log_f):
+def gated_householder_triton(q, k, v, w, beta, log_f, *, initial_state=None, return_state: bool = False):
     """The gated Householder RNN in Triton: :func:`pathedu.kernels.delta_rule.chunked_householder`
     with ``log_f``.
 
@@ -503,11 +503,14 @@ def gated_householder_triton(q, k, v, w, beta, log_f):
     the in-chunk scores by ``e^{b_i - b_j}`` and the carried state by ``e^{b_last}``, as
     in :func:`gated_householder_chunked`.  fp16/bf16/fp32 ``q, k, v``; ``w``, ``beta``,
     ``log_f`` used in fp32; head dims 16..128; any T; validated once by the kernel's
-    entry point.  Shapes as :func:`pathfox_naive`.
+    entry point.  Shapes as :func:`pathfox_naive`.  ``initial_state`` / ``return_state`` as
+    :func:`gated_householder_recurrent` (the returned state is fp32).  Differentiable in every tensor argument,
+    ``initial_state`` included, and through the returned state (the kernel's backward pass).
     """
     from .kernels.delta_rule import chunked_householder
 
-    return chunked_householder(q, k, v, w, beta, log_f=log_f)
+    return chunked_householder(q, k, v, w, beta, log_f=log_f, initial_state=initial_state,
+                               return_state=return_state)
 
 
 # ---------------------------------------------------------------------------
@@ -627,7 +630,8 @@ def gated_deltanet_chunked(q, k, v, beta, log_f, *, chunk: int = 64, initial_sta
     return (out, S.to(q.dtype)) if return_state else out
 
 
-def gated_deltanet_triton(q, k, v, beta, log_f, *, factor_dtype=None):
+def gated_deltanet_triton(q, k, v, beta, log_f, *, factor_dtype=None, initial_state=None,
+                          return_state: bool = False):
     """Gated DeltaNet in Triton: :func:`pathedu.kernels.delta_rule.chunked_delta_rule` with ``log_f``.
 
     :func:`gated_deltanet_chunked` in a kernel: the WY factors with the decay inside the
@@ -637,7 +641,11 @@ def gated_deltanet_triton(q, k, v, beta, log_f, *, factor_dtype=None):
     fp16/bf16/fp32 ``q, k, v``; ``beta`` (in [0, 2]) and ``log_f`` (<= 0) used in fp32;
     head dims 16..128.  Shapes as :func:`gated_deltanet_naive`.  ``factor_dtype``: the stored WY factors' dtype
     (None: bf16 for bf16 inputs, fp32 otherwise; ``torch.float32`` is closer to float64 and slower).
+    ``initial_state`` / ``return_state`` as :func:`gated_deltanet_recurrent` (the returned state is fp32).
+    Differentiable in every tensor argument, ``initial_state`` included, and through the returned state (the
+    kernel's backward pass).
     """
     from .kernels.delta_rule import chunked_delta_rule
 
-    return chunked_delta_rule(q, k, v, beta, log_f=log_f, factor_dtype=factor_dtype)
+    return chunked_delta_rule(q, k, v, beta, log_f=log_f, factor_dtype=factor_dtype, initial_state=initial_state,
+                              return_state=return_state)

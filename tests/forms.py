@@ -205,8 +205,8 @@ def _self_check() -> None:
 
 _self_check()
 
-# Triton forms with a backward pass (issue 9): their outputs carry a graph; the others refuse inputs that
-# require grad.  The contract test checks both.
+# Triton forms with a backward pass: their outputs carry a graph (the contract test checks that every one has).
 TRITON_WITH_BACKWARD = {"nope_triton", "alibi_triton", "fox_triton", "rope_triton", "path_triton", "pathfox_triton",
                         "stickbreaking_triton", "cope_triton",
-                        "linear_triton", "retnet_triton", "gla_triton", "gla_triton.channel", "complex_triton"}
+                        "linear_triton", "retnet_triton", "gla_triton", "gla_triton.channel", "complex_triton",
+                        "householder_triton", "deltanet_triton", "gated_householder_triton", "gated_deltanet_triton"}

@@ -1,0 +1,334 @@
+r"""The backward pass of the chunked Householder RNN and DeltaNet (:mod:`.delta_rule`), gated or not.
+
+Both recurrences are one: DeltaNet is the Householder RNN with ``w = k`` and values ``beta v``, so one backward
+serves both, on the UT form of the chunk (:class:`.ut_prepare.Prepared`: ``q~``, ``k~``, ``Ã``, ``G``).  For a chunk
+with local cumulative log gate ``b`` (0 without a gate, ``b_last`` its last entry), state ``H_in = S^T`` entering it
+and ``H_out`` leaving it, the forward is ::
+
+    O_c   = diag(e^b) Q~ H_in + (Ã * E) V,                          E_ij = e^{b_i - b_j} (j <= i), else 0
+    H_out = e^{b_last} (I + G) H_in + (diag(e^{b_last - b}) K~)^T V
+
+and its backward, given ``dO`` and ``dH_out``::
+
+    dH_in = e^{b_last} (I + G)^T dH_out + (diag(e^b) Q~)^T dO         (right to left, chunk after chunk)
+    dQ~   = diag(e^b) dO H_in^T              dK~ = diag(e^{b_last - b}) V dH_out^T
+    dÃ    = (dO V^T) * E                      dG  = e^{b_last} dH_out H_in^T
+    dV    = (Ã * E)^T dO + diag(e^{b_last - b}) K~ dH_out
+
+Three launches and the UT pass's own backward:
+
+1. the forward (the linear template's ``"householder"`` or ``"delta"`` hook) stores the state entering every chunk;
+2. :func:`_hh_bwd_state` scans the chunks right to left for every ``dH_out`` (its last ``dH_in`` is the initial
+   state's gradient);
+3. :func:`_hh_bwd_chunk`, all chunks in parallel: ``dQ~, dK~, dÃ, dG, dV`` and the gate's gradient;
+4. :func:`.ut_prepare.ut_prepare_backward` takes ``dQ~, dK~, dÃ, dG`` back through the UT factor
+   ``L = (I + strictLower(diag(beta) W W^T))^{-1} diag(beta)`` to ``dq, dk, dw, dbeta``.
+
+DeltaNet's forward keeps its WY form (two stored factors instead of four); its backward makes the UT factors with
+``w = k`` (a non-finite ``k_t`` replaced by 0 in the transitions, as the WY pass does) and adds the ``w`` role's
+gradient to ``dk``; the values ``beta v`` give ``dv = beta dV`` and ``dbeta += v . dV``.
+
+The gate.  ``log_f[s]`` of a chunk enters ``b_i`` for ``i >= s``, so it weighs every term that spans it: the row
+terms ``i >= s`` (``q~_i . dq~_i``), the in-chunk pairs ``j < s <= i`` (``dÃ_ij Ã_ij``), the writes ``j < s``
+(``k~_j . dk~_j``) and the carried state (``e^{b_last} <dH_out, (I + G) H_in> = e^{b_last} <dH_out, H_in> + <G,
+dG>``).  Each is summed over the pairs that span ``s`` only, never as a difference of two larger sums, so strong
+gates (``log_f = -20``) leave no rounding noise in gradients of order ``e^{-20}``.
+
+On Hopper, Triton 3.4 to 3.7.0 miscompiles the transpose of a tile that a product made (wrong gradients): no
+product's result is transposed here.  Every transposed operand (``G^T``, ``Q~^T``, ``H_in^T``, ``dH_out^T``,
+``Ã^T``) is read so from memory, and ``V^T`` is the transpose of a loaded tile.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._launch import Flat, interpreting, next_pow2
+from ._pieces import _dot, _load_rows, _store_rows
+from .linear_attention import _bdot, _linear_launch, backward_precision
+from .ut_prepare import Prepared, WYPrepared, prep_precision, ut_prepare_backward
+
+__all__ = ["HouseholderRNN", "DeltaRule"]
+
+
+@triton.jit
+def _chunk_b(LOG_F, bh, offs_t, offs_c, T, CHUNK: tl.constexpr):
+    """``(b, b_last)``: a chunk's cumulative log gates ``b [C]`` from its start (rows past ``T``: gate 0) and the
+    last one."""
+    b = tl.cumsum(tl.load(LOG_F + bh * T + offs_t, mask=offs_t < T, other=0.0), axis=0)
+    return b, tl.sum(tl.where(offs_c == CHUNK - 1, b, 0.0), axis=0)
+
+
+@triton.jit
+def _hh_bwd_state(QT, GM, DO, LOG_F, DHT, DH, DH0, T, stride_pb, stride_pt, stride_gb, stride_gj, stride_ob,
+                  stride_ot, HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr,
+                  BLOCK_DV: tl.constexpr, CHUNK: tl.constexpr, GATED: tl.constexpr, LOAD_DHT: tl.constexpr,
+                  PRECISION: tl.constexpr):
+    """The state's gradient, right to left, one program per (block of ``BLOCK_DV`` value channels, head): stores
+    ``dH_out`` of every chunk to ``DH`` (fp32 ``(BH, NC, D, Dv)``) and the initial state's gradient to ``DH0`` (fp32
+    ``(BH, D, Dv)``), from the final state's ``DHT`` (``LOAD_DHT``; else 0).  ``QT``: ``q~`` (``(BH, T_pad, D)``),
+    ``GM``: the chunks' ``G`` (``(BH, NC_pad, D, D)``), ``DO``: ``(BH, T, Dv)``, ``LOG_F``: ``(BH, T)`` fp32
+    (``GATED``).  ``G^T`` and ``Q~^T`` are read transposed from memory."""
+    bh = tl.program_id(1).to(tl.int64)
+    offs_c = tl.arange(0, CHUNK)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.program_id(0) * BLOCK_DV + tl.arange(0, BLOCK_DV)
+    in_d = offs_d < HEAD_DIM
+    tile = offs_d[:, None] * HEAD_DV + offs_dv[None, :]  # [BD, BDV] of a (D, Dv) state
+    tile_mask = in_d[:, None] & (offs_dv[None, :] < HEAD_DV)
+    size = HEAD_DIM * HEAD_DV
+    n_chunks = tl.cdiv(T, CHUNK)
+    if LOAD_DHT:
+        dh = tl.load(DHT + bh * size + tile, mask=tile_mask, other=0.0)
+    else:
+        dh = tl.zeros([BLOCK_D, BLOCK_DV], dtype=tl.float32)
+    for i in range(0, n_chunks):
+        c = n_chunks - 1 - i
+        offs_t = c * CHUNK + offs_c
+        tl.store(DH + (bh * n_chunks + c) * size + tile, dh, mask=tile_mask)
+        # G^T [BD, BD]: entry (r, s) is G[s, r]
+        gt = tl.load(GM + bh * stride_gb + c * stride_gj + offs_d[None, :] * HEAD_DIM + offs_d[:, None],
+                     mask=in_d[:, None] & in_d[None, :], other=0.0)
+        carried = dh + _bdot(gt, dh, PRECISION)  # (I + G)^T dH_out
+        # Q~^T [BD, C]
+        qtt = tl.load(QT + bh * stride_pb + offs_t[None, :] * stride_pt + offs_d[:, None],
+                      mask=in_d[:, None] & (offs_t[None, :] < T), other=0.0)
+        do = _load_rows(DO + bh * stride_ob, offs_t, offs_dv, stride_ot, T, HEAD_DV, True, True)  # [C, BDV]
+        if GATED:
+            b, b_last = _chunk_b(LOG_F, bh, offs_t, offs_c, T, CHUNK)
+            carried = carried * tl.exp(b_last)
+            qtt = qtt * tl.exp(b)[None, :]
+        dh = carried + _bdot(qtt, do, PRECISION)
+    tl.store(DH0 + bh * size + tile, dh, mask=tile_mask)
+
+
+@triton.jit
+def _hh_bwd_chunk(QT, KT, AD, GM, V, DO, LOG_F, STATES, DH, DQT, DKT, DAD, DG, DV, DLOG_F, T,
+                  stride_pb, stride_pt, stride_ab, stride_at, stride_gb, stride_gj, stride_vb, stride_vt,
+                  stride_ob, stride_ot, stride_dvb, stride_dvt,
+                  HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                  CHUNK: tl.constexpr, GATED: tl.constexpr, PRECISION: tl.constexpr, SUM_PRECISION: tl.constexpr):
+    """One chunk's gradients (the module docstring's equations), one program per (chunk, head), the value channels
+    ``BLOCK_DV`` at a time: ``dQ~, dK~`` (``DQT, DKT``, fp32, laid out as ``QT``), ``dÃ`` (``DAD``, as ``AD``, zero
+    above the diagonal), ``dG`` (``DG``, as ``GM``), ``dV`` (``(BH, T, Dv)``, the values' gradient) and with
+    ``GATED`` the gradient of ``log_f`` (``DLOG_F``, fp32 ``(BH, T)``).  ``STATES``, ``DH``: the states entering and
+    the gradients leaving every chunk (fp32 ``(BH, NC, D, Dv)``).  ``SUM_PRECISION``: the one product that sums
+    gradient pieces for the gate (``"ieee"`` or ``"x3n"``: about fp32 accuracy, so that small sums stay exact)."""
+    c = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    start = c * CHUNK
+    offs_c = tl.arange(0, CHUNK)
+    offs_t = start + offs_c
+    offs_d = tl.arange(0, BLOCK_D)
+    in_d = offs_d < HEAD_DIM
+    CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    causal = offs_c[:, None] >= offs_c[None, :]  # [i, j]: j <= i
+    later = offs_c[:, None] <= offs_c[None, :]  # [j, i]: i >= j
+    size = HEAD_DIM * HEAD_DV
+    base = (bh * tl.cdiv(T, CHUNK) + c) * size
+    p_ad = AD + bh * stride_ab + start * stride_at
+    p_g = GM + bh * stride_gb + c * stride_gj
+    # Ã^T [j, i], read transposed from memory, with the decays E^T; zero where i < j (a select)
+    at = tl.load(p_ad + offs_c[None, :] * stride_at + offs_c[:, None])
+    kt = _load_rows(KT + bh * stride_pb, offs_t, offs_d, stride_pt, T, HEAD_DIM, True, CHECK_D)  # [C, BD]: k~
+    if GATED:
+        b, b_last = _chunk_b(LOG_F, bh, offs_t, offs_c, T, CHUNK)
+        at = at * tl.exp(tl.where(later, b[None, :] - b[:, None], float("-inf")))
+        kd = kt * tl.exp(b_last - b)[:, None]  # key j's weight in the chunk's write
+    else:
+        kd = kt
+    at = tl.where(later, at, 0.0)
+    dqt = tl.zeros([CHUNK, BLOCK_D], dtype=tl.float32)
+    dkt = tl.zeros([CHUNK, BLOCK_D], dtype=tl.float32)
+    dg = tl.zeros([BLOCK_D, BLOCK_D], dtype=tl.float32)
+    p = tl.zeros([CHUNK, CHUNK], dtype=tl.float32)  # dO V^T, [i, j]
+    hdh = 0.0  # <dH_out, H_in>
+    for dv0 in tl.static_range(0, HEAD_DV, BLOCK_DV):
+        offs_dv = dv0 + tl.arange(0, BLOCK_DV)
+        in_dv = offs_dv < HEAD_DV
+        v = _load_rows(V + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)  # [C, BDV]
+        do = _load_rows(DO + bh * stride_ob, offs_t, offs_dv, stride_ot, T, HEAD_DV, True, True)  # [C, BDV]
+        # H_in^T and dH_out^T [BDV, BD], dH_out [BD, BDV]: read as needed from memory
+        t_offs = offs_dv[:, None] + offs_d[None, :] * HEAD_DV
+        t_mask = in_dv[:, None] & in_d[None, :]
+        h_in_t = tl.load(STATES + base + t_offs, mask=t_mask, other=0.0)
+        dh_out_t = tl.load(DH + base + t_offs, mask=t_mask, other=0.0)
+        dh_out = tl.load(DH + base + offs_d[:, None] * HEAD_DV + offs_dv[None, :],
+                         mask=in_d[:, None] & in_dv[None, :], other=0.0)
+        dqt += _bdot(do, h_in_t, PRECISION)
+        dkt += _bdot(v, dh_out_t, PRECISION)
+        dg += _bdot(dh_out, h_in_t, PRECISION)
+        p += _bdot(do, tl.trans(v), PRECISION)  # v came from memory
+        if GATED:
+            hdh += tl.sum(tl.sum(h_in_t * dh_out_t, axis=1), axis=0)
+        dv = _bdot(at, do, PRECISION) + _bdot(kd, dh_out, PRECISION)
+        _store_rows(DV + bh * stride_dvb, dv, offs_t, offs_dv, stride_dvt, T, HEAD_DV)
+    if GATED:
+        dqt = dqt * tl.exp(b)[:, None]
+        dkt = dkt * tl.exp(b_last - b)[:, None]
+        dg = dg * tl.exp(b_last)
+        dad = p * tl.exp(tl.where(causal, b[:, None] - b[None, :], float("-inf")))
+    else:
+        dad = p
+    dad = tl.where(causal, dad, 0.0)
+    tl.store(DAD + bh * stride_ab + start * stride_at + offs_c[:, None] * stride_at + offs_c[None, :], dad)
+    _store_rows(DQT + bh * stride_pb, dqt, offs_t, offs_d, stride_pt, T, HEAD_DIM)
+    _store_rows(DKT + bh * stride_pb, dkt, offs_t, offs_d, stride_pt, T, HEAD_DIM)
+    _store_rows(DG + bh * stride_gb + c * stride_gj, dg, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM)
+    if GATED:
+        # log_f[s] weighs the terms that span s (the module docstring): rows i >= s, pairs j < s <= i, writes j < s
+        qt = _load_rows(QT + bh * stride_pb, offs_t, offs_d, stride_pt, T, HEAD_DIM, True, CHECK_D)
+        a = tl.load(p_ad + offs_c[:, None] * stride_at + offs_c[None, :])  # Ã [i, j]
+        rows = tl.sum(qt * dqt, axis=1)  # [C]: q~_i . dq~_i
+        writes = tl.sum(kt * dkt, axis=1)  # [C]: k~_j . dk~_j
+        x = tl.where(causal & (offs_c[:, None] != offs_c[None, :]), dad * a, 0.0)  # [i, j], j < i
+        before = (offs_c[:, None] < offs_c[None, :]).to(tl.float32)  # [j, s]: j < s
+        y = _dot(x, before, SUM_PRECISION)  # [i, s]: sum_{j < s} x_ij
+        g = _load_rows(p_g, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)  # [BD, BD]
+        state = tl.exp(b_last) * hdh + tl.sum(tl.sum(g * dg, axis=1), axis=0)
+        from_rows = tl.sum(tl.where(causal, rows[:, None] + y, 0.0), axis=0)  # [s]: i >= s
+        from_writes = tl.sum(tl.where(later & (offs_c[:, None] != offs_c[None, :]), writes[:, None], 0.0), axis=0)
+        tl.store(DLOG_F + bh * T + offs_t, from_rows + from_writes + state, mask=offs_t < T)
+
+
+def householder_backward(x: Flat, v3, log_f3, prep: Prepared, states, do, dht, chunk: int):
+    """Launches 2 and 3 of the backward and the UT pass's backward, on validated inputs: ``x`` (``q, k``), ``v3``
+    (the values, ``(BH, T, Dv)``), ``log_f3`` (fp32 ``(BH, T)`` or None), ``prep`` (the UT factors of chunks of
+    ``chunk`` tokens, ``keep_inverse``), ``states`` (fp32 ``(BH, NC, D, Dv)``, the forward's), ``do`` (``(BH, T,
+    Dv)`` or None: 0), ``dht`` (fp32 ``(BH, D, Dv)`` or None: 0).  Returns ``dq, dk`` (compute dtype), ``dv`` (``v3``'s
+    dtype), ``dw, dbeta`` (fp32), ``dlog_f`` (fp32 ``(BH, T)`` or None) and ``dh0`` (fp32 ``(BH, D, Dv)``)."""
+    n, BH = x.n, x.BH
+    T, D, Dv = n.T, n.D, n.Dv
+    n_chunks = triton.cdiv(T, chunk)
+    do = torch.zeros(BH, T, Dv, dtype=v3.dtype, device=x.device) if do is None else do.contiguous()
+    f32 = dict(dtype=torch.float32, device=x.device)
+    dh = torch.empty(BH, n_chunks, D, Dv, **f32)
+    dh0 = torch.empty(BH, D, Dv, **f32)
+    # the UT pass's layouts, padded rows and chunks zero (its backward reads whole blocks)
+    dqt, dkt = torch.zeros_like(prep.qt, dtype=torch.float32), torch.zeros_like(prep.kt, dtype=torch.float32)
+    dad = torch.zeros_like(prep.ad)
+    dg = torch.zeros_like(prep.g, dtype=torch.float32)
+    dv = torch.empty_like(v3)
+    dlog_f = None if log_f3 is None else torch.empty(BH, T, **f32)
+    precision = backward_precision(x.dtype)
+    block_d, block_dv = next_pow2(D), min(next_pow2(Dv), 64)
+    gated = log_f3 is not None
+    log_f = dh0 if log_f3 is None else log_f3
+    _hh_bwd_state[(triton.cdiv(Dv, block_dv), BH)](
+        prep.qt, prep.g, do, log_f, dh0 if dht is None else dht.contiguous(), dh, dh0, T,
+        prep.qt.stride(0), prep.qt.stride(1), prep.g.stride(0), prep.g.stride(1), do.stride(0), do.stride(1),
+        HEAD_DIM=D, HEAD_DV=Dv, BLOCK_D=block_d, BLOCK_DV=block_dv, CHUNK=chunk, GATED=gated,
+        LOAD_DHT=dht is not None, PRECISION=precision, num_warps=4)
+    _hh_bwd_chunk[(n_chunks, BH)](
+        prep.qt, prep.kt, prep.ad, prep.g, v3, do, log_f, states, dh, dqt, dkt, dad, dg, dv,
+        dh0 if dlog_f is None else dlog_f, T,
+        prep.qt.stride(0), prep.qt.stride(1), prep.ad.stride(0), prep.ad.stride(1), prep.g.stride(0),
+        prep.g.stride(1), v3.stride(0), v3.stride(1), do.stride(0), do.stride(1), dv.stride(0), dv.stride(1),
+        HEAD_DIM=D, HEAD_DV=Dv, BLOCK_D=block_d, BLOCK_DV=block_dv, CHUNK=chunk, GATED=gated, PRECISION=precision,
+        SUM_PRECISION="ieee" if interpreting() else "x3n", num_warps=4 if chunk <= 32 else 8)
+    del dh
+    q3, k3, w3, beta3 = prep._args[:4]
+    dq, dk, dw, dbeta = ut_prepare_backward(q3, k3, w3, beta3, prep, dqt, dkt, dad, dg)
+    return dq, dk, dv, dw, dbeta, dlog_f, dh0
+
+
+def ut_factors(x: Flat, w3, beta3, chunk: int, check=None) -> Prepared:
+    """The UT factors of a forward to be differentiated: :class:`.ut_prepare.Prepared` in fp32, the inverses kept
+    for :func:`.ut_prepare.ut_prepare_backward`."""
+    f32 = torch.float32
+    return Prepared(x.q, x.k, w3, beta3, x.n.T, chunk, q_dtype=f32, k_dtype=f32, update_dtype=f32,
+                    keep_inverse=True, precision=prep_precision(x.dtype), check=check)
+
+
+def _empty_grads(x: Flat, h0_given: bool, dht, *tensors):
+    """The gradients of an empty call: zeros for every input, ``dht`` (or zeros) for the initial state."""
+    dh0 = None
+    if h0_given:
+        dh0 = torch.zeros(x.BH, x.n.D, x.n.Dv, dtype=torch.float32, device=x.device) if dht is None else dht
+    return tuple(None if t is None else torch.zeros_like(t) for t in tensors) + (dh0,)
+
+
+class HouseholderRNN(torch.autograd.Function):
+    """The chunked (gated) Householder RNN with a backward pass.
+
+    Inputs: the flattened ``q, k, v`` of a :class:`._launch.Flat` (``flat``), fp32 ``w3: (BH, T, D)``, ``beta3:
+    (BH, T)``, ``log_f3: (BH, T)`` or None, ``h0`` (fp32 ``(BH, D, Dv)``, the initial ``S^T``, or None), then
+    ``flat``, ``chunk`` and the value check (:class:`pathedu.checks.checked_after`) that receives the UT pass's
+    counts.  Outputs ``(out, ht)``: ``(BH, T, Dv)`` in the compute dtype and the final ``S^T`` (fp32 ``(BH, D,
+    Dv)``), both differentiable.  Saves the inputs, the UT factors (fp32, with the inverses) and the state entering
+    every chunk (fp32 ``(BH, NC, D, Dv)``)."""
+
+    @staticmethod
+    def forward(ctx, q3, k3, v3, w3, beta3, log_f3, h0, flat, chunk, check):
+        x = Flat(flat.n, q3, k3, v3, flat.dtype, flat.like)
+        ctx.flat, ctx.chunk, ctx.has_h0 = flat, chunk, h0 is not None
+        ctx.set_materialize_grads(False)
+        ht = torch.empty(x.BH, x.n.D, x.n.Dv, dtype=torch.float32, device=x.device)
+        if x.empty_input:
+            ctx.save_for_backward(q3, k3, v3, w3, beta3, log_f3)
+            out = _linear_launch(x, "householder", log_f3, chunk=chunk, h0=h0, final=ht)
+            return out, ht
+        prep = ut_factors(x, w3, beta3, chunk, check)
+        states = torch.empty(x.BH, triton.cdiv(x.n.T, chunk), x.n.D, x.n.Dv, dtype=torch.float32, device=x.device)
+        out = _linear_launch(x, "householder", log_f3, chunk=chunk, prep=prep, precision=prep_precision(x.dtype),
+                             h0=h0, states=states, final=ht)
+        ctx.save_for_backward(q3, k3, v3, w3, beta3, log_f3, states, *prep.factors())
+        return out, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q3, k3, v3, w3, beta3, log_f3, *rest = ctx.saved_tensors
+        x = Flat(ctx.flat.n, q3, k3, v3, ctx.flat.dtype, ctx.flat.like)
+        if x.empty_input:
+            return _empty_grads(x, ctx.has_h0, dht, q3, k3, v3, w3, beta3, log_f3) + (None,) * 3
+        states, *factors = rest
+        prep = Prepared.from_factors(q3, k3, w3, beta3, x.n.T, ctx.chunk, *factors,
+                                     precision=prep_precision(x.dtype))
+        dq, dk, dv, dw, dbeta, dlog_f, dh0 = householder_backward(x, v3, log_f3, prep, states, do, dht, ctx.chunk)
+        return dq, dk, dv, dw, dbeta, dlog_f, dh0 if ctx.has_h0 else None, None, None, None
+
+
+class DeltaRule(torch.autograd.Function):
+    """Chunked (Gated) DeltaNet with a backward pass.
+
+    Inputs: the flattened ``q, k, v`` (``flat``), fp32 ``beta3: (BH, T)``, ``log_f3: (BH, T)`` or None, ``h0`` (fp32
+    ``(BH, D, Dv)`` or None), then ``flat``, ``chunk``, the WY factors' dtype and the value check.  Outputs as
+    :class:`HouseholderRNN`'s.  The forward is the WY form (:class:`.ut_prepare.WYPrepared`, the ``"delta"`` hook)
+    and stores the state entering every chunk; the backward makes the UT factors with ``w = k`` and runs the
+    Householder RNN's backward on the values ``beta v`` (module docstring)."""
+
+    @staticmethod
+    def forward(ctx, q3, k3, v3, beta3, log_f3, h0, flat, chunk, wy_dtype, check):
+        x = Flat(flat.n, q3, k3, v3, flat.dtype, flat.like)
+        ctx.flat, ctx.chunk, ctx.has_h0 = flat, chunk, h0 is not None
+        ctx.set_materialize_grads(False)
+        ht = torch.empty(x.BH, x.n.D, x.n.Dv, dtype=torch.float32, device=x.device)
+        if x.empty_input:
+            ctx.save_for_backward(q3, k3, v3, beta3, log_f3)
+            return _linear_launch(x, "delta", log_f3, chunk=chunk, h0=h0, final=ht), ht
+        precision = prep_precision(x.dtype)
+        prep = WYPrepared(x.k, x.v, beta3, log_f3, x.n.T, chunk, dtype=wy_dtype, precision=precision, check=check)
+        states = torch.empty(x.BH, triton.cdiv(x.n.T, chunk), x.n.D, x.n.Dv, dtype=torch.float32, device=x.device)
+        out = _linear_launch(x, "delta", log_f3, chunk=chunk, prep=prep, precision=precision, h0=h0, states=states,
+                             final=ht)
+        ctx.save_for_backward(q3, k3, v3, beta3, log_f3, states)
+        return out, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q3, k3, v3, beta3, log_f3, *rest = ctx.saved_tensors
+        x = Flat(ctx.flat.n, q3, k3, v3, ctx.flat.dtype, ctx.flat.like)
+        if x.empty_input:
+            return _empty_grads(x, ctx.has_h0, dht, q3, k3, v3, beta3, log_f3) + (None,) * 4
+        (states,) = rest
+        finite = torch.isfinite(k3)
+        w3 = torch.where(finite, k3, 0).float()  # the transitions' keys, as the WY pass reads them
+        values = beta3[..., None] * v3.float()  # what each token writes: beta_t v_t
+        prep = ut_factors(x, w3, beta3, ctx.chunk)
+        dq, dk, dvalues, dw, dbeta, dlog_f, dh0 = householder_backward(x, values, log_f3, prep, states, do, dht,
+                                                                       ctx.chunk)
+        dk = (dk.float() + torch.where(finite, dw, 0)).to(k3.dtype)  # k as a key and as the transitions' w
+        dv = (beta3[..., None] * dvalues).to(v3.dtype)
+        dbeta = dbeta + (v3.float() * dvalues).sum(-1)
+        return dq, dk, dv, dbeta, dlog_f, dh0 if ctx.has_h0 else None, None, None, None, None
