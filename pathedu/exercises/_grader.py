@@ -46,6 +46,7 @@ import functools
 import hashlib
 import importlib
 import inspect
+import numbers
 import os
 import sys
 import traceback
@@ -291,13 +292,15 @@ def check_parts(name, student_fn, reference_fn, make_inputs, part_names, *, tria
 def _entry_right(guess, truth, rtol: float, atol: float) -> bool:
     """Whether one entry of a prediction is right: a string or a bool exactly (strings without case and outer
     spaces), a number within ``atol + rtol * |truth|``."""
+    if isinstance(guess, torch.Tensor) and guess.numel() == 1 and not guess.is_complex():
+        guess = guess.item()
     if isinstance(truth, str):
         return isinstance(guess, str) and guess.strip().lower() == truth.strip().lower()
     if isinstance(truth, bool) or isinstance(guess, bool):
         return isinstance(guess, bool) and isinstance(truth, bool) and guess == truth
-    if not isinstance(guess, (int, float)) or guess != guess:  # a number, not NaN
+    if not isinstance(guess, numbers.Real) or guess != guess:  # a number, not NaN
         return False
-    return abs(guess - truth) <= atol + rtol * abs(truth)
+    return abs(float(guess) - truth) <= atol + rtol * abs(truth)
 
 
 def check_prediction(name: str, guess, truth, *, rtol: float = 0.0, atol: float = 0.0,
@@ -325,8 +328,10 @@ def check_prediction(name: str, guess, truth, *, rtol: float = 0.0, atol: float 
                        answer=shown)
     if _entry_right(guess, truth, rtol, atol):
         return verdict(name, True, f"your prediction {shown} is right.", answer=shown)
-    if (near is not None and isinstance(guess, (int, float)) and not isinstance(guess, bool)
-            and not isinstance(truth, bool) and abs(guess - truth) <= near * abs(truth)):
+    if isinstance(guess, torch.Tensor) and guess.numel() == 1 and not guess.is_complex():
+        guess = guess.item()
+    if (near is not None and isinstance(guess, numbers.Real) and not isinstance(guess, bool)
+            and not isinstance(truth, bool) and abs(float(guess) - truth) <= near * abs(truth)):
         return verdict(name, False, f"your prediction {shown} is close but not within the tolerance (half the "
                                     "points); run the next cell and see how far.", score=0.5, answer=shown)
     return verdict(name, False, f"your prediction {shown} is off; run the next cell and see why.", answer=shown)

@@ -13,10 +13,11 @@ import numbers
 import torch
 
 from .. import alibi
-from ._grader import (Exercises, Verdict, call_student as _call, check_function, fallback_hint, not_attempted,
-                      student_failed, verdict)
+from ._grader import (Exercises, Verdict, call_student as _call, check_bug, check_explanation, check_function,
+                      check_prediction, fallback_hint, not_attempted, student_failed, verdict)
 
-__all__ = ["check_alibi_slopes", "check_alibi_bias", "check_retnet_recurrent", "check_half_life_gamma", "hint"]
+__all__ = ["check_alibi_slopes", "check_alibi_bias", "check_retnet_recurrent", "check_half_life_gamma",
+           "check_reach", "check_why_no_state", "check_retnet_bug", "hint"]
 
 EXERCISES = Exercises("ch02", {
     1: ("Start with a number of heads that is a power of two: there the slopes form a geometric sequence. Then "
@@ -45,6 +46,20 @@ EXERCISES = Exercises("ch02", {
         "below 1.",
         "100 log(gamma) = log(1/2), so gamma = 2 ** (-1 / 100), about 0.9931; ALiBi's matching slope is "
         "-log(gamma) = log(2) / 100."),
+    5: ("ALiBi adds -lambda d to the logit of a key d tokens back: what does that do to its weight after exp?",
+        "The weight is multiplied by e^(-lambda d); solve e^(-lambda d) < 10^-3 for the smallest whole d.",
+        "e^(-d/2) < 10^-3 means d > 2 ln(1000): the smallest whole number above it."),
+    6: ("Write both as sums over keys and ask which one can be updated token by token with a fixed amount of "
+        "memory.",
+        "RetNet's weight gamma^(i-j) (q_i . k_j) factors into gamma^i and gamma^-j and is linear in the values; "
+        "ALiBi's weight goes through a softmax: an exponential of the logit and a normalisation over every key.",
+        "gamma^(i-j) = gamma^i gamma^-j, so S_t = gamma S_{t-1} + v_t k_t^T holds the whole past in Dv x D "
+        "numbers; exp(q.k) does not factor into a finite feature map and the softmax's denominator needs every "
+        "key: ALiBi keeps a KV cache that grows with t."),
+    7: ("Step it by hand for T = 1: what should o_0 be, and what does the planted form return?",
+        "Each step must first decay and write the state, then read it: the token sees itself.",
+        "The planted form reads S before writing token t: the diagonal is dropped (bug kind \"mask\"); swap "
+        "the two lines."),
 })
 hint = EXERCISES.hint
 
@@ -154,3 +169,70 @@ def check_half_life_gamma(gamma) -> Verdict:
         return verdict(name, False, f"a forget gate lies in (0, 1], got {gamma}.")
     h = alibi.half_life(gamma)
     return verdict(name, False, f"your gamma halves after {h:.1f} tokens, not 100: solve gamma^100 = 1/2.")
+
+
+# ---------------------------------------------------------------------------
+# Exercise 5 (predict, then run): how far back a slope of 1/2 lets a key count
+# ---------------------------------------------------------------------------
+
+REACH_SLOPE, REACH_FACTOR = 0.5, 1e-3
+
+
+def _reach() -> int:
+    bias = alibi.alibi_bias(64, torch.tensor(REACH_SLOPE, dtype=torch.float64))[-1].flip(0)  # by distance 0, 1, ..
+    return int(torch.nonzero(torch.exp(bias) < REACH_FACTOR)[0, 0])
+
+
+@EXERCISES.check(5, kind="predict")
+def check_reach(d) -> Verdict:
+    """Exercise 5: the smallest distance ``d`` (an int) at which ALiBi's bias with slope :data:`REACH_SLOPE`
+    multiplies a key's softmax weight by less than :data:`REACH_FACTOR` (half the point within 25%)."""
+    return check_prediction("predict: the reach of a slope", d, _reach(), near=0.25)
+
+
+# ---------------------------------------------------------------------------
+# Exercise 6 (explain): why RetNet has a state and ALiBi a cache
+# ---------------------------------------------------------------------------
+
+NO_STATE_RUBRIC = ("2 points. 1: RetNet's weight gamma^(i-j) (q_i . k_j) is linear in the values and the decay "
+                   "factors as gamma^i gamma^-j (or: each step multiplies the state by gamma), so the past fits in "
+                   "a Dv x D state, S_t = gamma S_{t-1} + v_t k_t^T. 1: ALiBi's decay sits inside a softmax: "
+                   "exp(q.k) has no finite factorisation and the normaliser sums over every key, so it keeps every "
+                   "key and value (a KV cache growing with t). Half a point for 'softmax is not linear' alone.")
+
+
+@EXERCISES.check(6, kind="explain")
+def check_why_no_state(text) -> Verdict:
+    """Exercise 6: why the same constant decay gives RetNet a fixed-size state and ALiBi a growing cache
+    (marked by a person against :data:`NO_STATE_RUBRIC`)."""
+    return check_explanation("explain: a state or a cache", text, rubric=NO_STATE_RUBRIC)
+
+
+# ---------------------------------------------------------------------------
+# Exercise 7 (find the bug): RetNet's recurrence with one planted error
+# ---------------------------------------------------------------------------
+
+def _retnet_planted(q, k, v, gamma):
+    """The lab's planted form: o_t is read from the state before token t is written."""
+    S = torch.zeros(q.shape[:-2] + (v.shape[-1], q.shape[-1]), dtype=q.dtype)
+    outs = []
+    for t in range(q.shape[-2]):
+        outs.append((S @ q[..., t, :, None])[..., 0])
+        S = gamma * S + v[..., t, :, None] * k[..., t, None, :]
+    return torch.stack(outs, dim=-2)
+
+
+def _retnet_bug_inputs(seed):
+    g = torch.Generator().manual_seed(700 + seed)
+    lead, T, D, Dv = [((2,), 9, 6, 4), ((2, 3), 5, 4, 7), ((), 12, 8, 3)][seed % 3]
+    q, k = (torch.randn(*lead, T, D, generator=g, dtype=torch.float64) for _ in range(2))
+    return q, k, torch.randn(*lead, T, Dv, generator=g, dtype=torch.float64), [0.9, 0.7, 0.97][seed % 3]
+
+
+@EXERCISES.check(7, kind="bug")
+def check_retnet_bug(bug, retnet_fixed) -> Verdict:
+    """Exercise 7: ``bug`` names the planted error of the lab's ``retnet_planted`` (a key of
+    :data:`pathedu.exercises.BUG_KINDS`); ``retnet_fixed(q, k, v, gamma) -> (..., T, Dv)`` is the recurrence
+    fixed, compared with :func:`pathedu.alibi.retnet_recurrent`."""
+    return check_bug("find the bug: RetNet's recurrence", bug, retnet_fixed, bug="mask",
+                     reference=alibi.retnet_recurrent, make_inputs=_retnet_bug_inputs, buggy=_retnet_planted)

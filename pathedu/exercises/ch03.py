@@ -13,10 +13,11 @@ import torch
 import torch.nn.functional as F
 
 from .. import fox
-from ._grader import (Exercises, Verdict, call_student as _call, check_function, fallback_hint, not_attempted,
-                      student_failed, verdict)
+from ._grader import (Exercises, Verdict, call_student as _call, check_bug, check_explanation, check_function,
+                      check_prediction, fallback_hint, not_attempted, student_failed, verdict)
 
-__all__ = ["check_log_gate_matrix", "check_fox_matrix", "check_gla_recurrent", "check_stuck_product", "hint"]
+__all__ = ["check_log_gate_matrix", "check_fox_matrix", "check_gla_recurrent", "check_stuck_product",
+           "check_gate_product", "check_why_log_space", "check_fox_bug", "hint"]
 
 EXERCISES = Exercises("ch03", {
     1: ("G[i, j] is a sum of log gates over a range of positions that depends on both i and j. Can one running "
@@ -49,6 +50,18 @@ EXERCISES = Exercises("ch03", {
         "p = torch.ones((), dtype=torch.float32); products = []; for _ in range(2000): p = p * 0.9; "
         "products.append(p.item()). n = the first n >= 1 with products[n] == products[n - 1], "
         "value = products[n - 1]."),
+    5: ("Which gates act between key 1 and query 4? A key's own gate never acts on it.",
+        "e^{G_{4,1}} is the product f_s over s = j+1 .. i: three gates.",
+        "f_2 f_3 f_4 = 0.8 * 0.7 * 0.6 (not f_1, the key's own gate)."),
+    6: ("Multiply a thousand gates of 0.9 in float32 (exercise 4) and compare with adding their logs.",
+        "Two problems of products in floating point: where they end up, and what a ratio of two of them is "
+        "worth; and what a sum of logs gives the softmax instead.",
+        "Products of gates underflow (to 0 or a stuck subnormal), so P_i / P_j is 0/0 or wrong; the sums "
+        "c_i - c_j of log gates stay in range and are <= 0, and added to the logits they are the gate."),
+    7: ("Compare the planted form's logits with exercise 2's: what is added to Q K^T / sqrt(D)?",
+        "The gate enters the softmax as a bias: its log, sum_{s=j+1..i} log f_s, not the product itself.",
+        "The planted form adds e^{c_i - c_j} (the gate product) to the logits: linear space where log space "
+        "belongs (bug kind \"space\"); add c_i - c_j instead."),
 })
 hint = EXERCISES.hint
 
@@ -153,3 +166,68 @@ def check_stuck_product(n, value) -> Verdict:
     return verdict(name, True, f"after {want_n} gates the product sticks at {want_value:.3g} = "
                                f"{want_value / 2 ** -149:.0f} x 2^-149, a subnormal: 0.9 times it rounds back to "
                                f"it. From then on P_i / P_j = 1 instead of 0.9^(i-j): silently wrong, no NaN.")
+
+
+# ---------------------------------------------------------------------------
+# Exercise 5 (predict, then run): one entry of the gate matrix
+# ---------------------------------------------------------------------------
+
+#: The lab's gates for exercise 5 (positions 0 .. 5).
+GATES = (0.9, 0.5, 0.8, 0.7, 0.6, 0.9)
+
+
+def _gate_product() -> float:
+    return torch.exp(fox.log_gate_matrix(torch.log(torch.tensor(GATES, dtype=torch.float64)))[4, 1]).item()
+
+
+@EXERCISES.check(5, kind="predict")
+def check_gate_product(value) -> Verdict:
+    """Exercise 5: ``e^{G_{4,1}}`` for the gates :data:`GATES` (a number, within 1%)."""
+    return check_prediction("predict: one gate product", value, _gate_product(), rtol=1e-2)
+
+
+# ---------------------------------------------------------------------------
+# Exercise 6 (explain): why log space
+# ---------------------------------------------------------------------------
+
+LOG_SPACE_RUBRIC = ("2 points. 1: a running product of gates underflows in floating point (to 0, or stuck at a "
+                    "subnormal in float32), so the ratio P_i / P_j of two products is 0/0, or silently wrong, "
+                    "once the sequence is long or the gates small. 1: sums of log gates stay in range, the "
+                    "difference c_i - c_j is <= 0 (its exponential never overflows), and on the softmax side "
+                    "it is simply added to the logits (one addition in the kernel). Half a point for "
+                    "'numerical stability' without saying what fails.")
+
+
+@EXERCISES.check(6, kind="explain")
+def check_why_log_space(text) -> Verdict:
+    """Exercise 6: why the forms take log gates and sum them instead of multiplying gates (marked by a person
+    against :data:`LOG_SPACE_RUBRIC`)."""
+    return check_explanation("explain: why log space", text, rubric=LOG_SPACE_RUBRIC)
+
+
+# ---------------------------------------------------------------------------
+# Exercise 7 (find the bug): FoX with one planted error
+# ---------------------------------------------------------------------------
+
+def _fox_planted(q, k, v, log_f):
+    """The lab's planted form: the gate product, not its log, is added to the logits."""
+    T = q.shape[-2]
+    c = torch.cumsum(log_f, -1)
+    gate = torch.exp(c[..., :, None] - c[..., None, :])
+    future = torch.ones(T, T, dtype=torch.bool).triu(1)
+    logits = (q @ k.mT) * q.shape[-1] ** -0.5 + gate
+    return torch.softmax(logits.masked_fill(future, -torch.inf), -1) @ v
+
+
+def _fox_bug_inputs(seed):
+    q, k, v = _qkv(seed, Dv=[6, 8, 4][seed % 3])
+    return q, k, v, _log_f(q.shape[:-1], seed + 10)
+
+
+@EXERCISES.check(7, kind="bug")
+def check_fox_bug(bug, fox_fixed) -> Verdict:
+    """Exercise 7: ``bug`` names the planted error of the lab's ``fox_planted`` (a key of
+    :data:`pathedu.exercises.BUG_KINDS`); ``fox_fixed(q, k, v, log_f) -> (..., T, Dv)`` is FoX fixed, compared
+    with :func:`pathedu.fox.fox_matrix`."""
+    return check_bug("find the bug: FoX", bug, fox_fixed, bug="space", reference=fox.fox_matrix,
+                     make_inputs=_fox_bug_inputs, buggy=_fox_planted)
