@@ -9,23 +9,22 @@ Every layer maps ``x: (B, T, d_model) -> (B, T, d_model)``, causally::
     [linear side: a per-head RMSNorm of the output]
     (B, T, H * head_dim) W_o -> (B, T, d_model)
 
-==================  ======================  =============== ===================================================
-class               mechanism               registry name    per-token quantities (one per head and token)
-==================  ======================  =============== ===================================================
-NoPEAttention       softmax, no position    ``nope``         --
-ALiBiAttention      softmax, linear bias    ``alibi``        fixed slopes per head
-ForgettingAttention softmax, forget gate    ``fox``          ``log_f = log sigmoid(W_f x + b_f)``
-RoPEAttention       softmax, rotations      ``rope``         fixed rotation
-PaTHAttention       softmax, Householder    ``path``         ``w = normalize(conv(W_w x))``, ``beta = 2 sigmoid(.)``
-PaTHFoXAttention    PaTH and a forget gate  ``pathfox``      PaTH's ``w, beta`` and FoX's ``log_f``
-StickBreaking...    stick-breaking          ``stickbreaking``  --
-CoPEAttention       contextual positions    ``cope``         a table of ``npos_max`` position embeddings
-LinearAttention     linear, no decay        ``linear``       --
-MultiScaleRetention linear, fixed decay     ``retnet``       fixed decays per head
-GatedLinearAttn...  linear, channel gate    ``gla``          ``log_f = log sigmoid(W_2 W_1 x + b) / 16``
-DeltaNet            linear, delta rule      ``deltanet``     ``beta = sigmoid(.)``, unit keys
-GatedDeltaNet       delta rule and a gate   ``gated_deltanet``  DeltaNet's ``beta`` and ``log_f``
-==================  ======================  =============== ===================================================
+Classes (registry name: mechanism; what each token contributes besides ``q, k, v``):
+
+* ``NoPEAttention`` (``nope``): softmax attention, no position encoding.
+* ``ALiBiAttention`` (``alibi``): a linear distance bias with fixed slopes per head.
+* ``ForgettingAttention`` (``fox``): a forget gate per head, ``log_f = log sigmoid(W_f x + b_f)``.
+* ``RoPEAttention`` (``rope``): fixed rotations of ``q`` and ``k``.
+* ``PaTHAttention`` (``path``): Householder transitions, ``w = normalize(conv(W_w x))`` (``W_w`` low rank),
+  ``beta = 2 sigmoid(.)``.
+* ``PaTHFoXAttention`` (``pathfox``): PaTH's ``w, beta`` and FoX's ``log_f``.
+* ``StickBreakingAttention`` (``stickbreaking``): sigmoids of the logits broken as a stick, no softmax.
+* ``CoPEAttention`` (``cope``): positions counted by gates, a table of ``npos_max`` position embeddings.
+* ``LinearAttention`` (``linear``): the running sum ``S_t = S_{t-1} + v_t k_t^T``.
+* ``MultiScaleRetention`` (``retnet``): fixed decays per head.
+* ``GatedLinearAttention`` (``gla``): a gate per key channel, ``log_f = log sigmoid(W_2 W_1 x + b) / 16``.
+* ``DeltaNet`` (``deltanet``): the delta rule, ``beta = sigmoid(.)``, unit keys.
+* ``GatedDeltaNet`` (``gated_deltanet``): DeltaNet's ``beta`` and a forget gate ``log_f``.
 
 :data:`LAYERS` maps each registry name to its class; :mod:`pathedu.models` builds its decoder from it.
 
@@ -254,7 +253,7 @@ class TokenMixer(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, head_dim: int | None = None, *, form: str = "auto",
                  short_conv: int = 0, matrix_max_T: int = 1024, triton_without_grad: bool = True,
-                 beta_max: float | None = None, w_conv: int = 0):
+                 beta_max: float | None = None, w_conv: int = 0, w_rank: int | None = None):
         super().__init__()
         d_model = _pos_int(d_model, "d_model")
         n_heads = _pos_int(n_heads, "n_heads")
@@ -274,6 +273,10 @@ class TokenMixer(nn.Module):
             raise ValueError(f"`beta_max` only applies to the layers with a beta; {type(self).__name__} has none")
         if w_conv and not self.has_w:
             raise ValueError(f"`w_conv` only applies to the layers with a w; {type(self).__name__} has none")
+        if w_rank is not None:
+            if not self.has_w:
+                raise ValueError(f"`w_rank` only applies to the layers with a w; {type(self).__name__} has none")
+            w_rank = _pos_int(w_rank, "w_rank")
         if beta_max is None:
             beta_max = self.default_beta_max
         if isinstance(beta_max, bool) or not isinstance(beta_max, numbers.Real):
@@ -296,10 +299,14 @@ class TokenMixer(nn.Module):
             self.f_up = nn.Linear(GLA_RANK, HD)
         if self.has_beta:
             self.b = nn.Linear(d_model, n_heads)
-        self.w_conv = None
+        self.w_conv = self.w_down = None
         self.keep_extra, self.kept = False, {}
         if self.has_w:
-            self.w = nn.Linear(d_model, HD, bias=False)
+            if w_rank is None:
+                self.w = nn.Linear(d_model, HD, bias=False)
+            else:  # low rank: d_model -> w_rank -> H * head_dim
+                self.w_down = nn.Linear(d_model, w_rank, bias=False)
+                self.w = nn.Linear(w_rank, HD, bias=False)
             if w_conv:
                 self.w_conv = causal_depthwise(HD, w_conv)
         self.qkv_conv = causal_depthwise(3 * HD, short_conv) if short_conv else None
@@ -363,11 +370,15 @@ class TokenMixer(nn.Module):
             extra["beta"] = (self.beta_max * torch.sigmoid(self.b(x).to(work))).transpose(1, 2)
         if self.w is not None:
             if w_raw is None:
-                w_raw = self.w(x).to(work)
+                w_raw = self._w_projection(x).to(work)
                 if self.w_conv is not None:
                     w_raw = convolve(self.w_conv, w_raw)
             extra["w"] = F.normalize(self._heads(w_raw.to(work), B, T), dim=-1)
         return extra
+
+    def _w_projection(self, x: torch.Tensor) -> torch.Tensor:
+        """``w``'s projection of ``x`` (``(..., d_model) -> (..., H * head_dim)``), low rank when ``w_down`` exists."""
+        return self.w(x if self.w_down is None else self.w_down(x))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x: (B, T, d_model) -> (B, T, d_model)``, causal."""
@@ -434,7 +445,7 @@ class TokenMixer(nn.Module):
             q, k, v = (self._heads(t[:, None, :], B, 1) for t in F.silu(out).chunk(3, dim=-1))
         w_raw = None
         if self.w is not None:
-            w_raw = self.w(x_t).to(work)
+            w_raw = self._w_projection(x_t).to(work)
             if self.w_conv is not None:
                 w_raw, cache.conv["w"] = _convolve_step(self.w_conv, cache.conv.get("w"), w_raw)
             w_raw = w_raw[:, None, :]
@@ -557,7 +568,8 @@ class RoPEAttention(_Softmax):
 class PaTHAttention(_Softmax):
     """PaTH attention (Yang et al., 2025): the logit of key ``j`` seen from query ``i`` is
     ``k_j^T H_{j+1} ... H_i q_i / sqrt(head_dim)`` with ``H_t = I - beta_t w_t w_t^T``.  As in the paper,
-    ``w_t`` is a projection of the token passed through a short causal convolution (depthwise, filter size
+    ``w_t`` is a low-rank projection of the token (``d_model -> w_rank -> n_heads * head_dim``, ``w_rank = 32``;
+    ``w_rank=None``: one full-rank projection) passed through a short causal convolution (depthwise, filter size
     ``w_conv``, 3 by default; no activation, PyTorch's initialisation) and L2-normalised per head, and
     ``beta_t = beta_max sigmoid(W_b x_t + b_b)`` with ``beta_max = 2`` (reflections reachable); ``b_b`` starts at 0.
     ``w_conv=0`` leaves the convolution out.  Decoding multiplies every cached key by ``H_t`` when token ``t``
@@ -566,8 +578,8 @@ class PaTHAttention(_Softmax):
 
     mixer, has_beta, has_w, default_beta_max = "path", True, True, 2.0
 
-    def __init__(self, d_model, n_heads, head_dim=None, *, w_conv: int = 3, **kwargs):
-        super().__init__(d_model, n_heads, head_dim, w_conv=w_conv, **kwargs)
+    def __init__(self, d_model, n_heads, head_dim=None, *, w_conv: int = 3, w_rank: int | None = 32, **kwargs):
+        super().__init__(d_model, n_heads, head_dim, w_conv=w_conv, w_rank=w_rank, **kwargs)
 
     def core_inputs(self, q, k, v, extra):
         return [q, k, v, extra["w"], extra["beta"]], {}

@@ -40,7 +40,8 @@ Choices, following the papers:
   negative-eigenvalue variant).  The PaTH paper also passes ``w``'s projection through a short
   convolution; ``w_conv=K`` (path, pathfox) adds one: causal, depthwise, filter size ``K``, no
   activation, PyTorch's default initialisation (our choices), before the normalisation.  The default
-  ``w_conv=0`` leaves it out.
+  ``w_conv=0`` leaves it out.  The paper's projection of ``w`` is low rank (32); ``w_rank=r`` makes it
+  ``d -> r -> HD`` (default: one full-rank projection).
 * ``short_conv=K`` (any mixer; 0, the default, leaves it out): a causal depthwise convolution of filter size
   ``K`` followed by SiLU on each of the ``q``, ``k``, ``v`` projections, as the DeltaNet, Gated DeltaNet and GLA
   implementations do by default (flash-linear-attention's ``ShortConvolution``, size 4).  It lets a token see the
@@ -68,7 +69,8 @@ Parameter count (:func:`parameter_count`, equal to ``sum(p.numel())``), with ``d
 
     vocab*d + d*out_vocab + 2d                                        (embedding, LM head, final LN)
     + n_layers * (4d + (2 d h + h + d) + 4 d HD + extra)             (2 LNs, MLP, q k v o)
-    extra: fox 'd*H + H'; path 'd*HD + d*H + H' (+ 'HD*K' with w_conv=K); pathfox both; deltanet 'd*H + H';
+    extra: fox 'd*H + H'; path 'd*HD + d*H + H' (+ 'HD*K' with w_conv=K; 'r (d + HD)' in place of 'd*HD' with
+           w_rank=r); pathfox both; deltanet 'd*H + H';
            gated_deltanet '2 (d*H + H)'; gla '16 d + 16 HD + HD'; linear-side output norm '+ head_dim';
            cope 'npos_max * head_dim'; short_conv=K '3 HD K'.
 """
@@ -134,18 +136,18 @@ def _pos_int(x, name: str, minimum: int = 1) -> int:
 
 def make_mixer(mixer: str, d_model: int, n_heads: int, head_dim: int, *, beta_max: float | None = None,
                form: str = "auto", matrix_max_T: int = 1024, rope_base: float = 10000.0, w_conv: int = 0,
-               short_conv: int = 0, npos_max: int = NPOS_MAX) -> TokenMixer:
+               short_conv: int = 0, npos_max: int = NPOS_MAX, w_rank: int | None = None) -> TokenMixer:
     """The layer of :data:`pathedu.layers.LAYERS` named ``mixer``, with the model's settings: each argument goes
-    to the layers that have it (``beta_max`` to those with a beta, ``w_conv`` to PaTH's, ``rope_base`` to RoPE's,
-    ``npos_max`` to CoPE's); no short convolution on ``w`` unless ``w_conv`` says so; the same form in training
-    and evaluation.  Shapes: ``(B, T, d_model) -> (B, T, d_model)``."""
+    to the layers that have it (``beta_max`` to those with a beta, ``w_conv`` and ``w_rank`` to PaTH's,
+    ``rope_base`` to RoPE's, ``npos_max`` to CoPE's); ``w`` from one full-rank projection with no short
+    convolution unless ``w_rank`` and ``w_conv`` say otherwise; the same form in training and evaluation.  Shapes: ``(B, T, d_model) -> (B, T, d_model)``."""
     cls = LAYERS[_check_mixer(mixer)]
     select_form(mixer, form)  # validates form
     kwargs = dict(form=form, matrix_max_T=matrix_max_T, short_conv=short_conv, triton_without_grad=False)
     if cls.has_beta:
         kwargs["beta_max"] = beta_max
     if cls.has_w:
-        kwargs["w_conv"] = w_conv
+        kwargs["w_conv"], kwargs["w_rank"] = w_conv, w_rank
     if mixer == "rope":
         kwargs["rope_base"] = rope_base
     if mixer == "cope":
@@ -237,13 +239,14 @@ def _resolve(mixer, vocab, d_model, n_layers, n_heads, head_dim, out_vocab, mlp_
 def build_model(mixer: str, *, vocab: int, d_model: int, n_layers: int, n_heads: int, head_dim: int | None = None,
                 out_vocab: int | None = None, mlp_ratio: int = 4, beta_max: float | None = None,
                 form: str = "auto", matrix_max_T: int = 1024, rope_base: float = 10000.0, w_conv: int = 0,
-                short_conv: int = 0, npos_max: int | None = None) -> LM:
+                short_conv: int = 0, npos_max: int | None = None, w_rank: int | None = None) -> LM:
     """A decoder-only :class:`LM` with ``n_layers`` pre-norm blocks of the mixer ``mixer`` (:data:`MIXERS`).
 
     ``vocab``: input ids; ``out_vocab`` (default ``vocab``): logits; ``head_dim`` (default
     ``d_model // n_heads``); ``mlp_ratio``: MLP width / ``d_model``; ``beta_max``: ``beta = beta_max
     sigma(.)`` (default 2 for path/pathfox, 1 for deltanet/gated_deltanet); ``w_conv``: filter size of a
-    causal short convolution on PaTH's ``w`` (0: none; path and pathfox only); ``short_conv``: filter size of a
+    causal short convolution on PaTH's ``w`` (0: none; path and pathfox only); ``w_rank``: the rank of ``w``'s
+    projection (None, the default: full rank; path and pathfox only); ``short_conv``: filter size of a
     causal short convolution (+ SiLU) on ``q``, ``k``, ``v`` (0: none; any mixer); ``npos_max``: rows of CoPE's
     table of position embeddings (cope only; default 64); ``form``: one of
     :data:`FORMS` (:func:`select_form`).  The Triton kernels need ``head_dim`` in 16..128.
@@ -266,6 +269,11 @@ def build_model(mixer: str, *, vocab: int, d_model: int, n_layers: int, n_heads:
         raise ValueError(f"`npos_max` only applies to the mixer cope; got mixer {mixer!r}")
     if mixer == "cope":
         extra["npos_max"] = _pos_int(NPOS_MAX if npos_max is None else npos_max, "npos_max")
+    if w_rank is not None:
+        if not cls.has_w:
+            with_w = ", ".join(m for m in MIXERS if LAYERS[m].has_w)
+            raise ValueError(f"`w_rank` only applies to the mixers with a w ({with_w}); got mixer {mixer!r}")
+        extra["w_rank"] = _pos_int(w_rank, "w_rank")
     return LM(mixer, vocab=vocab, d_model=d_model, n_layers=n_layers, n_heads=n_heads, head_dim=head_dim,
               out_vocab=out_vocab, mlp_ratio=mlp_ratio, beta_max=beta_max, form=form, matrix_max_T=matrix_max_T,
               rope_base=rope_base, w_conv=w_conv, short_conv=short_conv, **extra)
@@ -273,7 +281,7 @@ def build_model(mixer: str, *, vocab: int, d_model: int, n_layers: int, n_heads:
 
 def parameter_count(mixer: str, *, vocab: int, d_model: int, n_layers: int, n_heads: int, head_dim: int | None = None,
                     out_vocab: int | None = None, mlp_ratio: int = 4, w_conv: int = 0, short_conv: int = 0,
-                    npos_max: int | None = None, **_ignored) -> int:
+                    npos_max: int | None = None, w_rank: int | None = None, **_ignored) -> int:
     """The number of parameters of :func:`build_model` with the same arguments, from the formula in
     the module docstring (no model is built)."""
     mixer, vocab, d, L, H, Dh, out_vocab, r = _resolve(mixer, vocab, d_model, n_layers, n_heads, head_dim,
@@ -290,7 +298,7 @@ def parameter_count(mixer: str, *, vocab: int, d_model: int, n_layers: int, n_he
     if cls.has_beta:
         extra += d * H + H
     if cls.has_w:
-        extra += d * HD + HD * w_conv
+        extra += (d * HD if w_rank is None else _pos_int(w_rank, "w_rank") * (d + HD)) + HD * w_conv
     if mixer in LINEAR_MIXERS:
         extra += Dh
     if mixer == "cope":

@@ -190,7 +190,9 @@ def test_parametrisation():
         assert torch.allclose(LAYERS[name](16, 4).f.bias, torch.linspace(2, 6, 4))
     path = LAYERS["path"](16, 2)
     assert path.w_conv.kernel_size == (3,) and path.beta_max == 2.0 and path.head_dim == 8
-    assert LAYERS["path"](16, 2, w_conv=0).w_conv is None
+    assert (path.w_down.in_features, path.w_down.out_features, path.w.out_features) == (16, 32, 16)  # rank 32
+    plain = LAYERS["path"](16, 2, w_conv=0, w_rank=None)
+    assert plain.w_conv is None and plain.w_down is None and plain.w.in_features == 16
     assert LAYERS["deltanet"](16, 2).beta_max == 1.0 and LAYERS["deltanet"](16, 2, beta_max=2.0).beta_max == 2.0
     cope = LAYERS["cope"](16, 2, npos_max=5)
     assert cope.pos_emb.shape == (5, 8) and not cope.pos_emb.any()
@@ -255,6 +257,10 @@ def test_bad_input():
         LAYERS["deltanet"](16, 2, beta_max=2.5)
     with pytest.raises(ValueError, match="`w_conv`"):
         LAYERS["rope"](16, 2, w_conv=3)
+    with pytest.raises(ValueError, match="`w_rank`"):
+        LAYERS["fox"](16, 2, w_rank=4)
+    with pytest.raises(ValueError, match="`w_rank`"):
+        LAYERS["path"](16, 2, w_rank=0)
     with pytest.raises(ValueError, match="`short_conv`"):
         LAYERS["linear"](16, 2, short_conv=-1)
     with pytest.raises(ValueError, match="`npos_max`"):

@@ -268,3 +268,17 @@ def test_stickbreaking_and_cope_mixers():
         build_model("cope", **SIZES, npos_max=0)
     for mixer in ("stickbreaking", "cope"):
         assert select_form(mixer, device="cpu", T=64) == "matrix" and select_form(mixer, "triton") == "triton"
+
+
+@pytest.mark.parametrize("mixer", ["path", "pathfox"])
+def test_w_rank_makes_w_low_rank_and_is_counted(mixer):
+    """``w_rank=r``: w's projection d -> r -> HD (the PaTH paper's is of rank 32), counted, PaTH's only."""
+    model = _model(mixer, w_rank=4, w_conv=3)
+    mix = model.blocks[0].mixer
+    assert (mix.w_down.weight.shape, mix.w.weight.shape) == ((4, 32), (32, 4))
+    assert model.num_parameters() == parameter_count(mixer, **SIZES, w_rank=4, w_conv=3)
+    assert model.config["w_rank"] == 4 and "w_rank" not in _model(mixer).config
+    model(torch.randint(0, 11, (2, 9))).sum().backward()
+    assert mix.w_down.weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="`w_rank`"):
+        build_model("rope", **SIZES, w_rank=4)
