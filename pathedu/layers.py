@@ -708,11 +708,15 @@ class DeltaNet(_Linear):
     """DeltaNet (Schlag et al., 2021; Yang et al., 2024): ``S_t = S_{t-1} (I - beta_t k_t k_t^T) +
     beta_t v_t k_t^T`` with unit keys (``q, k`` L2-normalised per head: the transition is then a contraction) and
     ``beta_t = beta_max sigmoid(W_b x_t + b_b)``, ``beta_max = 1`` (2 gives the negative-eigenvalue variant); the
-    output RMS-normalised per head, an optional short convolution ``short_conv`` (:class:`LinearAttention`).
+    output RMS-normalised per head; a short convolution of 4 tokens (and SiLU) on ``q, k, v`` by default, as in
+    the paper's implementation (``short_conv=0`` leaves it out; :class:`LinearAttention`).
     ``"auto"`` trains through its Triton form when that has a backward pass (:func:`triton_trains`).  Functions:
     :mod:`pathedu.path`.  Shapes: :class:`TokenMixer`."""
 
     mixer, has_beta = "deltanet", True
+
+    def __init__(self, d_model, n_heads, head_dim=None, *, short_conv: int = 4, **kwargs):
+        super().__init__(d_model, n_heads, head_dim, short_conv=short_conv, **kwargs)
 
     def core_inputs(self, q, k, v, extra):
         return [q, k, v, extra["beta"]], {}
@@ -721,8 +725,8 @@ class DeltaNet(_Linear):
 class GatedDeltaNet(DeltaNet):
     """Gated DeltaNet (Yang et al., 2025): DeltaNet (:class:`DeltaNet`) with a forget gate per head and token,
     ``S_t = f_t S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T``, ``log f_t = log sigmoid(W_f x_t + b_f)``,
-    ``b_f`` starting at ``linspace(2, 6)`` over the heads.  Functions: :mod:`pathedu.pathfox`.  Shapes:
-    :class:`TokenMixer`."""
+    ``b_f`` starting at ``linspace(2, 6)`` over the heads; the short convolution of 4 tokens by default, as
+    DeltaNet's.  Functions: :mod:`pathedu.pathfox`.  Shapes: :class:`TokenMixer`."""
 
     mixer, gate = "gated_deltanet", "head"
 

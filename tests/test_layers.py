@@ -194,6 +194,9 @@ def test_parametrisation():
     plain = LAYERS["path"](16, 2, w_conv=0, w_rank=None)
     assert plain.w_conv is None and plain.w_down is None and plain.w.in_features == 16
     assert LAYERS["deltanet"](16, 2).beta_max == 1.0 and LAYERS["deltanet"](16, 2, beta_max=2.0).beta_max == 2.0
+    for name in NAMES:  # the delta rule's papers convolve q, k, v over 4 tokens; the others' layers do not
+        conv = LAYERS[name](16, 2).qkv_conv
+        assert (conv.kernel_size == (4,)) if name in ("deltanet", "gated_deltanet") else conv is None, name
     cope = LAYERS["cope"](16, 2, npos_max=5)
     assert cope.pos_emb.shape == (5, 8) and not cope.pos_emb.any()
     for name in ("path", "pathfox", "deltanet"):
