@@ -612,18 +612,40 @@ class StickBreakingAttention(_Softmax):
     """Stick-breaking attention (Tan et al., 2025): no softmax; with ``z_ij = q_i . k_j / sqrt(head_dim)``, key
     ``j < i`` takes ``sigma(z_ij) prod_{m=j+1..i-1} sigma(-z_im)``, computed in log space with log-sigmoids, and a
     row's weights sum to at most 1.  No position encoding and no parameter beyond the projections, as in the
-    paper.  The leftover stick goes nowhere (chapter 10's definition; the paper's released code adds it to the
-    token's own value, ``r_i v_i``, which this layer does not).  Decoding reads the plain KV cache from the newest
-    key back before appending the token (:class:`pathedu.stickbreaking.StickBreakingCache`).  Functions:
-    :mod:`pathedu.stickbreaking`.  Shapes: :class:`TokenMixer`."""
+    paper.  By default the leftover stick ``r_i = prod_{j<i} sigma(-z_ij)`` goes nowhere (chapter 10's
+    definition); ``remainder_to_self=True`` adds ``r_i v_i``, the token's own value with the weight nobody took,
+    as the paper's released code does (computed beside the kernel by
+    :func:`pathedu.stickbreaking.stick_remainder`, a ``T x T`` matrix: O(T^2) memory).  Decoding reads the plain
+    KV cache from the newest key back before appending the token
+    (:class:`pathedu.stickbreaking.StickBreakingCache`).  Functions: :mod:`pathedu.stickbreaking`.  Shapes:
+    :class:`TokenMixer`."""
 
     mixer = "stickbreaking"
 
+    def __init__(self, d_model, n_heads, head_dim=None, *, remainder_to_self: bool = False, **kwargs):
+        super().__init__(d_model, n_heads, head_dim, **kwargs)
+        if not isinstance(remainder_to_self, bool):
+            raise TypeError(f"`remainder_to_self` must be a bool, got {type(remainder_to_self).__name__}")
+        self.remainder_to_self = remainder_to_self
+
+    def _core(self, form, q, k, v, extra):
+        o = super()._core(form, q, k, v, extra)
+        if not self.remainder_to_self:
+            return o
+        dt = torch.promote_types(q.dtype, torch.float32)
+        r = _sb.stick_remainder(q.to(dt), k.to(dt))  # (B, H, T)
+        return (o.to(dt) + r[..., None] * v.to(dt)).to(o.dtype)
+
     def _step_core(self, q, k, v, extra, cache):
         kv = self._kv(cache, _sb.StickBreakingCache, q)
-        o = kv.attend(q[:, :, 0], self._scale())  # the token is not a key of its own row
+        o, log_rest = kv.read(q[:, :, 0], self._scale())  # the token is not a key of its own row
         kv.append(k[:, :, 0], v[:, :, 0])
+        if self.remainder_to_self:
+            o = o + torch.exp(log_rest)[..., None] * v[:, :, 0]
         return o
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (", remainder_to_self=True" if self.remainder_to_self else "")
 
 
 class CoPEAttention(_Softmax):

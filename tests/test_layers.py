@@ -227,6 +227,31 @@ def test_stickbreaking_first_token_sees_nothing():
     assert torch.equal(y[:, 0], torch.zeros_like(y[:, 0])) and y[:, 1].abs().sum() > 0
 
 
+def test_stickbreaking_remainder_to_self():
+    """``remainder_to_self=True``: the weight nobody took goes to the token's own value, so the first token's output
+    is its own value (r_0 = 1); decoding agrees with the full forward, and a Triton form (interpreter) too."""
+    layer = _layer("stickbreaking", torch.float64, remainder_to_self=True, short_conv=0)
+    x = _x(T=9, dtype=torch.float64)
+    full = layer(x)
+    v0 = layer._heads(layer.v(x[:, :1]), 2, 1)[:, :, 0]  # (B, H, Dh)
+    assert torch.allclose(full[:, 0], layer.o(v0.reshape(2, -1)), rtol=0, atol=1e-12)
+    cache, outs = None, []
+    for t in range(9):
+        y, cache = layer.step(x[:, t], cache)
+        outs.append(y)
+    assert torch.allclose(torch.stack(outs, 1), full, rtol=0, atol=1e-12)
+    plain = _layer("stickbreaking", torch.float64, short_conv=0)
+    assert not torch.allclose(plain(x), full)
+    torch.manual_seed(0)
+    a = LAYERS["stickbreaking"](32, 2, 16, remainder_to_self=True, form="matrix")
+    b = LAYERS["stickbreaking"](32, 2, 16, remainder_to_self=True, form="triton")
+    b.load_state_dict(a.state_dict())
+    x32 = torch.randn(1, 16, 32)
+    assert torch.allclose(a(x32), b(x32), rtol=0, atol=1e-4)
+    with pytest.raises(TypeError, match="`remainder_to_self`"):
+        LAYERS["stickbreaking"](16, 2, remainder_to_self=1)
+
+
 def test_bad_input():
     layer = _layer("path")
     with pytest.raises(TypeError, match="`x`"):
