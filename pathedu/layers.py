@@ -30,17 +30,16 @@ Classes (registry name: mechanism; what each token contributes besides ``q, k, v
 
 Forms (``form=``; :func:`choose_form`).  ``"auto"`` runs the Triton kernel when the input is on a CUDA GPU and
 Triton compiles for it, provided the kernel has a backward pass whenever autograd needs one
-(:func:`triton_trains`: :data:`TRITON_BACKWARD` lists the mechanisms that have one; DeltaNet's and Gated DeltaNet's
-are found by trying once);
-otherwise a PyTorch form: the ``*_matrix`` form, or the ``*_chunked`` form on the linear side beyond
-``matrix_max_T`` tokens (1024 by default) and always for GLA (its matrix form holds a ``T x T x D`` tensor).  The
-linear side's matrix forms hold ``T x T`` matrices (DeltaNet's a ``T x T`` triangular solve), so their cost grows
-as ``T^2`` or ``T^3`` where the chunked forms grow as ``T``; below ``matrix_max_T`` the rule is the one
-:mod:`pathedu.models` trains with, so that a layer and a model given the same weights compute the same numbers.
-An explicit ``"matrix"``, ``"chunked"`` (``*_blockwise`` on the softmax side), ``"triton"`` or ``"recurrent"``
-(token by token) overrides it.  PyTorch forms compute in
-float32 (float64 for float64 input) with autocast off; Triton forms take ``q, k, v`` in their dtype (bf16 under
-autocast), gates, ``w`` and ``beta`` in fp32, and float64 input as fp32.
+(:func:`triton_trains`: :data:`TRITON_BACKWARD` lists the mechanisms that have one; DeltaNet's and Gated
+DeltaNet's are found by trying once); otherwise a PyTorch form: the ``*_matrix`` form, or the ``*_chunked`` form
+on the linear side beyond ``matrix_max_T`` tokens (1024 by default) and always for GLA (its matrix form holds a
+``T x T x D`` tensor).  The linear side's matrix forms hold ``T x T`` matrices (DeltaNet's a ``T x T``
+triangular solve), so their cost grows as ``T^2`` or ``T^3`` where the chunked forms grow as ``T``; below
+``matrix_max_T`` the rule is the one :mod:`pathedu.models` trains with, so that a layer and a model given the
+same weights compute the same numbers.  An explicit ``"matrix"``, ``"chunked"`` (``*_blockwise`` on the softmax
+side), ``"triton"`` or ``"recurrent"`` (token by token) overrides it.  PyTorch forms compute in float32 (float64
+for float64 input) with autocast off; Triton forms take ``q, k, v`` in their dtype (bf16 under autocast), gates,
+``w`` and ``beta`` in fp32, and float64 input as fp32.
 
 Decoding.  ``y_t, cache = layer.step(x_t, cache)`` takes one token ``x_t: (B, d_model)`` and the cache of the
 tokens before it (``None`` for the first token) and returns ``y_t: (B, d_model)`` and the cache with ``x_t`` in it.
@@ -57,7 +56,6 @@ Shapes: ``x: (B, T, d_model)`` floating, ``T >= 0``; ``n_heads, head_dim >= 1`` 
 """
 from __future__ import annotations
 
-import math
 import numbers
 from dataclasses import dataclass, field
 
