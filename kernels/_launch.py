@@ -53,7 +53,7 @@ def dot_precision(dtype: torch.dtype) -> str:
 
 
 def keeping_nans(precision: str) -> str:
-    """The backward kernels' version of a product precision (:func:`._pieces._dot`): ``"tf32"`` and ``"x3"`` round
+    """The backward kernels' version of a product precision (:func:`._pieces.dot`): ``"tf32"`` and ``"x3"`` round
     fp32 operands with two integer operations that turn the GPU's canonical NaN into -0.0, which is harmless where
     the operands are inputs made quiet at the load but not in a gradient's arithmetic: a NaN or inf in ``dO`` (fp16
     training's loss scaling on overflow) vanished from PaTH's ``dq`` (``tests/gpu/test_backward.py``).
@@ -65,6 +65,16 @@ def rotate_args(rotate) -> tuple[str, float]:
     """The templates' rotation hook as launch arguments: ``(ROTATE, log2_base)`` for ``rotate`` =
     ``(base, pairing)`` (RoPE's rotations applied as q and k are loaded), ``("none", 0.0)`` for None."""
     return ("none", 0.0) if rotate is None else (rotate[1], math.log2(rotate[0]))
+
+
+def row_strides(**tensors: torch.Tensor) -> dict:
+    """The launch arguments ``stride_<name>b`` and ``stride_<name>t`` of each tensor ``<name>=x`` laid out as
+    ``(BH, T, ...)``: ``x.stride(0)`` (from one head to the next) and ``x.stride(1)`` (from one row to the next),
+    under the names the kernels give them."""
+    strides = {}
+    for name, x in tensors.items():
+        strides[f"stride_{name}b"], strides[f"stride_{name}t"] = x.stride(0), x.stride(1)
+    return strides
 
 
 def interpreting() -> bool:

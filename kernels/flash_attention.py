@@ -30,7 +30,7 @@ constant per row and softmax ignores it (see ``_attend``).
 
 RoPE is a second hook, ``ROTATE`` (``"none"``, ``"interleaved"``, ``"half"``): q is turned
 by its positions once, as the program loads it, and every key tile as it is loaded
-(:func:`._pieces._load_rotated`; cos/sin computed in the kernel, channels in pair order,
+(:func:`._pieces.load_rotated`; cos/sin computed in the kernel, channels in pair order,
 which leaves every dot product unchanged).  ``"interleaved_q"``, ``"half_q"``: q only, the keys
 having been rotated by a pass through memory, which also leaves the cos/sin it computed in a table
 that the hook reads (:func:`.rope.rotary_attention`'s default for inference: a query tile is turned
@@ -39,7 +39,7 @@ query block cost the template a sixth of its time at T = 1024).  The alternative
 is a rotation pre-pass of both through memory and the kernel unchanged.
 
 Shared pieces (:mod:`._pieces`): the online-softmax update is
-:func:`._pieces._softmax_fold_scaled` (PaTH uses the same one), which takes the logits' scale into
+:func:`._pieces.softmax_fold_scaled` (PaTH uses the same one), which takes the logits' scale into
 its exponent's multiply-add instead of a multiply per logit.  Inputs are validated
 once, at :func:`attention` (see :mod:`._launch`).
 
@@ -51,9 +51,9 @@ query block whose accumulator holds a NaN or inf (which a NaN/inf value always
 causes, weight 0 or not; a finite accumulator means every product was the
 careful one's, bit for bit); the *careful* pass (:func:`_flash_careful`, one
 small launch that reads the flags) redoes only the flagged blocks, with the same
-tiles, multiplying the diagonal blocks through :func:`._pieces._masked_dot` (the
+tiles, multiplying the diagonal blocks through :func:`._pieces.masked_dot` (the
 values without their NaN/inf) and giving the rows that do see one their NaN or
-inf back (:func:`._pieces._first_nonfinite`, :func:`._pieces._poison`).  One
+inf back (:func:`._pieces.first_nonfinite`, :func:`._pieces.poison`).  One
 launch doing both (the careful code in every program) cost 3-13% at B = H = 32,
 D = 64 on an H100; two cost nothing measurable (``NOTES_flash.md``, "Two launches for non-finite values").
 """
@@ -68,10 +68,10 @@ from ..alibi import slope_condition
 from ..checks import check_scale, checked_after
 from .gates import cumulative_log_gates
 from ._launch import (Flat, dot_precision, interpreting, next_pow2, per_head, per_token, prepare_qkv, rotate_args,
-                      wants_grad)
-from ._pieces import (LOG2E, _any_nonfinite, _first_nonfinite, _gate_keys, _gate_ref, _gate_rows, _load_rotated,
-                      _load_rows, _no_nonfinite, _poison, _query_block, _rope_cos_sin, _rope_shift, _softmax_fold_scaled,
-                      _store_rows)
+                      row_strides, wants_grad)
+from ._pieces import (LOG2E, any_nonfinite, first_nonfinite, gate_keys, gate_ref, gate_rows, load_rotated,
+                      load_rows, no_nonfinite, poison, query_block, rope_cos_sin, rope_shift, softmax_fold_scaled,
+                      store_rows)
 
 __all__ = ["attention", "biased_attention", "LOG2E"]
 
@@ -83,26 +83,26 @@ def _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, lo, h
             ROTATE: tl.constexpr, SAFE: tl.constexpr):
     """Fold key blocks [lo, hi) into the running (acc, m_i, l_i) of one query block.
 
-    ``SAFE`` (masked blocks only): multiply the values without their NaN/inf (:func:`._pieces._masked_dot`)
+    ``SAFE`` (masked blocks only): multiply the values without their NaN/inf (:func:`._pieces.masked_dot`)
     and record in ``bad``, per value channel, where the first NaN, +inf and -inf are
-    (:func:`._pieces._first_nonfinite`); without it the product is plain and ``bad`` is left alone."""
+    (:func:`._pieces.first_nonfinite`); without it the product is plain and ``bad`` is left alone."""
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     if BIAS == "alibi":
         key0 = bias_arg * tl.arange(0, BLOCK_N).to(tl.float32)  # [BN]
     ROTATE_K: tl.constexpr = ROTATE == "interleaved" or ROTATE == "half"  # "..._q": the keys come rotated
-    if ROTATE_K:  # cos/sin of the offsets inside a key tile, once: every tile shifts them (_rope_shift)
-        c0, s0 = _rope_cos_sin(tl.arange(0, BLOCK_N), log2_base, HEAD_DIM // 2, BLOCK_D // 2)  # [BN, BD / 2]
+    if ROTATE_K:  # cos/sin of the offsets inside a key tile, once: every tile shifts them (rope_shift)
+        c0, s0 = rope_cos_sin(tl.arange(0, BLOCK_N), log2_base, HEAD_DIM // 2, BLOCK_D // 2)  # [BN, BD / 2]
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         # Only diagonal blocks can run past T; blocks left of the diagonal are whole.
         if not ROTATE_K:
-            k = _load_rows(K, offs_n, offs_d, stride_kt, T, HEAD_DIM, CAUSAL_MASK, BLOCK_D != HEAD_DIM)
+            k = load_rows(K, offs_n, offs_d, stride_kt, T, HEAD_DIM, CAUSAL_MASK, BLOCK_D != HEAD_DIM)
         else:  # RoPE: each key turned by its position as it is loaded, channels in pair order (as q's)
-            ck, sk = _rope_shift(c0, s0, start_n, log2_base, HEAD_DIM // 2, BLOCK_D // 2)  # [BN, BD / 2]
-            k = _load_rotated(K, offs_n, stride_kt, T, ck, sk, HEAD_DIM // 2, BLOCK_N, BLOCK_D // 2,
-                              ROTATE == "interleaved").to(K.dtype.element_ty)  # [BN, BD]
-        v = _load_rows(V, offs_n, offs_dv, stride_vt, T, HEAD_DV, CAUSAL_MASK, BLOCK_DV != HEAD_DV)
+            ck, sk = rope_shift(c0, s0, start_n, log2_base, HEAD_DIM // 2, BLOCK_D // 2)  # [BN, BD / 2]
+            k = load_rotated(K, offs_n, stride_kt, T, ck, sk, HEAD_DIM // 2, BLOCK_N, BLOCK_D // 2,
+                             ROTATE == "interleaved").to(K.dtype.element_ty)  # [BN, BD]
+        v = load_rows(V, offs_n, offs_dv, stride_vt, T, HEAD_DV, CAUSAL_MASK, BLOCK_DV != HEAD_DV)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BM, BN], log2 units once scaled by qk_scale
         # The bias b_ij = g(i) - g(j) is split at the query block's first row r:
         # b_ij = (g(r) - g(j)) - (g(r) - g(i)).  The second term is the same for a
@@ -114,17 +114,17 @@ def _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, lo, h
             s = s * qk_scale + (key0 + bias_arg * (start_n - start_m).to(tl.float32))[None, :]
         elif BIAS == "loggate":
             # g(t) = c_t log2(e), the cumulative log gate; c_ref = g(r).
-            s = s * qk_scale + _gate_keys(bias_arg, c_ref, offs_n, T, CAUSAL_MASK)[None, :]
+            s = s * qk_scale + gate_keys(bias_arg, c_ref, offs_n, T, CAUSAL_MASK)[None, :]
         if CAUSAL_MASK:  # i >= j, as offsets from the query block's first row
             s = tl.where((offs_m - start_m)[:, None] >= (start_n - start_m) + tl.arange(0, BLOCK_N)[None, :], s,
                          float("-inf"))
         # The online-softmax update; on diagonal blocks a product that keeps hidden keys out.
         # Without a bias the scale rides in the update (one multiply per logit fewer); the mask's -inf
         # stays -inf under a positive scale.
-        acc, m_i, l_i = _softmax_fold_scaled(acc, m_i, l_i, s, qk_scale, v, False, CAUSAL_MASK and SAFE, PRECISION,
-                                             "scalar" if BIAS == "none" else "none")
-        if CAUSAL_MASK and SAFE:  # where this block's NaN/inf values are (for _poison)
-            bad = _first_nonfinite(v, offs_n - start_m, bad)
+        acc, m_i, l_i = softmax_fold_scaled(acc, m_i, l_i, s, qk_scale, v, False, CAUSAL_MASK and SAFE, PRECISION,
+                                            "scalar" if BIAS == "none" else "none")
+        if CAUSAL_MASK and SAFE:  # where this block's NaN/inf values are (for poison)
+            bad = first_nonfinite(v, offs_n - start_m, bad)
     return acc, m_i, l_i, bad
 
 
@@ -143,8 +143,8 @@ def _flash_block(Q, K, V, O, BIAS_ARG, LSE, bh, pid_m, T, qk_scale, log2_base,
     K += bh * stride_kb
     V += bh * stride_vb
     if ROTATE == "none":
-        q = _load_rows(Q + bh * stride_qb + start_m * stride_qt, tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_D),
-                       stride_qt, T - start_m, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+        q = load_rows(Q + bh * stride_qb + start_m * stride_qt, tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_D),
+                      stride_qt, T - start_m, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
     else:  # RoPE: the queries turned once, as they are loaded (the keys in _attend, tile by tile, or by a pass)
         QUERIES_ONLY: tl.constexpr = ROTATE == "interleaved_q" or ROTATE == "half_q"  # the keys came rotated
         if QUERIES_ONLY:  # the keys' pass left its cos/sin in a table, (2, T, BD / 2) at BIAS_ARG
@@ -152,31 +152,31 @@ def _flash_block(Q, K, V, O, BIAS_ARG, LSE, bh, pid_m, T, qk_scale, log2_base,
             cq = tl.load(p_trig, mask=offs_m[:, None] < T, other=0.0)  # [BM, BD / 2]
             sq = tl.load(p_trig + T * (BLOCK_D // 2), mask=offs_m[:, None] < T, other=0.0)
         else:
-            cq, sq = _rope_cos_sin(offs_m, log2_base, HEAD_DIM // 2, BLOCK_D // 2)  # [BM, BD / 2]
-        q = _load_rotated(Q + bh * stride_qb, offs_m, stride_qt, T, cq, sq, HEAD_DIM // 2, BLOCK_M, BLOCK_D // 2,
-                          ROTATE == "interleaved" or ROTATE == "interleaved_q").to(Q.dtype.element_ty)  # [BM, BD]
+            cq, sq = rope_cos_sin(offs_m, log2_base, HEAD_DIM // 2, BLOCK_D // 2)  # [BM, BD / 2]
+        q = load_rotated(Q + bh * stride_qb, offs_m, stride_qt, T, cq, sq, HEAD_DIM // 2, BLOCK_M, BLOCK_D // 2,
+                         ROTATE == "interleaved" or ROTATE == "interleaved_q").to(Q.dtype.element_ty)  # [BM, BD]
         if QUERIES_ONLY and HEAD_DV >= HEAD_DIM:
             # Through this program's own output rows and back: a tile that comes from a load is staged in shared
             # memory for the products, one that comes from arithmetic stays in registers through the whole loop
             # (137 registers instead of 126 for 128 x 64 tiles of 8 warps: one program per multiprocessor instead
             # of two; kernels/NOTES_flash.md, "RoPE's rotation").  The rows are overwritten by the output at the end.
             p_o = O + bh * stride_ob + start_m * stride_ot
-            _store_rows(p_o, q, tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_D), stride_ot, T - start_m, HEAD_DIM)
+            store_rows(p_o, q, tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_D), stride_ot, T - start_m, HEAD_DIM)
             tl.debug_barrier()
-            q = _load_rows(p_o, tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_D), stride_ot, T - start_m, HEAD_DIM, True,
-                           BLOCK_D != HEAD_DIM)
+            q = load_rows(p_o, tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_D), stride_ot, T - start_m, HEAD_DIM, True,
+                          BLOCK_D != HEAD_DIM)
     bias_arg = 0.0
     c_ref = 0.0
     if BIAS == "alibi":
         bias_arg = tl.load(BIAS_ARG + bh) * 1.4426950408889634
     elif BIAS == "loggate":
         bias_arg = BIAS_ARG + bh * T
-        c_ref = _gate_ref(bias_arg, start_m)  # start_m < T for every launched block
+        c_ref = gate_ref(bias_arg, start_m)  # start_m < T for every launched block
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    bad = _no_nonfinite(BLOCK_DV)
+    bad = no_nonfinite(BLOCK_DV)
     # Key blocks strictly before the query block: every key is visible, no mask.
     acc, m_i, l_i, bad = _attend(acc, m_i, l_i, bad, q, K, V, bias_arg, c_ref, start_m, offs_m, 0, start_m, T,
                                  stride_kt, stride_vt, qk_scale, log2_base, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV,
@@ -186,14 +186,14 @@ def _flash_block(Q, K, V, O, BIAS_ARG, LSE, bh, pid_m, T, qk_scale, log2_base,
                                  tl.minimum(start_m + BLOCK_M, T), T, stride_kt, stride_vt, qk_scale, log2_base,
                                  HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, BLOCK_N, True, BIAS, PRECISION, ROTATE, SAFE)
     if SAFE:  # the diagonal blocks multiplied values without their NaN/inf; the rows that see one get it back
-        o = _poison(acc / l_i[:, None], offs_m - start_m, bad)
+        o = poison(acc / l_i[:, None], offs_m - start_m, bad)
         redo = False
     else:
         o = acc / l_i[:, None]
         # Row sums: a NaN or inf anywhere in a row reaches its sum (a reduction along the rows, cheap in
         # the product's layout; an overflow of finite values would only send the block to the careful pass).
-        redo = _any_nonfinite(tl.sum(acc, 1))
-    _store_rows(O + bh * stride_ob, o, offs_m, tl.arange(0, BLOCK_DV), stride_ot, T, HEAD_DV)
+        redo = any_nonfinite(tl.sum(acc, 1))
+    store_rows(O + bh * stride_ob, o, offs_m, tl.arange(0, BLOCK_DV), stride_ot, T, HEAD_DV)
     if STORE_LSE:
         # For the backward pass: the log-sum-exp (log2 units) of the *true* logits, whose bias is
         # g(i) - g(j), not the g(r) - g(j) added above; the per-row difference g(i) - g(r) goes back in.
@@ -201,7 +201,7 @@ def _flash_block(Q, K, V, O, BIAS_ARG, LSE, bh, pid_m, T, qk_scale, log2_base,
         if BIAS == "alibi":
             lse -= bias_arg * (offs_m - start_m).to(tl.float32)
         elif BIAS == "loggate":
-            lse += _gate_rows(bias_arg, c_ref, offs_m, T)
+            lse += gate_rows(bias_arg, c_ref, offs_m, T)
         tl.store(LSE + bh * T + offs_m, lse, mask=offs_m < T)
     return redo
 
@@ -219,7 +219,7 @@ def _flash_fwd(Q, K, V, O, BIAS_ARG, LSE, FLAGS, T, qk_scale, log2_base,
     fp32 (:func:`.rope._rotate_launch`); ``LSE``: ``(BH, T)`` fp32, written with ``STORE_LSE``; ``FLAGS``:
     ``(BH, cdiv(T, BLOCK_M))`` int8, set to 1 where the block must be redone carefully (:func:`_flash_careful`).
     The module docstring has the hooks, the base-2 logits and the fast and careful passes."""
-    bh, start_m, _ = _query_block(BLOCK_M)  # heaviest query blocks first
+    bh, start_m, _ = query_block(BLOCK_M)  # heaviest query blocks first
     pid_m = start_m // BLOCK_M
     redo = _flash_block(Q, K, V, O, BIAS_ARG, LSE, bh, pid_m, T, qk_scale, log2_base, stride_qb, stride_qt, stride_kb,
                         stride_kt, stride_vb, stride_vt, stride_ob, stride_ot, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV,
@@ -249,11 +249,11 @@ def _flash_careful(Q, K, V, O, BIAS_ARG, LSE, FLAGS, n_blocks, n_flags, T, qk_sc
 
 
 @triton.jit
-def _bwd_logits(s, bias_arg, m, n, T, MASK: tl.constexpr, BIAS: tl.constexpr):
+def bwd_logits(s, bias_arg, m, n, T, MASK: tl.constexpr, BIAS: tl.constexpr):
     """A backward tile's logits (log2 units): the scores ``s`` plus the whole bias ``b = g(i) - g(j)`` (no
     per-block reference here: each tile is on its own), and ``-inf`` where the tile hides an entry (``MASK``:
     the tile straddles the diagonal or the end of the sequence; selected away, never multiplied by 0).
-    Orientation and broadcasting as :func:`_bwd_probs`.  PaTH's training forward
+    Orientation and broadcasting as :func:`bwd_probs`.  PaTH's training forward
     (:func:`.path_attention._path_dyadic_fwd`) saves the log-sum-exp of these same logits: the two must agree bit
     for bit, so both call this."""
     if BIAS == "alibi":
@@ -268,26 +268,36 @@ def _bwd_logits(s, bias_arg, m, n, T, MASK: tl.constexpr, BIAS: tl.constexpr):
 
 
 @triton.jit
-def _bwd_probs(s, dp, lse, delta, bias_arg, m, n, T, MASK: tl.constexpr, BIAS: tl.constexpr):
+def bwd_probs(s, dp, lse, delta, bias_arg, m, n, T, MASK: tl.constexpr, BIAS: tl.constexpr):
     """``(p, dz)`` of one backward tile, fp32, from its scores ``s`` (logits without the bias, log2 units) and
     ``dp = dO v^T``, both in one orientation: ``[BM, BN]`` (queries along rows) or ``[BN, BM]`` (keys
-    along rows, what :func:`_dkdv_steps` uses).  ``lse``, ``delta`` and the query positions ``m`` are
+    along rows, what :func:`dkdv_steps` uses).  ``lse``, ``delta`` and the query positions ``m`` are
     broadcast along the key axis and the key positions ``n`` along the query axis: ``[BM, 1]`` and
     ``[1, BN]`` in the first orientation, ``[1, BM]`` and ``[BN, 1]`` in the second.
 
     The probabilities are recomputed from the saved log-sum-exp, ``p = 2^(logit - lse)`` with the logits of
-    :func:`_bwd_logits` (hidden entries give 0), and ``dz = p * (dp - delta)`` is the gradient of the
+    :func:`bwd_logits` (hidden entries give 0), and ``dz = p * (dp - delta)`` is the gradient of the
     natural-log logit, ``delta_i = dO_i . O_i``.  PaTH's backward passes its own ``s``.
     """
-    p = tl.exp2(_bwd_logits(s, bias_arg, m, n, T, MASK, BIAS) - lse)
+    p = tl.exp2(bwd_logits(s, bias_arg, m, n, T, MASK, BIAS) - lse)
     return p, p * (dp - delta)
 
 
 @triton.jit
-def _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_n, lo, hi, T, qk_scale, stride_qt, stride_vt,
-                HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                INNER: tl.constexpr, MASK: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr,
-                DQA, DBRA, ATOMIC_DQ: tl.constexpr):
+def _row_pair(A, B, offs, stride_at, stride_bt, T, HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr,
+              BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MASK: tl.constexpr):
+    """Rows ``offs`` of a ``D``-wide tensor ``A`` (``q`` or ``k``: ``[BM, BD]``) and of a ``Dv``-wide one ``B``
+    (``dO`` or ``v``: ``[BM, BDV]``), the two tiles a backward step loads per inner tile."""
+    a = load_rows(A, offs, tl.arange(0, BLOCK_D), stride_at, T, HEAD_DIM, MASK, BLOCK_D != HEAD_DIM)
+    b = load_rows(B, offs, tl.arange(0, BLOCK_DV), stride_bt, T, HEAD_DV, MASK, BLOCK_DV != HEAD_DV)
+    return a, b
+
+
+@triton.jit
+def dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_n, lo, hi, T, qk_scale, stride_qt, stride_vt,
+               HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+               INNER: tl.constexpr, MASK: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr,
+               DQA, DBRA, ATOMIC_DQ: tl.constexpr):
     """Fold the query tiles ``[lo, hi)`` (``INNER`` rows each) into one key block's ``dK`` (unscaled),
     ``dV`` and column sums of ``dz``.  With ``ATOMIC_DQ``, also add each tile's share of ``dQ``
     (``dz k``, unscaled, fp32, rows of ``HEAD_DIM``) into ``DQA`` and its row sums of ``dz`` into ``DBRA``
@@ -298,15 +308,13 @@ def _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_n, lo, hi, 
     ``dV += p^T dO`` and ``dK += dz^T Q``, and the column sums of ``dz`` are row sums.  Every transpose
     falls on a tile loaded from memory (a view of its shared-memory copy), none on a computed one.
 
-    The gradient products ``dz^T Q`` (here) and ``dz K`` (:func:`_dq_steps`) run in ``dO``'s dtype.  It is
+    The gradient products ``dz^T Q`` (here) and ``dz K`` (:func:`dq_steps`) run in ``dO``'s dtype.  It is
     the rows' own everywhere but in PaTH's backward, whose meeting-point rows are fp16 beside bf16 gradients:
     a trained layer's ``dz`` can sit below fp16's normal range (6.1e-5), where bf16 keeps fp32's."""
     offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
     for start_m in range(lo, hi, INNER):
         offs_m = start_m + tl.arange(0, INNER)
-        q = _load_rows(Q, offs_m, offs_d, stride_qt, T, HEAD_DIM, MASK, BLOCK_D != HEAD_DIM)  # [BM, BD]
-        do = _load_rows(DO, offs_m, offs_dv, stride_vt, T, HEAD_DV, MASK, BLOCK_DV != HEAD_DV)  # [BM, BDV]
+        q, do = _row_pair(Q, DO, offs_m, stride_qt, stride_vt, T, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, MASK)
         if MASK:
             lse = tl.load(LSE + offs_m, mask=offs_m < T, other=0.0)
             delta = tl.load(DELTA + offs_m, mask=offs_m < T, other=0.0)
@@ -315,8 +323,8 @@ def _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_n, lo, hi, 
             delta = tl.load(DELTA + offs_m)
         s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale  # [BN, BM], log2 units
         dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # [BN, BM]
-        p_t, dz_t = _bwd_probs(s_t, dp_t, lse[None, :], delta[None, :], bias_arg, offs_m[None, :], offs_n[:, None],
-                               T, MASK, BIAS)
+        p_t, dz_t = bwd_probs(s_t, dp_t, lse[None, :], delta[None, :], bias_arg, offs_m[None, :], offs_n[:, None],
+                              T, MASK, BIAS)
         dv += tl.dot(p_t.to(do.dtype), do, input_precision=PRECISION)  # [BN, BDV]
         # In dO's dtype, not the rows': PaTH's fp16 meeting points beside bf16 gradients (a no-op elsewhere).
         dk += tl.dot(dz_t.to(do.dtype), q.to(do.dtype), input_precision=PRECISION)  # [BN, BD]
@@ -334,26 +342,23 @@ def _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_n, lo, hi, 
 def _bwd_tile(q, k, v, do, lse, delta, bias_arg, offs_m, offs_n, T, qk_scale,
               MASK: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr):
     """One (query block, key block) tile in the query-rows orientation: ``(p, dz)``, both ``[BM, BN]``
-    fp32, from ``q [BM, BD]``, ``k [BN, BD]``, ``v [BN, BDV]``, ``do [BM, BDV]`` (:func:`_bwd_probs`)."""
+    fp32, from ``q [BM, BD]``, ``k [BN, BD]``, ``v [BN, BDV]``, ``do [BM, BDV]`` (:func:`bwd_probs`)."""
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BM, BN], log2 units
     dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # [BM, BN]
-    return _bwd_probs(s, dp, lse[:, None], delta[:, None], bias_arg, offs_m[:, None], offs_n[None, :], T, MASK, BIAS)
+    return bwd_probs(s, dp, lse[:, None], delta[:, None], bias_arg, offs_m[:, None], offs_n[None, :], T, MASK, BIAS)
 
 
 @triton.jit
-def _dq_steps(dq, row, q, do, lse, delta, K, V, bias_arg, offs_m, lo, hi, T, qk_scale, stride_kt, stride_vt,
-              HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-              INNER: tl.constexpr, MASK: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr):
+def dq_steps(dq, row, q, do, lse, delta, K, V, bias_arg, offs_m, lo, hi, T, qk_scale, stride_kt, stride_vt,
+             HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+             INNER: tl.constexpr, MASK: tl.constexpr, BIAS: tl.constexpr, PRECISION: tl.constexpr):
     """Fold the key tiles ``[lo, hi)`` (``INNER`` keys each) into one query block's ``dQ`` (unscaled) and
     row sums of ``dz``.  Unmasked tiles leave rows past ``T`` with garbage that is never stored."""
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
     for start_n in range(lo, hi, INNER):
         offs_n = start_n + tl.arange(0, INNER)
-        k = _load_rows(K, offs_n, offs_d, stride_kt, T, HEAD_DIM, MASK, BLOCK_D != HEAD_DIM)  # [BN, BD]
-        v = _load_rows(V, offs_n, offs_dv, stride_vt, T, HEAD_DV, MASK, BLOCK_DV != HEAD_DV)  # [BN, BDV]
+        k, v = _row_pair(K, V, offs_n, stride_kt, stride_vt, T, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, MASK)
         p, dz = _bwd_tile(q, k, v, do, lse, delta, bias_arg, offs_m, offs_n, T, qk_scale, MASK, BIAS, PRECISION)
-        dq += tl.dot(dz.to(do.dtype), k.to(do.dtype), input_precision=PRECISION)  # [BM, BD], as in _dkdv_steps
+        dq += tl.dot(dz.to(do.dtype), k.to(do.dtype), input_precision=PRECISION)  # [BM, BD], as in dkdv_steps
         row += tl.sum(dz, axis=1)
     return dq, row
 
@@ -380,19 +385,15 @@ def _flash_bwd(Q, K, V, DO, LSE, DELTA, BIAS_ARG, DQ, DK, DV, DBR, DBC, T, qk_sc
     ``g(j)`` (column sums, ``DBC``), both ``(BH, T)`` fp32.
 
     ``ATOMIC_DQ``: grid ``(blocks, BH, 1)``, the key role alone; it adds ``dQ`` (unscaled) and the row sums
-    into the zeroed fp32 ``DQ`` ``(BH, T, HEAD_DIM)`` and ``DBR`` with atomic adds (:func:`_dkdv_steps`).
+    into the zeroed fp32 ``DQ`` ``(BH, T, HEAD_DIM)`` and ``DBR`` with atomic adds (:func:`dkdv_steps`).
     """
     bh = tl.program_id(1).to(tl.int64)
     start = tl.program_id(0) * OUTER
     offs_b = start + tl.arange(0, OUTER)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    Q += bh * stride_qb
-    K += bh * stride_kb
-    V += bh * stride_vb
-    DO += bh * stride_vb
-    LSE += bh * T
-    DELTA += bh * T
+    Q, K, V, DO = Q + bh * stride_qb, K + bh * stride_kb, V + bh * stride_vb, DO + bh * stride_vb
+    LSE, DELTA = LSE + bh * T, DELTA + bh * T  # this head's rows
     CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
     CHECK_DV: tl.constexpr = BLOCK_DV != HEAD_DV
     bias_arg = 0.0
@@ -404,41 +405,41 @@ def _flash_bwd(Q, K, V, DO, LSE, DELTA, BIAS_ARG, DQ, DK, DV, DBR, DBC, T, qk_sc
     if tl.program_id(2) == 0:
         # dK, dV for keys [start, start + OUTER): the query tiles on the diagonal (masked), the whole
         # tiles after them (unmasked), and a last partial tile (masked: rows past T).
-        k = _load_rows(K, offs_b, offs_d, stride_kt, T, HEAD_DIM, True, CHECK_D)  # [BN, BD]
-        v = _load_rows(V, offs_b, offs_dv, stride_vt, T, HEAD_DV, True, CHECK_DV)  # [BN, BDV]
+        k = load_rows(K, offs_b, offs_d, stride_kt, T, HEAD_DIM, True, CHECK_D)  # [BN, BD]
+        v = load_rows(V, offs_b, offs_dv, stride_vt, T, HEAD_DV, True, CHECK_DV)  # [BN, BDV]
         dk = tl.zeros([OUTER, BLOCK_D], dtype=tl.float32)
         dv = tl.zeros([OUTER, BLOCK_DV], dtype=tl.float32)
         col = tl.zeros([OUTER], dtype=tl.float32)
         whole_end = (T // INNER) * INNER
         DQA = DQ + bh * T * HEAD_DIM  # with ATOMIC_DQ: this head's fp32 accumulator
         DBRA = DBR + bh * T
-        dk, dv, col = _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_b, start, diag_end, T,
-                                  qk_scale, stride_qt, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER, True,
-                                  BIAS, PRECISION, DQA, DBRA, ATOMIC_DQ)
-        dk, dv, col = _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_b, start + OUTER, whole_end,
-                                  T, qk_scale, stride_qt, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER,
-                                  False, BIAS, PRECISION, DQA, DBRA, ATOMIC_DQ)
-        dk, dv, col = _dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_b,
-                                  tl.maximum(whole_end, start + OUTER), T, T, qk_scale, stride_qt, stride_vt,
-                                  HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER, True, BIAS, PRECISION, DQA, DBRA,
-                                  ATOMIC_DQ)
-        _store_rows(DK + bh * stride_kb, dk * scale, offs_b, offs_d, stride_kt, T, HEAD_DIM)
-        _store_rows(DV + bh * stride_vb, dv, offs_b, offs_dv, stride_vt, T, HEAD_DV)
+        dk, dv, col = dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_b, start, diag_end, T,
+                                 qk_scale, stride_qt, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER, True,
+                                 BIAS, PRECISION, DQA, DBRA, ATOMIC_DQ)
+        dk, dv, col = dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_b, start + OUTER, whole_end,
+                                 T, qk_scale, stride_qt, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER,
+                                 False, BIAS, PRECISION, DQA, DBRA, ATOMIC_DQ)
+        dk, dv, col = dkdv_steps(dk, dv, col, k, v, Q, DO, LSE, DELTA, bias_arg, offs_b,
+                                 tl.maximum(whole_end, start + OUTER), T, T, qk_scale, stride_qt, stride_vt,
+                                 HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER, True, BIAS, PRECISION, DQA, DBRA,
+                                 ATOMIC_DQ)
+        store_rows(DK + bh * stride_kb, dk * scale, offs_b, offs_d, stride_kt, T, HEAD_DIM)
+        store_rows(DV + bh * stride_vb, dv, offs_b, offs_dv, stride_vt, T, HEAD_DV)
         if BIAS != "none":
             tl.store(DBC + bh * T + offs_b, col, mask=offs_b < T)
     else:
         # dQ for queries [start, start + OUTER): the key tiles before them (unmasked), then on the diagonal.
-        q = _load_rows(Q, offs_b, offs_d, stride_qt, T, HEAD_DIM, True, CHECK_D)  # [BM, BD]
-        do = _load_rows(DO, offs_b, offs_dv, stride_vt, T, HEAD_DV, True, CHECK_DV)  # [BM, BDV]
+        q = load_rows(Q, offs_b, offs_d, stride_qt, T, HEAD_DIM, True, CHECK_D)  # [BM, BD]
+        do = load_rows(DO, offs_b, offs_dv, stride_vt, T, HEAD_DV, True, CHECK_DV)  # [BM, BDV]
         lse = tl.load(LSE + offs_b, mask=offs_b < T, other=0.0)
         delta = tl.load(DELTA + offs_b, mask=offs_b < T, other=0.0)
         dq = tl.zeros([OUTER, BLOCK_D], dtype=tl.float32)
         row = tl.zeros([OUTER], dtype=tl.float32)
-        dq, row = _dq_steps(dq, row, q, do, lse, delta, K, V, bias_arg, offs_b, 0, start, T, qk_scale, stride_kt,
-                            stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER, False, BIAS, PRECISION)
-        dq, row = _dq_steps(dq, row, q, do, lse, delta, K, V, bias_arg, offs_b, start, diag_end, T, qk_scale,
-                            stride_kt, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER, True, BIAS, PRECISION)
-        _store_rows(DQ + bh * stride_qb, dq * scale, offs_b, offs_d, stride_qt, T, HEAD_DIM)
+        dq, row = dq_steps(dq, row, q, do, lse, delta, K, V, bias_arg, offs_b, 0, start, T, qk_scale, stride_kt,
+                           stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER, False, BIAS, PRECISION)
+        dq, row = dq_steps(dq, row, q, do, lse, delta, K, V, bias_arg, offs_b, start, diag_end, T, qk_scale,
+                           stride_kt, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER, True, BIAS, PRECISION)
+        store_rows(DQ + bh * stride_qb, dq * scale, offs_b, offs_d, stride_qt, T, HEAD_DIM)
         if BIAS != "none":
             tl.store(DBR + bh * T + offs_b, row, mask=offs_b < T)
 
@@ -450,8 +451,8 @@ def _bwd_delta(O, DO, DELTA, T, stride_ob, stride_ot, HEAD_DV: tl.constexpr, BLO
     bh = tl.program_id(1).to(tl.int64)
     offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_dv = tl.arange(0, BLOCK_DV)
-    o = _load_rows(O + bh * stride_ob, offs_t, offs_dv, stride_ot, T, HEAD_DV, True, BLOCK_DV != HEAD_DV)
-    do = _load_rows(DO + bh * stride_ob, offs_t, offs_dv, stride_ot, T, HEAD_DV, True, BLOCK_DV != HEAD_DV)
+    o = load_rows(O + bh * stride_ob, offs_t, offs_dv, stride_ot, T, HEAD_DV, True, BLOCK_DV != HEAD_DV)
+    do = load_rows(DO + bh * stride_ob, offs_t, offs_dv, stride_ot, T, HEAD_DV, True, BLOCK_DV != HEAD_DV)
     tl.store(DELTA + bh * T + offs_t, tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1), mask=offs_t < T)
 
 
@@ -461,8 +462,12 @@ def bwd_delta(out, do) -> torch.Tensor:
     BH, T, Dv = out.shape
     delta = torch.empty(BH, T, dtype=torch.float32, device=out.device)
     block_t = 64 if interpreting() else 128
-    _bwd_delta[(triton.cdiv(T, block_t), BH)](out, do, delta, T, out.stride(0), out.stride(1), HEAD_DV=Dv,
-                                              BLOCK_DV=next_pow2(Dv), BLOCK_T=block_t)
+    _bwd_delta[(triton.cdiv(T, block_t), BH)](
+        O=out, DO=do, DELTA=delta,
+        T=T,
+        **row_strides(o=out),
+        HEAD_DV=Dv, BLOCK_DV=next_pow2(Dv), BLOCK_T=block_t,
+    )
     return delta
 
 
@@ -572,11 +577,11 @@ def biased_attention(q, k, v, bias: str, bias_arg, *, scale=None, name: str = ""
     with checked_after(*conditions) as check:  # the values are read once the kernel is queued
         if bias == "loggate":  # the prefix sums, once, in fp32, outside the kernel; the gates checked as they are read
             bias_arg = cumulative_log_gates(bias_arg, name, check)
-        return x.result(_attention(x, scale, bias, bias_arg, atomic_dq=atomic_dq))
+        return x.result(flat_attention(x, scale, bias, bias_arg, atomic_dq=atomic_dq))
 
 
-def _attention_launch(x: Flat, scale: float, bias: str = "none", bias_arg=None, lse=None,
-                      rotate=None) -> torch.Tensor:
+def attention_launch(x: Flat, scale: float, bias: str = "none", bias_arg=None, lse=None,
+                     rotate=None) -> torch.Tensor:
     """Launch on validated inputs (:func:`._launch.prepare_qkv`): returns ``(BH, T, Dv)``.
     ``bias_arg``: fp32 ``(BH,)`` slopes or ``(BH, T)`` cumulative log gates.  ``lse``: an fp32
     ``(BH, T)`` tensor that receives each row's log-sum-exp (log2 units), for the backward pass.
@@ -591,26 +596,31 @@ def _attention_launch(x: Flat, scale: float, bias: str = "none", bias_arg=None, 
     meta["ROTATE"], log2_base = rotate_args(rotate)
     # One flag per query block (sized for the smallest BLOCK_M of the configs), written by every fast program.
     flags = torch.empty(x.BH * triton.cdiv(n.T, 16), dtype=torch.int8, device=x.device)
-    args = (x.q, x.k, x.v, out, x.q if bias_arg is None else bias_arg, x.q if lse is None else lse, flags, n.T,
-            scale * LOG2E, log2_base, x.q.stride(0), x.q.stride(1), x.k.stride(0), x.k.stride(1), x.v.stride(0),
-            x.v.stride(1), out.stride(0), out.stride(1))
+    args = dict(
+        Q=x.q, K=x.k, V=x.v, O=out, BIAS_ARG=x.q if bias_arg is None else bias_arg, LSE=x.q if lse is None else lse,
+        FLAGS=flags,
+        T=n.T, qk_scale=scale * LOG2E, log2_base=log2_base,
+        **row_strides(q=x.q, k=x.k, v=x.v, o=out),
+    )
     if interpreting():
         bm = 32 if n.T <= 32 else 64
         tiles = dict(BLOCK_M=bm, BLOCK_N=bm)
-        _flash_fwd[(triton.cdiv(n.T, bm), x.BH)](*args, **tiles, **meta)
+        _flash_fwd[(triton.cdiv(n.T, bm), x.BH)](**args, **tiles, **meta)
     elif meta["PRECISION"] == "ieee":
         tiles = dict(_FP32_CONFIG)
-        _flash_fwd[(triton.cdiv(n.T, tiles["BLOCK_M"]), x.BH)](*args, **tiles, **meta)
+        _flash_fwd[(triton.cdiv(n.T, tiles["BLOCK_M"]), x.BH)](**args, **tiles, **meta)
     else:
         grid = lambda META: (triton.cdiv(n.T, META["BLOCK_M"]), x.BH)  # noqa: E731
-        _flash_fwd_tuned[grid](*args, **meta)
+        _flash_fwd_tuned[grid](**args, **meta)
         best = _flash_fwd_tuned.best_config
         tiles = dict(best.kwargs, num_warps=best.num_warps, num_stages=best.num_stages)
     # The careful pass, with the fast pass's tiles (the same bits for every row): one small launch that
     # reads the flags and, unless a value was NaN or inf, does nothing else.
     n_flags = x.BH * triton.cdiv(n.T, tiles["BLOCK_M"])
-    _flash_careful[(triton.cdiv(n_flags, _FLAG_BLOCK),)](*args[:7], triton.cdiv(n.T, tiles["BLOCK_M"]), n_flags,
-                                                        *args[7:], **tiles, **meta, BLOCK_F=_FLAG_BLOCK)
+    _flash_careful[(triton.cdiv(n_flags, _FLAG_BLOCK),)](
+        n_blocks=triton.cdiv(n.T, tiles["BLOCK_M"]), n_flags=n_flags,
+        **args, **tiles, **meta, BLOCK_F=_FLAG_BLOCK,
+    )
     return out
 
 
@@ -641,29 +651,32 @@ def _attention_bwd_launch(x: Flat, do, out, lse, scale: float, bias: str, bias_a
         dummy_rows = torch.zeros(x.BH, n.T, dtype=torch.float32, device=x.device)
     else:
         dummy_rows = dummy if rows is None else rows
-    args = (x.q, x.k, x.v, do, lse, delta, dummy if bias_arg is None else bias_arg, dq, dk, dv,
-            dummy_rows, dummy if cols is None else cols, n.T, scale * LOG2E, scale,
-            x.q.stride(0), x.q.stride(1), x.k.stride(0), x.k.stride(1), x.v.stride(0), x.v.stride(1))
+    args = dict(
+        Q=x.q, K=x.k, V=x.v, DO=do, LSE=lse, DELTA=delta, BIAS_ARG=dummy if bias_arg is None else bias_arg, DQ=dq,
+        DK=dk, DV=dv, DBR=dummy_rows, DBC=dummy if cols is None else cols,
+        T=n.T, qk_scale=scale * LOG2E, scale=scale,
+        **row_strides(q=x.q, k=x.k, v=x.v),
+    )
     meta = dict(HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=next_pow2(n.D), BLOCK_DV=next_pow2(n.Dv), BIAS=bias,
                 PRECISION=precision, ATOMIC_DQ=atomic)
     roles = 1 if atomic else 2
     if _config is not None:
-        _flash_bwd[(triton.cdiv(n.T, _config["OUTER"]), x.BH, roles)](*args, **_config, **meta)
+        _flash_bwd[(triton.cdiv(n.T, _config["OUTER"]), x.BH, roles)](**args, **_config, **meta)
     elif interpreting():  # few large programs: the interpreter's cost is per program
         block = 32 if n.T <= 32 else 64
-        _flash_bwd[(triton.cdiv(n.T, block), x.BH, roles)](*args, OUTER=block, INNER=block, **meta)
+        _flash_bwd[(triton.cdiv(n.T, block), x.BH, roles)](**args, OUTER=block, INNER=block, **meta)
     elif precision == "ieee":
-        _flash_bwd[(triton.cdiv(n.T, _FP32_BWD_CONFIG["OUTER"]), x.BH, roles)](*args, **_FP32_BWD_CONFIG, **meta)
+        _flash_bwd[(triton.cdiv(n.T, _FP32_BWD_CONFIG["OUTER"]), x.BH, roles)](**args, **_FP32_BWD_CONFIG, **meta)
     else:
         grid = lambda META: (triton.cdiv(n.T, META["OUTER"]), x.BH, roles)  # noqa: E731
-        (_flash_bwd_atomic_tuned if atomic else _flash_bwd_tuned)[grid](*args, **meta)
+        (_flash_bwd_atomic_tuned if atomic else _flash_bwd_tuned)[grid](**args, **meta)
     if atomic:
         dq = (dq * scale).to(x.dtype)
     return dq, dk, dv, rows, cols
 
 
 class _FlashAttention(torch.autograd.Function):
-    """:func:`_attention_launch` with a backward pass (:func:`_attention_bwd_launch`).
+    """:func:`attention_launch` with a backward pass (:func:`_attention_bwd_launch`).
 
     Inputs: the flattened ``q, k, v`` of a :class:`._launch.Flat` (``flat``, whose sizes and
     dtype are reused), ``bias_arg`` (None, the ``(BH,)`` slopes or the ``(BH, T)`` cumulative
@@ -677,7 +690,7 @@ class _FlashAttention(torch.autograd.Function):
     def forward(ctx, q3, k3, v3, bias_arg, flat, scale, bias, atomic_dq):
         x = Flat(flat.n, q3, k3, v3, flat.dtype, flat.like)
         lse = torch.empty(x.BH, x.n.T, dtype=torch.float32, device=x.device)
-        out = _attention_launch(x, scale, bias, bias_arg, lse=lse)
+        out = attention_launch(x, scale, bias, bias_arg, lse=lse)
         ctx.save_for_backward(q3, k3, v3, out, lse, bias_arg)
         ctx.flat, ctx.scale, ctx.bias, ctx.atomic_dq = flat, scale, bias, atomic_dq
         return out
@@ -697,10 +710,10 @@ class _FlashAttention(torch.autograd.Function):
         return dq, dk, dv, d_bias, None, None, None, None
 
 
-def _attention(x: Flat, scale: float, bias: str = "none", bias_arg=None, *, atomic_dq=None) -> torch.Tensor:
-    """:func:`_attention_launch`, through :class:`_FlashAttention` when autograd wants gradients
+def flat_attention(x: Flat, scale: float, bias: str = "none", bias_arg=None, *, atomic_dq=None) -> torch.Tensor:
+    """:func:`attention_launch`, through :class:`_FlashAttention` when autograd wants gradients
     (of ``x.q, x.k, x.v`` or ``bias_arg``): the one entry the public functions call.  ``atomic_dq``: the
     backward's schedule (:func:`attention`)."""
     if wants_grad(x.q, x.k, x.v, bias_arg):
         return _FlashAttention.apply(x.q, x.k, x.v, bias_arg, x, scale, bias, atomic_dq)
-    return _attention_launch(x, scale, bias, bias_arg)
+    return attention_launch(x, scale, bias, bias_arg)

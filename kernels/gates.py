@@ -1,7 +1,7 @@
 r"""The log gates' prefix sums for the softmax side's gate hook (FoX, PaTH-FoX): one launch that also checks them.
 
 FoX's bias is ``c_i - c_j`` with ``c_t = sum_{s <= t} log_f[s]`` the cumulative log gate, taken once per call in
-fp32 before the attention kernel (the kernels add ``c_r - c_j`` per key block: :func:`._pieces._gate_keys`).  As
+fp32 before the attention kernel (the kernels add ``c_r - c_j`` per key block: :func:`._pieces.gate_keys`).  As
 ``torch.cumsum`` of the ``(BH, T)`` gates plus the gates' check (``torch.aminmax``,
 :func:`pathedu.checks.log_gate_condition`) this prologue took 32 + 8 us at T = 1024, BH = 1024 on an H100
 (``pathedu/data/launches_softmax_fwd.json``): a tenth of SDPA's whole forward, for 8 MB of traffic that costs about
@@ -60,8 +60,12 @@ def _launch(log_f3: torch.Tensor, name: str, check, reverse: bool = False) -> to
         return c
     bad = torch.zeros(2, dtype=torch.float32, device=log_f3.device) if check is not None else c
     block = min(next_pow2(T), MAX_BLOCK_T)
-    _gate_prefix[(BH,)](log_f3, c, bad, T, BLOCK_T=block, COUNT=check is not None, REVERSE=reverse,
-                        num_warps=1 if interpreting() else max(1, min(8, block // 256)))
+    _gate_prefix[(BH,)](
+        LOG_F=log_f3, C=c, BAD=bad,
+        T=T,
+        BLOCK_T=block, COUNT=check is not None, REVERSE=reverse,
+        num_warps=1 if interpreting() else max(1, min(8, block // 256)),
+    )
     if check is not None:
         check.defer(log_gate_condition(log_f3, name, counted=bad), stats=bad)
     return c

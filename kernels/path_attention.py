@@ -18,8 +18,8 @@ compact factors ``W`` and ``-U = -A W``).
 
 **Main pass** (:func:`_path_fwd`, one program per block of ``BLOCK_M = R * BT``
 queries).  Like :func:`.flash_attention._flash_fwd` it keeps the online softmax
-``(m, l, acc)`` in fp32 (the same :func:`._pieces._softmax_fold`) and launches the
-heaviest query blocks first (:func:`._pieces._query_block`); unlike
+``(m, l, acc)`` in fp32 (the same :func:`._pieces.softmax_fold`) and launches the
+heaviest query blocks first (:func:`._pieces.query_block`); unlike
 it, keys are visited **right to left**, because the query has to be carried
 across the transitions it passes::
 
@@ -43,7 +43,7 @@ because its rounding error is re-injected at every block and accumulates along
 the scan.  So that fp16 cannot overflow whatever the input's range, each ``q~_i``
 is scaled to unit length (``|P_J| <= 1`` for unit ``w`` and ``beta`` in [0, 2])
 and its norm is folded into a per-row logit scale.  The preparation pass runs
-tf32 products on fp32 tiles with operands rounded to nearest (:func:`._pieces._rn`: the
+tf32 products on fp32 tiles with operands rounded to nearest (:func:`._pieces.rn`: the
 tensor cores truncate, and a truncated ``G_J`` shrinks ``q^`` a little at every
 block, an error that grows linearly with T).  fp32 inputs run about fp32
 throughout.  The measurements behind each choice: NOTES_path.md, "The carried query in fp32, its updates
@@ -63,7 +63,7 @@ backward's schedule").  By
 default it also keeps its factors and meeting points for the backward (``save_factors``).
 
 **Non-finite inputs.**  The diagonal region folds through
-:func:`._pieces._masked_dot`, and every mask of the preparation pass is a select:
+:func:`._pieces.masked_dot`, and every mask of the preparation pass is a select:
 a NaN or inf in ``q``, ``k`` or ``v`` at position ``t`` changes outputs at
 positions ``>= t`` only.  Inputs are validated once, at :func:`path_attention`
 (see :mod:`._launch`).
@@ -108,12 +108,13 @@ import triton
 import triton.language as tl
 
 from ..checks import check_scale, checked_after
-from ._launch import Flat, dot_precision, interpreting, next_pow2, per_token, prepare_qkv, wants_grad
-from .flash_attention import _bwd_logits, _bwd_probs, _dkdv_steps, _dq_steps, bwd_delta
+from ._launch import (Flat, dot_precision, interpreting, next_pow2, per_token, prepare_qkv, row_strides,
+                      wants_grad)
+from .flash_attention import bwd_delta, bwd_logits, bwd_probs, dkdv_steps, dq_steps
 from .gates import cumulative_log_gates
 from .path_carry import carry_backward, carry_forward
-from ._pieces import (LOG2E, _first_nonfinite, _gate_keys, _gate_ref, _gate_rows, _load_rows, _no_nonfinite, _poison,
-                      _query_block, _softmax_fold, _softmax_fold_scaled, _store_rows)
+from ._pieces import (LOG2E, first_nonfinite, gate_keys, gate_ref, gate_rows, load_rows, no_nonfinite, poison,
+                      query_block, softmax_fold, softmax_fold_scaled, store_rows)
 from .ut_prepare import MAX_R, Prepared, check_block, prep_precision, ut_prepare_backward
 
 __all__ = ["path_attention", "Prepared", "MAX_R"]
@@ -130,11 +131,11 @@ def _transition(qh, GM, WC, NU, cols, offs_d, stride_pt, HEAD_DIM: tl.constexpr,
     compact ``2 BLOCK_N``: dense wins while ``D <= 2 BLOCK_N``.
     """
     if UPDATE == "dense":
-        g = _load_rows(GM, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, BLOCK_D != HEAD_DIM, BLOCK_D != HEAD_DIM)
+        g = load_rows(GM, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, BLOCK_D != HEAD_DIM, BLOCK_D != HEAD_DIM)
         return tl.dot(qh.to(g.dtype), g, acc=qh, input_precision=PRECISION)
     else:
-        w = _load_rows(WC, cols, offs_d, stride_pt, 0, HEAD_DIM, False, BLOCK_D != HEAD_DIM)
-        nu = _load_rows(NU, cols, offs_d, stride_pt, 0, HEAD_DIM, False, BLOCK_D != HEAD_DIM)
+        w = load_rows(WC, cols, offs_d, stride_pt, 0, HEAD_DIM, False, BLOCK_D != HEAD_DIM)
+        nu = load_rows(NU, cols, offs_d, stride_pt, 0, HEAD_DIM, False, BLOCK_D != HEAD_DIM)
         x = tl.dot(qh.to(w.dtype), tl.trans(w), input_precision=PRECISION)
         return tl.dot(x.to(nu.dtype), nu, acc=qh, input_precision=PRECISION)
 
@@ -143,10 +144,10 @@ def _transition(qh, GM, WC, NU, cols, offs_d, stride_pt, HEAD_DIM: tl.constexpr,
 def _gate_bias(C, c_ref, offs_n, T, GATED: tl.constexpr):
     """The FoX bias hook of the scan (PaTH-FoX, chapter 7), in log2 units, for key block ``offs_n``:
     ``(c_r - c_j) log2(e)`` with ``c`` the fp32 cumulative log gate and ``r`` the query block's first row
-    (:func:`._pieces._gate_keys`).  As in the FlashAttention template the per-row rest ``c_i - c_r`` is
+    (:func:`._pieces.gate_keys`).  As in the FlashAttention template the per-row rest ``c_i - c_r`` is
     left out (softmax ignores it), so the bias does not depend on the order in which key blocks are visited."""
     if GATED:
-        return _gate_keys(C, c_ref, offs_n, T, True)[None, :]
+        return gate_keys(C, c_ref, offs_n, T, True)[None, :]
     else:
         return 0.0
 
@@ -167,26 +168,22 @@ def _path_fwd(QT, QN, KT, AD, GM, WC, NU, V, O, C, LSE, T, qk_scale,
     carried query updated after each (``UPDATE``: dense ``G`` or compact ``W, -U``); the module docstring has
     the scan and its precision."""
     BLOCK_M: tl.constexpr = R * BLOCK_N
-    bh, start_m, offs_m = _query_block(BLOCK_M)  # heaviest query blocks first, as in the template
+    bh, start_m, offs_m = query_block(BLOCK_M)  # heaviest query blocks first, as in the template
     rows = tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
     # The prepared tensors share one layout (BH, T_pad, D): one offset per head for all four.
-    QT += bh * stride_pb
-    KT += bh * stride_pb
-    WC += bh * stride_pb
-    NU += bh * stride_pb
-    GM += bh * stride_gb
-    V += bh * stride_vb
+    QT, KT, WC, NU = QT + bh * stride_pb, KT + bh * stride_pb, WC + bh * stride_pb, NU + bh * stride_pb
+    GM, V = GM + bh * stride_gb, V + bh * stride_vb
     C += bh * T  # (PaTH-FoX) this head's cumulative log gates, (BH, T) fp32
     c_ref = 0.0
     if GATED:
-        c_ref = _gate_ref(C, start_m)  # start_m < T for every launched block
+        c_ref = gate_ref(C, start_m)  # start_m < T for every launched block
 
     # The carried query, fp32, unit rows; the norm goes into a per-row logit scale.
-    qh = _load_rows(QT + start_m * stride_pt, rows, offs_d, stride_pt, BLOCK_M, HEAD_DIM, False, CHECK_D)
+    qh = load_rows(QT + start_m * stride_pt, rows, offs_d, stride_pt, BLOCK_M, HEAD_DIM, False, CHECK_D)
     qh = qh.to(tl.float32)
     row_scale = tl.load(QN + bh * stride_nb + offs_m) * qk_scale
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -197,59 +194,59 @@ def _path_fwd(QT, QN, KT, AD, GM, WC, NU, V, O, C, LSE, T, qk_scale,
     # in sub-block c take block c's in-block scores Ã; rows in later sub-blocks see
     # block c as an earlier block (logits from q^, then q^ <- P_c q^).
     sub = rows // BLOCK_N
-    ad = _load_rows(AD + bh * stride_ab + start_m * stride_at, rows, cols, stride_at, BLOCK_M, BLOCK_N, False, False)
+    ad = load_rows(AD + bh * stride_ab + start_m * stride_at, rows, cols, stride_at, BLOCK_M, BLOCK_N, False, False)
     for c in tl.static_range(R):
         cc = R - 1 - c
         start_n = start_m + cc * BLOCK_N
         offs_n = start_n + cols
         s = ad * qk_scale
         if cc < R - 1:
-            kt = _load_rows(KT + start_n * stride_pt, cols, offs_d, stride_pt, BLOCK_N, HEAD_DIM, False, CHECK_D)
+            kt = load_rows(KT + start_n * stride_pt, cols, offs_d, stride_pt, BLOCK_N, HEAD_DIM, False, CHECK_D)
             s_off = tl.dot(qh.to(kt.dtype), tl.trans(kt), input_precision=PRECISION) * row_scale[:, None]
             s = tl.where(sub[:, None] == cc, s, s_off)
         s += _gate_bias(C, c_ref, offs_n, T, GATED)
         s = tl.where(offs_m[:, None] >= offs_n[None, :], s, float("-inf"))
-        v = _load_rows(V + start_n * stride_vt, cols, offs_dv, stride_vt, T - start_n, HEAD_DV, True,
-                       BLOCK_DV != HEAD_DV)
+        v = load_rows(V + start_n * stride_vt, cols, offs_dv, stride_vt, T - start_n, HEAD_DV, True,
+                      BLOCK_DV != HEAD_DV)
         # Guarded (rows may have seen only -inf so far) and masked (no NaN/inf of a hidden key
         # may reach a row through 0 * NaN).
-        acc, m_i, l_i = _softmax_fold(acc, m_i, l_i, s, v, True, True, PRECISION)
+        acc, m_i, l_i = softmax_fold(acc, m_i, l_i, s, v, True, True, PRECISION)
         if cc < R - 1:
             qn = _transition(qh, GM + (start_n // BLOCK_N) * stride_gj, WC + start_n * stride_pt,
                              NU + start_n * stride_pt, cols, offs_d, stride_pt, HEAD_DIM, BLOCK_D, UPDATE, PRECISION)
             qh = tl.where(sub[:, None] > cc, qn, qh)
     # The region multiplied values without their NaN/inf; the rows that see one get it back
     # (its values are read again, from the cache: nothing extra stays live in the loop above).
-    bad = _no_nonfinite(BLOCK_DV)
+    bad = no_nonfinite(BLOCK_DV)
     for c in tl.static_range(R):
-        v = _load_rows(V + (start_m + c * BLOCK_N) * stride_vt, cols, offs_dv, stride_vt, T - start_m - c * BLOCK_N,
-                       HEAD_DV, True, BLOCK_DV != HEAD_DV)
-        bad = _first_nonfinite(v, c * BLOCK_N + cols, bad)
-    acc = _poison(acc, rows, bad)
+        v = load_rows(V + (start_m + c * BLOCK_N) * stride_vt, cols, offs_dv, stride_vt, T - start_m - c * BLOCK_N,
+                      HEAD_DV, True, BLOCK_DV != HEAD_DV)
+        bad = first_nonfinite(v, c * BLOCK_N + cols, bad)
+    acc = poison(acc, rows, bad)
 
     # Key blocks strictly left of the query block, right to left: every key visible
     # (no causal mask) and every block whole (no row masks).
     for jj in range(0, start_m // BLOCK_N):
         start_n = start_m - (jj + 1) * BLOCK_N
-        kt = _load_rows(KT + start_n * stride_pt, cols, offs_d, stride_pt, 0, HEAD_DIM, False, CHECK_D)
-        v = _load_rows(V + start_n * stride_vt, cols, offs_dv, stride_vt, 0, HEAD_DV, False, BLOCK_DV != HEAD_DV)
+        kt = load_rows(KT + start_n * stride_pt, cols, offs_d, stride_pt, 0, HEAD_DIM, False, CHECK_D)
+        v = load_rows(V + start_n * stride_vt, cols, offs_dv, stride_vt, 0, HEAD_DV, False, BLOCK_DV != HEAD_DV)
         s = tl.dot(qh.to(kt.dtype), tl.trans(kt), input_precision=PRECISION)  # [BM, BN], times row_scale
         if GATED:
             s = s * row_scale[:, None] + _gate_bias(C, c_ref, start_n + cols, T, GATED)
-            acc, m_i, l_i = _softmax_fold(acc, m_i, l_i, s, v, False, False, PRECISION)
+            acc, m_i, l_i = softmax_fold(acc, m_i, l_i, s, v, False, False, PRECISION)
         else:  # the row scale rides in the update's exponent (no multiply per logit)
-            acc, m_i, l_i = _softmax_fold_scaled(acc, m_i, l_i, s, row_scale, v, False, False, PRECISION, "row")
+            acc, m_i, l_i = softmax_fold_scaled(acc, m_i, l_i, s, row_scale, v, False, False, PRECISION, "row")
         qh = _transition(qh, GM + (start_n // BLOCK_N) * stride_gj, WC + start_n * stride_pt,
                          NU + start_n * stride_pt, cols, offs_d, stride_pt, HEAD_DIM, BLOCK_D, UPDATE, PRECISION)
 
     l_i = tl.where(offs_m < T, l_i, 1.0)  # rows past T (never stored) sum to 0: no 0 / 0 or log2(0) there
-    _store_rows(O + bh * stride_ob, acc / l_i[:, None], offs_m, offs_dv, stride_ot, T, HEAD_DV)
+    store_rows(O + bh * stride_ob, acc / l_i[:, None], offs_m, offs_dv, stride_ot, T, HEAD_DV)
     if STORE_LSE:
         # For the backward pass, as in the template: the log-sum-exp (log2 units) of the true logits,
         # whose bias is c_i - c_j (the scan added c_r - c_j).
         lse = m_i + tl.log2(l_i)
         if GATED:
-            lse += _gate_rows(C, c_ref, offs_m, T)
+            lse += gate_rows(C, c_ref, offs_m, T)
         tl.store(LSE + bh * T + offs_m, lse, mask=offs_m < T)
 
 
@@ -275,7 +272,7 @@ def _ut_program(BT: tl.constexpr):
 def _schedule_program(X, V, C, T, stride_xb, stride_vb, BT: tl.constexpr, BIAS: tl.constexpr):
     """The head shared by :func:`_path_dyadic_fwd` and :func:`_path_bwd`: the program's head and UT block
     (:func:`_ut_program`), ``X`` and ``V`` moved to that head, and the gate argument of
-    :func:`.flash_attention._bwd_logits` (the head's cumulative log gate, or 0 without one)."""
+    :func:`.flash_attention.bwd_logits` (the head's cumulative log gate, or 0 without one)."""
     bh, start, offs_b = _ut_program(BT)
     bias_arg = 0.0
     if BIAS == "loggate":
@@ -288,7 +285,7 @@ def _diagonal_scores(AD, bh, start, stride_ab, T, BT: tl.constexpr):
     """The in-block scores ``Ã`` of the UT block at ``start`` (rows: its queries, columns: its keys),
     ``[BT, BT]``; rows past ``T`` read as 0."""
     cols = tl.arange(0, BT)
-    return _load_rows(AD + bh * stride_ab + start * BT, cols, cols, BT, T - start, BT, True, False)
+    return load_rows(AD + bh * stride_ab + start * BT, cols, cols, BT, T - start, BT, True, False)
 
 
 @triton.jit
@@ -327,11 +324,11 @@ def _path_dyadic_fwd(X, AD, V, O, C, LSE, T, LEVELS, qk_scale, stride_xl, stride
     into ``p 2^delta``, the rows stop summing to one, and the gradients were 20-300% off float64 in a trained model
     (``NOTES_path.md``, "The training forward runs on the backward's schedule").  So a forward that will be
     differentiated walks the tiles of ``_path_bwd``'s query role instead, from the meeting-point rows ``X`` and the in-block scores ``AD``, and
-    computes each logit as ``_path_bwd`` does (:func:`.flash_attention._bwd_logits`): the log-sum-exp it saves
+    computes each logit as ``_path_bwd`` does (:func:`.flash_attention.bwd_logits`): the log-sum-exp it saves
     (``LSE``, log2 units, fp32 ``(BH, T)``) is the one of the logits that the backward differentiates, as in
     FlashAttention-2.  ``O``: ``(BH, T, Dv)``.  Non-finite values: the diagonal tile folds through
-    :func:`._pieces._masked_dot` and the rows that see a NaN or inf value get it back at the end
-    (:func:`._pieces._poison`), as in the scan."""
+    :func:`._pieces.masked_dot` and the rows that see a NaN or inf value get it back at the end
+    (:func:`._pieces.poison`), as in the scan."""
     bh, start, offs_b, X, V, bias_arg = _schedule_program(X, V, C, T, stride_xb, stride_vb, BT, BIAS)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -343,27 +340,27 @@ def _path_dyadic_fwd(X, AD, V, O, C, LSE, T, LEVELS, qk_scale, stride_xl, stride
     acc = tl.zeros([BT, BLOCK_DV], dtype=tl.float32)
     # The diagonal tile, from the in-block scores; its rows of later queries hide the later keys (selected away).
     s_d = _diagonal_scores(AD, bh, start, stride_ab, T, BT) * qk_scale
-    s_d = _bwd_logits(s_d, bias_arg, offs_b[:, None], offs_b[None, :], T, True, BIAS)  # [BT, BT]
-    v_b = _load_rows(V, offs_b, offs_dv, stride_vt, T, HEAD_DV, True, CHECK_DV)  # [BT, BDV]
-    acc, m_i, l_i = _softmax_fold(acc, m_i, l_i, s_d, v_b, True, True, PRECISION)
-    bad = _first_nonfinite(v_b, rel, _no_nonfinite(BLOCK_DV))
+    s_d = bwd_logits(s_d, bias_arg, offs_b[:, None], offs_b[None, :], T, True, BIAS)  # [BT, BT]
+    v_b = load_rows(V, offs_b, offs_dv, stride_vt, T, HEAD_DV, True, CHECK_DV)  # [BT, BDV]
+    acc, m_i, l_i = softmax_fold(acc, m_i, l_i, s_d, v_b, True, True, PRECISION)
+    bad = first_nonfinite(v_b, rel, no_nonfinite(BLOCK_DV))
     # Every earlier block, at the level where it meets this one: whole key tiles, no mask.
     XL = X
     for lvl in range(0, LEVELS):
         lo, hi, _ = _query_levels(start, lvl, BT)  # the tiles of _path_bwd's query role
-        q = _load_rows(XL, offs_b, offs_d, HEAD_DIM, T, HEAD_DIM, True, CHECK_D)  # [BT, BD]
+        q = load_rows(XL, offs_b, offs_d, HEAD_DIM, T, HEAD_DIM, True, CHECK_D)  # [BT, BD]
         for start_n in range(lo, hi, INNER):
             offs_n = start_n + tl.arange(0, INNER)
-            k = _load_rows(XL, offs_n, offs_d, HEAD_DIM, T, HEAD_DIM, False, CHECK_D)  # [BN, BD]
-            v = _load_rows(V, offs_n, offs_dv, stride_vt, T, HEAD_DV, False, CHECK_DV)  # [BN, BDV]
+            k = load_rows(XL, offs_n, offs_d, HEAD_DIM, T, HEAD_DIM, False, CHECK_D)  # [BN, BD]
+            v = load_rows(V, offs_n, offs_dv, stride_vt, T, HEAD_DV, False, CHECK_DV)  # [BN, BDV]
             # (a new name: a tile of INNER keys is not the diagonal tile's shape, and Triton types loop variables)
             s_n = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BT, BN], as _bwd_tile
-            s_n = _bwd_logits(s_n, bias_arg, offs_b[:, None], offs_n[None, :], T, False, BIAS)
-            acc, m_i, l_i = _softmax_fold(acc, m_i, l_i, s_n, v, False, False, PRECISION)
+            s_n = bwd_logits(s_n, bias_arg, offs_b[:, None], offs_n[None, :], T, False, BIAS)
+            acc, m_i, l_i = softmax_fold(acc, m_i, l_i, s_n, v, False, False, PRECISION)
         XL += stride_xl
-    acc = _poison(acc, rel, bad)
+    acc = poison(acc, rel, bad)
     l_i = tl.where(offs_b < T, l_i, 1.0)  # rows past T (never stored) sum to 0: no 0 / 0 or log2(0) there
-    _store_rows(O + bh * stride_ob, acc / l_i[:, None], offs_b, offs_dv, stride_ot, T, HEAD_DV)
+    store_rows(O + bh * stride_ob, acc / l_i[:, None], offs_b, offs_dv, stride_ot, T, HEAD_DV)
     tl.store(LSE + bh * T + offs_b, m_i + tl.log2(l_i), mask=offs_b < T)
 
 
@@ -380,7 +377,7 @@ def _path_bwd(X, AD, V, DO, LSE, DELTA, C, DX, DAD, DV, DBR, DBC, T, LEVELS, qk_
     carried right to it (:func:`pathedu.path._meeting_points`): their logits are the plain product
     ``scale * X[l][I] X[l][J]^T``.  So each level is a set of rectangles of FlashAttention's
     backward with no transition inside, walked by the template's own steps
-    (:func:`.flash_attention._dkdv_steps`, :func:`.flash_attention._dq_steps`).  Role 0 (keys of
+    (:func:`.flash_attention.dkdv_steps`, :func:`.flash_attention.dq_steps`).  Role 0 (keys of
     block ``J``): for each level where ``J`` is in a left half, the right half's query tiles:
     ``dX[l][J] = scale dz^T X[l][I]``, ``dV`` and the column sums of ``dz``.  Role 1 (queries of
     block ``I``): for each level where ``I`` is in a right half, the left half's key tiles:
@@ -401,13 +398,13 @@ def _path_bwd(X, AD, V, DO, LSE, DELTA, C, DX, DAD, DV, DBR, DBC, T, LEVELS, qk_
     DELTA += bh * T
     # The diagonal tile, from the in-block scores (rows: this block's queries, columns: its keys).
     ad = _diagonal_scores(AD, bh, start, stride_ab, T, BT)  # [BT, BT]
-    do_b = _load_rows(DO, offs_b, offs_dv, stride_vt, T, HEAD_DV, True, CHECK_DV)  # [BT, BDV]
-    v_b = _load_rows(V, offs_b, offs_dv, stride_vt, T, HEAD_DV, True, CHECK_DV)  # [BT, BDV]
+    do_b = load_rows(DO, offs_b, offs_dv, stride_vt, T, HEAD_DV, True, CHECK_DV)  # [BT, BDV]
+    v_b = load_rows(V, offs_b, offs_dv, stride_vt, T, HEAD_DV, True, CHECK_DV)  # [BT, BDV]
     lse_b = tl.load(LSE + offs_b, mask=offs_b < T, other=0.0)
     delta_b = tl.load(DELTA + offs_b, mask=offs_b < T, other=0.0)
     dp = tl.dot(do_b, tl.trans(v_b), input_precision=PRECISION)  # [BT, BT]
-    p, dz = _bwd_probs(ad * qk_scale, dp, lse_b[:, None], delta_b[:, None], bias_arg, offs_b[:, None], offs_b[None, :],
-                       T, True, BIAS)
+    p, dz = bwd_probs(ad * qk_scale, dp, lse_b[:, None], delta_b[:, None], bias_arg, offs_b[:, None], offs_b[None, :],
+                      T, True, BIAS)
     if tl.program_id(2) == 0:
         dv = tl.dot(tl.trans(p.to(do_b.dtype)), do_b, input_precision=PRECISION)  # [BT, BDV]
         col = tl.sum(dz, axis=0)
@@ -416,34 +413,34 @@ def _path_bwd(X, AD, V, DO, LSE, DELTA, C, DX, DAD, DV, DBR, DBC, T, LEVELS, qk_
         for lvl in range(0, LEVELS):
             lo, hi, left = _key_levels(start, lvl, T, BT)
             whole = lo + ((hi - lo) // INNER) * INNER
-            k = _load_rows(XL, offs_b, offs_d, HEAD_DIM, T, HEAD_DIM, True, CHECK_D)  # [BT, BD], at the boundary
+            k = load_rows(XL, offs_b, offs_d, HEAD_DIM, T, HEAD_DIM, True, CHECK_D)  # [BT, BD], at the boundary
             dk = tl.zeros([BT, BLOCK_D], dtype=tl.float32)
-            dk, dv, col = _dkdv_steps(dk, dv, col, k, v_b, XL, DO, LSE, DELTA, bias_arg, offs_b, lo, whole, T,
-                                      qk_scale, HEAD_DIM, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER,
-                                      False, BIAS, PRECISION, DXL, DBC, False)
-            dk, dv, col = _dkdv_steps(dk, dv, col, k, v_b, XL, DO, LSE, DELTA, bias_arg, offs_b, whole, hi, T,
-                                      qk_scale, HEAD_DIM, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER,
-                                      True, BIAS, PRECISION, DXL, DBC, False)
-            _store_rows(DXL, dk * scale, offs_b, offs_d, HEAD_DIM, tl.where(left, T, 0), HEAD_DIM)
+            dk, dv, col = dkdv_steps(dk, dv, col, k, v_b, XL, DO, LSE, DELTA, bias_arg, offs_b, lo, whole, T,
+                                     qk_scale, HEAD_DIM, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER,
+                                     False, BIAS, PRECISION, DXL, DBC, False)
+            dk, dv, col = dkdv_steps(dk, dv, col, k, v_b, XL, DO, LSE, DELTA, bias_arg, offs_b, whole, hi, T,
+                                     qk_scale, HEAD_DIM, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER,
+                                     True, BIAS, PRECISION, DXL, DBC, False)
+            store_rows(DXL, dk * scale, offs_b, offs_d, HEAD_DIM, tl.where(left, T, 0), HEAD_DIM)
             XL += stride_xl  # the next level (pointer steps: L * BH * T * D can pass 2^31)
             DXL += stride_xl
-        _store_rows(DV + bh * stride_vb, dv, offs_b, offs_dv, stride_vt, T, HEAD_DV)
+        store_rows(DV + bh * stride_vb, dv, offs_b, offs_dv, stride_vt, T, HEAD_DV)
         if BIAS != "none":
             tl.store(DBC + bh * T + offs_b, col, mask=offs_b < T)
     else:
-        _store_rows(DAD + bh * stride_ab + start * BT, dz * scale, tl.arange(0, BT), tl.arange(0, BT), BT, T - start,
-                    BT)  # dÃ, [BT, BT]
+        store_rows(DAD + bh * stride_ab + start * BT, dz * scale, tl.arange(0, BT), tl.arange(0, BT), BT, T - start,
+                   BT)  # dÃ, [BT, BT]
         row = tl.sum(dz, axis=1)
         XL = X
         DXL = DX
         for lvl in range(0, LEVELS):
             lo, hi, right = _query_levels(start, lvl, BT)
-            q = _load_rows(XL, offs_b, offs_d, HEAD_DIM, T, HEAD_DIM, True, CHECK_D)  # [BT, BD], at the boundary
+            q = load_rows(XL, offs_b, offs_d, HEAD_DIM, T, HEAD_DIM, True, CHECK_D)  # [BT, BD], at the boundary
             dq = tl.zeros([BT, BLOCK_D], dtype=tl.float32)
-            dq, row = _dq_steps(dq, row, q, do_b, lse_b, delta_b, XL, V, bias_arg, offs_b, lo, hi, T, qk_scale,
-                                HEAD_DIM, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER, False, BIAS,
-                                PRECISION)
-            _store_rows(DXL, dq * scale, offs_b, offs_d, HEAD_DIM, tl.where(right, T, 0), HEAD_DIM)
+            dq, row = dq_steps(dq, row, q, do_b, lse_b, delta_b, XL, V, bias_arg, offs_b, lo, hi, T, qk_scale,
+                               HEAD_DIM, stride_vt, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, INNER, False, BIAS,
+                               PRECISION)
+            store_rows(DXL, dq * scale, offs_b, offs_d, HEAD_DIM, tl.where(right, T, 0), HEAD_DIM)
             XL += stride_xl
             DXL += stride_xl
         if BIAS != "none":
@@ -507,7 +504,7 @@ def path_attention(q, k, v, w, beta, *, scale=None, block=None, log_f=None, save
     num_stages=...)`` fixes the scan's tiles (query blocks of ``R * block`` rows, R in 1..MAX_R) instead of
     autotuning; ``update="dense"|"ut"`` picks the form of ``q^ <- P_J q^`` (default: dense while ``D <= 2 block``);
     ``update_dtype`` the dtype of its operands; ``prep_precision`` the preparation pass's product precision (see
-    :func:`._pieces._dot`); ``backward=dict(INNER=..., num_warps=...)`` fixes the backward kernel's tiles.
+    :func:`._pieces.dot`); ``backward=dict(INNER=..., num_warps=...)`` fixes the backward kernel's tiles.
     """
     cfg = dict(_config or {})
     x = prepare_qkv(q, k, v, backward=True)
@@ -576,18 +573,21 @@ def _path_launch(x: Flat, w3, beta3, scale: float, block: int, update: str, cfg:
     meta = dict(HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=next_pow2(n.D), BLOCK_DV=next_pow2(n.Dv), BLOCK_N=block,
                 UPDATE=update, PRECISION=dot_precision(x.dtype), GATED=c is not None, STORE_LSE=lse is not None)
     dummy = prep.qn  # a pointer for the arguments a launch does not read
-    args = (prep.qt, prep.qn, prep.kt, prep.ad, prep.g, prep.wc, prep.nu, x.v, out, dummy if c is None else c,
-            dummy if lse is None else lse, n.T, scale * LOG2E,
-            prep.qt.stride(0), prep.qt.stride(1), prep.qn.stride(0), prep.ad.stride(0), prep.ad.stride(1),
-            prep.g.stride(0), prep.g.stride(1), x.v.stride(0), x.v.stride(1), out.stride(0), out.stride(1))
+    args = dict(
+        QT=prep.qt, QN=prep.qn, KT=prep.kt, AD=prep.ad, GM=prep.g, WC=prep.wc, NU=prep.nu, V=x.v, O=out,
+        C=dummy if c is None else c, LSE=dummy if lse is None else lse,
+        T=n.T, qk_scale=scale * LOG2E,
+        stride_nb=prep.qn.stride(0), stride_gb=prep.g.stride(0), stride_gj=prep.g.stride(1),
+        **row_strides(p=prep.qt, a=prep.ad, v=x.v, o=out),
+    )
     # Fixed tiles: in the interpreter, when the caller fixes them, and for fp32 inputs (exact
     # dots: a precision path whose compile time would dominate autotuning, as in the template).
     if cfg or interpreting() or meta["PRECISION"] == "ieee":
         cfg = {"R": 1, "num_warps": 4, "num_stages": 1 if interpreting() else 2, **cfg}
-        _path_fwd[(triton.cdiv(n.T, cfg["R"] * block), x.BH)](*args, **cfg, **meta)
+        _path_fwd[(triton.cdiv(n.T, cfg["R"] * block), x.BH)](**args, **cfg, **meta)
     else:
         grid = lambda META: (triton.cdiv(n.T, META["R"] * block), x.BH)  # noqa: E731
-        _path_fwd_tuned[grid](*args, **meta)
+        _path_fwd_tuned[grid](**args, **meta)
     return out
 
 
@@ -614,13 +614,13 @@ def _schedule_launch(plain, tuned, grid, args, meta: dict, block: int, fixed=Non
     interpreter, 32-row tiles for fp32 inputs (exact products, whose compile time would dominate autotuning), else
     autotuned (``tuned``)."""
     if fixed is not None:
-        plain[grid](*args, **{"num_stages": 2, **fixed}, **meta)
+        plain[grid](**args, **{"num_stages": 2, **fixed}, **meta)
     elif interpreting():
-        plain[grid](*args, INNER=block, **meta)
+        plain[grid](**args, INNER=block, **meta)
     elif meta["PRECISION"] == "ieee":
-        plain[grid](*args, INNER=min(32, block), num_warps=4, num_stages=2, **meta)
+        plain[grid](**args, INNER=min(32, block), num_warps=4, num_stages=2, **meta)
     else:
-        tuned[grid](*args, **meta)
+        tuned[grid](**args, **meta)
 
 
 def _dyadic_forward(x: Flat, c, scale: float, block: int, prep: Prepared, X):
@@ -632,9 +632,12 @@ def _dyadic_forward(x: Flat, c, scale: float, block: int, prep: Prepared, X):
     lse = torch.empty(x.BH, n.T, dtype=torch.float32, device=x.device)
     levels = X.shape[0]
     meta = _dyadic_meta(x, c, block)
-    args = (X, prep.ad, x.v, out, lse if c is None else c, lse, n.T, levels, scale * LOG2E,
-            X.stride(0) if levels else 0, X.stride(1) if levels else 0, prep.ad.stride(0), x.v.stride(0),
-            x.v.stride(1), out.stride(0), out.stride(1))
+    args = dict(
+        X=X, AD=prep.ad, V=x.v, O=out, C=lse if c is None else c, LSE=lse,
+        T=n.T, LEVELS=levels, qk_scale=scale * LOG2E,
+        stride_xl=X.stride(0) if levels else 0, stride_xb=X.stride(1) if levels else 0, stride_ab=prep.ad.stride(0),
+        **row_strides(v=x.v, o=out),
+    )
     _schedule_launch(_path_dyadic_fwd, _path_dyadic_fwd_tuned, (triton.cdiv(n.T, block), x.BH), args, meta, block)
     return out, lse
 
@@ -661,10 +664,13 @@ def _bwd_kernel(x: Flat, c, do, lse, delta, scale: float, block: int, prep: Prep
         rows = torch.empty(x.BH, n.T, dtype=torch.float32, device=x.device)
         cols = torch.empty_like(rows)
     dummy = delta
-    args = (X, prep.ad, x.v, do, lse, delta, dummy if c is None else c, dX, dad, dv,
-            dummy if rows is None else rows, dummy if cols is None else cols, n.T, levels, scale * LOG2E, scale,
-            X.stride(0) if levels else 0, X.stride(1) if levels else 0, prep.ad.stride(0), x.v.stride(0),
-            x.v.stride(1))
+    args = dict(
+        X=X, AD=prep.ad, V=x.v, DO=do, LSE=lse, DELTA=delta, C=dummy if c is None else c, DX=dX, DAD=dad, DV=dv,
+        DBR=dummy if rows is None else rows, DBC=dummy if cols is None else cols,
+        T=n.T, LEVELS=levels, qk_scale=scale * LOG2E, scale=scale,
+        stride_xl=X.stride(0) if levels else 0, stride_xb=X.stride(1) if levels else 0, stride_ab=prep.ad.stride(0),
+        **row_strides(v=x.v),
+    )
     meta = _dyadic_meta(x, c, block)
     _schedule_launch(_path_bwd, _path_bwd_tuned, (triton.cdiv(n.T, block), x.BH, 2), args, meta, block, _config)
     return dX, dad, dv, rows, cols
@@ -674,7 +680,7 @@ def _bwd_kernel(x: Flat, c, do, lse, delta, scale: float, block: int, prep: Prep
 # units), where a row rounded to bf16 moves a logit by tenths and a probability by tens of percent; fp16 keeps the
 # 10 mantissa bits of the tf32 products that read fp32 rows, in half their bytes and at the tensor cores' full
 # rate (kernels/NOTES_path.md, "Meeting points in fp16, gradient products in dO's dtype").  The rows are carried by reflections (norm <= 1), so they stay within
-# the queries' and keys' own range.  The gradient products run in dO's dtype (flash_attention._dkdv_steps): bf16
+# the queries' and keys' own range.  The gradient products run in dO's dtype (flash_attention.dkdv_steps): bf16
 # for bf16 inputs; for fp16 inputs fp16, as in any fp16 attention backward (train with a scaled loss).
 # An override for every input dtype (meeting_point_dtype); None: the rule above.
 _BWD_X_DTYPE = None

@@ -31,7 +31,7 @@ training step at T = 2048 on an H200, where storing them costs the forward 0.27 
 (``pathedu/data/choice_carries_kept.json``; ``NOTES_path.md``, "The carries").  Every block
 belongs to one half per level, so one launch per level writes each gradient row once (level 1's launch, which folds
 level 0 in, writes every row; each later one adds to what the levels before left).  Products are
-:func:`._pieces._dot` at the preparation pass's precision (:func:`.ut_prepare.prep_precision`).
+:func:`._pieces.dot` at the preparation pass's precision (:func:`.ut_prepare.prep_precision`).
 :func:`carry_forward` and :func:`carry_backward` launch them; :func:`pathedu.path._meeting_points` is the same map in PyTorch.
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from ._launch import interpreting, keeping_nans, next_pow2
-from ._pieces import _dot, _dot_ready, _load_rows, _scaled, _store_rows
+from ._pieces import dot, dot_ready, load_rows, scaled, store_rows
 from .ut_prepare import backward_precision, prep_precision
 
 
@@ -51,10 +51,26 @@ def _level_zero_rows(QT, KT, X0, b, rows, offs_d, HEAD_DIM: tl.constexpr, BT: tl
     just read one of the two, so the second read of it is served by the cache)."""
     dtype = X0.dtype.element_ty  # each branch converts, so that both leave x in one dtype
     if b % 2 == 1:
-        x = _load_rows(QT + b * BT * HEAD_DIM, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D).to(dtype)
+        x = load_rows(QT + b * BT * HEAD_DIM, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D).to(dtype)
     else:
-        x = _load_rows(KT + b * BT * HEAD_DIM, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D).to(dtype)
-    _store_rows(X0 + b * BT * HEAD_DIM, x, rows, offs_d, HEAD_DIM, BT, HEAD_DIM)
+        x = load_rows(KT + b * BT * HEAD_DIM, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D).to(dtype)
+    store_rows(X0 + b * BT * HEAD_DIM, x, rows, offs_d, HEAD_DIM, BT, HEAD_DIM)
+
+
+@triton.jit
+def _carried_rows(SIDE, QT, KT, GM, X, X0, CS, b, carry, rows, offs_d, HEAD_DIM: tl.constexpr, BT: tl.constexpr,
+                  CHECK_D: tl.constexpr, CARRY: tl.constexpr, FIRST: tl.constexpr, SAVE: tl.constexpr):
+    """Block ``b``'s step of :func:`_carry_fwd` that both halves take: its rows of ``X``, the rows of ``SIDE``
+    (``q~`` in the right half, ``k~`` in the left) times the half's ``carry``; with ``SAVE`` the carry itself into
+    ``CS``; with ``FIRST`` the block's rows of level 0.  Returns the block's ``G_b``, which moves the carry on."""
+    DD: tl.constexpr = HEAD_DIM * HEAD_DIM
+    x = load_rows(SIDE + b * BT * HEAD_DIM, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
+    store_rows(X + b * BT * HEAD_DIM, dot(x, carry, CARRY), rows, offs_d, HEAD_DIM, BT, HEAD_DIM)
+    if SAVE:
+        store_rows(CS + b * DD, carry, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM)
+    if FIRST:
+        _level_zero_rows(QT, KT, X0, b, rows, offs_d, HEAD_DIM, BT, CHECK_D)
+    return load_rows(GM + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
 
 
 @triton.jit
@@ -75,36 +91,22 @@ def _carry_fwd(QT, KT, GM, X, X0, CS, NB, h, stride_tb, stride_pb,
     rows = tl.arange(0, BT)
     offs_d = tl.arange(0, BLOCK_D)
     CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
-    DD: tl.constexpr = HEAD_DIM * HEAD_DIM
-    QT += bh * stride_tb
-    KT += bh * stride_tb
-    X += bh * stride_tb
-    X0 += bh * stride_tb
-    GM += bh * stride_pb
-    CS += bh * stride_pb
+    rows_of_head, blocks_of_head = bh * stride_tb, bh * stride_pb  # offsets of this head's rows and D x D blocks
+    QT, KT, X, X0 = QT + rows_of_head, KT + rows_of_head, X + rows_of_head, X0 + rows_of_head
+    GM, CS = GM + blocks_of_head, CS + blocks_of_head
     carry = (offs_d[:, None] == offs_d[None, :]).to(tl.float32)  # [BD, BD]
     if tl.program_id(1) == 1:  # right half: queries carried left, C <- Phi_b C
         for t in range(0, tl.minimum(h, NB - mid)):
             b = mid + t
-            q = _load_rows(QT + b * BT * HEAD_DIM, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
-            _store_rows(X + b * BT * HEAD_DIM, _dot(q, carry, CARRY), rows, offs_d, HEAD_DIM, BT, HEAD_DIM)
-            if SAVE:
-                _store_rows(CS + b * DD, carry, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM)
-            if FIRST:
-                _level_zero_rows(QT, KT, X0, b, rows, offs_d, HEAD_DIM, BT, CHECK_D)
-            g = _load_rows(GM + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
-            carry += _dot(g, carry, CARRY)
+            g = _carried_rows(QT, QT, KT, GM, X, X0, CS, b, carry, rows, offs_d, HEAD_DIM, BT, CHECK_D, CARRY, FIRST,
+                              SAVE)
+            carry += dot(g, carry, CARRY)
     else:  # left half: keys carried right, E <- Phi_b^T E, from the boundary leftwards
         for t in range(tl.maximum(mid - NB, 0), h):  # blocks past NB (a last, partial node) are skipped
             b = mid - 1 - t
-            k = _load_rows(KT + b * BT * HEAD_DIM, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
-            _store_rows(X + b * BT * HEAD_DIM, _dot(k, carry, CARRY), rows, offs_d, HEAD_DIM, BT, HEAD_DIM)
-            if SAVE:
-                _store_rows(CS + b * DD, carry, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM)
-            if FIRST:
-                _level_zero_rows(QT, KT, X0, b, rows, offs_d, HEAD_DIM, BT, CHECK_D)
-            g = _load_rows(GM + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
-            carry += _dot(tl.trans(g), carry, CARRY)
+            g = _carried_rows(KT, QT, KT, GM, X, X0, CS, b, carry, rows, offs_d, HEAD_DIM, BT, CHECK_D, CARRY, FIRST,
+                              SAVE)
+            carry += dot(tl.trans(g), carry, CARRY)
 
 
 @triton.jit
@@ -113,7 +115,31 @@ def _level_zero_grad(DX0, b, PARITY: tl.constexpr, rows, offs_d, HEAD_DIM: tl.co
     """Level 0's gradient of block ``b``'s ``q~`` (``PARITY = 1``) or ``k~`` (``0``): ``dX0``'s rows where the
     block's parity is ``PARITY``, else 0 (a load masked off entirely reads nothing).  ``[BT, BLOCK_D]`` fp32."""
     n = tl.where(b % 2 == PARITY, BT, 0)
-    return _load_rows(DX0 + b * BT * HEAD_DIM, rows, offs_d, HEAD_DIM, n, HEAD_DIM, True, CHECK_D).to(tl.float32)
+    return load_rows(DX0 + b * BT * HEAD_DIM, rows, offs_d, HEAD_DIM, n, HEAD_DIM, True, CHECK_D).to(tl.float32)
+
+
+@triton.jit
+def _carried_rows_grad(CS, DX, SIDE, GM, DX0, DOUT, b, PARITY: tl.constexpr, rows, offs_d, HEAD_DIM: tl.constexpr,
+                       BT: tl.constexpr, CHECK_D: tl.constexpr, PRECISION: tl.constexpr, FIRST: tl.constexpr):
+    """Block ``b``'s step of :func:`_carry_bwd` that both halves take: its rows' gradient ``dX_b`` carried back
+    through the block's carry ``C_b`` (``CS``) and added to ``DOUT`` (``dq~`` in the right half, ``PARITY = 1``;
+    ``dk~`` in the left, ``0``), onto level 0's gradient with ``FIRST``, else onto what the levels before left.
+    Returns what the half's running sum reads next: ``C_b``, ``dX_b`` scaled by a power of two (``dx, dx_u``:
+    :func:`._pieces.scaled`), the block's ``q~`` or ``k~`` rows (``SIDE``) and its ``G_b``."""
+    DD: tl.constexpr = HEAD_DIM * HEAD_DIM
+    RD: tl.constexpr = BT * HEAD_DIM
+    c = load_rows(CS + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
+    dx, dx_u = scaled(load_rows(DX + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D).to(tl.float32),
+                      PRECISION)  # [BT, BD], read by two products
+    side = load_rows(SIDE + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
+    g = load_rows(GM + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
+    if FIRST:
+        d = _level_zero_grad(DX0, b, PARITY, rows, offs_d, HEAD_DIM, BT, CHECK_D)
+    else:
+        d = load_rows(DOUT + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
+    store_rows(DOUT + b * RD, d + dot_ready(dx, tl.trans(c), True, False, PRECISION) * dx_u, rows, offs_d, HEAD_DIM,
+               BT, HEAD_DIM)
+    return c, dx, dx_u, side, g
 
 
 @triton.jit
@@ -121,18 +147,18 @@ def _add_dphi(ptr, a, b, scale, nonzero, offs_d, HEAD_DIM: tl.constexpr, CHECK_D
               PRECISION: tl.constexpr, FIRST: tl.constexpr, A_READY: tl.constexpr, B_READY: tl.constexpr):
     """``dPhi += (a b) scale`` at ``ptr`` (a ``D x D`` tile) where ``nonzero`` (a half's end block has none to add);
     with ``FIRST`` the tile is written instead, zeros where ``not nonzero``.  ``*_READY``: as
-    :func:`._pieces._dot_ready`; ``scale``: the ``1 / s`` of a scaled operand (:func:`._pieces._scaled`), or 1."""
+    :func:`._pieces.dot_ready`; ``scale``: the ``1 / s`` of a scaled operand (:func:`._pieces.scaled`), or 1."""
     if FIRST:
         if nonzero:
-            _store_rows(ptr, _dot_ready(a, b, A_READY, B_READY, PRECISION) * scale, offs_d, offs_d, HEAD_DIM, HEAD_DIM,
-                        HEAD_DIM)
+            store_rows(ptr, dot_ready(a, b, A_READY, B_READY, PRECISION) * scale, offs_d, offs_d, HEAD_DIM, HEAD_DIM,
+                       HEAD_DIM)
         else:
-            _store_rows(ptr, tl.zeros([a.shape[0], b.shape[1]], dtype=tl.float32), offs_d, offs_d, HEAD_DIM, HEAD_DIM,
-                        HEAD_DIM)
+            store_rows(ptr, tl.zeros([a.shape[0], b.shape[1]], dtype=tl.float32), offs_d, offs_d, HEAD_DIM, HEAD_DIM,
+                       HEAD_DIM)
     elif nonzero:
-        dg = _load_rows(ptr, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
-        _store_rows(ptr, dg + _dot_ready(a, b, A_READY, B_READY, PRECISION) * scale, offs_d, offs_d, HEAD_DIM,
-                    HEAD_DIM, HEAD_DIM)
+        dg = load_rows(ptr, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
+        store_rows(ptr, dg + dot_ready(a, b, A_READY, B_READY, PRECISION) * scale, offs_d, offs_d, HEAD_DIM,
+                   HEAD_DIM, HEAD_DIM)
 
 
 @triton.jit
@@ -144,7 +170,7 @@ def _carry_bwd(QT, KT, GM, DX, DX0, DQT, DKT, DGM, CS, NB, h, stride_tb, stride_
     ``DX``: the level's ``dX`` (fp32); ``CS``: the level's carries as :func:`_carry_fwd` stored them
     (``(BH, NB, D, D)``, ``GM``'s dtype).  Every product with a gradient runs in ``PRECISION``; with ``"fp16"`` (fp16
     factors only) each tile of ``dX`` and each trip's running sum ``S`` or ``U`` is scaled into fp16's range by a power
-    of two first (:func:`._pieces._scaled`: gradients can be far smaller, or larger, than fp16's normal range).
+    of two first (:func:`._pieces.scaled`: gradients can be far smaller, or larger, than fp16's normal range).
 
     ``FIRST`` (level 1, ``h = 2``, the first launch): the outputs are written, not added to, and level 0 is
     folded in from ``DX0`` (its ``dX``; there ``dq~`` is ``dX``'s rows on odd blocks, ``dk~`` on even ones, and
@@ -158,65 +184,42 @@ def _carry_bwd(QT, KT, GM, DX, DX0, DQT, DKT, DGM, CS, NB, h, stride_tb, stride_
     CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
     DD: tl.constexpr = HEAD_DIM * HEAD_DIM
     RD: tl.constexpr = BT * HEAD_DIM
-    QT += bh * stride_tb
-    KT += bh * stride_tb
-    DX += bh * stride_tb
-    DX0 += bh * stride_tb
-    DQT += bh * stride_tb
-    DKT += bh * stride_tb
-    GM += bh * stride_pb
-    DGM += bh * stride_pb
-    CS += bh * stride_pb
+    rows_of_head, blocks_of_head = bh * stride_tb, bh * stride_pb  # offsets of this head's rows and D x D blocks
+    QT, KT, DX, DX0 = QT + rows_of_head, KT + rows_of_head, DX + rows_of_head, DX0 + rows_of_head
+    DQT, DKT = DQT + rows_of_head, DKT + rows_of_head
+    GM, DGM, CS = GM + blocks_of_head, DGM + blocks_of_head, CS + blocks_of_head
     if tl.program_id(1) == 1:  # right half
         n_right = tl.minimum(h, NB - mid)
         s = tl.zeros([BLOCK_D, BLOCK_D], dtype=tl.float32)  # S_b: later blocks' M_I carried back to b
         for tt in range(0, n_right):  # right to left
             b = mid + n_right - 1 - tt
-            c = _load_rows(CS + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
-            dx, dx_u = _scaled(_load_rows(DX + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False,
-                                          CHECK_D).to(tl.float32), PRECISION)  # [BT, BD], read by two products
-            q = _load_rows(QT + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
-            g = _load_rows(GM + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
-            if FIRST:
-                dq = _level_zero_grad(DX0, b, 1, rows, offs_d, HEAD_DIM, BT, CHECK_D)
-            else:
-                dq = _load_rows(DQT + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
-            _store_rows(DQT + b * RD, dq + _dot_ready(dx, tl.trans(c), True, False, PRECISION) * dx_u, rows, offs_d,
-                        HEAD_DIM, BT, HEAD_DIM)
-            s_r, s_u = _scaled(s, PRECISION)  # read by two products
+            c, dx, dx_u, q, g = _carried_rows_grad(CS, DX, QT, GM, DX0, DQT, b, 1, rows, offs_d,
+                                                   HEAD_DIM, BT, CHECK_D, PRECISION, FIRST)
+            s_r, s_u = scaled(s, PRECISION)  # read by two products
             _add_dphi(DGM + b * DD, s_r, tl.trans(c), s_u, tt > 0, offs_d, HEAD_DIM, CHECK_D, PRECISION, FIRST, True,
                       False)
-            s += (_dot_ready(tl.trans(q), dx, False, True, PRECISION) * dx_u
-                  + _dot_ready(tl.trans(g), s_r, False, True, PRECISION) * s_u)
+            s += (dot_ready(tl.trans(q), dx, False, True, PRECISION) * dx_u
+                  + dot_ready(tl.trans(g), s_r, False, True, PRECISION) * s_u)
         if FIRST:  # the left half's dq~ rows: level 0's alone
             for b in range(mid - h, tl.minimum(mid, NB)):
-                _store_rows(DQT + b * RD, _level_zero_grad(DX0, b, 1, rows, offs_d, HEAD_DIM, BT, CHECK_D), rows,
-                            offs_d, HEAD_DIM, BT, HEAD_DIM)
+                store_rows(DQT + b * RD, _level_zero_grad(DX0, b, 1, rows, offs_d, HEAD_DIM, BT, CHECK_D), rows,
+                           offs_d, HEAD_DIM, BT, HEAD_DIM)
     else:  # left half
         t0 = tl.maximum(mid - NB, 0)
         u = tl.zeros([BLOCK_D, BLOCK_D], dtype=tl.float32)  # U_b: earlier blocks' N_J carried forward to b
         for t in range(0, h - t0):  # left to right
             b = mid - h + t
-            e = _load_rows(CS + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
-            dx, dx_u = _scaled(_load_rows(DX + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False,
-                                          CHECK_D).to(tl.float32), PRECISION)  # [BT, BD], read by two products
-            k = _load_rows(KT + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
-            g = _load_rows(GM + b * DD, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)
-            if FIRST:
-                dk = _level_zero_grad(DX0, b, 0, rows, offs_d, HEAD_DIM, BT, CHECK_D)
-            else:
-                dk = _load_rows(DKT + b * RD, rows, offs_d, HEAD_DIM, BT, HEAD_DIM, False, CHECK_D)
-            _store_rows(DKT + b * RD, dk + _dot_ready(dx, tl.trans(e), True, False, PRECISION) * dx_u, rows, offs_d,
-                        HEAD_DIM, BT, HEAD_DIM)
-            u_r, u_u = _scaled(u, PRECISION)  # read by two products
+            e, dx, dx_u, k, g = _carried_rows_grad(CS, DX, KT, GM, DX0, DKT, b, 0, rows, offs_d,
+                                                   HEAD_DIM, BT, CHECK_D, PRECISION, FIRST)
+            u_r, u_u = scaled(u, PRECISION)  # read by two products
             _add_dphi(DGM + b * DD, e, tl.trans(u_r), u_u, t > 0, offs_d, HEAD_DIM, CHECK_D, PRECISION, FIRST, False,
                       True)
-            u += (_dot_ready(g, u_r, False, True, PRECISION) * u_u
-                  + _dot_ready(tl.trans(k), dx, False, True, PRECISION) * dx_u)
+            u += (dot_ready(g, u_r, False, True, PRECISION) * u_u
+                  + dot_ready(tl.trans(k), dx, False, True, PRECISION) * dx_u)
         if FIRST:  # the right half's dk~ rows: level 0's alone
             for b in range(mid, tl.minimum(mid + h, NB)):
-                _store_rows(DKT + b * RD, _level_zero_grad(DX0, b, 0, rows, offs_d, HEAD_DIM, BT, CHECK_D), rows,
-                            offs_d, HEAD_DIM, BT, HEAD_DIM)
+                store_rows(DKT + b * RD, _level_zero_grad(DX0, b, 0, rows, offs_d, HEAD_DIM, BT, CHECK_D), rows,
+                           offs_d, HEAD_DIM, BT, HEAD_DIM)
 
 
 _CARRY_CONFIGS = [triton.Config({}, num_warps=w, num_stages=1) for w in (4, 8)]  # one stage: see carry_forward
@@ -275,9 +278,13 @@ def carry_forward(qt, kt, g, block: int, dtype, keep_carries: bool = False):
     kernel, fixed = _kernel(_carry_fwd_tuned, _carry_fwd)
     for lvl in range(1, X.shape[0]):
         h = 1 << lvl
-        kernel[(-(-nb // (2 * h)), 2, BH)](qt, kt, g, X[lvl], X[0], g if C is None else C[lvl - 1], nb, h,
-                                           qt.stride(0), g.stride(0), HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=block,
-                                           CARRY=_carry_precision(g, D), FIRST=lvl == 1, SAVE=C is not None, **fixed)
+        kernel[(-(-nb // (2 * h)), 2, BH)](
+            QT=qt, KT=kt, GM=g, X=X[lvl], X0=X[0], CS=g if C is None else C[lvl - 1],
+            NB=nb, h=h,
+            stride_tb=qt.stride(0), stride_pb=g.stride(0),
+            HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=block, CARRY=_carry_precision(g, D), FIRST=lvl == 1,
+            SAVE=C is not None, **fixed,
+        )
     return X, C
 
 
@@ -287,7 +294,7 @@ def carry_backward(qt, kt, g, block: int, dX, dtype, carries, precision=None):
     level from level 1 (whose launch writes the outputs, level 0 folded in), each later one adding to what the
     levels before left.  ``dtype``: the inputs' (it sets the gradient products' precision, in the version that
     keeps every NaN: :func:`._launch.keeping_nans`).  For fp16 factors (16-bit inputs) with ``D > 32`` the products
-    run in fp16, every gradient tile scaled by a power of two (:func:`._pieces._scaled`): 3.91 against 4.58 ms for
+    run in fp16, every gradient tile scaled by a power of two (:func:`._pieces.scaled`): 3.91 against 4.58 ms for
     tf32's at T = 2048, B = H = 32, D = 64 on an H200 (``NOTES_path.md``, "fp16 products in the backward"); heads of
     16 or 32 keep
     tf32, as the UT backward does (:func:`.ut_prepare.backward_precision`).  ``precision``: ``"fp16"`` or
@@ -317,9 +324,12 @@ def carry_backward(qt, kt, g, block: int, dX, dtype, carries, precision=None):
     kernel, fixed = _kernel(_carry_bwd_tuned, _carry_bwd)
     for lvl in range(1, L):
         h = 1 << lvl
-        kernel[(-(-nb // (2 * h)), 2, BH)](qt, kt, g, dX[lvl], dX[0], dqt, dkt, dg, carries[lvl - 1], nb, h,
-                                           qt.stride(0), g.stride(0), HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=block,
-                                           PRECISION=precision, FIRST=lvl == 1, **fixed)
+        kernel[(-(-nb // (2 * h)), 2, BH)](
+            QT=qt, KT=kt, GM=g, DX=dX[lvl], DX0=dX[0], DQT=dqt, DKT=dkt, DGM=dg, CS=carries[lvl - 1],
+            NB=nb, h=h,
+            stride_tb=qt.stride(0), stride_pb=g.stride(0),
+            HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=block, PRECISION=precision, FIRST=lvl == 1, **fixed,
+        )
     return dqt, dkt, dg
 
 

@@ -11,12 +11,12 @@ absolute position once, then run the templates unchanged:
 
 The composed entry points validate ``q, k, v`` once and call the internal,
 unvalidated launchers of both kernels (``_rotate_launch``, then
-``_attention`` or :func:`.linear_attention.flat_linear_attention`).
+``flat_attention`` or :func:`.linear_attention.flat_linear_attention`).
 
 The other way, ``rotation="fused"``: both templates have a rotation hook
 (``ROTATE``) that turns q and k as they are loaded, with the same pieces
-(:func:`._pieces._rope_cos_sin`, :func:`._pieces._rope_shift`,
-:func:`._pieces._load_rotated`), so no rotated copy is written; the FlashAttention
+(:func:`._pieces.rope_cos_sin`, :func:`._pieces.rope_shift`,
+:func:`._pieces.load_rotated`), so no rotated copy is written; the FlashAttention
 template turns each key tile once per query block.  Measured on the H100
 (``NOTES_flash.md``, "RoPE's rotation"), the hook is the faster way on the linear side, where each chunk is
 turned once (``complex_triton``'s default), and the slower one on the FlashAttention side.  There
@@ -63,8 +63,8 @@ import triton.language as tl
 from ..checks import check_bool, check_scale, check_state
 from ..rope import _pairs, check_base, check_offset, check_pairing, check_rotation, frequencies
 from ._launch import Flat, interpreting, prepare_qkv, wants_grad
-from ._pieces import _load_pairs, _load_rotated, _rope_cos_sin
-from .flash_attention import _attention, _attention_launch
+from ._pieces import load_pairs, load_rotated, rope_cos_sin
+from .flash_attention import attention_launch, flat_attention
 from .linear_attention import flat_linear_attention
 
 __all__ = ["rotate_qk", "rotary_attention", "rotary_linear_attention", "trig_table", "trig_error"]
@@ -76,16 +76,16 @@ ROPE_HEADS = 8  # heads per program of the keys-only pass (see _rotate_launch)
 def _rotate_rows(X, XO, rows, stride, T, c, s, HALF: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
                  INTERLEAVED: tl.constexpr, PAIR_ORDER: tl.constexpr):
     """Rotate rows ``rows`` of one head's ``(T, D)`` matrix ``X`` by ``(c, s)`` and store them to ``XO`` in the
-    same layout, or with ``PAIR_ORDER`` in pair order (:func:`._pieces._load_rotated`: a permutation of the
+    same layout, or with ``PAIR_ORDER`` in pair order (:func:`._pieces.load_rotated`: a permutation of the
     channels for ``"half"`` pairs, what the template's rotation hook gives the queries); fp32 math
-    (:func:`._pieces._load_pairs`: interleaved rows move whole, split in registers)."""
+    (:func:`._pieces.load_pairs`: interleaved rows move whole, split in registers)."""
     if INTERLEAVED or PAIR_ORDER:  # the rotated tile in pair order (for interleaved pairs the original order)
-        y = _load_rotated(X, rows, stride, T, c, s, HALF, BLOCK_T, BLOCK_H, INTERLEAVED)  # [BT, 2 BH]
+        y = load_rotated(X, rows, stride, T, c, s, HALF, BLOCK_T, BLOCK_H, INTERLEAVED)  # [BT, 2 BH]
         cols = tl.arange(0, 2 * BLOCK_H)
         tl.store(XO + rows[:, None] * stride + cols[None, :], y.to(XO.dtype.element_ty),
                  mask=(rows[:, None] < T) & (cols[None, :] < 2 * HALF))
     else:  # two contiguous halves
-        a, b = _load_pairs(X, rows, stride, T, HALF, BLOCK_T, BLOCK_H, False)  # [BT, BH] each
+        a, b = load_pairs(X, rows, stride, T, HALF, BLOCK_T, BLOCK_H, False)  # [BT, BH] each
         ptrs = XO + rows[:, None] * stride + tl.arange(0, BLOCK_H)[None, :]
         mask = (rows[:, None] < T) & (tl.arange(0, BLOCK_H)[None, :] < HALF)
         tl.store(ptrs, (a * c - b * s).to(XO.dtype.element_ty), mask=mask)
@@ -104,7 +104,7 @@ def _rope_fwd(Q, K, QO, KO, TRIG, T, BH, offset, log2_base, sign, stride_b, stri
     ``TRIG`` (``(2, T, BLOCK_H)`` fp32), from which that hook turns the queries (the same numbers, not computed again
     by every query block)."""
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # positions
-    c, s = _rope_cos_sin(offset + rows, log2_base, HALF, BLOCK_H)  # [BT, BH] fp32
+    c, s = rope_cos_sin(offset + rows, log2_base, HALF, BLOCK_H)  # [BT, BH] fp32
     s = s * sign
     if KEYS_ONLY:
         if tl.program_id(1) == 0:
@@ -158,12 +158,12 @@ def rotary_attention(q, k, v, *, base: float = 10000.0, scale=None, pairing: str
     scale = check_scale(scale, x.n.D)
     if not wants_grad(x.q, x.k, x.v):
         if check_rotation(rotation) == "fused":
-            return x.result(_attention_launch(x, scale, rotate=(base, pairing)))
+            return x.result(attention_launch(x, scale, rotate=(base, pairing)))
         trig, k_rot = _rotate_launch(x, base, 0, pairing, keys_only=True)
-        return x.result(_attention_launch(x.with_qk(x.q, k_rot), scale, bias_arg=trig,
-                                          rotate=(base, pairing + "_q")))
+        return x.result(attention_launch(x.with_qk(x.q, k_rot), scale, bias_arg=trig,
+                                         rotate=(base, pairing + "_q")))
     check_rotation(rotation)
-    return x.result(_attention(x.with_qk(*_rotated(x, base, 0, pairing)), scale))
+    return x.result(flat_attention(x.with_qk(*_rotated(x, base, 0, pairing)), scale))
 
 
 def rotary_linear_attention(q, k, v, *, base: float = 10000.0, pairing: str = "interleaved",
@@ -267,10 +267,13 @@ def _rotate_launch(x: Flat, base: float, offset: int, pairing: str, *, inverse: 
         # The two-tensor pass ran at the speed of a copy already (parts_rope.json): one head per program.
         heads = ROPE_HEADS if keys_only else 1
         grid = (triton.cdiv(x.n.T, block_t), triton.cdiv(x.BH, heads))
-        _rope_fwd[grid](q3, k3, qo, ko, trig, x.n.T, x.BH, offset, math.log2(base), -1.0 if inverse else 1.0,
-                        q3.stride(0), q3.stride(1),
-                        HALF=half, BLOCK_T=block_t, BLOCK_H=block_h, INTERLEAVED=pairing == "interleaved",
-                        KEYS_ONLY=keys_only, HEADS=heads, num_warps=4)
+        _rope_fwd[grid](
+            Q=q3, K=k3, QO=qo, KO=ko, TRIG=trig,
+            T=x.n.T, BH=x.BH, offset=offset, log2_base=math.log2(base), sign=-1.0 if inverse else 1.0,
+            stride_b=q3.stride(0), stride_t=q3.stride(1),
+            HALF=half, BLOCK_T=block_t, BLOCK_H=block_h, INTERLEAVED=pairing == "interleaved", KEYS_ONLY=keys_only,
+            HEADS=heads, num_warps=4,
+        )
     return (trig if keys_only else qo), ko
 
 

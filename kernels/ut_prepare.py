@@ -22,7 +22,7 @@ The triangular inverse is the only sequential part.  :func:`_ut_diag_inverse` so
 on the tensor cores, the substitution in exact fp32, small tiles, many programs per multiprocessor), and :func:`_ut_prepare` merges them into
 the ``BT x BT`` inverse with two matrix products per level (block forward substitution:
 stable for every ``beta`` in [0, 2], also for reflections of nearly parallel ``w``) before
-everything else.  Products are :func:`._pieces._dot`: for 16-bit inputs operands with 10 mantissa
+everything else.  Products are :func:`._pieces.dot`: for 16-bit inputs operands with 10 mantissa
 bits (fp16 in :func:`_ut_prepare`, the rows of ``q`` and ``k`` scaled by powers of two into its range, and in
 :func:`_wy_prepare`, each block conjugated into it: :func:`main_pass_precision`; fp16 in the backward too, each tile
 of gradients scaled: :func:`backward_precision`; tf32 rounded to nearest elsewhere), three tf32 products ("x3") for
@@ -46,9 +46,9 @@ import triton.language as tl
 
 from ..checks import (TRANSITION_TOL, check_positive_int, finite_condition, log_gate_condition, range_condition,
                       transition_condition)
-from ._launch import dot_precision, interpreting, keeping_nans, next_pow2
-from ._pieces import (_dot, _dot_ready, _finite_abs, _finite_or_zero, _input_dot, _load_rows, _pow2, _quiet_for,
-                      _quiet_fp32, _rn, _scaled, _store_rows)
+from ._launch import dot_precision, interpreting, keeping_nans, next_pow2, row_strides
+from ._pieces import (dot, dot_ready, finite_abs, finite_or_zero, input_dot, load_rows, pow2, quiet_for,
+                      quiet_fp32, rn, scaled, store_rows)
 
 MAX_R = 2  # a query block holds at most this many UT blocks; prepared tensors are padded to MAX_R * block rows
 SUB = tl.constexpr(16)  # the triangular inverse is solved row by row on SUB x SUB diagonal blocks, then merged
@@ -81,7 +81,7 @@ def main_pass_precision(precision: str) -> str:
 def backward_precision(precision: str, head_dim: int) -> str:
     """The products of the UT backward (:func:`ut_prepare_backward`) for a pass of ``precision`` and head dim
     ``head_dim``: fp16 where the pass multiplies in fp16 (:func:`main_pass_precision`), every tile of gradients (and
-    of ``q``, ``k``) scaled into its range by a power of two per tile (:func:`._pieces._scaled`), for ``D > 32``;
+    of ``q``, ``k``) scaled into its range by a power of two per tile (:func:`._pieces.scaled`), for ``D > 32``;
     otherwise the version that keeps every NaN of the gradients' arithmetic (:func:`._launch.keeping_nans`:
     ``"tf32n"``, ``"x3n"`` for fp32 inputs, ``"ieee"`` in the interpreter).  With ``D <= 32`` (tiles of 16 or 32
     columns) Triton 3.6 made fp16 versions of :func:`_ut_bwd_w_inverse` that fault on the H200 (illegal address, at
@@ -105,7 +105,7 @@ def _diag_block_n(K, W, BETA, LOG_F, T, start, bh, stride_kb, stride_kt, stride_
     condition (a comparison with NaN is false); padding loads as 0 and is not counted.
 
     The Gram matrix runs on the tensor cores: for 16-bit ``w`` as a plain product (two 16-bit numbers
-    multiply exactly in fp32, and the sums are fp32), for fp32 ``w`` as :func:`._pieces._dot` in
+    multiply exactly in fp32, and the sums are fp32), for fp32 ``w`` as :func:`._pieces.dot` in
     ``PRECISION`` (``"x3"`` on a GPU: about fp32 accuracy); in column slices of at most 64 (registers)."""
     rows = tl.arange(0, SUB)
     if W_IS_K:
@@ -117,14 +117,14 @@ def _diag_block_n(K, W, BETA, LOG_F, T, start, bh, stride_kb, stride_kt, stride_
     gram = tl.zeros([SUB, SUB], dtype=tl.float32)
     bad_w = 0.0
     for d0 in tl.static_range(0, BLOCK_D, D_SLICE):
-        w = _load_rows(p_w + d0, rows, tl.arange(0, D_SLICE), stride_wt, T - start, HEAD_DIM - d0,
-                       True, BLOCK_D != HEAD_DIM)  # [SUB, D_SLICE], in w's dtype
+        w = load_rows(p_w + d0, rows, tl.arange(0, D_SLICE), stride_wt, T - start, HEAD_DIM - d0,
+                      True, BLOCK_D != HEAD_DIM)  # [SUB, D_SLICE], in w's dtype
         if W_IS_K:
-            w = _finite_or_zero(w)  # DeltaNet's w = k: see the module docstring
+            w = finite_or_zero(w)  # DeltaNet's w = k: see the module docstring
         else:
             bad_w += tl.sum(tl.where(tl.abs(w) < float("inf"), 0.0, 1.0))
         if W.dtype.element_ty == tl.float32:
-            gram += _dot(w, tl.trans(w), PRECISION)  # [SUB, SUB]
+            gram += dot(w, tl.trans(w), PRECISION)  # [SUB, SUB]
         else:
             gram = tl.dot(w, tl.trans(w), acc=gram)  # [SUB, SUB]
     beta = tl.load(BETA + bh * T + start + rows, mask=rows < T - start, other=0.0)  # [SUB]
@@ -210,7 +210,7 @@ def _merge(x, n, rows, SIZE: tl.constexpr, PRECISION: tl.constexpr):
     to the (2, 1) blocks (every other product term vanishes, ``x`` being block-diagonal)."""
     same = rows[:, None] // SIZE == rows[None, :] // SIZE
     couple = same & (rows[:, None] // (SIZE // 2) != rows[None, :] // (SIZE // 2))
-    return x - _dot(x, _dot(tl.where(couple, n, 0.0), x, PRECISION), PRECISION)
+    return x - dot(x, dot(tl.where(couple, n, 0.0), x, PRECISION), PRECISION)
 
 
 @triton.jit
@@ -241,8 +241,8 @@ def _ut_tile_as_is(ptr, bh, start, stride_b, stride_t, T, HEAD_DIM: tl.constexpr
     one: the preparation pass and its backward keep ``q`` and ``k`` this way and widen them where a product uses
     them (a 16-bit value is a tf32 value: the products see the same numbers; in the backward this cut the spills and
     3% of its time: ``NOTES_path.md``, "The UT backward in four kernels")."""
-    return _load_rows(ptr + bh * stride_b + start * stride_t, tl.arange(0, BT), tl.arange(0, BLOCK_D), stride_t,
-                      T - start, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+    return load_rows(ptr + bh * stride_b + start * stride_t, tl.arange(0, BT), tl.arange(0, BLOCK_D), stride_t,
+                     T - start, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
 
 
 @triton.jit
@@ -254,12 +254,12 @@ def _ut_tile(ptr, bh, start, stride_b, stride_t, T, HEAD_DIM: tl.constexpr, BLOC
 
 @triton.jit
 def _pow2_rows(x, SCALE: tl.constexpr):
-    """``(s, 1 / s)``, ``[BT]`` fp32: for each row of the tile ``x``, the power of two (:func:`_pow2`) that brings the
+    """``(s, 1 / s)``, ``[BT]`` fp32: for each row of the tile ``x``, the power of two (:func:`pow2`) that brings the
     row's largest finite ``|entry|`` into [1, 2).  Scaled so, a bf16 row converts to fp16 without overflow, and
     exactly down to entries ``2^-17`` of its largest (below that, fp16's subnormals keep fewer bits).  Ones without
     ``SCALE``."""
     if SCALE:
-        return _pow2(tl.max(_finite_abs(x), axis=1))
+        return pow2(tl.max(finite_abs(x), axis=1))
     else:
         ones = tl.full([x.shape[0]], 1.0, tl.float32)
         return ones, ones
@@ -286,16 +286,16 @@ def _ut_rd_load(ptr, bh, start, stride_b, stride_t, HEAD_DIM: tl.constexpr, BLOC
                 BT: tl.constexpr):
     """The ``[BT, BD]`` fp32 tile of block rows ``[start, start + BT)`` of head ``bh`` in ``QT``'s layout (padded
     to whole blocks: no row mask)."""
-    return _load_rows(ptr + bh * stride_b + start * stride_t, tl.arange(0, BT), tl.arange(0, BLOCK_D), stride_t, BT,
-                      HEAD_DIM, False, BLOCK_D != HEAD_DIM)
+    return load_rows(ptr + bh * stride_b + start * stride_t, tl.arange(0, BT), tl.arange(0, BLOCK_D), stride_t, BT,
+                     HEAD_DIM, False, BLOCK_D != HEAD_DIM)
 
 
 @triton.jit
 def _ut_rd_store(ptr, x, bh, start, stride_b, stride_t, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                  BT: tl.constexpr):
-    """Store ``x`` as the tile :func:`_ut_rd_load` reads (fp32: NaNs quiet, :func:`._pieces._quiet_for`)."""
-    _store_rows(ptr + bh * stride_b + start * stride_t, _quiet_for(ptr, x), tl.arange(0, BT), tl.arange(0, BLOCK_D), stride_t, BT,
-                HEAD_DIM)
+    """Store ``x`` as the tile :func:`_ut_rd_load` reads (fp32: NaNs quiet, :func:`._pieces.quiet_for`)."""
+    store_rows(ptr + bh * stride_b + start * stride_t, quiet_for(ptr, x), tl.arange(0, BT), tl.arange(0, BLOCK_D), stride_t, BT,
+               HEAD_DIM)
 
 
 @triton.jit
@@ -344,10 +344,10 @@ def _ut_prepare(Q, K, W, BETA, QT, QN, KT, AD, GM, WC, NU, INV, T,
     SCALE_ROWS: tl.constexpr = PRECISION == "fp16" and (Q.dtype.element_ty != tl.float16
                                                          or K.dtype.element_ty != tl.float16)
     beta = tl.load(BETA + bh * T + start + rows, mask=rows < T - start, other=0.0)  # [BT]
-    w = _rn(_ut_tile(W, bh, start, stride_wb, stride_wt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)  # [BT, BD]
+    w = rn(_ut_tile(W, bh, start, stride_wb, stride_wt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)  # [BT, BD]
     # (rounded once: every product sees the same w)
     # The triangular inverse: SUB x SUB diagonal blocks from _ut_diag_inverse, merged here.
-    n = tl.where(rows[:, None] > rows[None, :], beta[:, None] * _dot(w, tl.trans(w), PRECISION), 0.0)
+    n = tl.where(rows[:, None] > rows[None, :], beta[:, None] * dot(w, tl.trans(w), PRECISION), 0.0)
     x = _merged_inverse(_diagonal_blocks(_ut_sq(AD, bh, start, stride_ab, stride_at, BT), rows), n, rows, BT,
                         PRECISION)  # [BT, BT]
     if STORE_INV:
@@ -355,26 +355,26 @@ def _ut_prepare(Q, K, W, BETA, QT, QN, KT, AD, GM, WC, NU, INV, T,
     a = x * beta[None, :]  # [BT, BT]: A = (I + N)^{-1} D_beta
     # The keys' side: C = A strictLower(W K^T), then k~ = K - C^T W.  Both are linear in each key k_j, so they are
     # formed from the scaled keys s_j k_j (C's columns and k~'s rows come out times s_j) and k~ scaled back.
-    k = _quiet_fp32(_ut_tile_as_is(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT))  # [BT, BD], k's dtype
+    k = quiet_fp32(_ut_tile_as_is(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT))  # [BT, BD], k's dtype
     k_s, k_u = _pow2_rows(k, SCALE_ROWS)  # [BT]: s_j and 1 / s_j (ones without SCALE_ROWS)
-    c = _dot(a, tl.where(rows[:, None] > rows[None, :], _dot(w, tl.trans(k.to(tl.float32) * k_s[:, None]), PRECISION),
-                         0.0), PRECISION)  # [BT, BT]: C_tj = s_j sum_s A_ts (w_s . k_j), s > j
-    kt = k.to(tl.float32) - _dot(tl.trans(c), w, PRECISION) * k_u[:, None]  # k~_j = H_e ... H_{j+1} k_j
+    c = dot(a, tl.where(rows[:, None] > rows[None, :], dot(w, tl.trans(k.to(tl.float32) * k_s[:, None]), PRECISION),
+                        0.0), PRECISION)  # [BT, BT]: C_tj = s_j sum_s A_ts (w_s . k_j), s > j
+    kt = k.to(tl.float32) - dot(tl.trans(c), w, PRECISION) * k_u[:, None]  # k~_j = H_e ... H_{j+1} k_j
     _ut_rd_store(KT, kt, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT)
     # The block's transition: -U = -A W, G = W^T (-U).  A dies here.
-    nu = -_dot(a, w, PRECISION)  # [BT, BD]
-    _store_rows(GM + bh * stride_gb + blk * stride_gj, _quiet_for(GM, _dot(tl.trans(w), nu, PRECISION)), offs_d, offs_d,
-                HEAD_DIM, HEAD_DIM, HEAD_DIM)  # [BD, BD]
+    nu = -dot(a, w, PRECISION)  # [BT, BD]
+    store_rows(GM + bh * stride_gb + blk * stride_gj, quiet_for(GM, dot(tl.trans(w), nu, PRECISION)), offs_d, offs_d,
+               HEAD_DIM, HEAD_DIM, HEAD_DIM)  # [BD, BD]
     if STORE_UT:
         _ut_rd_store(WC, w, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT)
         _ut_rd_store(NU, nu, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT)
     # The queries' side, through -U and C (the products with A are done): q~ = Q + lower(Q W^T)(-U), again from the
     # scaled rows r_i q_i (q~'s rows come out times r_i).
-    q = _quiet_fp32(_ut_tile_as_is(Q, bh, start, stride_qb, stride_qt, T, HEAD_DIM, BLOCK_D, BT))  # [BT, BD], q's dtype
+    q = quiet_fp32(_ut_tile_as_is(Q, bh, start, stride_qb, stride_qt, T, HEAD_DIM, BLOCK_D, BT))  # [BT, BD], q's dtype
     q_s, q_u = _pow2_rows(q, SCALE_ROWS)  # [BT]: r_i and 1 / r_i
     lower = rows[:, None] >= rows[None, :]  # s <= i (diagonal kept)
-    qw = tl.where(lower, _dot(q.to(tl.float32) * q_s[:, None], tl.trans(w), PRECISION), 0.0)  # r_i q_i . w_s, s <= i
-    qt = q.to(tl.float32) * q_s[:, None] + _dot(qw, nu, PRECISION)  # r_i q~_i, q~_i = H_s ... H_i q_i
+    qw = tl.where(lower, dot(q.to(tl.float32) * q_s[:, None], tl.trans(w), PRECISION), 0.0)  # r_i q_i . w_s, s <= i
+    qt = q.to(tl.float32) * q_s[:, None] + dot(qw, nu, PRECISION)  # r_i q~_i, q~_i = H_s ... H_i q_i
     if NORM_Q:
         # Any positive stand-in for a zero norm is exact: q~ / n and n multiply back to q~.  The row's scale
         # cancels in q~ / |q~| and comes out of the norm.
@@ -384,12 +384,12 @@ def _ut_prepare(Q, K, W, BETA, QT, QN, KT, AD, GM, WC, NU, INV, T,
     else:
         qt = qt * q_u[:, None]
     _ut_rd_store(QT, qt, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT)
-    k = _quiet_fp32(_ut_tile_as_is(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT))  # again: cheaper than keeping it
+    k = quiet_fp32(_ut_tile_as_is(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT))  # again: cheaper than keeping it
     if SCALE_ROWS:  # Ã_ij = (r_i s_j Ã_ij) / (r_i s_j), from the scaled rows and C's scaled columns
-        qk = _dot(q.to(tl.float32) * q_s[:, None], tl.trans(k.to(tl.float32) * k_s[:, None]), PRECISION)
-        intra = tl.where(lower, (qk - _dot(qw, c, PRECISION)) * q_u[:, None] * k_u[None, :], 0.0)
+        qk = dot(q.to(tl.float32) * q_s[:, None], tl.trans(k.to(tl.float32) * k_s[:, None]), PRECISION)
+        intra = tl.where(lower, (qk - dot(qw, c, PRECISION)) * q_u[:, None] * k_u[None, :], 0.0)
     else:
-        intra = tl.where(lower, _input_dot(q, tl.trans(k), PRECISION) - _dot(qw, c, PRECISION), 0.0)  # Ã_ij, j <= i
+        intra = tl.where(lower, input_dot(q, tl.trans(k), PRECISION) - dot(qw, c, PRECISION), 0.0)  # Ã_ij, j <= i
     tl.debug_barrier()  # every thread has read its part of the diagonal inverses before Ã overwrites them
     tl.store(_ut_sq(AD, bh, start, stride_ab, stride_at, BT), intra)  # (NaNs as they come: see _linear_chunks)
 
@@ -446,13 +446,13 @@ def _wy_prepare(K, V, BETA, LOG_F, AD, WW, WU, T, stride_kb, stride_kt, stride_v
     offs_dv = tl.arange(0, BLOCK_DV)
     left = T - start
     SCALE: tl.constexpr = PRECISION == "fp16"
-    k = _finite_or_zero(_load_rows(K + bh * stride_kb + start * stride_kt, rows, offs_d, stride_kt, left, HEAD_DIM,
+    k = finite_or_zero(load_rows(K + bh * stride_kb + start * stride_kt, rows, offs_d, stride_kt, left, HEAD_DIM,
                                    True, BLOCK_D != HEAD_DIM).to(tl.float32))  # [BT, BD]
     beta = tl.load(BETA + bh * T + start + rows, mask=rows < left, other=0.0)  # [BT]
     y = _diagonal_blocks(AD + bh * stride_ab + (start + rows[:, None]) * stride_at + rows[None, :], rows)  # [BT, BT]
     if SCALE:
         norm = tl.sqrt(tl.sum(k * k, axis=1))  # [BT]
-        s, s_inv = _pow2(norm)  # [BT]: |k_i| s_i in [1, 2)
+        s, s_inv = pow2(norm)  # [BT]: |k_i| s_i in [1, 2)
         s = tl.where(norm > 0.0, s, 1.0)
         s_inv = tl.where(norm > 0.0, s_inv, 1.0)
         k = k * s[:, None]  # K^
@@ -462,14 +462,14 @@ def _wy_prepare(K, V, BETA, LOG_F, AD, WW, WU, T, stride_kb, stride_kt, stride_v
     else:
         c = beta
         row = beta
-    k = _rn(k, PRECISION)  # [BT, BD]: every product below sees the same keys
+    k = rn(k, PRECISION)  # [BT, BD]: every product below sees the same keys
     strict = rows[:, None] > rows[None, :]
-    n = tl.where(strict, _dot(k, tl.trans(k), PRECISION) * c[None, :], 0.0)  # [BT, BT]
+    n = tl.where(strict, dot(k, tl.trans(k), PRECISION) * c[None, :], 0.0)  # [BT, BT]
     y = _merged_inverse(y, n, rows, BT, PRECISION)  # [BT, BT], unit lower: Y'
 
-    w = _dot(y, k, PRECISION) * row[:, None]  # [BT, BD]
-    v = _load_rows(V + bh * stride_vb + start * stride_vt, rows, offs_dv, stride_vt, left, HEAD_DV, True,
-                   BLOCK_DV != HEAD_DV).to(tl.float32)  # [BT, BDV]
+    w = dot(y, k, PRECISION) * row[:, None]  # [BT, BD]
+    v = load_rows(V + bh * stride_vb + start * stride_vt, rows, offs_dv, stride_vt, left, HEAD_DV, True,
+                  BLOCK_DV != HEAD_DV).to(tl.float32)  # [BT, BDV]
     finite = tl.abs(v) < float("inf")
     first = tl.min(tl.where(finite, BT, rows[:, None]), axis=0)  # [BDV]: a channel's first non-finite row
     v = tl.where(finite, v, 0.0)
@@ -480,13 +480,13 @@ def _wy_prepare(K, V, BETA, LOG_F, AD, WW, WU, T, stride_kb, stride_kt, stride_v
     else:
         y = tl.where(strict, y, 0.0)
     if SCALE:
-        cv, cv_inv = _pow2(tl.max(tl.abs(v), axis=0))  # [BDV]
-        u = _dot(y * s[None, :], v * cv[None, :], PRECISION) * row[:, None] * cv_inv[None, :]
+        cv, cv_inv = pow2(tl.max(tl.abs(v), axis=0))  # [BDV]
+        u = dot(y * s[None, :], v * cv[None, :], PRECISION) * row[:, None] * cv_inv[None, :]
     else:
-        u = _dot(y, v, PRECISION) * row[:, None]
+        u = dot(y, v, PRECISION) * row[:, None]
     u = tl.where(rows[:, None] >= first[None, :], float("nan"), u + beta[:, None] * v)  # [BT, BDV]
-    _store_rows(WW + bh * stride_wb + start * stride_wt, w, rows, offs_d, stride_wt, BT, HEAD_DIM)
-    _store_rows(WU + bh * stride_ub + start * stride_ut, u, rows, offs_dv, stride_ut, BT, HEAD_DV)
+    store_rows(WW + bh * stride_wb + start * stride_wt, w, rows, offs_d, stride_wt, BT, HEAD_DIM)
+    store_rows(WU + bh * stride_ub + start * stride_ut, u, rows, offs_dv, stride_ut, BT, HEAD_DV)
 
 
 # The UT factors' backward, in four kernels.  Its ~20 products of 64 x 64 tiles keep more fp32 tiles alive than a
@@ -498,8 +498,8 @@ def _wy_prepare(K, V, BETA, LOG_F, AD, WW, WU, T, stride_kb, stride_kt, stride_v
 # "The UT backward in four kernels").  All four take the same arguments, so one launcher runs them in order.
 #
 # Their products run in fp16 for 16-bit inputs (:func:`backward_precision`).  Two kinds of operand go in: the
-# factors of reflections (``w``, the inverse, ``A``, ``A W``), bounded, converted as they are (:func:`._pieces._rn`);
-# and tiles that carry a gradient or the caller's ``q``, ``k``, of any magnitude, which :func:`._pieces._scaled`
+# factors of reflections (``w``, the inverse, ``A``, ``A W``), bounded, converted as they are (:func:`._pieces.rn`);
+# and tiles that carry a gradient or the caller's ``q``, ``k``, of any magnitude, which :func:`._pieces.scaled`
 # brings into fp16's range by one power of two per tile.  A product of such tiles is multiplied back by each
 # factor's ``1 / s`` in turn (never by their product, which can leave fp32's range where each factor does not); a
 # tile made by such a product and read by the next one keeps its scale (``# ~ 1/s of ...``: what it still has to be
@@ -529,25 +529,25 @@ def _ut_bwd_aw(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, DQ, DK,
     rows = tl.arange(0, BT)
     offs_d = tl.arange(0, BLOCK_D)
     CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
-    a = _rn(_ut_a(INV, BETA, bh, start, T, stride_ab, stride_at, BT), PRECISION)  # [BT, BT]
-    w = _rn(_ut_tile(W, bh, start, stride_wb, stride_wt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)  # [BT, BD]
-    aw = _rn(_dot_ready(a, w, True, True, PRECISION), PRECISION)  # [BT, BD]: A W
-    dqt, dqt_u = _scaled(_ut_rd_load(DQT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT), PRECISION)
+    a = rn(_ut_a(INV, BETA, bh, start, T, stride_ab, stride_at, BT), PRECISION)  # [BT, BT]
+    w = rn(_ut_tile(W, bh, start, stride_wb, stride_wt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)  # [BT, BD]
+    aw = rn(dot_ready(a, w, True, True, PRECISION), PRECISION)  # [BT, BD]: A W
+    dqt, dqt_u = scaled(_ut_rd_load(DQT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT), PRECISION)
     # q~ = Q - QW (A W)
     tl.store(_ut_sq(DQW, bh, start, stride_ab, stride_at, BT),
-             -_dot_ready(dqt, tl.trans(aw), True, True, PRECISION) * dqt_u)
-    q, q_u = _scaled(_ut_tile_as_is(Q, bh, start, stride_qb, stride_qt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)
-    qw = _rn(tl.where(rows[:, None] >= rows[None, :], _dot_ready(q, tl.trans(w), True, True, PRECISION), 0.0),
-             PRECISION)  # [BT, BT] ~ 1/s of q
-    daw = -_dot_ready(tl.trans(qw), dqt, True, True, PRECISION) * q_u * dqt_u  # [BT, BD]
+             -dot_ready(dqt, tl.trans(aw), True, True, PRECISION) * dqt_u)
+    q, q_u = scaled(_ut_tile_as_is(Q, bh, start, stride_qb, stride_qt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)
+    qw = rn(tl.where(rows[:, None] >= rows[None, :], dot_ready(q, tl.trans(w), True, True, PRECISION), 0.0),
+            PRECISION)  # [BT, BT] ~ 1/s of q
+    daw = -dot_ready(tl.trans(qw), dqt, True, True, PRECISION) * q_u * dqt_u  # [BT, BD]
     # G = -W^T (A W)
-    dg, dg_u = _scaled(_load_rows(DG + bh * stride_gb + blk * stride_gj, offs_d, offs_d, HEAD_DIM, HEAD_DIM,
+    dg, dg_u = scaled(load_rows(DG + bh * stride_gb + blk * stride_gj, offs_d, offs_d, HEAD_DIM, HEAD_DIM,
                                   HEAD_DIM, CHECK_D, CHECK_D), PRECISION)  # [BD, BD]
-    daw -= _dot_ready(w, dg, True, True, PRECISION) * dg_u
+    daw -= dot_ready(w, dg, True, True, PRECISION) * dg_u
     _ut_rd_store(DAW, daw, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT)
-    daw, daw_u = _scaled(daw, PRECISION)
+    daw, daw_u = scaled(daw, PRECISION)
     tl.store(_ut_sq(DA, bh, start, stride_ab, stride_at, BT),
-             _dot_ready(daw, tl.trans(w), True, True, PRECISION) * daw_u)
+             dot_ready(daw, tl.trans(w), True, True, PRECISION) * daw_u)
 
 
 @triton.jit
@@ -564,27 +564,27 @@ def _ut_bwd_scores(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, DQ,
     lower = rows[:, None] >= rows[None, :]
     strict = rows[:, None] > rows[None, :]
     # Every [BT, BT] tile here is read by products only: each is made ready (rounded or scaled) once, where it is made.
-    a = _rn(_ut_a(INV, BETA, bh, start, T, stride_ab, stride_at, BT), PRECISION)  # [BT, BT]
-    w = _rn(_ut_tile(W, bh, start, stride_wb, stride_wt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)  # [BT, BD]
-    k, k_u = _scaled(_ut_tile_as_is(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)
-    wk = _rn(tl.where(strict, _dot_ready(w, tl.trans(k), True, True, PRECISION), 0.0), PRECISION)  # ~ 1/s of k
+    a = rn(_ut_a(INV, BETA, bh, start, T, stride_ab, stride_at, BT), PRECISION)  # [BT, BT]
+    w = rn(_ut_tile(W, bh, start, stride_wb, stride_wt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)  # [BT, BD]
+    k, k_u = scaled(_ut_tile_as_is(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)
+    wk = rn(tl.where(strict, dot_ready(w, tl.trans(k), True, True, PRECISION), 0.0), PRECISION)  # ~ 1/s of k
     # Ã = lower(Q K^T) - (QW A) WK
-    dad, dad_u = _scaled(tl.where(lower, tl.load(_ut_sq(DAD, bh, start, stride_ab, stride_at, BT)), 0.0), PRECISION)
-    dy = _rn(-_dot_ready(dad, tl.trans(wk), True, True, PRECISION), PRECISION)  # d(QW A) ~ 1/s of dÃ and k
-    dqw = tl.load(_ut_sq(DQW, bh, start, stride_ab, stride_at, BT)) + _dot_ready(dy, tl.trans(a), True, True,
-                                                                                 PRECISION) * dad_u * k_u
+    dad, dad_u = scaled(tl.where(lower, tl.load(_ut_sq(DAD, bh, start, stride_ab, stride_at, BT)), 0.0), PRECISION)
+    dy = rn(-dot_ready(dad, tl.trans(wk), True, True, PRECISION), PRECISION)  # d(QW A) ~ 1/s of dÃ and k
+    dqw = tl.load(_ut_sq(DQW, bh, start, stride_ab, stride_at, BT)) + dot_ready(dy, tl.trans(a), True, True,
+                                                                                PRECISION) * dad_u * k_u
     tl.store(_ut_sq(DQW, bh, start, stride_ab, stride_at, BT), tl.where(lower, dqw, 0.0))
-    q, q_u = _scaled(_ut_tile_as_is(Q, bh, start, stride_qb, stride_qt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)
-    qw = _rn(tl.where(lower, _dot_ready(q, tl.trans(w), True, True, PRECISION), 0.0), PRECISION)  # ~ 1/s of q
-    da = _dot_ready(tl.trans(qw), dy, True, True, PRECISION) * q_u * dad_u * k_u  # [BT, BT]
-    qwa = _rn(_dot_ready(qw, a, True, True, PRECISION), PRECISION)  # QW A ~ 1/s of q
-    dwk = -_dot_ready(tl.trans(qwa), dad, True, True, PRECISION) * q_u * dad_u  # [BT, BT]
+    q, q_u = scaled(_ut_tile_as_is(Q, bh, start, stride_qb, stride_qt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)
+    qw = rn(tl.where(lower, dot_ready(q, tl.trans(w), True, True, PRECISION), 0.0), PRECISION)  # ~ 1/s of q
+    da = dot_ready(tl.trans(qw), dy, True, True, PRECISION) * q_u * dad_u * k_u  # [BT, BT]
+    qwa = rn(dot_ready(qw, a, True, True, PRECISION), PRECISION)  # QW A ~ 1/s of q
+    dwk = -dot_ready(tl.trans(qwa), dad, True, True, PRECISION) * q_u * dad_u  # [BT, BT]
     # k~ = K - (A WK)^T W
-    dkt, dkt_u = _scaled(_ut_rd_load(DKT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT), PRECISION)
-    dz = _rn(-_dot_ready(w, tl.trans(dkt), True, True, PRECISION), PRECISION)  # d(A WK) ~ 1/s of dk~
+    dkt, dkt_u = scaled(_ut_rd_load(DKT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT), PRECISION)
+    dz = rn(-dot_ready(w, tl.trans(dkt), True, True, PRECISION), PRECISION)  # d(A WK) ~ 1/s of dk~
     tl.store(_ut_sq(DWK, bh, start, stride_ab, stride_at, BT),
-             tl.where(strict, dwk + _dot_ready(tl.trans(a), dz, True, True, PRECISION) * dkt_u, 0.0))
-    da += _dot_ready(dz, tl.trans(wk), True, True, PRECISION) * dkt_u * k_u
+             tl.where(strict, dwk + dot_ready(tl.trans(a), dz, True, True, PRECISION) * dkt_u, 0.0))
+    da += dot_ready(dz, tl.trans(wk), True, True, PRECISION) * dkt_u * k_u
     p_da = _ut_sq(DA, bh, start, stride_ab, stride_at, BT)
     tl.store(p_da, tl.load(p_da) + da)
 
@@ -603,24 +603,24 @@ def _ut_bwd_qk(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, DQ, DK,
     offs_d = tl.arange(0, BLOCK_D)
     left = T - start
     p_out = bh * stride_ob + start * stride_ot
-    w = _rn(_ut_tile(W, bh, start, stride_wb, stride_wt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)  # [BT, BD]
-    k, k_u = _scaled(_ut_tile_as_is(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)
-    q, q_u = _scaled(_ut_tile_as_is(Q, bh, start, stride_qb, stride_qt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)
+    w = rn(_ut_tile(W, bh, start, stride_wb, stride_wt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)  # [BT, BD]
+    k, k_u = scaled(_ut_tile_as_is(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)
+    q, q_u = scaled(_ut_tile_as_is(Q, bh, start, stride_qb, stride_qt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)
     # dÃ, dQW and dWK are read by two products each: made ready once
-    dad, dad_u = _scaled(tl.where(rows[:, None] >= rows[None, :], tl.load(_ut_sq(DAD, bh, start, stride_ab, stride_at,
+    dad, dad_u = scaled(tl.where(rows[:, None] >= rows[None, :], tl.load(_ut_sq(DAD, bh, start, stride_ab, stride_at,
                                                                                   BT)), 0.0), PRECISION)  # [BT, BT]
-    dqw, dqw_u = _scaled(tl.load(_ut_sq(DQW, bh, start, stride_ab, stride_at, BT)), PRECISION)  # [BT, BT]
+    dqw, dqw_u = scaled(tl.load(_ut_sq(DQW, bh, start, stride_ab, stride_at, BT)), PRECISION)  # [BT, BT]
     dq = (_ut_rd_load(DQT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT)
-          + _dot_ready(dad, k, True, True, PRECISION) * dad_u * k_u)
-    _store_rows(DQ + p_out, dq + _dot_ready(dqw, w, True, True, PRECISION) * dqw_u, rows, offs_d, stride_ot, left,
-                HEAD_DIM)
-    dwk, dwk_u = _scaled(tl.load(_ut_sq(DWK, bh, start, stride_ab, stride_at, BT)), PRECISION)  # [BT, BT]
+          + dot_ready(dad, k, True, True, PRECISION) * dad_u * k_u)
+    store_rows(DQ + p_out, dq + dot_ready(dqw, w, True, True, PRECISION) * dqw_u, rows, offs_d, stride_ot, left,
+               HEAD_DIM)
+    dwk, dwk_u = scaled(tl.load(_ut_sq(DWK, bh, start, stride_ab, stride_at, BT)), PRECISION)  # [BT, BT]
     dk = (_ut_rd_load(DKT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT)
-          + _dot_ready(tl.trans(dad), q, True, True, PRECISION) * dad_u * q_u)
-    _store_rows(DK + p_out, dk + _dot_ready(tl.trans(dwk), w, True, True, PRECISION) * dwk_u, rows, offs_d, stride_ot,
-                left, HEAD_DIM)
-    _store_rows(DW + p_out, _dot_ready(tl.trans(dqw), q, True, True, PRECISION) * dqw_u * q_u
-                + _dot_ready(dwk, k, True, True, PRECISION) * dwk_u * k_u, rows, offs_d, stride_ot, left, HEAD_DIM)
+          + dot_ready(tl.trans(dad), q, True, True, PRECISION) * dad_u * q_u)
+    store_rows(DK + p_out, dk + dot_ready(tl.trans(dwk), w, True, True, PRECISION) * dwk_u, rows, offs_d, stride_ot,
+               left, HEAD_DIM)
+    store_rows(DW + p_out, dot_ready(tl.trans(dqw), q, True, True, PRECISION) * dqw_u * q_u
+                + dot_ready(dwk, k, True, True, PRECISION) * dwk_u * k_u, rows, offs_d, stride_ot, left, HEAD_DIM)
 
 
 @triton.jit
@@ -643,34 +643,34 @@ def _ut_bwd_w_inverse(Q, K, W, BETA, INV, DQT, DKT, DAD, DG, DA, DQW, DWK, DAW, 
     p_out = bh * stride_ob + start * stride_ot
     beta = tl.load(BETA + bh * T + start + rows, mask=rows < left, other=0.0)  # [BT]
     xi = tl.load(_ut_sq(INV, bh, start, stride_ab, stride_at, BT))  # [BT, BT]
-    w = _rn(_ut_tile(W, bh, start, stride_wb, stride_wt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)  # [BT, BD]
+    w = rn(_ut_tile(W, bh, start, stride_wb, stride_wt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)  # [BT, BD]
     # Through the inverse: dbeta, and dw's terms of the Gram matrix.
     da = tl.load(_ut_sq(DA, bh, start, stride_ab, stride_at, BT))  # [BT, BT]
     dbeta = tl.sum(xi * da, axis=0)
-    da, da_u = _scaled(da * beta[None, :], PRECISION)
-    xit = tl.trans(_rn(xi, PRECISION))
-    dn = tl.where(strict, -_dot_ready(_rn(_dot_ready(xit, da, True, True, PRECISION), PRECISION), xit, True, True,
-                                      PRECISION), 0.0)  # ~ 1/s of dA
-    tl.store(DBETA + bh * T + start + rows, dbeta + tl.sum(dn * _dot_ready(w, tl.trans(w), True, True, PRECISION),
+    da, da_u = scaled(da * beta[None, :], PRECISION)
+    xit = tl.trans(rn(xi, PRECISION))
+    dn = tl.where(strict, -dot_ready(rn(dot_ready(xit, da, True, True, PRECISION), PRECISION), xit, True, True,
+                                     PRECISION), 0.0)  # ~ 1/s of dA
+    tl.store(DBETA + bh * T + start + rows, dbeta + tl.sum(dn * dot_ready(w, tl.trans(w), True, True, PRECISION),
                                                           axis=1) * da_u, mask=rows < left)
     dgram = dn * beta[:, None]
-    dgram, dgram_u = _scaled(dgram + tl.trans(dgram), PRECISION)
+    dgram, dgram_u = scaled(dgram + tl.trans(dgram), PRECISION)
     dw = _ut_tile(DW, bh, start, stride_ob, stride_ot, T, HEAD_DIM, BLOCK_D, BT)  # [BT, BD]
-    dw += _dot_ready(dgram, w, True, True, PRECISION) * dgram_u * da_u
+    dw += dot_ready(dgram, w, True, True, PRECISION) * dgram_u * da_u
     # Through k~ = K - (A WK)^T W, G = -W^T (A W) and A W itself.
-    a = _rn(xi * beta[None, :], PRECISION)  # [BT, BT], A = X D_beta (as _ut_a makes it)
-    k, k_u = _scaled(_ut_tile_as_is(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)
-    wk = _rn(tl.where(strict, _dot_ready(w, tl.trans(k), True, True, PRECISION), 0.0), PRECISION)  # ~ 1/s of k
-    awk = _rn(_dot_ready(a, wk, True, True, PRECISION), PRECISION)  # A WK ~ 1/s of k
-    dkt, dkt_u = _scaled(_ut_rd_load(DKT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT), PRECISION)
-    dw -= _dot_ready(awk, dkt, True, True, PRECISION) * k_u * dkt_u
-    dg, dg_u = _scaled(_load_rows(DG + bh * stride_gb + blk * stride_gj, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM,
+    a = rn(xi * beta[None, :], PRECISION)  # [BT, BT], A = X D_beta (as _ut_a makes it)
+    k, k_u = scaled(_ut_tile_as_is(K, bh, start, stride_kb, stride_kt, T, HEAD_DIM, BLOCK_D, BT), PRECISION)
+    wk = rn(tl.where(strict, dot_ready(w, tl.trans(k), True, True, PRECISION), 0.0), PRECISION)  # ~ 1/s of k
+    awk = rn(dot_ready(a, wk, True, True, PRECISION), PRECISION)  # A WK ~ 1/s of k
+    dkt, dkt_u = scaled(_ut_rd_load(DKT, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT), PRECISION)
+    dw -= dot_ready(awk, dkt, True, True, PRECISION) * k_u * dkt_u
+    dg, dg_u = scaled(load_rows(DG + bh * stride_gb + blk * stride_gj, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM,
                                   BLOCK_D != HEAD_DIM, BLOCK_D != HEAD_DIM), PRECISION)  # [BD, BD]
-    dw -= _dot_ready(_rn(_dot_ready(a, w, True, True, PRECISION), PRECISION), tl.trans(dg), True, True,
-                     PRECISION) * dg_u
-    daw, daw_u = _scaled(_ut_rd_load(DAW, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT), PRECISION)
-    dw += _dot_ready(tl.trans(a), daw, True, True, PRECISION) * daw_u
-    _store_rows(DW + p_out, dw, rows, offs_d, stride_ot, left, HEAD_DIM)
+    dw -= dot_ready(rn(dot_ready(a, w, True, True, PRECISION), PRECISION), tl.trans(dg), True, True,
+                    PRECISION) * dg_u
+    daw, daw_u = scaled(_ut_rd_load(DAW, bh, start, stride_pb, stride_pt, HEAD_DIM, BLOCK_D, BT), PRECISION)
+    dw += dot_ready(tl.trans(a), daw, True, True, PRECISION) * daw_u
+    store_rows(DW + p_out, dw, rows, offs_d, stride_ot, left, HEAD_DIM)
 
 
 def _warps_that_compile(configs, nargs, **kwargs):
@@ -703,10 +703,13 @@ def ut_prepare_backward(q3, k3, w3, beta3, prep: "Prepared", dqt, dkt, dad, dg):
     dbeta = torch.empty(BH, T, dtype=torch.float32, device=q3.device)
     da, dqw, dwk = (torch.empty_like(prep.ad) for _ in range(3))
     daw = torch.empty_like(dqt)
-    args = (q3, k3, w3, beta3, prep.inv, dqt, dkt, dad, dg, da, dqw, dwk, daw, dq, dk, dw, dbeta, T,
-            q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), w3.stride(0), w3.stride(1),
-            prep.qt.stride(0), prep.qt.stride(1), prep.ad.stride(0), prep.ad.stride(1), prep.g.stride(0),
-            prep.g.stride(1), dq.stride(0), dq.stride(1))
+    args = dict(
+        Q=q3, K=k3, W=w3, BETA=beta3, INV=prep.inv, DQT=dqt, DKT=dkt, DAD=dad, DG=dg, DA=da, DQW=dqw, DWK=dwk,
+        DAW=daw, DQ=dq, DK=dk, DW=dw, DBETA=dbeta,
+        T=T,
+        stride_gb=prep.g.stride(0), stride_gj=prep.g.stride(1),
+        **row_strides(q=q3, k=k3, w=w3, p=prep.qt, a=prep.ad, o=dq),
+    )
     meta = dict(HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=prep.block,
                 PRECISION=backward_precision(prep._flags["PRECISION"], D))
     kernels = _UT_BWD_TUNED
@@ -715,7 +718,7 @@ def ut_prepare_backward(q3, k3, w3, beta3, prep: "Prepared", dqt, dkt, dad, dg):
         meta.update(num_warps=4, num_stages=1)
     grid = (triton.cdiv(T, prep.block), BH)
     for kernel in kernels:
-        kernel[grid](*args, **meta)
+        kernel[grid](**args, **meta)
     return dq, dk, dw, dbeta
 
 
@@ -729,10 +732,12 @@ def invert_diagonal_blocks(k3, w3, beta3, log_f3, x, T: int, block: int, *, w_is
     D = k3.shape[-1]
     bad = None if check is None else torch.zeros(2 * COUNTS, dtype=torch.float32, device=k3.device)
     _ut_diag_inverse[(x.shape[1] // SUB.value, k3.shape[0])](
-        k3, w3, beta3, x if log_f3 is None else log_f3, x, x if bad is None else bad, T, k3.stride(0), k3.stride(1),
-        w3.stride(0), w3.stride(1), x.stride(0), x.stride(1), HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=block,
-        W_IS_K=w_is_k, GATED=log_f3 is not None, COUNT=bad is not None, PRECISION=prep_precision(w3.dtype),
-        num_warps=1, num_stages=1)
+        K=k3, W=w3, BETA=beta3, LOG_F=x if log_f3 is None else log_f3, X=x, BAD=x if bad is None else bad,
+        T=T,
+        **row_strides(k=k3, w=w3, x=x),
+        HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=block, W_IS_K=w_is_k, GATED=log_f3 is not None, COUNT=bad is not None,
+        PRECISION=prep_precision(w3.dtype), num_warps=1, num_stages=1,
+    )
     if check is not None:
         counts = dict(zip(COUNTED, bad.split(2)))
         check.defer(None if w_is_k else finite_condition(w3, "w", counted=counts["w"]),
@@ -774,11 +779,13 @@ class WYPrepared:
         k3, v3, beta3, log_f3, T = self._args
         D, Dv = k3.shape[-1], v3.shape[-1]
         _wy_prepare[(self.T_pad // self.block, k3.shape[0])](
-            k3, v3, beta3, self._inv if log_f3 is None else log_f3, self._inv, self.w, self.u, T,
-            k3.stride(0), k3.stride(1), v3.stride(0), v3.stride(1), self._inv.stride(0), self._inv.stride(1),
-            self.w.stride(0), self.w.stride(1), self.u.stride(0), self.u.stride(1),
+            K=k3, V=v3, BETA=beta3, LOG_F=self._inv if log_f3 is None else log_f3, AD=self._inv, WW=self.w,
+            WU=self.u,
+            T=T,
+            **row_strides(k=k3, v=v3, a=self._inv, w=self.w, u=self.u),
             HEAD_DIM=D, HEAD_DV=Dv, BLOCK_D=next_pow2(D), BLOCK_DV=next_pow2(Dv), BT=self.block,
-            GATED=log_f3 is not None, PRECISION=main_pass_precision(self._precision), num_warps=4, num_stages=1)
+            GATED=log_f3 is not None, PRECISION=main_pass_precision(self._precision), num_warps=4, num_stages=1,
+        )
 
 
 class Prepared:
@@ -847,13 +854,15 @@ class Prepared:
         as :meth:`invert_diagonal_blocks` left it)."""
         q3, k3, w3, beta3, T, D = self._args
         _ut_prepare[(self.T_pad // self.block, q3.shape[0])](
-            q3, k3, w3, beta3, self.qt, self.qn, self.kt, self.ad, self.g, self.wc, self.nu, self.inv, T,
-            q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), w3.stride(0), w3.stride(1),
-            self.qt.stride(0), self.qt.stride(1), self.qn.stride(0), self.ad.stride(0), self.ad.stride(1),
-            self.g.stride(0), self.g.stride(1),
+            Q=q3, K=k3, W=w3, BETA=beta3, QT=self.qt, QN=self.qn, KT=self.kt, AD=self.ad, GM=self.g, WC=self.wc,
+            NU=self.nu, INV=self.inv,
+            T=T,
+            **row_strides(q=q3, k=k3, w=w3, p=self.qt, a=self.ad), stride_nb=self.qn.stride(0),
+            stride_gb=self.g.stride(0), stride_gj=self.g.stride(1),
             HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=self.block,
             **dict(self._flags, PRECISION=main_pass_precision(self._flags["PRECISION"])), num_warps=self._num_warps,
-            num_stages=1)
+            num_stages=1,
+        )
 
 
 def check_block(block, D: int, name: str = "block") -> int:

@@ -356,13 +356,13 @@ def _fox_chunk_kernels(q, k, v, g, scale):
     """This rank's FoX chunk through the FlashAttention kernel (``"loggate"`` hook): ``(out, lse)``, the causal
     in-chunk attention ``(..., T, Dv)`` and its natural-log log-sum-exp ``(..., T)``."""
     from .kernels._launch import per_token, prepare_qkv
-    from .kernels.flash_attention import _attention_launch
+    from .kernels.flash_attention import attention_launch
 
     x = prepare_qkv(q, k, v)
     n = x.n
     c = torch.cumsum(per_token(g, "log_f", x), dim=-1)  # (BH, T) fp32
     lse = torch.empty(x.BH, n.T, dtype=torch.float32, device=x.device)
-    out = _attention_launch(x, scale, "loggate", c, lse=lse)
+    out = attention_launch(x, scale, "loggate", c, lse=lse)
     return _as_lead(out, n, (n.Dv,)), _as_lead(lse * math.log(2), n)
 
 

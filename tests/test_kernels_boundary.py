@@ -473,7 +473,7 @@ def test_backward_tiles_do_not_change_the_gradients(bias):
     """Outer blocks larger than the inner tiles (as the GPU's autotuned configs have them) give the gradients
     of equal tiles: the diagonal region is several masked inner tiles, and T = 150 ends in a partial one."""
     from pathedu.kernels._launch import prepare_qkv
-    from pathedu.kernels.flash_attention import _attention_bwd_launch, _attention_launch
+    from pathedu.kernels.flash_attention import _attention_bwd_launch, attention_launch
 
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(2, 150, 16, generator=g) for _ in range(3))
@@ -481,7 +481,7 @@ def test_backward_tiles_do_not_change_the_gradients(bias):
     bias_arg = {"none": None, "alibi": torch.tensor([0.2, 0.05]),
                 "loggate": torch.cumsum(torch.nn.functional.logsigmoid(torch.randn(2, 150, generator=g) + 2), -1)}[bias]
     lse = torch.empty(2, 150)
-    out = _attention_launch(x, 0.25, bias, bias_arg, lse=lse)
+    out = attention_launch(x, 0.25, bias, bias_arg, lse=lse)
     do = torch.randn(2, 150, 16, generator=g)
     equal = _attention_bwd_launch(x, do, out, lse, 0.25, bias, bias_arg, _config=dict(OUTER=64, INNER=64))
     nested = _attention_bwd_launch(x, do, out, lse, 0.25, bias, bias_arg, _config=dict(OUTER=64, INNER=32))

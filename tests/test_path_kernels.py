@@ -17,7 +17,7 @@ from helpers import (TOL_TRITON, blockwise_errors, case_id, prepared_errors, ran
 
 from pathedu import path, pathfox
 from pathedu.kernels.delta_rule import chunked_delta_rule, chunked_householder
-from pathedu.kernels._pieces import _dot, _dot_ready, _quiet_for, _quiet_nan, _rn
+from pathedu.kernels._pieces import dot, dot_ready, quiet_for, quiet_nan, rn
 from pathedu.kernels.path_attention import MAX_R, Prepared, path_attention
 
 CASES = [((2, 3), 1, 16, 16), ((1, 2), 37, 16, 24), ((), 65, 64, 32), ((2, 1, 2), 19, 32, 16),
@@ -257,7 +257,7 @@ def test_fp16_products_of_the_main_pass_scale_the_rows_of_q_and_k(norm_q):
 
 def test_fp16_products_of_the_ut_backward_scale_each_tile():
     """On a GPU the UT backward multiplies in fp16 where the pass does (``backward_precision``), each tile of
-    gradients and of q, k scaled by one power of two into fp16's range (``_pieces._scaled``).  Blocks from 1e-12
+    gradients and of q, k scaled by one power of two into fp16's range (``_pieces.scaled``).  Blocks from 1e-12
     to 1e12 (q, k) and 1e-20 to 1e20 (gradients), far outside fp16's range unscaled: every block of dq, dk, dw and
     dbeta within 10-bit rounding of the exact backward's, relative to that block; a NaN in one gradient entry
     reaches the same entries in both."""
@@ -824,15 +824,15 @@ def _tf32_rounded(X, Y, N: tl.constexpr, QUIET: tl.constexpr, PRECISION: tl.cons
     offs = tl.arange(0, N)
     x = tl.load(X + offs)
     if QUIET:
-        x = _quiet_nan(x)
-    tl.store(Y + offs, _rn(x, PRECISION))
+        x = quiet_nan(x)
+    tl.store(Y + offs, rn(x, PRECISION))
 
 
 def test_rounding_to_tf32_and_its_nans():
-    """``_pieces._rn`` rounds an fp32 operand to the nearest tf32 value by integer arithmetic on its bits.  It keeps
+    """``_pieces.rn`` rounds an fp32 operand to the nearest tf32 value by integer arithmetic on its bits.  It keeps
     infinities and PyTorch's quiet NaN, rounds finite values to nearest (ties away), turns a NaN with only its
     low 13 mantissa bits set into an infinity (still not finite), and a NaN whose top mantissa bits are set (NVIDIA's canonical NaN, what GPU arithmetic on a NaN returns) into -0.0: the GPU test
-    of non-finite values found DeltaNet's fast chunk loop losing a NaN that way.  ``_quiet_nan`` first keeps it."""
+    of non-finite values found DeltaNet's fast chunk loop losing a NaN that way.  ``quiet_nan`` first keeps it."""
     bits = torch.tensor([0x7FC00000, 0x7F800001, 0x7F800000, 0xFF800000 - 2**32, 0x3F800FFF, 0x3F801000,
                          0x00000001, 0x7F7FFFFF, 0x7FFFFFFF, 0xFFFFFFFF - 2**32, 0, 0], dtype=torch.int32)
     xp = torch.cat([bits.view(torch.float32), torch.zeros(4)])  # a tile's length is a power of two
@@ -855,13 +855,13 @@ def test_rounding_to_tf32_and_its_nans():
 def _product(A, B, C, N: tl.constexpr, PRECISION: tl.constexpr):
     offs = tl.arange(0, N)
     tile = offs[:, None] * N + offs[None, :]
-    tl.store(C + tile, _dot(tl.load(A + tile), tl.load(B + tile), PRECISION))
+    tl.store(C + tile, dot(tl.load(A + tile), tl.load(B + tile), PRECISION))
 
 
 @pytest.mark.parametrize("precision", ["tf32", "x3"])
 def test_backward_products_keep_the_gpus_nans(precision):
     """A gradient's fp32 tile can hold NVIDIA's canonical NaN (``0x7FFFFFFF``: what GPU arithmetic on a NaN
-    returns, e.g. from a NaN or inf in ``dO``).  ``_pieces._dot`` in ``"tf32"`` or ``"x3"`` rounds it to -0.0 and
+    returns, e.g. from a NaN or inf in ``dO``).  ``_pieces.dot`` in ``"tf32"`` or ``"x3"`` rounds it to -0.0 and
     the product row comes out finite; on the H100 PaTH's ``dq`` stayed finite under a NaN in ``dO`` that way
     (``tests/gpu/test_backward.py``).  The backward kernels' versions (``_launch.keeping_nans``: ``"tf32n"``,
     ``"x3n"``) give that row NaNs, and the same numbers as the plain ones elsewhere."""
@@ -882,16 +882,16 @@ def test_backward_products_keep_the_gpus_nans(precision):
 def _ready_product(A, B, C, N: tl.constexpr, PRECISION: tl.constexpr):
     offs = tl.arange(0, N)
     tile = offs[:, None] * N + offs[None, :]
-    a = _rn(tl.load(A + tile), PRECISION)  # rounded once where it is made, as the UT backward's tiles are
-    tl.store(C + tile, _dot_ready(a, tl.load(B + tile), True, False, PRECISION))
+    a = rn(tl.load(A + tile), PRECISION)  # rounded once where it is made, as the UT backward's tiles are
+    tl.store(C + tile, dot_ready(a, tl.load(B + tile), True, False, PRECISION))
 
 
 @pytest.mark.parametrize("precision", ["tf32n", "x3n", "ieee"])
 def test_an_operand_rounded_once_gives_the_same_product(precision):
-    """``_pieces._dot_ready`` skips the rounding of an operand that already went through ``_rn`` (the UT factors'
+    """``_pieces.dot_ready`` skips the rounding of an operand that already went through ``rn`` (the UT factors'
     backward rounds each tile that only products read once, where it is made; ``kernels/NOTES_path.md``,
-    "Rounding to nearest before tf32 products"): the rounding is idempotent, so the product is ``_dot``'s bit for bit, NaNs included; with ``"x3n"`` or
-    ``"ieee"`` it is ``_dot`` itself (``_rn`` leaves those operands alone)."""
+    "Rounding to nearest before tf32 products"): the rounding is idempotent, so the product is ``dot``'s bit for bit, NaNs included; with ``"x3n"`` or
+    ``"ieee"`` it is ``dot`` itself (``rn`` leaves those operands alone)."""
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(16, 16, generator=g), torch.randn(16, 16, generator=g)
     a.view(torch.int32)[3, 7] = 0x7FFFFFFF  # NVIDIA's canonical NaN
@@ -907,14 +907,14 @@ def test_an_operand_rounded_once_gives_the_same_product(precision):
 def _stored_and_rounded(X, Y, Z, N: tl.constexpr):
     offs = tl.arange(0, N)
     x = tl.load(X + offs)
-    tl.store(Y + offs, _rn(_quiet_for(Y, x), "tf32"))  # an fp32 factor, rounded as the next pass's product would
-    tl.store(Z + offs, _quiet_for(Z, x))  # a 16-bit factor: stored as it is
+    tl.store(Y + offs, rn(quiet_for(Y, x), "tf32"))  # an fp32 factor, rounded as the next pass's product would
+    tl.store(Z + offs, quiet_for(Z, x))  # a 16-bit factor: stored as it is
 
 
 def test_factors_are_stored_with_quiet_nans():
     """The preparation passes store fp32 factors that a later pass rounds to tf32 (the Householder RNN's q~, k~, Ã,
     G); rounding NVIDIA's canonical NaN, what GPU arithmetic returns, gives -0.0, and on the H100 a NaN key vanished
-    that way from the Householder RNN's output (session 18).  ``_quiet_for`` stores fp32 tiles with quiet NaNs,
+    that way from the Householder RNN's output (session 18).  ``quiet_for`` stores fp32 tiles with quiet NaNs,
     which the rounding keeps, and leaves 16-bit stores alone (the conversion keeps a NaN)."""
     bits = torch.tensor([0x7FFFFFFF, 0xFFFFFFFF - 2**32, 0x7FC00000, 0x3F801000], dtype=torch.int32)
     x = bits.view(torch.float32)

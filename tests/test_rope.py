@@ -8,7 +8,7 @@ import triton.language as tl
 from helpers import N_FIXED, TOL_F64, TOL_TRITON, case_id, gradient_errors, rand_qkv, random_shapes, rel_err, run_in_pieces
 
 from pathedu import nope, rope
-from pathedu.kernels._pieces import _rope_cos_sin, _rope_shift
+from pathedu.kernels._pieces import rope_cos_sin, rope_shift
 from pathedu.kernels.rope import rotate_qk, trig_error
 
 CASES = random_shapes(6, seed=4, dims=(16, 32))  # RoPE rotates channel pairs: even head dims D only
@@ -327,10 +327,10 @@ def test_triton_fp32_angles_up_to_8192_match_float64():
 
 @triton.jit
 def _shifted_trig_kernel(C, S, log2_base, BR: tl.constexpr, HALF: tl.constexpr, N_TILES: tl.constexpr):
-    c0, s0 = _rope_cos_sin(tl.arange(0, BR), log2_base, HALF, HALF)  # the table, once (as the templates do)
+    c0, s0 = rope_cos_sin(tl.arange(0, BR), log2_base, HALF, HALF)  # the table, once (as the templates do)
     rows = tl.arange(0, BR)[:, None] * HALF + tl.arange(0, HALF)[None, :]
     for tile in range(0, N_TILES):
-        c, s = _rope_shift(c0, s0, tile * BR, log2_base, HALF, HALF)
+        c, s = rope_shift(c0, s0, tile * BR, log2_base, HALF, HALF)
         tl.store(C + tile * BR * HALF + rows, c)
         tl.store(S + tile * BR * HALF + rows, s)
 
