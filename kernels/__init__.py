@@ -38,10 +38,10 @@ normaliser, since every weight is <= 1 (forward only).
 Where the shared pieces live:
 
 * :mod:`._pieces`: jit helpers used by several kernels: tile loads/stores
-  (``_load_rows``, ``_store_rows``), the softmax kernels' prologue
-  (``_query_block``), the online-softmax update (``_softmax_fold``, FlashAttention
-  and PaTH), rounded / three-pass fp32 products (``_rn``, ``_dot``) and
-  ``_masked_dot``, the product that keeps a NaN or inf of a hidden (future) key
+  (``load_rows``, ``store_rows``), the softmax kernels' prologue
+  (``query_block``), the online-softmax update (``softmax_fold``, FlashAttention
+  and PaTH), rounded / three-pass fp32 products (``rn``, ``dot``) and
+  ``masked_dot``, the product that keeps a NaN or inf of a hidden (future) key
   out of earlier rows.
 * :mod:`.ut_prepare`: the UT preparation pass (``Prepared``), shared by PaTH and
   the Householder hook, and DeltaNet's WY pass (``WYPrepared``); both start from the same

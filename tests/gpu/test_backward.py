@@ -49,7 +49,7 @@ def test_non_finite_upstream_gradient_is_not_lost(dtype, form):
     """A NaN or inf in the upstream gradient ``dO`` (one entry of one head: what fp16 training's loss scaling
     produces on overflow, and what ``torch.amp.GradScaler`` looks for in the gradients to skip the step) must reach
     every gradient it feeds: a non-finite entry in each of ``dq, dk, dv`` and the gates' gradients of that head, the
-    other head's gradients as in the clean run.  The backward kernels' tf32 rounding of fp32 tiles (``_rn``) turns
+    other head's gradients as in the clean run.  The backward kernels' tf32 rounding of fp32 tiles (``rn``) turns
     the GPU's canonical NaN ``0x7FFFFFFF``, which arithmetic on a NaN returns, into -0.0 unless it is made quiet
     first (kernels/NOTES_path.md, "NaNs through the rounding"); the interpreter's NaNs are quiet, so only a GPU shows it."""
     (q, k, v, ex), _ = inputs(form, ((1, 2), 300, 64, 64), dtype, seed=5)

@@ -85,7 +85,7 @@ def test_bad_values_raise_after_the_kernel_is_queued():
 
 def _nans(dtype):
     """The NaNs to plant: PyTorch's quiet NaN and, for fp32, NVIDIA's canonical NaN ``0x7FFFFFFF`` (what GPU
-    arithmetic returns, e.g. an upstream ``inf - inf``), which the tf32 rounding ``_rn`` turns into -0.0 unless made
+    arithmetic returns, e.g. an upstream ``inf - inf``), which the tf32 rounding ``rn`` turns into -0.0 unless made
     quiet first (kernels/NOTES_path.md, "NaNs through the rounding")."""
     nans = [float("nan")]
     if dtype == torch.float32:
