@@ -153,3 +153,40 @@ def test_the_citation_reader_follows_wrapped_lines_and_refuses_bare_mentions():
     assert _bad_citation("NOTES_path.md", "No such heading") is not None
     assert _bad_citation("NOTES_path.md", None) is not None
     assert _bad_citation("NOTES_nowhere.md", "x") is not None
+
+
+_KERNEL_MODULES = {p.stem for p in (ROOT / "kernels").glob("*.py")}
+
+
+def _defined_names() -> dict[str, set[str]]:
+    """For each module of ``kernels/`` and ``pathedu/`` (by its file's stem), the names it defines at any depth:
+    functions, classes and assignments at the start of a line."""
+    names: dict[str, set[str]] = {}
+    for path in list((ROOT / "kernels").glob("*.py")) + list((ROOT / "pathedu").rglob("*.py")):
+        text = path.read_text()
+        found = set(re.findall(r"^\s*(?:def|class)\s+(\w+)", text, re.M))
+        found |= set(re.findall(r"^(\w+)\s*(?::[^=\n]*)?=", text, re.M))
+        names.setdefault(path.stem, set()).update(found)
+    return names
+
+
+def test_code_names_in_the_notes_exist():
+    """Where a note says where a decision lives in the code, the name is there: ``module.name`` for a module of
+    ``kernels/`` must be defined in that module, and a private ``_name`` cited alone somewhere in the kernels or the
+    package.  A renamed function makes its section point nowhere; this says which."""
+    defined = _defined_names()
+    everywhere = set().union(*defined.values())
+    problems = []
+    for note in NOTES:
+        for line_no, line in enumerate(note.read_text().splitlines(), 1):
+            for span in re.findall(r"`([^`]+)`", line):
+                if ".json" in span:  # a data file's name, checked by test_data_files_the_notes_cite_exist
+                    continue
+                # a name, or module.name; not a keyword argument (name=...) nor part of a longer dotted path
+                for module, name in re.findall(r"(?<![\w.~{,])(?:(\w+)\.)?(_?[A-Za-z]\w*)(?![\w}])(?!\s*=[^=])", span):
+                    if module in _KERNEL_MODULES and name not in ("py", "md"):
+                        if name not in defined.get(module, set()):
+                            problems.append(f"{note.name}:{line_no}: {module}.{name} is not defined in kernels/{module}.py")
+                    elif not module and name.startswith("_") and name[1:2].islower() and name not in everywhere:
+                        problems.append(f"{note.name}:{line_no}: {name} is defined nowhere in kernels/ or pathedu/")
+    assert not problems, "names in the design notes:\n" + "\n".join(problems)
