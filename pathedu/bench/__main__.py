@@ -83,9 +83,8 @@ def main(argv=None) -> int:
     if a.backward:
         from ..kernels import flash_attention
 
-        # which pass the FlashAttention template's backward took (PATHEDU_ATOMIC_DQ or the measured default)
-        meta["template_backward"] = {True: "single pass (atomic dQ)", False: "two roles"}.get(
-            flash_attention.ATOMIC_DQ, f"auto: single pass without a bias from T = {flash_attention.SINGLE_PASS_MIN_T}")
+        # which pass the FlashAttention template's backward took: the ops pass no atomic_dq, so the measured default
+        meta["template_backward"] = f"auto: single pass without a bias from T = {flash_attention.SINGLE_PASS_MIN_T}"
     out = a.out or str(DATA_DIR / f"bench_{a.chapter}{'_fwdbwd' if a.backward else ''}.json")
     rows = []
     for T in tqdm(a.T, desc="sequence lengths"):
