@@ -45,17 +45,24 @@ Both preparation passes start from the same ``16 x 16`` diagonal inverses (``_ut
 The Householder RNN's factors are fp32.  DeltaNet's ``W`` and ``U~`` are stored in bf16 for bf16 inputs (as
 flash-linear-attention stores them: they are written once and read once, and fp32 doubles those bytes) and in
 fp32 otherwise (fp16's exponent range is too narrow for ``U~ = A V``), or in ``factor_dtype`` when given:
-``torch.float32`` for bf16 inputs is about a third closer to float64 and up to 9% slower
-(``NOTES_linear.md``, "The WY factors' dtype").  Products are tf32 for 16-bit inputs with
+``torch.float32`` for bf16 inputs is about a third closer to float64 and up to 9% slower (bf16 factors round
+each one to 8 mantissa bits, once; the state and the products stay fp32).  Products are tf32 for 16-bit inputs with
 operands rounded to nearest (the state is multiplied by ``I - K^T W`` or ``I + G_c`` chunk after
 chunk, and the tensor cores' truncation would shrink it a little every time), and about fp32 for
 fp32 inputs (three tf32 products on a GPU, exact in the interpreter); see :func:`._pieces._dot`.  DeltaNet's WY
 pass multiplies 16-bit inputs' factors in fp16 instead (the same ten mantissa bits, each block conjugated into
-fp16's range by powers of two: :func:`.ut_prepare._wy_prepare`; 29% less time for the pass on an H200,
-``NOTES_linear.md``, "fp16 products in the WY pass").
+fp16's range by powers of two: :func:`.ut_prepare._wy_prepare`; 29% less time for the pass on an H200, whose
+tensor cores multiply fp16 at twice the rate of tf32, and half the registers for its operands).
 A NaN or inf in ``q``, ``k`` or ``v`` at position ``t`` changes outputs at positions ``>= t`` only
 (:mod:`.ut_prepare` says how, for DeltaNet's ``w = k``).  Inputs are validated once, at the entry
 points below (see :mod:`._launch`).
+
+The state and training.  ``initial_state`` starts the chunk loop from a given ``S``, and the final ``S`` can be
+returned, so a sequence runs in pieces (prefill in chunks, then decoding), as the recurrent forms do.  Inputs that
+require grad go through :mod:`.delta_rule_backward`: the forward also stores the state entering each chunk, and the
+backward scans the states' gradients right to left, takes each chunk's gradients in parallel, then brings them
+through the UT factors to ``q, k, w, beta`` and the gate.  DeltaNet's backward is the Householder RNN's with
+``w = k`` and values ``beta v``.
 """
 from __future__ import annotations
 
