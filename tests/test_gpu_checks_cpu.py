@@ -219,7 +219,7 @@ def test_flash_loop_multiplies_once_per_logit_for_the_rescale_only():
     (``softmax_fold_scaled``).  Scaling the logit tile first, as before, made 64 multiplies a trip, about a tenth of
     the loop's instructions (kernels/NOTES_flash.md, "The logits' scale in the exponent").  In the diagonal loop the causal mask is one 32-bit compare per
     logit: compared as absolute positions, the offsets shared the address arithmetic's 64 bits and each logit took
-    two compares (72 a trip at f14a666)."""
+    two compares (72 a trip)."""
     loops = _loop_mixes("_flash_fwd (none, 128 x 64, 8 warps)")
     assert len(loops) == 2  # key blocks left of the diagonal, then the diagonal's
     assert 32 <= loops[0]["MUFU"] <= 36 and loops[0]["FMUL"] <= 36
@@ -228,8 +228,8 @@ def test_flash_loop_multiplies_once_per_logit_for_the_rescale_only():
 
 def test_fox_loop_adds_its_gate_with_one_multiply_add_per_key():
     """FoX's key term ``c_r' - c_j log2(e)`` is one fused multiply-add per key (``_pieces.gate_keys``), so the main
-    loop's multiplies are the accumulator's rescale only, as NoPE's (an add and a multiply per key before: 48 a trip
-    at f14a666)."""
+    loop's multiplies are the accumulator's rescale only, as NoPE's (an add and a multiply per key, the
+    alternative: 48 a trip)."""
     loops = _loop_mixes("_flash_fwd (loggate, 128 x 64, 8 warps)")
     assert len(loops) == 2 and loops[0]["FMUL"] <= 36
 
