@@ -11,9 +11,10 @@ from __future__ import annotations
 import torch
 
 from .. import rope
-from ._grader import Exercises, check_function
+from ._grader import Exercises, Verdict, check_bug, check_explanation, check_function, check_prediction
 
-__all__ = ["check_apply_rope_half", "check_relative_logit", "check_complex_step", "hint"]
+__all__ = ["check_apply_rope_half", "check_relative_logit", "check_complex_step", "check_slowest_period",
+           "check_why_far_logits_shrink", "check_rope_bug", "hint"]
 
 EXERCISES = Exercises("ch04", {
     1: ("RoPE turns pairs of channels by an angle that grows with the position. In the half layout, which channels "
@@ -39,6 +40,21 @@ EXERCISES = Exercises("ch04", {
         "with q_t, (Dv,). Return (S_new, o_t).",
         "Three steps, in this order: turn the old state (column n times e^{i omega_n}), add the outer product of "
         "v_t with the *conjugated* key, then read the new state with q_t and keep the real part."),
+    4: ("Each pair turns by Omega_n radians per token; a full turn takes 2 pi / Omega_n tokens. Which pair is "
+        "slowest?",
+        "Omega_n = 10000^(-2n/D) falls with n; the last pair, n = D/2 - 1, has the longest period.",
+        "2 pi / Omega_{D/2-1} = 2 pi * 10000^((D - 2)/D) tokens: for D = 64, 2 pi * 10000^(62/64)."),
+    5: ("Write the logit as a sum over channel pairs, each term turned by its own angle Omega_n (t - j). What do "
+        "many turned terms add up to, and does any of them lose its size?",
+        "Two statements: what happens to the sum on average for large distances (the phases spread), and what "
+        "does not happen (no term shrinks; the complex recurrence's |S| is constant).",
+        "Far apart, the pairs' phases spread over the circle and their terms cancel on average, so the typical "
+        "logit shrinks (the long-range figure); but every term keeps its modulus and nothing is forgotten: a key "
+        "that matches on the slow pairs still scores high at any distance."),
+    6: ("Compare the planted form with rope.apply_rope(x, pairing=\"half\") on a tensor with T = 1.",
+        "Row t must turn by t * Omega_n, with t counted from 0: row 0 stays as it is.",
+        "The planted form counts positions from 1 (bug kind \"index\"): use torch.arange(T). The logits still "
+        "depend on t - j only, so only the outputs, not the relative logits, show it."),
 })
 hint = EXERCISES.hint
 
@@ -125,3 +141,70 @@ def check_complex_step(student_fn):
     return check_function(
         "one step of the complex recurrence", run_student, lambda q, k, v: rope.complex_recurrent(q, k, v),
         make_inputs, trials=3, rtol=1e-9)
+
+
+# ---------------------------------------------------------------------------
+# Exercise 4 (predict, then run): the period of the slowest pair
+# ---------------------------------------------------------------------------
+
+PERIOD_D = 64
+
+
+def _slowest_period() -> float:
+    return (2 * torch.pi / rope.frequencies(PERIOD_D).min()).item()
+
+
+@EXERCISES.check(4, kind="predict")
+def check_slowest_period(tokens) -> Verdict:
+    """Exercise 4: the period in tokens of RoPE's slowest channel pair for ``D =`` :data:`PERIOD_D` and base
+    10000 (a number, within 5%; half the point within a factor of 2)."""
+    return check_prediction("predict: the slowest period", tokens, _slowest_period(), rtol=0.05, near=1.0)
+
+
+# ---------------------------------------------------------------------------
+# Exercise 5 (explain): far logits shrink, nothing is forgotten
+# ---------------------------------------------------------------------------
+
+FAR_RUBRIC = ("2 points. 1: the logit is a sum over channel pairs of terms turned by Omega_n (t - j); far apart, "
+              "their phases spread over the circle and the terms cancel on average, so the typical logit (the "
+              "long-range figure's envelope) shrinks with distance. 1: no term loses its modulus, the rotation "
+              "is unitary (|S| of the complex recurrence never changes): nothing is forgotten, and a key that "
+              "matches the query on the slow pairs still scores high at any distance. No point for 'RoPE decays "
+              "like a gate'.")
+
+
+@EXERCISES.check(5, kind="explain")
+def check_why_far_logits_shrink(text) -> Verdict:
+    """Exercise 5: why RoPE's logits shrink with distance on average although no gate forgets (marked by a
+    person against :data:`FAR_RUBRIC`)."""
+    return check_explanation("explain: far logits shrink", text, rubric=FAR_RUBRIC)
+
+
+# ---------------------------------------------------------------------------
+# Exercise 6 (find the bug): RoPE with the half pairing, one planted error
+# ---------------------------------------------------------------------------
+
+def _rope_planted(x):
+    """The lab's planted form: positions counted from 1."""
+    T, D = x.shape[-2:]
+    h = D // 2
+    omega = 10000.0 ** (-2 * torch.arange(h, dtype=x.dtype) / D)
+    theta = torch.arange(1, T + 1, dtype=x.dtype)[:, None] * omega
+    a, b = x[..., :h], x[..., h:]
+    return torch.cat([a * theta.cos() - b * theta.sin(), a * theta.sin() + b * theta.cos()], dim=-1)
+
+
+def _rope_bug_inputs(seed):
+    g = _gen(600 + seed)
+    T, D = [(7, 8), (1, 16), (20, 6)][seed % 3]
+    return (torch.randn(2, T, D, generator=g, dtype=torch.float64),)
+
+
+@EXERCISES.check(6, kind="bug")
+def check_rope_bug(bug, rope_half_fixed) -> Verdict:
+    """Exercise 6: ``bug`` names the planted error of the lab's ``rope_half_planted`` (a key of
+    :data:`pathedu.exercises.BUG_KINDS`); ``rope_half_fixed(x) -> (..., T, D)`` is RoPE with the half pairing,
+    fixed, compared with ``rope.apply_rope(x, pairing="half")``."""
+    return check_bug("find the bug: RoPE", bug, rope_half_fixed, bug="index",
+                     reference=lambda x: rope.apply_rope(x, pairing="half"), make_inputs=_rope_bug_inputs,
+                     buggy=_rope_planted)

@@ -20,6 +20,9 @@ Exercises:
    the state of the prefix (the chunkwise-parallel form),
    ``o_i = S q~_i + sum_{j<=i} (k_j^T H_{j+1} ... H_i q_i) v_j`` and
    ``S <- S P + sum_j v_j k~_j^T``.
+6. :func:`check_eigenvalues` (predict, then run): the extreme eigenvalues of one transition.
+7. :func:`check_why_beta_range` (explain): why beta stays in [0, 2].
+8. :func:`check_deltanet_bug` (find the bug): DeltaNet's recurrence with one planted error.
 
 ``hint(n, level=1)`` prints a hint for exercise ``n``: level 1 a nudge, 2 the structure, 3 the recipe.
 """
@@ -30,10 +33,11 @@ from functools import partial
 import torch
 
 from .. import path
-from ._grader import Exercises, Verdict, check_function, check_parts
+from ._grader import Exercises, Verdict, check_bug, check_explanation, check_function, check_parts, check_prediction
 
 __all__ = ["check_delta_step", "check_interval_product", "check_ut_factor", "check_path_attention",
-           "check_householder_chunk_step", "hint"]
+           "check_householder_chunk_step", "check_eigenvalues", "check_why_beta_range", "check_deltanet_bug",
+           "hint"]
 
 EXERCISES = Exercises("ch05", {
     1: ("The delta rule is one step of gradient descent on the memory's regression loss |S k - v|^2 / 2, with "
@@ -71,6 +75,20 @@ EXERCISES = Exercises("ch05", {
         "k~ = k_c - T(A @ wk) @ w_c; scores = (q_c @ T(k_c) - qw @ A @ wk).tril(); o_c = q~ @ T(S) + scores @ v_c; "
         "S_new = S - (S @ T(w_c)) @ T(A) @ w_c + T(v_c) @ k~. (Slower, also right: build the products "
         "H_s ... H_i with explicit loops.)"),
+    6: ("H w = ? for the unit vector w itself, and H u = ? for any u orthogonal to w.",
+        "One eigenvector is w, with eigenvalue 1 - beta; the D - 1 directions orthogonal to w keep eigenvalue 1.",
+        "(smallest, largest) = (1 - beta, 1) for beta > 0; put in beta = 1.5."),
+    7: ("Exercise 6 gave H's eigenvalues. What does a product of many transitions do to a vector when one of "
+        "them has |1 - beta| > 1?",
+        "Say what H is at beta = 0, 1 and 2, and what happens to the state (and to PaTH's products) when "
+        "beta > 2: the size of the eigenvalue along w, repeated over many tokens.",
+        "Eigenvalue 1 - beta along w: in [-1, 1] for beta in [0, 2], so no transition expands (beta = 1 "
+        "projects, beta = 2 reflects, a norm-preserving swap); beta > 2 expands along w, and products of many "
+        "transitions grow geometrically until they overflow (NaN)."),
+    8: ("Run the planted form and path.deltanet_recurrent on one token with beta = 0.5: compare S_0 k_0 with v_0.",
+        "One step is S <- S (I - beta k k^T) + beta v k^T: the step size multiplies both the erase and the write.",
+        "The planted form writes v k^T without beta (bug kind \"scale\"): multiply the write by beta_t."),
+
 })
 hint = EXERCISES.hint
 
@@ -378,3 +396,74 @@ def check_householder_chunk_step(chunk_step) -> Verdict:
     return check_parts("Householder RNN chunk with prefix state", chunk_step, _hh_chunk_reference,
                        _hh_chunk_inputs, ("o_c", "S_new"),
                        wrong_variants=_HH_CHUNK_WRONG)
+
+
+# ---------------------------------------------------------------------------
+# Exercise 6 (predict, then run): the eigenvalues of one transition
+# ---------------------------------------------------------------------------
+
+EIG_BETA, EIG_D = 1.5, 4
+
+
+def _eigenvalues() -> tuple:
+    w = _unit(torch.ones(1, EIG_D, dtype=torch.float64))
+    H = path.householder_product(w, torch.tensor([EIG_BETA], dtype=torch.float64))
+    ev = torch.linalg.eigvalsh(H)
+    return round(ev.min().item(), 12), round(ev.max().item(), 12)
+
+
+@EXERCISES.check(6, kind="predict")
+def check_eigenvalues(extremes) -> Verdict:
+    """Exercise 6: ``(smallest, largest)`` eigenvalue of ``H = I - beta w w^T`` for a unit ``w`` in ``D =``
+    :data:`EIG_D` dimensions and ``beta =`` :data:`EIG_BETA` (a pair of numbers, half the point each)."""
+    return check_prediction("predict: the eigenvalues of H", extremes, _eigenvalues(), atol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# Exercise 7 (explain): why beta stays in [0, 2]
+# ---------------------------------------------------------------------------
+
+BETA_RUBRIC = ("2 points. 1: H = I - beta w w^T has eigenvalue 1 - beta along the unit w and 1 elsewhere, so for "
+               "beta in [0, 2] every eigenvalue lies in [-1, 1]: no transition expands (beta = 0 keeps, beta = 1 "
+               "projects out w, beta = 2 reflects, a norm-preserving swap). 1: beyond 2, |1 - beta| > 1 expands "
+               "along w, and products of many transitions (the state, PaTH's position encoding) grow "
+               "geometrically until float32 overflows into inf and NaN; that is why the forms refuse "
+               "beta |w|^2 > 2.")
+
+
+@EXERCISES.check(7, kind="explain")
+def check_why_beta_range(text) -> Verdict:
+    """Exercise 7: why beta (with a unit w) stays in [0, 2] (marked by a person against :data:`BETA_RUBRIC`)."""
+    return check_explanation("explain: beta in [0, 2]", text, rubric=BETA_RUBRIC)
+
+
+# ---------------------------------------------------------------------------
+# Exercise 8 (find the bug): DeltaNet with one planted error
+# ---------------------------------------------------------------------------
+
+def _deltanet_planted(q, k, v, beta):
+    """The lab's planted form: the write v_t k_t^T is not multiplied by beta_t."""
+    S = torch.zeros(*q.shape[:-2], v.shape[-1], q.shape[-1], dtype=q.dtype)
+    outs = []
+    for t in range(q.shape[-2]):
+        k_t, b_t = k[..., t, :], beta[..., t, None, None]
+        S = S - b_t * (S @ k_t[..., :, None]) * k_t[..., None, :] + v[..., t, :, None] * k_t[..., None, :]
+        outs.append((S @ q[..., t, :, None])[..., 0])
+    return torch.stack(outs, -2)
+
+
+def _deltanet_bug_inputs(seed):
+    g = torch.Generator().manual_seed(800 + seed)
+    lead, T, D, Dv = [((2,), 8, 6, 4), ((2, 2), 5, 4, 7), ((), 11, 8, 3)][seed % 3]
+    q, k = _randn(g, *lead, T, D), _unit(_randn(g, *lead, T, D))
+    beta = 2 * torch.rand(*lead, T, generator=g, dtype=torch.float64)
+    return q, k, _randn(g, *lead, T, Dv), beta
+
+
+@EXERCISES.check(8, kind="bug")
+def check_deltanet_bug(bug, deltanet_fixed) -> Verdict:
+    """Exercise 8: ``bug`` names the planted error of the lab's ``deltanet_planted`` (a key of
+    :data:`pathedu.exercises.BUG_KINDS`); ``deltanet_fixed(q, k, v, beta) -> (..., T, Dv)`` is DeltaNet's
+    recurrence fixed, compared with :func:`pathedu.path.deltanet_recurrent`."""
+    return check_bug("find the bug: DeltaNet", bug, deltanet_fixed, bug="scale", reference=path.deltanet_recurrent,
+                     make_inputs=_deltanet_bug_inputs, buggy=_deltanet_planted)

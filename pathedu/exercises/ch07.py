@@ -19,6 +19,9 @@ Exercises (``f = exp(log_f) <= 1`` is a forget gate, ``H_s = I - beta_s w_s w_s^
    ``(Q K^T * exp(G) * M)(I + diag(beta)(K K^T * exp(G) * M^-))^{-1} diag(beta) V``.
 4. :func:`check_gated_deltanet_chunk`: one chunk of the chunked Gated DeltaNet,
    from the state before the chunk to the chunk's outputs and the state after it.
+5. :func:`check_decayed_trace` (predict, then run): what three gated steps with beta = 0 leave of a state.
+6. :func:`check_bias_or_factor` (explain): why one gate is a bias on one side and a factor on the other.
+7. :func:`check_gdn_bug` (find the bug): Gated DeltaNet's recurrence with one planted error.
 
 ``hint(n, level=1)`` prints a hint for exercise ``n``: level 1 a nudge, 2 the structure, 3 the recipe.
 """
@@ -29,10 +32,10 @@ import functools
 import torch
 
 from .. import fox, pathfox
-from ._grader import Exercises, Verdict, check_function, check_parts
+from ._grader import Exercises, Verdict, check_bug, check_explanation, check_function, check_parts, check_prediction
 
 __all__ = ["check_gated_delta_step", "check_pathfox_logit", "check_gamma", "check_gated_deltanet_matrix",
-           "check_gated_deltanet_chunk", "hint"]
+           "check_gated_deltanet_chunk", "check_decayed_trace", "check_bias_or_factor", "check_gdn_bug", "hint"]
 
 EXERCISES = Exercises("ch07", {
     1: ("Gated DeltaNet does two things to the memory at each token: a weight decay by the gate, and chapter 5's "
@@ -66,6 +69,21 @@ EXERCISES = Exercises("ch07", {
         "b = cumsum(log_f); L = inv(I + diag(beta) (K K^T * exp(G) * M^-)); U = L diag(beta) V - L diag(beta e^b) "
         "K S^T; o = diag(e^b) Q S^T + (Q K^T * exp(G)) U; S_new = e^{b_last} S + U^T diag(e^{g~}) K, with "
         "g~_j = sum_{r=j+1..C-1} log_f[r]. Exponentiate only sums of gates (<= 0)."),
+    5: ("With beta = 0 nothing is written or erased: only the gate acts. What does it do to S at each step?",
+        "Each step multiplies the whole state by a_t = e^{log f_t}; the trace is linear.",
+        "S_3 = a_1 a_2 a_3 S_0 = 0.5^3 I, so trace(S_3) = 4 * 0.5^3."),
+    6: ("Write the weight of key j for query i on each side and put e^{G_ij} into it.",
+        "The softmax side's weight is exp(logit) / normaliser; the linear side's weight is the score itself, "
+        "with no exponential: where can a factor e^{G_ij} go in each?",
+        "exp(l + G) = exp(l) e^G: a bias G on the logit is the factor e^G on the softmax weight (before "
+        "normalising); the linear side has no exp, so the factor e^G multiplies the score directly, which the "
+        "recurrence applies as a_t S_{t-1}. The same G_ij on both sides."),
+    7: ("Step the planted form for T = 1 with beta = 0: what should S_0 be, and what is it?",
+        "Order of one step: decay the old state with a_t, then erase and write token t; the token's own gate "
+        "must not act on what the token writes.",
+        "The planted form decays after writing, so token t's gate acts on its own write (bug kind \"self\"): "
+        "decay S first, then apply the delta rule."),
+
 })
 hint = EXERCISES.hint
 
@@ -417,3 +435,78 @@ def check_gated_deltanet_chunk(chunk_step) -> Verdict:
     """
     return check_parts("Gated DeltaNet chunk step", chunk_step, _chunk_reference, _chunk_inputs, ("o", "S_new"),
                        rtol=1e-10, wrong_variants=_CHUNK_WRONG)
+
+
+# ---------------------------------------------------------------------------
+# Exercise 5 (predict, then run): what three gated steps with beta = 0 leave
+# ---------------------------------------------------------------------------
+
+TRACE_D, TRACE_GATE, TRACE_STEPS = 4, 0.5, 3
+
+
+def _decayed_trace() -> float:
+    T, D = TRACE_STEPS, TRACE_D
+    zeros = torch.zeros(T, D, dtype=torch.float64)
+    log_f = torch.full((T,), TRACE_GATE, dtype=torch.float64).log()
+    _, S = pathfox.gated_deltanet_recurrent(zeros, _unit(torch.ones(T, D, dtype=torch.float64)), zeros,
+                                            torch.zeros(T, dtype=torch.float64), log_f,
+                                            initial_state=torch.eye(D, dtype=torch.float64), return_state=True)
+    return S.trace().item()
+
+
+@EXERCISES.check(5, kind="predict")
+def check_decayed_trace(trace) -> Verdict:
+    """Exercise 5: the trace of Gated DeltaNet's state after :data:`TRACE_STEPS` tokens with ``beta = 0`` and
+    gates :data:`TRACE_GATE`, from ``S = I`` (``D =`` :data:`TRACE_D`); a number."""
+    return check_prediction("predict: a decayed state", trace, _decayed_trace(), rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# Exercise 6 (explain): a bias on one side, a factor on the other
+# ---------------------------------------------------------------------------
+
+BIAS_FACTOR_RUBRIC = ("2 points. 1: on the softmax side the weight is exp(logit) normalised, and exp(l + G) = "
+                      "exp(l) e^G, so adding G_ij to the logit multiplies the unnormalised weight by the gate "
+                      "product e^{G_ij}. 1: the linear side has no exponential: the score itself is the weight, "
+                      "so the same e^{G_ij} multiplies it directly, which the recurrence applies step by step as "
+                      "a_t S_{t-1}; one G_ij (sum of log f_s, s = j+1..i) serves both. Half a point for 'log and "
+                      "exp are inverse' without the softmax.")
+
+
+@EXERCISES.check(6, kind="explain")
+def check_bias_or_factor(text) -> Verdict:
+    """Exercise 6: why one forget gate is a logit bias on the softmax side and a factor on the linear side
+    (marked by a person against :data:`BIAS_FACTOR_RUBRIC`)."""
+    return check_explanation("explain: a bias or a factor", text, rubric=BIAS_FACTOR_RUBRIC)
+
+
+# ---------------------------------------------------------------------------
+# Exercise 7 (find the bug): Gated DeltaNet with one planted error
+# ---------------------------------------------------------------------------
+
+def _gdn_planted(q, k, v, beta, log_f):
+    """The lab's planted form: the gate decays the state after token t has written to it."""
+    S = torch.zeros(*q.shape[:-2], v.shape[-1], q.shape[-1], dtype=q.dtype)
+    outs = []
+    for t in range(q.shape[-2]):
+        k_t, b_t = k[..., t, :], beta[..., t, None, None]
+        S = S + b_t * (v[..., t, :, None] - S @ k_t[..., :, None]) * k_t[..., None, :]
+        S = torch.exp(log_f[..., t, None, None]) * S
+        outs.append((S @ q[..., t, :, None])[..., 0])
+    return torch.stack(outs, -2)
+
+
+def _gdn_bug_inputs(seed):
+    g = torch.Generator().manual_seed(900 + seed)
+    lead, T, D, Dv = [((2,), 8, 6, 4), ((2, 2), 5, 4, 7), ((), 11, 8, 3)][seed % 3]
+    q, k = _randn(g, *lead, T, D), _unit(_randn(g, *lead, T, D))
+    return q, k, _randn(g, *lead, T, Dv), 2 * _rand(g, *lead, T), _log_gates(g, *lead, T)
+
+
+@EXERCISES.check(7, kind="bug")
+def check_gdn_bug(bug, gated_deltanet_fixed) -> Verdict:
+    """Exercise 7: ``bug`` names the planted error of the lab's ``gated_deltanet_planted`` (a key of
+    :data:`pathedu.exercises.BUG_KINDS`); ``gated_deltanet_fixed(q, k, v, beta, log_f) -> (..., T, Dv)`` is
+    the recurrence fixed, compared with :func:`pathedu.pathfox.gated_deltanet_recurrent`."""
+    return check_bug("find the bug: Gated DeltaNet", bug, gated_deltanet_fixed, bug="self",
+                     reference=pathfox.gated_deltanet_recurrent, make_inputs=_gdn_bug_inputs, buggy=_gdn_planted)
