@@ -109,7 +109,7 @@ def select_form(mixer: str, form: str = "auto", *, device=None, T: int = 0, matr
     """The form a mixer runs in a model: ``"triton"``, ``"matrix"`` or ``"chunked"`` (blockwise on the softmax side).
 
     ``"auto"``: Triton when ``mixer``'s Triton form has a backward pass (:func:`pathedu.layers.triton_trains`:
-    every mixer's but, until it has one, DeltaNet's and Gated DeltaNet's), Triton compiles for a GPU
+    every mixer's: DeltaNet's and Gated DeltaNet's are found by trying once), Triton compiles for a GPU
     (:func:`pathedu.triton_mode`) and ``device`` is CUDA, in training and evaluation alike; else ``"matrix"``,
     or ``"chunked"`` for the linear side when ``T > matrix_max_T`` and for ``gla`` (its matrix form holds a
     T x T x D tensor): :func:`pathedu.layers.choose_form`.  An explicit form the mixer lacks in a model (a
