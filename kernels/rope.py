@@ -61,7 +61,7 @@ import triton
 import triton.language as tl
 
 from ..checks import check_bool, check_scale, check_state
-from ..rope import _pairs, check_base, check_offset, check_pairing, check_rotation, frequencies
+from ..rope import channel_pairs, check_base, check_offset, check_pairing, check_rotation, frequencies
 from ._launch import Flat, interpreting, prepare_qkv, wants_grad
 from ._pieces import load_pairs, load_rotated, rope_cos_sin
 from .flash_attention import attention_launch, flat_attention
@@ -304,10 +304,10 @@ def trig_table(T: int, D: int, *, base: float = 10000.0, offset: int = 0, device
     """The cos and sin the kernel computes, each ``(T, D/2)`` fp32, read off by rotating unit pairs ``(1, 0)``."""
     device = torch.device("cpu" if interpreting() else "cuda") if device is None else device
     x = torch.zeros(1, T, D, dtype=torch.float32, device=device)
-    a, _ = _pairs(x, "half")
+    a, _ = channel_pairs(x, "half")
     a.fill_(1.0)
     xr, _ = rotate_qk(x, x, base=base, offset=offset, pairing="half")
-    return _pairs(xr[0], "half")
+    return channel_pairs(xr[0], "half")
 
 
 def trig_error(T: int = 8192, D: int = 128, *, base: float = 10000.0, device=None) -> torch.Tensor:

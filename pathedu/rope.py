@@ -157,8 +157,9 @@ def _frequencies(D: int, base: float, device) -> torch.Tensor:
     return torch.pow(torch.tensor(base, dtype=torch.float64, device=device), -2.0 * n / D)
 
 
-def _pairs(x: torch.Tensor, pairing: str):
-    """The two components ``(a, b)`` of every channel pair, each ``(..., D/2)``."""
+def channel_pairs(x: torch.Tensor, pairing: str):
+    """The two components ``(a, b)`` of every channel pair of ``x: (..., D)``, each ``(..., D/2)``: channels
+    ``2m, 2m+1`` for the ``"interleaved"`` pairing, ``m, m + D/2`` for ``"half"``."""
     if pairing == "interleaved":
         return x[..., 0::2], x[..., 1::2]
     h = x.shape[-1] // 2
@@ -166,7 +167,7 @@ def _pairs(x: torch.Tensor, pairing: str):
 
 
 def _unpair(a: torch.Tensor, b: torch.Tensor, pairing: str) -> torch.Tensor:
-    """Inverse of :func:`_pairs`."""
+    """Inverse of :func:`channel_pairs`."""
     if pairing == "interleaved":
         return torch.stack((a, b), dim=-1).flatten(-2)
     return torch.cat((a, b), dim=-1)
@@ -180,7 +181,7 @@ def _cos_sin(pos: torch.Tensor, D: int, base: float, dtype, device):
 
 def _rotate_cs(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, pairing: str) -> torch.Tensor:
     """Turn every pair ``(a, b)`` of ``x`` by the angle whose cos/sin are ``c, s``: ``(a c - b s, a s + b c)``."""
-    a, b = _pairs(x, pairing)
+    a, b = channel_pairs(x, pairing)
     return _unpair(a * c - b * s, a * s + b * c, pairing)
 
 
@@ -229,7 +230,7 @@ def rotation_matrix(p, D: int, *, base: float = 10000.0, pairing: str = "interle
     pairing = check_pairing(pairing)
     theta = float(p) * frequencies(D, base=base)
     c, s = torch.cos(theta), torch.sin(theta)
-    ia, ib = _pairs(torch.arange(D), pairing)  # channel indices of the pairs' two components
+    ia, ib = channel_pairs(torch.arange(D), pairing)  # channel indices of the pairs' two components
     R = torch.zeros(D, D, dtype=torch.float64)
     R[ia, ia], R[ia, ib], R[ib, ia], R[ib, ib] = c, -s, s, c
     return R.to(dtype)
@@ -248,7 +249,7 @@ def to_complex(x: torch.Tensor, pairing: str = "interleaved") -> torch.Tensor:
 
 def _to_complex(x: torch.Tensor, pairing: str) -> torch.Tensor:
     """:func:`to_complex` of an already validated ``x`` and ``pairing``."""
-    a, b = _pairs(x.to(_work_dtype(x.dtype)), pairing)
+    a, b = channel_pairs(x.to(_work_dtype(x.dtype)), pairing)
     return torch.complex(a, b)
 
 

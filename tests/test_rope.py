@@ -136,8 +136,8 @@ def test_apply_rope_preserves_norms_and_composes(pairing):
     xr = rope.apply_rope(x, offset=3, pairing=pairing)
     assert torch.allclose(xr.norm(dim=-1), x.norm(dim=-1), rtol=1e-13)
     # pair norms are preserved one by one
-    a, b = rope._pairs(x, pairing)
-    ar, br = rope._pairs(xr, pairing)
+    a, b = rope.channel_pairs(x, pairing)
+    ar, br = rope.channel_pairs(xr, pairing)
     assert torch.allclose(ar ** 2 + br ** 2, a ** 2 + b ** 2, rtol=1e-12)
     R = lambda p: rope.rotation_matrix(p, 24, pairing=pairing)  # noqa: E731
     row = x[0, 0, :1, :]  # one row: apply_rope(row, offset=p) is R^p row
