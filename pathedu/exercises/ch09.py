@@ -29,9 +29,10 @@ from __future__ import annotations
 import torch
 
 from .. import tasks
-from ._grader import Exercises, Verdict, check_function
+from ._grader import Exercises, Verdict, check_bug, check_explanation, check_function, check_prediction
 
-__all__ = ["check_flipflop_answers", "check_prefix_products", "check_fewest_layers", "hint"]
+__all__ = ["check_flipflop_answers", "check_prefix_products", "check_fewest_layers", "check_sparse_reads",
+           "check_represent_learn", "check_error_bug", "hint"]
 
 EXERCISES = Exercises("ch09", {
     1: ("Walk along the sequence one instruction/bit pair at a time and keep one thing in memory. Which pairs "
@@ -52,6 +53,23 @@ EXERCISES = Exercises("ch09", {
         "column of each row, plus one; rows without a True get 0.",
         "ok = acc >= threshold; first = ok.long().argmax(dim=1) (the first maximum: the first True); "
         "return torch.where(ok.any(dim=1), first + 1, 0)."),
+    4: ("How many instructions does a sequence of 512 tokens have, and how likely is each one to be an r?",
+        "The first instruction is a write; each later one is r with probability (1 - p_ignore) / 2.",
+        "(512 / 2 - 1) * (1 - 0.98) / 2 reads on average."),
+    5: ("Separate two questions: can some weights of this architecture compute the task at every length, and "
+        "does training at this budget find them?",
+        "Use flip-flop (star-free: a fixed depth can represent it; still one RoPE layer fails here) and the A5 "
+        "word problem (no fixed depth at every length unless TC0 = NC1; still three RoPE layers solve length "
+        "10).",
+        "Expressivity is about the existence of weights for all lengths; a trained model is what a budget found "
+        "on one length: RoPE's flip-flop errors are failures to learn a representable rule, and solving A5 at "
+        "length 10 is a finite problem that says nothing about all lengths."),
+    6: ("Which logits predict the bit at position t + 1?",
+        "A causal language model's output at position t predicts token t + 1: compare logits[:, t] with "
+        "tokens[:, t + 1] where mask[:, t + 1] is true.",
+        "The planted form compares the logits at the scored bit itself (bug kind \"index\"): use "
+        "logits[:, :-1] against tokens[:, 1:] under mask[:, 1:]."),
+
 })
 hint = EXERCISES.hint
 
@@ -244,3 +262,77 @@ def check_fewest_layers(fewest_layers) -> Verdict:
     """
     return check_function("fewest layers", fewest_layers, _layers_reference, _layers_inputs, trials=3, rtol=0.0,
                           wrong_variants=_LAYERS_WRONG)
+
+
+# ---------------------------------------------------------------------------
+# Exercise 4 (predict, then run): how many bits a sparse sequence scores
+# ---------------------------------------------------------------------------
+
+SPARSE_LENGTH, SPARSE_P_IGNORE = 512, 0.98
+
+
+def _sparse_reads() -> float:
+    _, mask = tasks.flipflop(4000, SPARSE_LENGTH, p_ignore=SPARSE_P_IGNORE, seed=0)
+    return mask.sum(1).double().mean().item()
+
+
+@EXERCISES.check(4, kind="predict")
+def check_sparse_reads(reads) -> Verdict:
+    """Exercise 4: the mean number of scored bits in a flip-flop sequence of :data:`SPARSE_LENGTH` tokens with
+    ``p_ignore =`` :data:`SPARSE_P_IGNORE` (a number, within 15% of the mean over 4000 sequences; half the
+    point within a factor of two)."""
+    return check_prediction("predict: reads in a sparse sequence", reads, _sparse_reads(), rtol=0.15, near=1.0)
+
+
+# ---------------------------------------------------------------------------
+# Exercise 5 (explain): represent is not learn
+# ---------------------------------------------------------------------------
+
+REPRESENT_RUBRIC = ("2 points. 1: what an architecture can represent is a statement about the existence of "
+                    "weights, for every length: flip-flop is star-free (aperiodic transitions), within reach of a "
+                    "fixed depth, while the word problem of A5 is NC1-complete, beyond any fixed depth at every "
+                    "length unless TC0 = NC1. 1: a trained model is what one budget found at one length: one RoPE "
+                    "layer's flip-flop errors are failures to learn a representable rule (attention glitches), "
+                    "and three RoPE layers solving A5 at length 10 solve a finite problem, which says nothing "
+                    "about all lengths. Half a point for one direction only.")
+
+
+@EXERCISES.check(5, kind="explain")
+def check_represent_learn(text) -> Verdict:
+    """Exercise 5: "represent is not learn, in both directions", with flip-flop and the A5 word problem
+    (marked by a person against :data:`REPRESENT_RUBRIC`)."""
+    return check_explanation("explain: represent is not learn", text, rubric=REPRESENT_RUBRIC)
+
+
+# ---------------------------------------------------------------------------
+# Exercise 6 (find the bug): the error on the scored bits
+# ---------------------------------------------------------------------------
+
+def _error_reference(logits, tokens, mask):
+    """The error rate on the scored bits: the logits at t predict the token at t + 1."""
+    wrong = logits[:, :-1].argmax(-1) != tokens[:, 1:]
+    return wrong[mask[:, 1:]].double().mean()
+
+
+def _error_planted(logits, tokens, mask):
+    """The lab's planted form: the logits at the scored position itself are compared with its token."""
+    wrong = logits.argmax(-1) != tokens
+    return wrong[mask].double().mean()
+
+
+def _error_inputs(seed):
+    n, length = [(8, 64), (5, 32), (12, 128)][seed % 3]
+    tokens, mask = tasks.flipflop(n, length, p_ignore=0.5, seed=950 + seed)
+    g = torch.Generator().manual_seed(960 + seed)
+    logits = torch.randn(n, length, len(tasks.FLIPFLOP_VOCAB), generator=g, dtype=torch.float64)
+    logits[:, :-1].scatter_add_(-1, tokens[:, 1:, None], 1.5 * torch.ones(n, length - 1, 1, dtype=torch.float64))
+    return logits, tokens, mask
+
+
+@EXERCISES.check(6, kind="bug")
+def check_error_bug(bug, scored_error_fixed) -> Verdict:
+    """Exercise 6: ``bug`` names the planted error of the lab's ``scored_error_planted`` (a key of
+    :data:`pathedu.exercises.BUG_KINDS`); ``scored_error_fixed(logits, tokens, mask) -> ()`` (``logits: (n, L,
+    V)``, ``tokens, mask: (n, L)``) is the error rate on the scored bits, fixed."""
+    return check_bug("find the bug: the scored error", bug, scored_error_fixed, bug="index",
+                     reference=_error_reference, make_inputs=_error_inputs, buggy=_error_planted)

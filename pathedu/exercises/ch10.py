@@ -15,10 +15,11 @@ import torch.nn.functional as F
 
 from .. import stickbreaking as sb
 from ..masks import causal_mask
-from ._grader import (Exercises, Verdict, call_student as _call, check_function, check_parts, fallback_hint,
+from ._grader import (Exercises, check_bug, check_explanation, check_prediction, Verdict, call_student as _call, check_function, check_parts, fallback_hint,
                       student_failed, verdict)
 
-__all__ = ["check_stick_log_weights", "check_stick_remainder", "check_stick_block_step", "hint"]
+__all__ = ["check_stick_log_weights", "check_stick_remainder", "check_stick_block_step", "check_even_sticks",
+           "check_why_no_positions", "check_stick_bug", "hint"]
 
 EXERCISES = Exercises("ch10", {
     1: ("Walk the stick backwards from the query: key j takes sigma(l_ij) of what the keys between j and the query "
@@ -44,6 +45,23 @@ EXERCISES = Exercises("ch10", {
         "g.sum(-1) (..., M). No mask: every key of the block is left of every query.",
         "g = F.logsigmoid(-ell); after = g.flip(-1).cumsum(-1).flip(-1) - g; "
         "w = torch.exp(F.logsigmoid(ell) + after + carry[..., None]); return acc + w @ v, carry + g.sum(-1)."),
+    4: ("With every logit 0, each key breaks off sigma(0) = 1/2 of what is left when the stick reaches it.",
+        "Query 5 meets keys 4, 3, 2, ... in that order; key 2's weight is its share of what keys 4 and 3 left. "
+        "The leftover is what all five keys left.",
+        "alpha_{5,2} = (1/2) (1/2)^2; leftover = (1/2)^5."),
+    5: ("Follow the stick of one query: which keys does it meet first, and what does each key's break do to the "
+        "keys behind it?",
+        "Two points: where the preference for recent keys comes from (the order of the breaks, factors "
+        "1 - sigma(l) of the keys in between), and what the weights do not have to do (sum to 1).",
+        "The nearest keys break off first and every key between j and i multiplies key j's weight by "
+        "1 - sigma(l_is): a recency bias set by content, as a forget gate chosen by the query, with no position "
+        "encoding; the weights sum to 1 minus the leftover stick, so a query may attend to nothing."),
+    6: ("Run the planted form for T = 2: query 1 has one key. What weight should key 0 get, and what does it get?",
+        "Key j takes sigma(l_ij) of what is left *before* its own break; the factor 1 - sigma(l_ij) acts on the "
+        "keys behind it only.",
+        "The planted form shrinks the stick by key j's own break before giving key j its share (bug kind "
+        "\"self\"): compute the weight first, then shrink what is left."),
+
 })
 hint = EXERCISES.hint
 
@@ -241,3 +259,75 @@ def check_stick_block_step(fn) -> Verdict:
     ]
     return check_parts("one block of the right-to-left scan", fn, _block_reference, make, ("acc", "carry"),
                        rtol=1e-9, wrong_variants=wrong)
+
+
+# ---------------------------------------------------------------------------
+# Exercise 4 (predict, then run): even sticks
+# ---------------------------------------------------------------------------
+
+EVEN_T = 6
+
+
+def _even_sticks() -> tuple:
+    q, k = torch.zeros(EVEN_T, 4, dtype=torch.float64), torch.ones(EVEN_T, 4, dtype=torch.float64)
+    weights, rest = sb.stickbreaking_weights(q, k), sb.stick_remainder(q, k)
+    return weights[5, 2].item(), rest[5].item()
+
+
+@EXERCISES.check(4, kind="predict")
+def check_even_sticks(prediction) -> Verdict:
+    """Exercise 4: ``(alpha_{5,2}, leftover of query 5)`` when every logit is 0 (a pair of numbers, half the
+    point each)."""
+    return check_prediction("predict: even sticks", prediction, _even_sticks(), rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# Exercise 5 (explain): recent keys without positions
+# ---------------------------------------------------------------------------
+
+NO_POSITIONS_RUBRIC = ("2 points. 1: the stick is broken from the query backwards, nearest key first, and every "
+                       "key s between j and i multiplies key j's weight by 1 - sigma(l_is): a preference for "
+                       "recent keys that the content sets (a forget gate chosen by the query), so no position "
+                       "encoding is needed for it. 1: there is no softmax, the weights need not sum to 1: what "
+                       "no key takes is the leftover stick, and a query that matches nothing attends to "
+                       "(almost) nothing. Half a point for 'it is like a forget gate' without the order of the "
+                       "breaks.")
+
+
+@EXERCISES.check(5, kind="explain")
+def check_why_no_positions(text) -> Verdict:
+    """Exercise 5: why stick-breaking prefers recent keys with no position encoding, and what the leftover
+    stick means (marked by a person against :data:`NO_POSITIONS_RUBRIC`)."""
+    return check_explanation("explain: recent keys without positions", text, rubric=NO_POSITIONS_RUBRIC)
+
+
+# ---------------------------------------------------------------------------
+# Exercise 6 (find the bug): stick-breaking with one planted error
+# ---------------------------------------------------------------------------
+
+def _stick_planted(q, k, v):
+    """The lab's planted form: key j's own break shrinks the stick before key j takes its share."""
+    T = q.shape[-2]
+    ell = q.shape[-1] ** -0.5 * q @ k.mT
+    alpha = torch.zeros(*q.shape[:-2], T, T, dtype=q.dtype)
+    left = torch.ones(*q.shape[:-2], T, dtype=q.dtype)
+    for j in range(T - 2, -1, -1):
+        share = torch.sigmoid(ell[..., j + 1:, j])
+        left[..., j + 1:] = left[..., j + 1:] * (1 - share)
+        alpha[..., j + 1:, j] = share * left[..., j + 1:]
+    return alpha @ v
+
+
+def _stick_bug_inputs(seed):
+    g = torch.Generator().manual_seed(1100 + seed)
+    lead, T, D, Dv = [((2,), 9, 8, 4), ((2, 2), 6, 4, 5), ((), 13, 16, 3)][seed % 3]
+    return tuple(torch.randn(*lead, T, d, generator=g, dtype=torch.float64) for d in (D, D, Dv))
+
+
+@EXERCISES.check(6, kind="bug")
+def check_stick_bug(bug, stickbreaking_fixed) -> Verdict:
+    """Exercise 6: ``bug`` names the planted error of the lab's ``stickbreaking_planted`` (a key of
+    :data:`pathedu.exercises.BUG_KINDS`); ``stickbreaking_fixed(q, k, v) -> (..., T, Dv)`` is stick-breaking
+    attention fixed (scale ``D ** -0.5``), compared with :func:`pathedu.stickbreaking.stickbreaking_matrix`."""
+    return check_bug("find the bug: stick-breaking", bug, stickbreaking_fixed, bug="self",
+                     reference=sb.stickbreaking_matrix, make_inputs=_stick_bug_inputs, buggy=_stick_planted)

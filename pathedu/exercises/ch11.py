@@ -12,9 +12,10 @@ from __future__ import annotations
 import torch
 
 from .. import cope
-from ._grader import Exercises, Verdict, check_function
+from ._grader import Exercises, Verdict, check_bug, check_explanation, check_function, check_prediction
 
-__all__ = ["check_positions_from_gates", "check_position_logits", "check_cope_matrix", "hint"]
+__all__ = ["check_positions_from_gates", "check_position_logits", "check_cope_matrix", "check_half_open_count",
+           "check_what_counts", "check_cope_bug", "hint"]
 
 EXERCISES = Exercises("ch11", {
     1: ("The position of key j seen from query i counts the gates that query i opens on the keys from j up to "
@@ -42,6 +43,21 @@ EXERCISES = Exercises("ch11", {
         "qe = q @ pos_emb.mT; logits = z + position_logits(qe, p); "
         "logits = logits.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), -torch.inf); "
         "return torch.softmax(logits, -1) @ v."),
+    4: ("With q = 0 every gate is sigma(0) = 1/2. Which gates does p_{9,3} add up?",
+        "p_ij sums g_im for m = j .. i: both ends included.",
+        "Seven gates (m = 3 .. 9) of 1/2 each."),
+    5: ("What decides the position of key j for query i in CoPE, and in RoPE?",
+        "Two points: where the count comes from (gates computed from the query and every key in between) and "
+        "what RoPE's position is (the token distance, whatever the tokens are).",
+        "p_ij counts the gates sigma(q_i . k_m), m = j..i, which the query opens on the tokens it cares about "
+        "(sentence ends, a word): positions in units the query chooses, interpolated between table rows; "
+        "RoPE's i - j counts every token. The price: positions depend on the query, so no key can be rotated "
+        "or embedded once for all queries."),
+    6: ("Run the planted form with every gate open (a large query along a shared key direction): what is p_ii?",
+        "The count p_ij includes the key's own gate: m runs from j to i, so p_ii = g_ii.",
+        "The planted form subtracts the key's own gate, counting m = j+1 .. i (bug kind \"index\"): drop the "
+        "subtraction."),
+
 })
 hint = EXERCISES.hint
 
@@ -207,3 +223,74 @@ def check_cope_matrix(fn) -> Verdict:
         return q, k, v, 2 * torch.randn(P, D, generator=g, dtype=torch.float64)
 
     return check_function("CoPE matrix form", fn, cope.cope_matrix, make, rtol=1e-9, wrong_variants=_COPE_MISTAKES)
+
+
+# ---------------------------------------------------------------------------
+# Exercise 4 (predict, then run): a count of half-open gates
+# ---------------------------------------------------------------------------
+
+def _half_open_count() -> float:
+    T = 12
+    q, k = torch.zeros(T, 4, dtype=torch.float64), torch.ones(T, 4, dtype=torch.float64)
+    return cope.cope_positions(q, k)[9, 3].item()
+
+
+@EXERCISES.check(4, kind="predict")
+def check_half_open_count(count) -> Verdict:
+    """Exercise 4: ``p_{9,3}`` when every gate is ``sigma(0)`` (``q = 0``), unclamped (a number)."""
+    return check_prediction("predict: a count of half-open gates", count, _half_open_count(), rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# Exercise 5 (explain): what counts
+# ---------------------------------------------------------------------------
+
+WHAT_COUNTS_RUBRIC = ("2 points. 1: CoPE's position of key j is the count p_ij = sum of sigma(q_i . k_m) over "
+                      "m = j..i: the query opens gates on the tokens it cares about (sentence ends, one word), so "
+                      "positions come in units it chooses, fractional counts interpolated between table rows. "
+                      "1: RoPE's position is the token distance i - j, the same whatever the tokens are; the "
+                      "price of CoPE's choice is that positions depend on the query, so no key can be "
+                      "position-encoded once for every query (the count is recomputed per query). Half a point "
+                      "for 'CoPE is contextual' without the gates.")
+
+
+@EXERCISES.check(5, kind="explain")
+def check_what_counts(text) -> Verdict:
+    """Exercise 5: what CoPE counts and RoPE cannot, and what it costs (marked by a person against
+    :data:`WHAT_COUNTS_RUBRIC`)."""
+    return check_explanation("explain: what counts", text, rubric=WHAT_COUNTS_RUBRIC)
+
+
+# ---------------------------------------------------------------------------
+# Exercise 6 (find the bug): CoPE with one planted error
+# ---------------------------------------------------------------------------
+
+def _cope_planted(q, k, v, pos_emb):
+    """The lab's planted form: each key's own gate is left out of its count."""
+    T, D = q.shape[-2:]
+    P = pos_emb.shape[-2]
+    z = (q @ k.mT) * D ** -0.5
+    ahead = _future(T)
+    g = torch.sigmoid(z).masked_fill(ahead, 0.0)
+    p = (g.flip(-1).cumsum(-1).flip(-1) - g).clamp(0, P - 1)
+    lo, w = p.floor(), p - p.floor()
+    qe = q @ pos_emb.mT
+    term = (1 - w) * qe.gather(-1, lo.long()) + w * qe.gather(-1, p.ceil().long())
+    return torch.softmax((z + term).masked_fill(ahead, -torch.inf), -1) @ v
+
+
+def _cope_bug_inputs(seed):
+    g = _gen(1200 + seed)
+    lead, T, D, Dv, P = [((2,), 9, 8, 4, 5), ((2, 2), 6, 4, 5, 8), ((), 13, 16, 3, 6)][seed % 3]
+    q, k = (3 * torch.randn(*lead, T, D, generator=g, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(*lead, T, Dv, generator=g, dtype=torch.float64)
+    return q, k, v, torch.randn(P, D, generator=g, dtype=torch.float64)
+
+
+@EXERCISES.check(6, kind="bug")
+def check_cope_bug(bug, cope_fixed) -> Verdict:
+    """Exercise 6: ``bug`` names the planted error of the lab's ``cope_planted`` (a key of
+    :data:`pathedu.exercises.BUG_KINDS`); ``cope_fixed(q, k, v, pos_emb) -> (..., T, Dv)`` (``pos_emb: (P,
+    D)``) is CoPE fixed (scale ``D ** -0.5``), compared with :func:`pathedu.cope.cope_matrix`."""
+    return check_bug("find the bug: CoPE", bug, cope_fixed, bug="index", reference=cope.cope_matrix,
+                     make_inputs=_cope_bug_inputs, buggy=_cope_planted)
