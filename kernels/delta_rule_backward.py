@@ -20,7 +20,8 @@ Three launches and the UT pass's own backward:
 1. the forward (the linear template's ``"householder"`` or ``"delta"`` hook) stores the state entering every chunk;
 2. :func:`_hh_bwd_state` scans the chunks right to left for every ``dH_out`` (its last ``dH_in`` is the initial
    state's gradient);
-3. :func:`_hh_bwd_chunk`, all chunks in parallel: ``dQ~, dK~, dÃ, dG, dV`` and the gate's gradient;
+3. :func:`_hh_bwd_chunk`, all chunks in parallel: ``dQ~, dK~, dÃ, dV`` and the gate's gradient in one program per
+   chunk, the rows of ``dG`` (``D x D``) in others beside it;
 4. :func:`.ut_prepare.ut_prepare_backward` takes ``dQ~, dK~, dÃ, dG`` back through the UT factor
    ``L = (I + strictLower(diag(beta) W W^T))^{-1} diag(beta)`` to ``dq, dk, dw, dbeta``.
 
@@ -45,7 +46,7 @@ import triton
 import triton.language as tl
 
 from ._launch import Flat, interpreting, next_pow2
-from ._pieces import _dot, _load_rows, _store_rows
+from ._pieces import dot, load_rows, store_rows
 from .linear_attention import _bdot, _linear_launch, backward_precision
 from .ut_prepare import Prepared, WYPrepared, prep_precision, ut_prepare_backward
 
@@ -94,7 +95,7 @@ def _hh_bwd_state(QT, GM, DO, LOG_F, DHT, DH, DH0, T, stride_pb, stride_pt, stri
         # Q~^T [BD, C]
         qtt = tl.load(QT + bh * stride_pb + offs_t[None, :] * stride_pt + offs_d[:, None],
                       mask=in_d[:, None] & (offs_t[None, :] < T), other=0.0)
-        do = _load_rows(DO + bh * stride_ob, offs_t, offs_dv, stride_ot, T, HEAD_DV, True, True)  # [C, BDV]
+        do = load_rows(DO + bh * stride_ob, offs_t, offs_dv, stride_ot, T, HEAD_DV, True, True)  # [C, BDV]
         if GATED:
             b, b_last = _chunk_b(LOG_F, bh, offs_t, offs_c, T, CHUNK)
             carried = carried * tl.exp(b_last)
@@ -104,92 +105,115 @@ def _hh_bwd_state(QT, GM, DO, LOG_F, DHT, DH, DH0, T, stride_pb, stride_pt, stri
 
 
 @triton.jit
-def _hh_bwd_chunk(QT, KT, AD, GM, V, DO, LOG_F, STATES, DH, DQT, DKT, DAD, DG, DV, DLOG_F, T,
+def _hh_bwd_chunk(QT, KT, AD, GM, V, DO, LOG_F, STATES, DH, DQT, DKT, DAD, DG, DV, DLOG_F, DSTATE, T,
                   stride_pb, stride_pt, stride_ab, stride_at, stride_gb, stride_gj, stride_vb, stride_vt,
                   stride_ob, stride_ot, stride_dvb, stride_dvt,
                   HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                  CHUNK: tl.constexpr, GATED: tl.constexpr, PRECISION: tl.constexpr, SUM_PRECISION: tl.constexpr):
-    """One chunk's gradients (the module docstring's equations), one program per (chunk, head), the value channels
-    ``BLOCK_DV`` at a time: ``dQ~, dK~`` (``DQT, DKT``, fp32, laid out as ``QT``), ``dÃ`` (``DAD``, as ``AD``, zero
-    above the diagonal), ``dG`` (``DG``, as ``GM``), ``dV`` (``(BH, T, Dv)``, the values' gradient) and with
-    ``GATED`` the gradient of ``log_f`` (``DLOG_F``, fp32 ``(BH, T)``).  ``STATES``, ``DH``: the states entering and
-    the gradients leaving every chunk (fp32 ``(BH, NC, D, Dv)``).  ``SUM_PRECISION``: the one product that sums
-    gradient pieces for the gate (``"ieee"`` or ``"x3n"``: about fp32 accuracy, so that small sums stay exact)."""
+                  BLOCK_G: tl.constexpr, CHUNK: tl.constexpr, GATED: tl.constexpr, PRECISION: tl.constexpr,
+                  SUM_PRECISION: tl.constexpr):
+    """One chunk's gradients (the module docstring's equations), grid ``(NC, BH, 1 + cdiv(D, BLOCK_G))``: role 0
+    (the third program index) takes the chunk's rows, ``dQ~, dK~`` (``DQT, DKT``, fp32, laid out as ``QT``), ``dÃ``
+    (``DAD``, as ``AD``, zero above the diagonal), ``dV`` (``(BH, T, Dv)``) and with ``GATED`` the row, pair and
+    write terms of the gradient of ``log_f`` (``DLOG_F``, fp32 ``(BH, T)``); role ``r >= 1`` takes ``BLOCK_G`` rows of
+    ``dG`` (``DG``, as ``GM``) and their part of the carried state's term (``DSTATE``, fp32 ``(BH, NC, roles - 1)``).
+    ``STATES``, ``DH``: the states entering and the gradients leaving every chunk (fp32 ``(BH, NC, D, Dv)``).  Two
+    roles, because the ``D x D`` tile of ``dG`` beside the chunk's tiles spilled at ``D = 128`` (compiled for
+    Hopper).  ``SUM_PRECISION``: the one product that sums gradient pieces for the gate (``"ieee"`` or ``"x3n"``:
+    about fp32 accuracy, so that small sums stay exact)."""
     c = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
+    role = tl.program_id(2)
     start = c * CHUNK
     offs_c = tl.arange(0, CHUNK)
     offs_t = start + offs_c
     offs_d = tl.arange(0, BLOCK_D)
     in_d = offs_d < HEAD_DIM
     CHECK_D: tl.constexpr = BLOCK_D != HEAD_DIM
-    causal = offs_c[:, None] >= offs_c[None, :]  # [i, j]: j <= i
-    later = offs_c[:, None] <= offs_c[None, :]  # [j, i]: i >= j
     size = HEAD_DIM * HEAD_DV
-    base = (bh * tl.cdiv(T, CHUNK) + c) * size
-    p_ad = AD + bh * stride_ab + start * stride_at
-    p_g = GM + bh * stride_gb + c * stride_gj
-    # Ã^T [j, i], read transposed from memory, with the decays E^T; zero where i < j (a select)
-    at = tl.load(p_ad + offs_c[None, :] * stride_at + offs_c[:, None])
-    kt = _load_rows(KT + bh * stride_pb, offs_t, offs_d, stride_pt, T, HEAD_DIM, True, CHECK_D)  # [C, BD]: k~
+    n_chunks = tl.cdiv(T, CHUNK)
+    base = (bh * n_chunks + c) * size
     if GATED:
         b, b_last = _chunk_b(LOG_F, bh, offs_t, offs_c, T, CHUNK)
-        at = at * tl.exp(tl.where(later, b[None, :] - b[:, None], float("-inf")))
-        kd = kt * tl.exp(b_last - b)[:, None]  # key j's weight in the chunk's write
-    else:
-        kd = kt
-    at = tl.where(later, at, 0.0)
-    dqt = tl.zeros([CHUNK, BLOCK_D], dtype=tl.float32)
-    dkt = tl.zeros([CHUNK, BLOCK_D], dtype=tl.float32)
-    dg = tl.zeros([BLOCK_D, BLOCK_D], dtype=tl.float32)
-    p = tl.zeros([CHUNK, CHUNK], dtype=tl.float32)  # dO V^T, [i, j]
-    hdh = 0.0  # <dH_out, H_in>
-    for dv0 in tl.static_range(0, HEAD_DV, BLOCK_DV):
-        offs_dv = dv0 + tl.arange(0, BLOCK_DV)
-        in_dv = offs_dv < HEAD_DV
-        v = _load_rows(V + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)  # [C, BDV]
-        do = _load_rows(DO + bh * stride_ob, offs_t, offs_dv, stride_ot, T, HEAD_DV, True, True)  # [C, BDV]
-        # H_in^T and dH_out^T [BDV, BD], dH_out [BD, BDV]: read as needed from memory
-        t_offs = offs_dv[:, None] + offs_d[None, :] * HEAD_DV
-        t_mask = in_dv[:, None] & in_d[None, :]
-        h_in_t = tl.load(STATES + base + t_offs, mask=t_mask, other=0.0)
-        dh_out_t = tl.load(DH + base + t_offs, mask=t_mask, other=0.0)
-        dh_out = tl.load(DH + base + offs_d[:, None] * HEAD_DV + offs_dv[None, :],
-                         mask=in_d[:, None] & in_dv[None, :], other=0.0)
-        dqt += _bdot(do, h_in_t, PRECISION)
-        dkt += _bdot(v, dh_out_t, PRECISION)
-        dg += _bdot(dh_out, h_in_t, PRECISION)
-        p += _bdot(do, tl.trans(v), PRECISION)  # v came from memory
+    if role == 0:
+        causal = offs_c[:, None] >= offs_c[None, :]  # [i, j]: j <= i
+        later = offs_c[:, None] <= offs_c[None, :]  # [j, i]: i >= j
+        p_ad = AD + bh * stride_ab + start * stride_at
+        # Ã^T [j, i], read transposed from memory, with the decays E^T; zero where i < j (a select)
+        at = tl.load(p_ad + offs_c[None, :] * stride_at + offs_c[:, None])
+        kd = load_rows(KT + bh * stride_pb, offs_t, offs_d, stride_pt, T, HEAD_DIM, True, CHECK_D)  # [C, BD]: k~
         if GATED:
-            hdh += tl.sum(tl.sum(h_in_t * dh_out_t, axis=1), axis=0)
-        dv = _bdot(at, do, PRECISION) + _bdot(kd, dh_out, PRECISION)
-        _store_rows(DV + bh * stride_dvb, dv, offs_t, offs_dv, stride_dvt, T, HEAD_DV)
-    if GATED:
-        dqt = dqt * tl.exp(b)[:, None]
-        dkt = dkt * tl.exp(b_last - b)[:, None]
-        dg = dg * tl.exp(b_last)
-        dad = p * tl.exp(tl.where(causal, b[:, None] - b[None, :], float("-inf")))
+            at = at * tl.exp(tl.where(later, b[None, :] - b[:, None], float("-inf")))
+            kd = kd * tl.exp(b_last - b)[:, None]  # key j's weight in the chunk's write
+        at = tl.where(later, at, 0.0)
+        dqt = tl.zeros([CHUNK, BLOCK_D], dtype=tl.float32)
+        dkt = tl.zeros([CHUNK, BLOCK_D], dtype=tl.float32)
+        p = tl.zeros([CHUNK, CHUNK], dtype=tl.float32)  # dO V^T, [i, j]
+        for dv0 in tl.static_range(0, HEAD_DV, BLOCK_DV):
+            offs_dv = dv0 + tl.arange(0, BLOCK_DV)
+            in_dv = offs_dv < HEAD_DV
+            v = load_rows(V + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)  # [C, BDV]
+            do = load_rows(DO + bh * stride_ob, offs_t, offs_dv, stride_ot, T, HEAD_DV, True, True)  # [C, BDV]
+            # H_in^T and dH_out^T [BDV, BD], dH_out [BD, BDV]: read as needed from memory
+            t_offs = offs_dv[:, None] + offs_d[None, :] * HEAD_DV
+            t_mask = in_dv[:, None] & in_d[None, :]
+            dqt += _bdot(do, tl.load(STATES + base + t_offs, mask=t_mask, other=0.0), PRECISION)
+            dkt += _bdot(v, tl.load(DH + base + t_offs, mask=t_mask, other=0.0), PRECISION)
+            p += _bdot(do, tl.trans(v), PRECISION)  # v came from memory
+            dh_out = tl.load(DH + base + offs_d[:, None] * HEAD_DV + offs_dv[None, :],
+                             mask=in_d[:, None] & in_dv[None, :], other=0.0)
+            dv = _bdot(at, do, PRECISION) + _bdot(kd, dh_out, PRECISION)
+            store_rows(DV + bh * stride_dvb, dv, offs_t, offs_dv, stride_dvt, T, HEAD_DV)
+        if GATED:
+            dqt = dqt * tl.exp(b)[:, None]
+            dkt = dkt * tl.exp(b_last - b)[:, None]
+            dad = p * tl.exp(tl.where(causal, b[:, None] - b[None, :], float("-inf")))
+        else:
+            dad = p
+        dad = tl.where(causal, dad, 0.0)
+        tl.store(DAD + bh * stride_ab + start * stride_at + offs_c[:, None] * stride_at + offs_c[None, :], dad)
+        store_rows(DQT + bh * stride_pb, dqt, offs_t, offs_d, stride_pt, T, HEAD_DIM)
+        store_rows(DKT + bh * stride_pb, dkt, offs_t, offs_d, stride_pt, T, HEAD_DIM)
+        if GATED:
+            # log_f[s] weighs the terms that span s (the module docstring): rows i >= s, pairs j < s <= i, writes
+            # j < s; the carried state's term comes from the other roles (DSTATE)
+            qt = load_rows(QT + bh * stride_pb, offs_t, offs_d, stride_pt, T, HEAD_DIM, True, CHECK_D)
+            rows = tl.sum(qt * dqt, axis=1)  # [C]: q~_i . dq~_i
+            kt = load_rows(KT + bh * stride_pb, offs_t, offs_d, stride_pt, T, HEAD_DIM, True, CHECK_D)
+            writes = tl.sum(kt * dkt, axis=1)  # [C]: k~_j . dk~_j
+            a = tl.load(p_ad + offs_c[:, None] * stride_at + offs_c[None, :])  # Ã [i, j]
+            x = tl.where(causal & (offs_c[:, None] != offs_c[None, :]), dad * a, 0.0)  # [i, j], j < i
+            before = (offs_c[:, None] < offs_c[None, :]).to(tl.float32)  # [j, s]: j < s
+            y = dot(x, before, SUM_PRECISION)  # [i, s]: sum_{j < s} x_ij
+            from_rows = tl.sum(tl.where(causal, rows[:, None] + y, 0.0), axis=0)  # [s]: i >= s
+            from_writes = tl.sum(tl.where(later & (offs_c[:, None] != offs_c[None, :]), writes[:, None], 0.0), axis=0)
+            tl.store(DLOG_F + bh * T + offs_t, from_rows + from_writes, mask=offs_t < T)
     else:
-        dad = p
-    dad = tl.where(causal, dad, 0.0)
-    tl.store(DAD + bh * stride_ab + start * stride_at + offs_c[:, None] * stride_at + offs_c[None, :], dad)
-    _store_rows(DQT + bh * stride_pb, dqt, offs_t, offs_d, stride_pt, T, HEAD_DIM)
-    _store_rows(DKT + bh * stride_pb, dkt, offs_t, offs_d, stride_pt, T, HEAD_DIM)
-    _store_rows(DG + bh * stride_gb + c * stride_gj, dg, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM)
-    if GATED:
-        # log_f[s] weighs the terms that span s (the module docstring): rows i >= s, pairs j < s <= i, writes j < s
-        qt = _load_rows(QT + bh * stride_pb, offs_t, offs_d, stride_pt, T, HEAD_DIM, True, CHECK_D)
-        a = tl.load(p_ad + offs_c[:, None] * stride_at + offs_c[None, :])  # Ã [i, j]
-        rows = tl.sum(qt * dqt, axis=1)  # [C]: q~_i . dq~_i
-        writes = tl.sum(kt * dkt, axis=1)  # [C]: k~_j . dk~_j
-        x = tl.where(causal & (offs_c[:, None] != offs_c[None, :]), dad * a, 0.0)  # [i, j], j < i
-        before = (offs_c[:, None] < offs_c[None, :]).to(tl.float32)  # [j, s]: j < s
-        y = _dot(x, before, SUM_PRECISION)  # [i, s]: sum_{j < s} x_ij
-        g = _load_rows(p_g, offs_d, offs_d, HEAD_DIM, HEAD_DIM, HEAD_DIM, CHECK_D, CHECK_D)  # [BD, BD]
-        state = tl.exp(b_last) * hdh + tl.sum(tl.sum(g * dg, axis=1), axis=0)
-        from_rows = tl.sum(tl.where(causal, rows[:, None] + y, 0.0), axis=0)  # [s]: i >= s
-        from_writes = tl.sum(tl.where(later & (offs_c[:, None] != offs_c[None, :]), writes[:, None], 0.0), axis=0)
-        tl.store(DLOG_F + bh * T + offs_t, from_rows + from_writes + state, mask=offs_t < T)
+        # rows r0 .. r0 + BLOCK_G of dG = e^{b_last} dH_out H_in^T, summed over the value channels
+        offs_r = (role - 1) * BLOCK_G + tl.arange(0, BLOCK_G)
+        in_r = offs_r < HEAD_DIM
+        dg = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+        hdh = 0.0  # <dH_out, H_in> over these rows
+        for dv0 in tl.static_range(0, HEAD_DV, BLOCK_DV):
+            offs_dv = dv0 + tl.arange(0, BLOCK_DV)
+            in_dv = offs_dv < HEAD_DV
+            r_offs = offs_r[:, None] * HEAD_DV + offs_dv[None, :]
+            r_mask = in_r[:, None] & in_dv[None, :]
+            dh_rows = tl.load(DH + base + r_offs, mask=r_mask, other=0.0)  # [BG, BDV]
+            h_in_t = tl.load(STATES + base + offs_dv[:, None] + offs_d[None, :] * HEAD_DV,
+                             mask=in_dv[:, None] & in_d[None, :], other=0.0)  # [BDV, BD]
+            dg += _bdot(dh_rows, h_in_t, PRECISION)
+            if GATED:
+                hdh += tl.sum(tl.sum(dh_rows * tl.load(STATES + base + r_offs, mask=r_mask, other=0.0), axis=1), 0)
+        if GATED:
+            dg = dg * tl.exp(b_last)
+        p_g = bh * stride_gb + c * stride_gj + offs_r[:, None] * HEAD_DIM + offs_d[None, :]
+        g_mask = in_r[:, None] & in_d[None, :]
+        tl.store(DG + p_g, dg, mask=g_mask)
+        if GATED:
+            # the carried state's term: e^{b_last} <dH_out, (I + G) H_in> = e^{b_last} <dH_out, H_in> + <G, dG>
+            g = tl.load(GM + p_g, mask=g_mask, other=0.0)
+            tl.store(DSTATE + (bh * n_chunks + c) * (tl.num_programs(2) - 1) + role - 1,
+                     tl.exp(b_last) * hdh + tl.sum(tl.sum(g * dg, axis=1), axis=0))
 
 
 def householder_backward(x: Flat, v3, log_f3, prep: Prepared, states, do, dht, chunk: int):
@@ -219,14 +243,22 @@ def householder_backward(x: Flat, v3, log_f3, prep: Prepared, states, do, dht, c
         prep.qt, prep.g, do, log_f, dh0 if dht is None else dht.contiguous(), dh, dh0, T,
         prep.qt.stride(0), prep.qt.stride(1), prep.g.stride(0), prep.g.stride(1), do.stride(0), do.stride(1),
         HEAD_DIM=D, HEAD_DV=Dv, BLOCK_D=block_d, BLOCK_DV=block_dv, CHUNK=chunk, GATED=gated,
-        LOAD_DHT=dht is not None, PRECISION=precision, num_warps=4)
-    _hh_bwd_chunk[(n_chunks, BH)](
+        LOAD_DHT=dht is not None, PRECISION=precision, num_warps=4 if D <= 64 else 8)
+    # Compiled for Hopper (Triton 3.9, offline): at D = 64 and chunks of 64 neither kernel spills with these warps;
+    # at D = 128 the scan does not either, and the chunk's kernel spills least with 8 warps and values 32 at a time.
+    block_g = min(block_d, 32)
+    n_g = triton.cdiv(D, block_g)
+    dstate = torch.empty(BH, n_chunks, n_g, **f32) if gated else dh0
+    _hh_bwd_chunk[(n_chunks, BH, 1 + n_g)](
         prep.qt, prep.kt, prep.ad, prep.g, v3, do, log_f, states, dh, dqt, dkt, dad, dg, dv,
-        dh0 if dlog_f is None else dlog_f, T,
+        dh0 if dlog_f is None else dlog_f, dstate, T,
         prep.qt.stride(0), prep.qt.stride(1), prep.ad.stride(0), prep.ad.stride(1), prep.g.stride(0),
         prep.g.stride(1), v3.stride(0), v3.stride(1), do.stride(0), do.stride(1), dv.stride(0), dv.stride(1),
-        HEAD_DIM=D, HEAD_DV=Dv, BLOCK_D=block_d, BLOCK_DV=block_dv, CHUNK=chunk, GATED=gated, PRECISION=precision,
-        SUM_PRECISION="ieee" if interpreting() else "x3n", num_warps=4 if chunk <= 32 else 8)
+        HEAD_DIM=D, HEAD_DV=Dv, BLOCK_D=block_d, BLOCK_DV=block_dv if D <= 64 else min(block_dv, 32), BLOCK_G=block_g,
+        CHUNK=chunk, GATED=gated, PRECISION=precision, SUM_PRECISION="ieee" if interpreting() else "x3n",
+        num_warps=4 if chunk <= 32 and D <= 64 else 8)
+    if gated:  # the carried state's term, the same for every token of a chunk
+        dlog_f += dstate.sum(-1).repeat_interleave(chunk, dim=1)[:, :T]
     del dh
     q3, k3, w3, beta3 = prep._args[:4]
     dq, dk, dw, dbeta = ut_prepare_backward(q3, k3, w3, beta3, prep, dqt, dkt, dad, dg)

@@ -174,3 +174,22 @@ def test_non_finite_input_reaches_only_its_own_chunk_and_the_gradients_that_read
     for label, sees in reach.items():
         grad = grads["qkv".index(label)]
         assert (~torch.isfinite(grad[0, 1])).any(-1)[sees].all(), f"d{label} missed a row that reads the NaN"
+
+
+@pytest.mark.parametrize("D_, Dv_", [(24, 40), (96, 20)])
+def test_head_dims_that_are_no_power_of_two(D_, Dv_):
+    """Gated DeltaNet and the gated Householder RNN at head dims whose tiles are masked (24 in tiles of 32, 96 in
+    tiles of 128, where the kernels take the value channels 32 at a time and the default chunk is 32): every gradient,
+    the initial state's included, within 2e-6 of float64."""
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(1, 2, 45, n, generator=g, dtype=torch.float64) for n in (D_, D_, Dv_))
+    k, w = F.normalize(k, dim=-1), F.normalize(torch.randn(1, 2, 45, D_, generator=g, dtype=torch.float64), dim=-1)
+    u = torch.rand(1, 2, 45, generator=g, dtype=torch.float64)
+    S0 = torch.randn(1, 2, Dv_, D_, generator=g, dtype=torch.float64)
+    for fn, ref, args in (
+            (lambda q, k, v, w, b, f, **kw: chunked_householder(q, k, v, w, b, log_f=f, **kw),
+             pathfox.gated_householder_recurrent, dict(q=q, k=k, v=v, w=w, beta=2 * u, log_f=_gates(u, "mild"))),
+            (lambda q, k, v, b, f, **kw: chunked_delta_rule(q, k, v, b, log_f=f, **kw),
+             pathfox.gated_deltanet_recurrent, dict(q=q, k=k, v=v, beta=2 * u, log_f=_gates(u, "mild")))):
+        errs = gradient_errors(fn, ref, args, initial_state=S0)
+        assert max(errs.values()) <= 2e-6, errs
