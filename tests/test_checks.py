@@ -163,9 +163,12 @@ def test_triton_forwards_read_nothing_on_the_host_with_checks_deferred_or_off(fo
 
 
 @pytest.mark.parametrize("mode", ["off", "defer"])
-@pytest.mark.parametrize("name", ["alibi_triton", "fox_triton", "rope_triton", "path_triton", "pathfox_triton"])
+@pytest.mark.parametrize("name", ["alibi_triton", "fox_triton", "rope_triton", "path_triton", "pathfox_triton",
+                                  "householder_triton", "deltanet_triton", "gated_householder_triton",
+                                  "gated_deltanet_triton"])
 def test_a_training_step_reads_nothing_on_the_host(name, mode, host_reads):
-    """Forward and backward of the softmax side's Triton forms, with every value argument requiring grad."""
+    """Forward and backward of the softmax side's Triton forms and of the delta-rule family's, with every value
+    argument requiring grad."""
     form = next(f for f in TRITON_FORMS if f.name == name)
     (q, k, v), ex = _inputs(form)
     leaves = [q, k, v, *ex.values()]
