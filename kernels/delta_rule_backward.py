@@ -20,8 +20,8 @@ Three launches and the UT pass's own backward:
 1. the forward (the linear template's ``"householder"`` or ``"delta"`` hook) stores the state entering every chunk;
 2. :func:`_hh_bwd_state` scans the chunks right to left for every ``dH_out`` (its last ``dH_in`` is the initial
    state's gradient);
-3. :func:`_hh_bwd_chunk`, all chunks in parallel: ``dQ~, dK~, dÃ, dV`` and the gate's gradient in one program per
-   chunk, the rows of ``dG`` (``D x D``) in others beside it;
+3. :func:`_hh_bwd_chunk`, all chunks in parallel: ``dQ~, dK~, dÃ`` and the gate's gradient in one program per
+   chunk, ``dV`` in a second, the rows of ``dG`` (``D x D``) in others beside them;
 4. :func:`.ut_prepare.ut_prepare_backward` takes ``dQ~, dK~, dÃ, dG`` back through the UT factor
    ``L = (I + strictLower(diag(beta) W W^T))^{-1} diag(beta)`` to ``dq, dk, dw, dbeta``.
 
@@ -111,15 +111,16 @@ def _hh_bwd_chunk(QT, KT, AD, GM, V, DO, LOG_F, STATES, DH, DQT, DKT, DAD, DG, D
                   HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                   BLOCK_G: tl.constexpr, CHUNK: tl.constexpr, GATED: tl.constexpr, PRECISION: tl.constexpr,
                   SUM_PRECISION: tl.constexpr):
-    """One chunk's gradients (the module docstring's equations), grid ``(NC, BH, 1 + cdiv(D, BLOCK_G))``: role 0
-    (the third program index) takes the chunk's rows, ``dQ~, dK~`` (``DQT, DKT``, fp32, laid out as ``QT``), ``dÃ``
-    (``DAD``, as ``AD``, zero above the diagonal), ``dV`` (``(BH, T, Dv)``) and with ``GATED`` the row, pair and
-    write terms of the gradient of ``log_f`` (``DLOG_F``, fp32 ``(BH, T)``); role ``r >= 1`` takes ``BLOCK_G`` rows of
-    ``dG`` (``DG``, as ``GM``) and their part of the carried state's term (``DSTATE``, fp32 ``(BH, NC, roles - 1)``).
-    ``STATES``, ``DH``: the states entering and the gradients leaving every chunk (fp32 ``(BH, NC, D, Dv)``).  Two
-    roles, because the ``D x D`` tile of ``dG`` beside the chunk's tiles spilled at ``D = 128`` (compiled for
-    Hopper).  ``SUM_PRECISION``: the one product that sums gradient pieces for the gate (``"ieee"`` or ``"x3n"``:
-    about fp32 accuracy, so that small sums stay exact)."""
+    """One chunk's gradients (the module docstring's equations), grid ``(NC, BH, 2 + cdiv(D, BLOCK_G))``, the value
+    channels ``BLOCK_DV`` at a time, in three roles (the third program index).  Role 0: ``dQ~, dK~`` (``DQT, DKT``,
+    fp32, laid out as ``QT``), ``dÃ`` (``DAD``, as ``AD``, zero above the diagonal) and with ``GATED`` the row, pair
+    and write terms of the gradient of ``log_f`` (``DLOG_F``, fp32 ``(BH, T)``).  Role 1: ``dV`` (``(BH, T, Dv)``).
+    Role ``r >= 2``: ``BLOCK_G`` rows of ``dG`` (``DG``, as ``GM``) and their part of the carried state's term
+    (``DSTATE``, fp32 ``(BH, NC, roles - 2)``).  ``STATES``, ``DH``: the states entering and the gradients leaving
+    every chunk (fp32 ``(BH, NC, D, Dv)``).  Compiled for Hopper (Triton 3.9, offline), one program holding every
+    tile spilled: 320 bytes a thread at ``D = C = 64`` with ``dG`` in it, 744 at ``D = 128`` with ``dV`` in it (8
+    warps); split so, none.  ``SUM_PRECISION``: the one product that sums gradient pieces for the gate (``"ieee"`` or
+    ``"x3n"``: about fp32 accuracy, so that small sums stay exact)."""
     c = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     role = tl.program_id(2)
@@ -134,35 +135,23 @@ def _hh_bwd_chunk(QT, KT, AD, GM, V, DO, LOG_F, STATES, DH, DQT, DKT, DAD, DG, D
     base = (bh * n_chunks + c) * size
     if GATED:
         b, b_last = _chunk_b(LOG_F, bh, offs_t, offs_c, T, CHUNK)
+    causal = offs_c[:, None] >= offs_c[None, :]  # [i, j]: j <= i
+    later = offs_c[:, None] <= offs_c[None, :]  # [j, i]: i >= j
+    p_ad = AD + bh * stride_ab + start * stride_at
     if role == 0:
-        causal = offs_c[:, None] >= offs_c[None, :]  # [i, j]: j <= i
-        later = offs_c[:, None] <= offs_c[None, :]  # [j, i]: i >= j
-        p_ad = AD + bh * stride_ab + start * stride_at
-        # Ã^T [j, i], read transposed from memory, with the decays E^T; zero where i < j (a select)
-        at = tl.load(p_ad + offs_c[None, :] * stride_at + offs_c[:, None])
-        kd = load_rows(KT + bh * stride_pb, offs_t, offs_d, stride_pt, T, HEAD_DIM, True, CHECK_D)  # [C, BD]: k~
-        if GATED:
-            at = at * tl.exp(tl.where(later, b[None, :] - b[:, None], float("-inf")))
-            kd = kd * tl.exp(b_last - b)[:, None]  # key j's weight in the chunk's write
-        at = tl.where(later, at, 0.0)
         dqt = tl.zeros([CHUNK, BLOCK_D], dtype=tl.float32)
         dkt = tl.zeros([CHUNK, BLOCK_D], dtype=tl.float32)
         p = tl.zeros([CHUNK, CHUNK], dtype=tl.float32)  # dO V^T, [i, j]
         for dv0 in tl.static_range(0, HEAD_DV, BLOCK_DV):
             offs_dv = dv0 + tl.arange(0, BLOCK_DV)
-            in_dv = offs_dv < HEAD_DV
             v = load_rows(V + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)  # [C, BDV]
             do = load_rows(DO + bh * stride_ob, offs_t, offs_dv, stride_ot, T, HEAD_DV, True, True)  # [C, BDV]
-            # H_in^T and dH_out^T [BDV, BD], dH_out [BD, BDV]: read as needed from memory
+            # H_in^T and dH_out^T [BDV, BD], read transposed from memory
             t_offs = offs_dv[:, None] + offs_d[None, :] * HEAD_DV
-            t_mask = in_dv[:, None] & in_d[None, :]
+            t_mask = (offs_dv[:, None] < HEAD_DV) & in_d[None, :]
             dqt += _bdot(do, tl.load(STATES + base + t_offs, mask=t_mask, other=0.0), PRECISION)
             dkt += _bdot(v, tl.load(DH + base + t_offs, mask=t_mask, other=0.0), PRECISION)
             p += _bdot(do, tl.trans(v), PRECISION)  # v came from memory
-            dh_out = tl.load(DH + base + offs_d[:, None] * HEAD_DV + offs_dv[None, :],
-                             mask=in_d[:, None] & in_dv[None, :], other=0.0)
-            dv = _bdot(at, do, PRECISION) + _bdot(kd, dh_out, PRECISION)
-            store_rows(DV + bh * stride_dvb, dv, offs_t, offs_dv, stride_dvt, T, HEAD_DV)
         if GATED:
             dqt = dqt * tl.exp(b)[:, None]
             dkt = dkt * tl.exp(b_last - b)[:, None]
@@ -175,7 +164,7 @@ def _hh_bwd_chunk(QT, KT, AD, GM, V, DO, LOG_F, STATES, DH, DQT, DKT, DAD, DG, D
         store_rows(DKT + bh * stride_pb, dkt, offs_t, offs_d, stride_pt, T, HEAD_DIM)
         if GATED:
             # log_f[s] weighs the terms that span s (the module docstring): rows i >= s, pairs j < s <= i, writes
-            # j < s; the carried state's term comes from the other roles (DSTATE)
+            # j < s; the carried state's term comes from the dG programs (DSTATE)
             qt = load_rows(QT + bh * stride_pb, offs_t, offs_d, stride_pt, T, HEAD_DIM, True, CHECK_D)
             rows = tl.sum(qt * dqt, axis=1)  # [C]: q~_i . dq~_i
             kt = load_rows(KT + bh * stride_pb, offs_t, offs_d, stride_pt, T, HEAD_DIM, True, CHECK_D)
@@ -187,9 +176,24 @@ def _hh_bwd_chunk(QT, KT, AD, GM, V, DO, LOG_F, STATES, DH, DQT, DKT, DAD, DG, D
             from_rows = tl.sum(tl.where(causal, rows[:, None] + y, 0.0), axis=0)  # [s]: i >= s
             from_writes = tl.sum(tl.where(later & (offs_c[:, None] != offs_c[None, :]), writes[:, None], 0.0), axis=0)
             tl.store(DLOG_F + bh * T + offs_t, from_rows + from_writes, mask=offs_t < T)
+    elif role == 1:
+        # dV = (Ã * E)^T dO + diag(e^{b_last - b}) K~ dH_out, with Ã^T read transposed from memory
+        at = tl.load(p_ad + offs_c[None, :] * stride_at + offs_c[:, None])  # [j, i]
+        kd = load_rows(KT + bh * stride_pb, offs_t, offs_d, stride_pt, T, HEAD_DIM, True, CHECK_D)  # [C, BD]: k~
+        if GATED:
+            at = at * tl.exp(tl.where(later, b[None, :] - b[:, None], float("-inf")))
+            kd = kd * tl.exp(b_last - b)[:, None]  # key j's weight in the chunk's write
+        at = tl.where(later, at, 0.0)  # a select: NaN and inf above the diagonal stay out
+        for dv0 in tl.static_range(0, HEAD_DV, BLOCK_DV):
+            offs_dv = dv0 + tl.arange(0, BLOCK_DV)
+            do = load_rows(DO + bh * stride_ob, offs_t, offs_dv, stride_ot, T, HEAD_DV, True, True)  # [C, BDV]
+            dh_out = tl.load(DH + base + offs_d[:, None] * HEAD_DV + offs_dv[None, :],
+                             mask=in_d[:, None] & (offs_dv[None, :] < HEAD_DV), other=0.0)  # [BD, BDV]
+            dv = _bdot(at, do, PRECISION) + _bdot(kd, dh_out, PRECISION)
+            store_rows(DV + bh * stride_dvb, dv, offs_t, offs_dv, stride_dvt, T, HEAD_DV)
     else:
         # rows r0 .. r0 + BLOCK_G of dG = e^{b_last} dH_out H_in^T, summed over the value channels
-        offs_r = (role - 1) * BLOCK_G + tl.arange(0, BLOCK_G)
+        offs_r = (role - 2) * BLOCK_G + tl.arange(0, BLOCK_G)
         in_r = offs_r < HEAD_DIM
         dg = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
         hdh = 0.0  # <dH_out, H_in> over these rows
@@ -212,7 +216,7 @@ def _hh_bwd_chunk(QT, KT, AD, GM, V, DO, LOG_F, STATES, DH, DQT, DKT, DAD, DG, D
         if GATED:
             # the carried state's term: e^{b_last} <dH_out, (I + G) H_in> = e^{b_last} <dH_out, H_in> + <G, dG>
             g = tl.load(GM + p_g, mask=g_mask, other=0.0)
-            tl.store(DSTATE + (bh * n_chunks + c) * (tl.num_programs(2) - 1) + role - 1,
+            tl.store(DSTATE + (bh * n_chunks + c) * (tl.num_programs(2) - 2) + role - 2,
                      tl.exp(b_last) * hdh + tl.sum(tl.sum(g * dg, axis=1), axis=0))
 
 
@@ -244,19 +248,19 @@ def householder_backward(x: Flat, v3, log_f3, prep: Prepared, states, do, dht, c
         prep.qt.stride(0), prep.qt.stride(1), prep.g.stride(0), prep.g.stride(1), do.stride(0), do.stride(1),
         HEAD_DIM=D, HEAD_DV=Dv, BLOCK_D=block_d, BLOCK_DV=block_dv, CHUNK=chunk, GATED=gated,
         LOAD_DHT=dht is not None, PRECISION=precision, num_warps=4 if D <= 64 else 8)
-    # Compiled for Hopper (Triton 3.9, offline): at D = 64 and chunks of 64 neither kernel spills with these warps;
-    # at D = 128 the scan does not either, and the chunk's kernel spills least with 8 warps and values 32 at a time.
+    # Compiled for Hopper (Triton 3.9, offline) with these warps, neither kernel spills at D = 16, 32, 64 (chunks of
+    # 64) or 128 (chunks of 32), and the chunk's kernel 8 bytes a thread at D = 64 with chunks of 32 and a gate; at 4
+    # warps it spilled 48-96 bytes at D = 64 with a gate.
     block_g = min(block_d, 32)
     n_g = triton.cdiv(D, block_g)
     dstate = torch.empty(BH, n_chunks, n_g, **f32) if gated else dh0
-    _hh_bwd_chunk[(n_chunks, BH, 1 + n_g)](
+    _hh_bwd_chunk[(n_chunks, BH, 2 + n_g)](
         prep.qt, prep.kt, prep.ad, prep.g, v3, do, log_f, states, dh, dqt, dkt, dad, dg, dv,
         dh0 if dlog_f is None else dlog_f, dstate, T,
         prep.qt.stride(0), prep.qt.stride(1), prep.ad.stride(0), prep.ad.stride(1), prep.g.stride(0),
         prep.g.stride(1), v3.stride(0), v3.stride(1), do.stride(0), do.stride(1), dv.stride(0), dv.stride(1),
-        HEAD_DIM=D, HEAD_DV=Dv, BLOCK_D=block_d, BLOCK_DV=block_dv if D <= 64 else min(block_dv, 32), BLOCK_G=block_g,
-        CHUNK=chunk, GATED=gated, PRECISION=precision, SUM_PRECISION="ieee" if interpreting() else "x3n",
-        num_warps=4 if chunk <= 32 and D <= 64 else 8)
+        HEAD_DIM=D, HEAD_DV=Dv, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_G=block_g, CHUNK=chunk, GATED=gated,
+        PRECISION=precision, SUM_PRECISION="ieee" if interpreting() else "x3n", num_warps=8 if D > 32 else 4)
     if gated:  # the carried state's term, the same for every token of a chunk
         dlog_f += dstate.sum(-1).repeat_interleave(chunk, dim=1)[:, :T]
     del dh
