@@ -21,7 +21,9 @@ UT factors, then the FlashAttention loop scanning key blocks right to left with
 the query carried through each block's Householder product) and
 :mod:`.delta_rule` (chunked Householder RNN: the same preparation pass, then the linear
 template's ``"householder"`` hook; chunked DeltaNet: a lighter preparation pass of WY factors, then
-the ``"delta"`` hook); the book's Part III (*Making it fast*) explains their design and what it costs.
+the ``"delta"`` hook), whose backward pass is :mod:`.delta_rule_backward` (the states' gradients right to left, each
+chunk's gradients, then the UT factors' backward; DeltaNet's as the Householder RNN's with ``w = k``); the book's Part
+III (*Making it fast*) explains their design and what it costs.
   PaTH's backward meets every pair of blocks at a
 boundary of a dyadic tree: :mod:`.path_carry` carries queries and keys there (and back, for
 the gradients), the FlashAttention template's backward steps do the rest, and
@@ -50,9 +52,9 @@ Where the shared pieces live:
   counts the gates that break their condition (``cumulative_log_gates``).
 * :mod:`._launch`: the validation boundary.  Each public entry point validates
   every argument once (shapes, dtypes, devices; values with one wait for
-  the check, after the kernels are queued) and refuses meta tensors; the kernels without a backward pass
-  (the linear template's Householder and delta hooks) also refuse, while grad mode is on, inputs that
-  require grad.  Internal ``_*_launch`` functions check nothing.
+  the check, after the kernels are queued) and refuses meta tensors; a kernel without a backward pass would
+  also refuse, while grad mode is on, inputs that require grad (``prepare_qkv(..., backward=False)``; every entry
+  point has one now).  Internal ``_*_launch`` functions check nothing.
 
 Causality holds for non-finite inputs too: a NaN or inf in ``q``, ``k`` or ``v``
 at position ``t`` changes outputs at positions ``>= t`` only.
