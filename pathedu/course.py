@@ -11,7 +11,10 @@ folder of a clone with ``--labs DIR``.  Grading needs ``nbformat`` and IPython, 
 A lab's exercise is four cells: the task (Markdown), a stub that raises ``NotImplementedError`` and calls the
 chapter's check (which prints ``Not yet [...]`` without raising), a solution cell tagged ``solution`` (and
 ``hide-cell``, which folds it in the book), and a check cell ``assert chNN.check_...(...)`` that may go on to use
-the student's answer.  A student copy (:func:`student_copy`):
+the student's answer.  In the other kinds of exercise (:data:`pathedu.exercises.KINDS`) the stub assigns ``None``
+(a prediction, a planted bug's name, next to a fixed function that raises) or an empty string (a written answer),
+and a prediction's check cell is followed by the cell that reveals the answer.  A student copy
+(:func:`student_copy`):
 
 * drops every cell tagged ``solution``;
 * clears every output (committed outputs can show answers) and execution count;
@@ -41,7 +44,8 @@ modules it imports), and decides each verdict in its own process, where no stude
    plain tensors and arrays: nothing unpickled, no object of the student's), which the check compares with the
    references it computes itself.  What the student's code does in its own process (patching the check,
    ``torch.allclose`` or pathedu, writing result files, detecting that it is graded) cannot reach the verdict.
-4. Grading mode's rule holds: an answer that is, or calls, pathedu's own forms is "Not yet".  Calls are seen by
+4. Grading mode's rule holds: an answer that is, or calls, pathedu's own forms is "Not yet"; so is a prediction
+   (a *predict, then run* exercise) computed with them before its check.  Calls are seen by
    tripwires in the worker and, where the student's code could switch those off, by reading the answer's source
    in the grader (:func:`pathedu.exercises._grader.pathedu_in_source`), which also refuses the checks' own
    references (``ch01._merge_reference``).  Pathedu's code pasted, or reached through a name spelt at run time
@@ -549,9 +553,17 @@ def plan_exercises(nb: dict, filename: str = "") -> list[ExercisePlan]:
             if not pieces or pieces[-1]["cell"] != st.cell.position:
                 pieces.append({"cell": st.cell.position, "source": st.cell.source, "statements": []})
             pieces[-1]["statements"].append(st.index)
-        own, named = pathedu_in_source([st.node for st in kept],
-                                       ast.Tuple(elts=[*call.args, *(k.value for k in call.keywords)],
-                                                 ctx=ast.Load()), check.allow)
+        nodes = [st.node for st in kept]
+        if getattr(check, "kind", "code") == "predict":
+            # A prediction is written down, not computed: read every statement it depends on as if it were the
+            # body of a function, so that a call of pathedu's forms (or of a check's reference) anywhere in them
+            # is named.
+            body = [n for n in nodes if not isinstance(n, (ast.Import, ast.ImportFrom))] or [ast.Pass()]
+            nodes = nodes + [ast.FunctionDef(name="_prediction", args=ast.arguments(
+                posonlyargs=[], args=[], kwonlyargs=[], kw_defaults=[], defaults=[]), body=body,
+                decorator_list=[], returns=None, type_params=[])]
+        own, named = pathedu_in_source(nodes, ast.Tuple(elts=[*call.args, *(k.value for k in call.keywords)],
+                                                        ctx=ast.Load()), check.allow)
         syntax = next((c.problem for c in cells if c.problem and c.position <= site_cell), "")
         plans.append(ExercisePlan(chapter, label, check, pieces, ast.unparse(answer), own, named, syntax=syntax))
     for chapter in sorted(_chapters_named(nb, cells, filename) | {c for c, _ in order}):

@@ -303,6 +303,18 @@ def _entry_right(guess, truth, rtol: float, atol: float) -> bool:
     return abs(float(guess) - truth) <= atol + rtol * abs(truth)
 
 
+def _shown(value) -> str:
+    """A prediction as a verdict quotes it: floats to six significant digits, tuples and lists entry by entry."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
+        value = value.item()
+    if isinstance(value, float):
+        return format(value, ".6g")
+    if isinstance(value, (tuple, list)) and len(value) <= 16:
+        inner = ", ".join(_shown(x) for x in value)
+        return f"({inner}{',' if len(value) == 1 else ''})" if isinstance(value, tuple) else f"[{inner}]"
+    return repr(value)[:200]
+
+
 def check_prediction(name: str, guess, truth, *, rtol: float = 0.0, atol: float = 0.0,
                      near: float | None = None) -> Verdict:
     """A *predict, then run* exercise: the student's ``guess``, written down before a cell reveals ``truth``.
@@ -315,7 +327,7 @@ def check_prediction(name: str, guess, truth, *, rtol: float = 0.0, atol: float 
     if guess is None:
         return not_attempted(name, "your prediction is still None: write down a value before you run the cell "
                                    "that reveals it")
-    shown = repr(guess)[:200]
+    shown = _shown(guess)
     if isinstance(truth, tuple):
         if not isinstance(guess, (tuple, list)) or len(guess) != len(truth):
             return verdict(name, False, f"expected {len(truth)} entries (a tuple, like a shape), got {shown}.",

@@ -279,7 +279,7 @@ def _chunked_planted(q, k, v, chunk=4):
     return torch.cat(out, -2)
 
 
-def _chunked_inputs(seed):
+def _chunked_bug_inputs(seed):
     g = torch.Generator().manual_seed(600 + seed)
     lead, T, D, Dv = [((2,), 11, 8, 5), ((2, 2), 9, 4, 6), ((), 6, 16, 3)][seed % 3]
     return _randn(g, *lead, T, D), _randn(g, *lead, T, D), _randn(g, *lead, T, Dv)
@@ -292,4 +292,4 @@ def check_chunked_bug(bug, linear_chunked_fixed) -> Verdict:
     (``q, k: (..., T, D)``, ``v: (..., T, Dv)``, chunks of 4); compared with
     :func:`pathedu.nope.linear_recurrent`."""
     return check_bug("find the bug: chunked linear attention", bug, linear_chunked_fixed, bug="scale",
-                     reference=_linear_reference, make_inputs=_chunked_inputs, buggy=_chunked_planted)
+                     reference=_linear_reference, make_inputs=_chunked_bug_inputs, buggy=_chunked_planted)

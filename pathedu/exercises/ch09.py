@@ -320,7 +320,7 @@ def _error_planted(logits, tokens, mask):
     return wrong[mask].double().mean()
 
 
-def _error_inputs(seed):
+def _error_bug_inputs(seed):
     n, length = [(8, 64), (5, 32), (12, 128)][seed % 3]
     tokens, mask = tasks.flipflop(n, length, p_ignore=0.5, seed=950 + seed)
     g = torch.Generator().manual_seed(960 + seed)
@@ -335,4 +335,4 @@ def check_error_bug(bug, scored_error_fixed) -> Verdict:
     :data:`pathedu.exercises.BUG_KINDS`); ``scored_error_fixed(logits, tokens, mask) -> ()`` (``logits: (n, L,
     V)``, ``tokens, mask: (n, L)``) is the error rate on the scored bits, fixed."""
     return check_bug("find the bug: the scored error", bug, scored_error_fixed, bug="index",
-                     reference=_error_reference, make_inputs=_error_inputs, buggy=_error_planted)
+                     reference=_error_reference, make_inputs=_error_bug_inputs, buggy=_error_planted)
