@@ -120,9 +120,8 @@ def test_submissions_name_the_student_by_folder_or_file(tmp_path):
 
 def test_the_exercises_a_notebook_checks_are_read_from_its_cells():
     assert course.expected_exercises(_nb(LABS[5])) == [("ch07", "1"), ("ch07", "2"), ("ch07", "3a"), ("ch07", "3b"),
-                                                       ("ch07", "4")]
-    assert course.expected_exercises(course.student_copy(_nb(LABS[0]))) == [("ch01", "1"), ("ch01", "2"),
-                                                                            ("ch01", "3")]
+                                                       ("ch07", "4"), ("ch07", "5"), ("ch07", "6"), ("ch07", "7")]
+    assert course.expected_exercises(course.student_copy(_nb(LABS[0]))) == [("ch01", str(n)) for n in range(1, 7)]
 
 
 @pytest.mark.parametrize("path", LABS, ids=lambda p: p.name[:2])
@@ -169,8 +168,8 @@ def test_an_answer_is_built_from_the_statements_it_needs_and_no_others():
     assert _kept(plan) == {3: ["import torch"], 4: ["torch.manual_seed(0)"], 5: ["def helper(x):"],
                            6: ["def linear_matrix_mine(q, k, v):"]}
     assert plan.own == plan.named == [] and plan.problem == ""
-    assert [(p.label, p.problem) for p in others] == [("2", "its check is not called in this notebook"),
-                                                       ("3", "its check is not called in this notebook")]
+    assert [(p.label, p.problem) for p in others] == [(str(n), "its check is not called in this notebook")
+                                                      for n in range(2, 7)]
 
 
 def test_a_value_built_by_a_loop_keeps_the_loop_that_fills_its_list():
@@ -228,7 +227,8 @@ def test_the_grade_command_writes_the_csv_and_a_summary_line_per_student(tmp_pat
     assert ran == [("alice", 30, 90, 7), ("bob", 30, 90, 8)]
     with open(out, newline="") as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == ["student", "notebook", "exercise", "verdict", "message"]
+    assert list(rows[0]) == ["student", "notebook", "exercise", "kind", "verdict", "points", "max_points", "message",
+                             "answer"]
     assert [(r["student"], r["exercise"], r["verdict"]) for r in rows] == [
         ("alice", "ch01.1", "Correct"), ("alice", "ch01.2", "Not yet"), ("alice", "ch01.3", "not run"),
         ("bob", "", "error"), ("bob", "ch01.1", "Correct"), ("bob", "ch01.2", "Not yet"), ("bob", "ch01.3", "not run")]
@@ -275,7 +275,9 @@ def test_grade_runs_the_answers_and_decides_in_its_own_process(tmp_path):
     out = tmp_path / "grades.csv"
     course.grade(tmp_path / "subs", out, timeout=60, progress=False)
     with open(out, newline="") as f:
-        rows = [(r["student"], r["notebook"], r["exercise"], r["verdict"], r["message"]) for r in csv.DictReader(f)]
+        table = list(csv.DictReader(f))
+    rows = [(r["student"], r["notebook"], r["exercise"], r["verdict"], r["message"]) for r in table
+            if r["exercise"] in ("", "ch01.1", "ch01.2", "ch01.3")]
     stub = ("Not yet", "not attempted yet: your function still raises NotImplementedError. Replace the `raise` "
                        "line with your code and run the cell again. Stuck? ch01.hint({}) prints a first hint.")
     lab = LABS[0].name
@@ -294,6 +296,9 @@ def test_grade_runs_the_answers_and_decides_in_its_own_process(tmp_path):
     assert dave[2:4] == ("ch01.1", "not run")
     assert "its answer could not be built: NameError: name 'linear_matrix_mine' is not defined" in dave[4]
     assert "does not parse" in dave[4]
+    # points: alice has exercise 1's two of the notebook's twelve; the unreadable notebook has no total
+    totals = {r["student"]: (r["points"], r["max_points"]) for r in table if r["exercise"] == course.TOTAL}
+    assert totals == {"alice": ("2", "12"), "bob": ("0", "12"), "dave": ("0", "12")}
 
 
 def _with_solutions(lab):
@@ -307,13 +312,90 @@ def _with_solutions(lab):
 
 
 def test_every_solution_of_every_lab_is_graded_correct_on_fresh_inputs(tmp_path):
-    """Each lab's solutions in its stubs, graded as a student's copy: every exercise Correct, on inputs drawn
-    from a secret seed (two seeds); the answers' source names no forbidden pathedu function."""
+    """Each lab's solutions in its stubs, graded as a student's copy: every exercise Correct (a written answer:
+    needs marking, its rubric in the message, its text as the answer, no points yet), every point earned, on
+    inputs drawn from a secret seed (two seeds); the answers' source names no forbidden pathedu function."""
     for lab in LABS:
         (tmp_path / "subs" / "sol").mkdir(parents=True, exist_ok=True)
         (tmp_path / "subs" / "sol" / lab.name).write_text(json.dumps(_with_solutions(lab)))
     for seed in (1, 2):
         rows = course.grade(tmp_path / "subs", None, timeout=120, progress=False, seed=seed)
-        assert len(rows) == sum(len(course.expected_exercises(_nb(lab))) for lab in LABS)
-        wrong = [(r["exercise"], r["verdict"], r["message"]) for r in rows if r["verdict"] != "Correct"]
+        graded = [r for r in rows if r["exercise"] != course.TOTAL]
+        assert len(graded) == sum(len(course.expected_exercises(_nb(lab))) for lab in LABS)
+        assert len(rows) - len(graded) == len(LABS)  # one total per notebook
+        wrong = [(r["exercise"], r["verdict"], r["message"]) for r in graded
+                 if r["verdict"] != ("needs marking" if r["kind"] == "explain" else "Correct")]
         assert not wrong
+        for r in graded:
+            if r["kind"] == "explain":
+                assert r["points"] == "" and r["message"].startswith("rubric: ") and len(r["answer"].split()) >= 20
+            else:
+                assert r["points"] == r["max_points"] and float(r["points"]) > 0, r
+        for total in (r for r in rows if r["exercise"] == course.TOTAL):
+            mine = [r for r in graded if r["notebook"] == total["notebook"]]
+            assert total["points"] == course._points(sum(float(r["points"] or 0) for r in mine))
+            assert total["max_points"] == course._points(sum(float(r["max_points"]) for r in mine))
+            assert "to mark" in total["message"]
+        kinds = {(r["notebook"][:2], r["kind"]) for r in graded}
+        assert all((lab.name[:2], kind) in kinds for lab in LABS for kind in ("code", "predict", "explain", "bug"))
+
+
+def _lab1_with(sources: dict) -> dict:
+    """Lab 1's student copy with the stub cells of exercises 4-6 (found by what they assign) replaced."""
+    copy = course.student_copy(_nb(LABS[0]))
+    for cell in copy["cells"]:
+        for start, source in sources.items():
+            if cell["cell_type"] == "code" and _code(cell).startswith(start):
+                cell["source"] = source
+    return copy
+
+
+def test_partial_credit_and_the_new_kinds_are_graded_and_totalled(tmp_path):
+    """A prediction with some entries right, a bug named but not fixed, a bug fixed but misnamed, a written
+    answer too short and one long enough, a prediction computed with pathedu's form or read from the check's own
+    truth instead of written down: each gets its points, and the notebook's total adds them up."""
+    fixed = next(_code(c) for c in _nb(LABS[0])["cells"]
+                 if course.is_solution(c) and "def linear_chunked_fixed" in _code(c)).replace('bug = "scale"', "")
+    planted = next(_code(c) for c in _nb(LABS[0])["cells"] if "def linear_chunked_planted" in _code(c))
+    planted = planted.split("\n\n\nprint(")[0].replace("linear_chunked_planted", "linear_chunked_fixed")
+    words = " ".join(["because"] * 25)
+    submissions = {
+        "ann": {"state_shape = None": "state_shape = (2, 3, 16, 24)",
+                "why_order = ": f'why_order = "{words}"',
+                "bug = None": 'bug = "scale"\n' + planted},
+        "ben": {"state_shape = None": "state_shape = [2, 3, 24, 16]",
+                "why_order = ": 'why_order = "the mask counts"',
+                "bug = None": 'bug = "mask"\n' + fixed},
+        "cid": {"state_shape = None": ("import torch\nfrom pathedu import nope\nx = torch.zeros(2, 3, 40, 16)\n"
+                                       "_, S = nope.linear_recurrent(x, x, torch.zeros(2, 3, 40, 24), "
+                                       "return_state=True)\nstate_shape = tuple(S.shape)")},
+        "dan": {"state_shape = None": "state_shape = ch01._state_shape()"},
+    }
+    for student, sources in submissions.items():
+        (tmp_path / "subs" / student).mkdir(parents=True)
+        (tmp_path / "subs" / student / LABS[0].name).write_text(json.dumps(_lab1_with(sources)))
+    out = tmp_path / "grades.csv"
+    course.grade(tmp_path / "subs", out, progress=False, seed=5)
+    with open(out, newline="") as f:
+        rows = {(r["student"], r["exercise"]): r for r in csv.DictReader(f)}
+
+    def got(student, n):
+        r = rows[student, n if n == course.TOTAL else f"ch01.{n}"]
+        return r["kind"], r["verdict"], r["points"], r["max_points"]
+
+    assert got("ann", 4) == ("predict", "Not yet", "0.5", "1")  # two of four entries
+    assert "2 of the 4 entries" in rows["ann", "ch01.4"]["message"] and rows["ann", "ch01.4"]["answer"] == "(2, 3, 16, 24)"
+    assert got("ann", 5) == ("explain", "needs marking", "", "2")
+    assert rows["ann", "ch01.5"]["message"].startswith("rubric: 2 points.") and rows["ann", "ch01.5"]["answer"] == words
+    assert got("ann", 6) == ("bug", "Not yet", "1", "3")  # named, not fixed
+    assert "planted bug computes" in rows["ann", "ch01.6"]["message"]
+    assert got("ann", course.TOTAL) == ("", "", "1.5", "12")
+    assert "plus 1 written answer(s) to mark" in rows["ann", course.TOTAL]["message"]
+    assert got("ben", 4) == ("predict", "Correct", "1", "1")  # a list is a shape too
+    assert got("ben", 5) == ("explain", "Not yet", "0", "2")  # three words
+    assert got("ben", 6) == ("bug", "Not yet", "2", "3")  # fixed, misnamed
+    assert got("ben", course.TOTAL)[2:] == ("3", "12")
+    assert got("cid", 4) == ("predict", "Not yet", "0", "1")
+    assert "pathedu.nope.linear_recurrent" in rows["cid", "ch01.4"]["message"]
+    assert got("dan", 4) == ("predict", "Not yet", "0", "1")  # the check's own truth, read through pathedu
+    assert "pathedu.exercises.ch01._state_shape" in rows["dan", "ch01.4"]["message"]

@@ -12,7 +12,10 @@ from pathedu import course, fox
 from pathedu.exercises import REGISTRY, ch01, ch02, ch03, ch04, ch05, ch07
 
 CHAPTERS = list(exercise_modules().values())
-EXERCISE_COUNTS = {"ch01": 3, "ch02": 4, "ch03": 4, "ch04": 3, "ch05": 5, "ch07": 4, "ch09": 3, "ch10": 3, "ch11": 3}
+EXERCISE_COUNTS = {"ch01": 6, "ch02": 7, "ch03": 7, "ch04": 6, "ch05": 8, "ch07": 7, "ch08": 5, "ch09": 6, "ch10": 6,
+                   "ch11": 6}
+#: Every lab has at least one exercise of each kind beyond "write the function".
+NEW_KINDS = ("predict", "explain", "bug")
 
 
 def _chapter(module):
@@ -35,6 +38,13 @@ def test_every_chapter_registers_a_hint_for_each_exercise_it_checks():
         numbers = {check.exercise.n for check in _checks(module)}
         assert numbers == set(REGISTRY[_chapter(module)]), _chapter(module)
         assert "hint" in module.__all__
+
+
+@pytest.mark.parametrize("module", CHAPTERS, ids=_chapter)
+def test_every_chapter_has_an_exercise_of_each_new_kind(module):
+    kinds = [check.kind for check in _checks(module)]
+    assert all(kinds.count(kind) >= 1 for kind in NEW_KINDS), kinds
+    assert {check.points for check in _checks(module) if check.kind == "bug"} == {3.0}
 
 
 @pytest.mark.parametrize("path", course.labs(), ids=lambda p: p.name[:2])
@@ -63,7 +73,7 @@ def test_three_levels_printed_and_returned_each_different(module, n, capsys):
 
 @pytest.mark.parametrize("bad", [0, 99, -1, "1", 1.0, True, None])
 def test_a_bad_exercise_number_names_n_and_lists_the_valid_ones(bad):
-    with pytest.raises(ValueError, match=r"`n` must be one of 1, 2, 3, 4, 5 .*got"):
+    with pytest.raises(ValueError, match=r"`n` must be one of 1, 2, 3, 4, 5, 6, 7, 8 .*got"):
         ch05.hint(bad)
 
 
@@ -74,10 +84,14 @@ def test_a_bad_level_names_level_and_lists_the_valid_ones(bad):
 
 
 def _stub_args(check):
-    """An untouched stub for ``check``: a function raising NotImplementedError, or the notebooks' ``None``."""
+    """An untouched stub for ``check``: a function raising NotImplementedError, the notebooks' ``None`` (a value, a
+    prediction, an empty written answer), or ``(None, stub)`` for a planted bug (no name, no fix)."""
     def stub(*args):
         raise NotImplementedError("exercise: write your answer here")
 
+    by_kind = {"predict": (None,), "explain": ("",), "bug": (None, stub)}
+    if check.kind in by_kind:
+        return by_kind[check.kind]
     return {"check_stuck_product": (None, None), "check_half_life_gamma": (None,)}.get(check.__name__, (stub,))
 
 

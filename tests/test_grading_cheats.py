@@ -1,6 +1,6 @@
 """Cheating attempts against ``python -m pathedu.course grade``, each caught or contained.
 
-Every attempt is a student's copy of lab 1 (three exercises) with some cells changed, graded for real: the grader
+Every attempt is a student's copy of lab 1 (its three function exercises the target) with some cells changed, graded for real: the grader
 reads the notebook, a worker process runs the statements each answer needs, and the checks run in the grader's
 process on inputs it draws from a secret seed.  Most submissions are graded once, together (the ``graded``
 fixture); the time limits have their own runs.  What each test shows is in its name and docstring.
@@ -295,7 +295,9 @@ def graded(tmp_path_factory):
 
 
 def _verdicts(graded, student):
-    return {r["exercise"]: (r["verdict"], r["message"]) for r in graded["rows"] if r["student"] == student}
+    """The verdicts of lab 1's three function exercises (those the attempts target) for ``student``."""
+    return {r["exercise"]: (r["verdict"], r["message"]) for r in graded["rows"]
+            if r["student"] == student and r["exercise"] in ("ch01.1", "ch01.2", "ch01.3")}
 
 
 def test_forged_result_records_change_nothing(graded):
@@ -304,7 +306,9 @@ def test_forged_result_records_change_nothing(graded):
     assert _verdicts(graded, "mallory") == {f"ch01.{n}": ("Not yet", v[1]) for n, v in
                                             zip("123", _verdicts(graded, "mallory").values())}
     assert all(NOT_ATTEMPTED in m for _, m in _verdicts(graded, "mallory").values())
-    assert "mallory: 0/3 exercises correct in 1 notebook(s)" in graded["printed"].splitlines()
+    assert "mallory: 0/6 exercises correct in 1 notebook(s), 0/12 points" in graded["printed"].splitlines()
+    assert {(r["exercise"], r["points"]) for r in graded["rows"] if r["student"] == "mallory"
+            and r["exercise"] == course.TOTAL} == {(course.TOTAL, "0")}
     assert "Correct [" not in graded["printed"] and "mallory: 3/3" not in graded["printed"]
     assert {r["student"] for r in graded["rows"]} == set(SUBMISSIONS)
 
@@ -426,7 +430,9 @@ def test_a_notebook_meets_its_own_time_limit(tmp_path):
                    ("ch01.1", "Not yet", "your function did not return within 2 s, the time limit of one check."),
                    ("ch01.2", "Not yet", "your function did not return before the notebook's time limit of 3 s ran "
                                          "out."),
-                   ("ch01.3", "not run", "not graded: the notebook's time limit of 3 s ran out")]
+                   *((f"ch01.{n}", "not run", "not graded: the notebook's time limit of 3 s ran out")
+                     for n in range(3, 7)),
+                   (course.TOTAL, "", "")]
 
 
 # --- the pieces the verdict rests on ----------------------------------------------------------------------------
