@@ -81,34 +81,21 @@ __all__ = ["TokenMixer", "NoPEAttention", "ALiBiAttention", "ForgettingAttention
 FORMS = ("auto", "matrix", "chunked", "triton", "recurrent")
 GLA_RANK, GLA_TEMPERATURE = 16, 16.0
 
-# registry name -> {form: function}, looked up at every call.
+
+def _forms(module, name: str, chunked: str) -> dict:
+    """``{form: function}`` of one mechanism: ``module.<name>_matrix``, ``_<chunked>``, ``_triton``, ``_recurrent``."""
+    return {"matrix": getattr(module, f"{name}_matrix"), "chunked": getattr(module, f"{name}_{chunked}"),
+            "triton": getattr(module, f"{name}_triton"), "recurrent": getattr(module, f"{name}_recurrent")}
+
+
+# registry name -> {form: function}, looked up at every call.  The softmax side's chunked form is its blockwise
+# online softmax, the linear side's its chunked recurrence.
 FUNCS = {
-    "nope": {"matrix": _nope.nope_matrix, "chunked": _nope.nope_blockwise, "triton": _nope.nope_triton,
-             "recurrent": _nope.nope_recurrent},
-    "alibi": {"matrix": _alibi.alibi_matrix, "chunked": _alibi.alibi_blockwise, "triton": _alibi.alibi_triton,
-              "recurrent": _alibi.alibi_recurrent},
-    "fox": {"matrix": _fox.fox_matrix, "chunked": _fox.fox_blockwise, "triton": _fox.fox_triton,
-            "recurrent": _fox.fox_recurrent},
-    "rope": {"matrix": _rope.rope_matrix, "chunked": _rope.rope_blockwise, "triton": _rope.rope_triton,
-             "recurrent": _rope.rope_recurrent},
-    "path": {"matrix": _path.path_matrix, "chunked": _path.path_blockwise, "triton": _path.path_triton,
-             "recurrent": _path.path_recurrent},
-    "pathfox": {"matrix": _pathfox.pathfox_matrix, "chunked": _pathfox.pathfox_blockwise,
-                "triton": _pathfox.pathfox_triton, "recurrent": _pathfox.pathfox_recurrent},
-    "stickbreaking": {"matrix": _sb.stickbreaking_matrix, "chunked": _sb.stickbreaking_blockwise,
-                      "triton": _sb.stickbreaking_triton, "recurrent": _sb.stickbreaking_recurrent},
-    "cope": {"matrix": _cope.cope_matrix, "chunked": _cope.cope_blockwise, "triton": _cope.cope_triton,
-             "recurrent": _cope.cope_recurrent},
-    "linear": {"matrix": _nope.linear_matrix, "chunked": _nope.linear_chunked, "triton": _nope.linear_triton,
-               "recurrent": _nope.linear_recurrent},
-    "retnet": {"matrix": _alibi.retnet_matrix, "chunked": _alibi.retnet_chunked, "triton": _alibi.retnet_triton,
-               "recurrent": _alibi.retnet_recurrent},
-    "gla": {"matrix": _fox.gla_matrix, "chunked": _fox.gla_chunked, "triton": _fox.gla_triton,
-            "recurrent": _fox.gla_recurrent},
-    "deltanet": {"matrix": _path.deltanet_matrix, "chunked": _path.deltanet_chunked, "triton": _path.deltanet_triton,
-                 "recurrent": _path.deltanet_recurrent},
-    "gated_deltanet": {"matrix": _pathfox.gated_deltanet_matrix, "chunked": _pathfox.gated_deltanet_chunked,
-                       "triton": _pathfox.gated_deltanet_triton, "recurrent": _pathfox.gated_deltanet_recurrent},
+    **{name: _forms(module, name, "blockwise") for name, module in (
+        ("nope", _nope), ("alibi", _alibi), ("fox", _fox), ("rope", _rope), ("path", _path), ("pathfox", _pathfox),
+        ("stickbreaking", _sb), ("cope", _cope))},
+    **{name: _forms(module, name, "chunked") for name, module in (
+        ("linear", _nope), ("retnet", _alibi), ("gla", _fox), ("deltanet", _path), ("gated_deltanet", _pathfox))},
 }
 
 # The mechanisms whose Triton form has a backward pass (a model can train through it); the others are tried once

@@ -78,13 +78,13 @@ from __future__ import annotations
 
 import contextlib
 import math
-import numbers
 
 import torch
 import torch.nn as nn
 
 from .layers import FUNCS as _FUNCS
 from .layers import GLA_RANK, LAYERS, LINEAR_SIDE, TokenMixer, choose_form, triton_trains
+from .layers import _pos_int
 from .layers import causal_depthwise as _causal_depthwise  # noqa: F401  (kept for readers of the old name)
 from .layers import convolve as _convolve  # noqa: F401
 
@@ -124,14 +124,6 @@ def select_form(mixer: str, form: str = "auto", *, device=None, T: int = 0, matr
                          f"have no backward pass); available: {available}")
     return choose_form(mixer, form, device=device, T=T, matrix_max_T=matrix_max_T, needs_grad=True,
                        triton_without_grad=False)
-
-
-def _pos_int(x, name: str, minimum: int = 1) -> int:
-    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
-        raise TypeError(f"`{name}` must be an int, got {type(x).__name__}")
-    if int(x) < minimum:
-        raise ValueError(f"`{name}` must be >= {minimum}, got {x}")
-    return int(x)
 
 
 def make_mixer(mixer: str, d_model: int, n_heads: int, head_dim: int, *, beta_max: float | None = None,
