@@ -501,13 +501,3 @@ def prefix_sums(x, BLOCK: tl.constexpr, SCAN: tl.constexpr):
     else:
         return tl.cumsum(x, axis=1)
 
-
-# The same pieces under the underscore names that cope, stickbreaking, linear_attention and delta_rule_backward
-# import (each alias is the function itself, so a kernel compiles to the same code through either name).
-_any_nonfinite, _dot, _finite_or_zero, _first_nonfinite, _input_dot = (
-    any_nonfinite, dot, finite_or_zero, first_nonfinite, input_dot)
-_load_rotated, _load_rows, _log2_approx, _masked_dot, _no_nonfinite = (
-    load_rotated, load_rows, log2_approx, masked_dot, no_nonfinite)
-_poison, _prefix_sums, _query_block, _quiet_fp32, _quiet_nan = poison, prefix_sums, query_block, quiet_fp32, quiet_nan
-_rope_cos_sin, _rope_shift, _scan_dot, _softmax_fold, _store_rows = (
-    rope_cos_sin, rope_shift, scan_dot, softmax_fold, store_rows)

@@ -23,16 +23,16 @@ passed.  In each ``[BM, BN]`` tile::
     fold s, V_J into the online softmax (m, l, acc)
 
 The online softmax does not care about the order of the blocks (it keeps a running maximum and
-rescales), so the template's update :func:`._pieces._softmax_fold` is reused as is: guarded and
+rescales), so the template's update :func:`._pieces.softmax_fold` is reused as is: guarded and
 masked on the diagonal tile (rows past ``T`` see nothing; hidden keys multiply through
-:func:`._pieces._masked_dot`), plain on the tiles left of it.  Query and key blocks have one
+:func:`._pieces.masked_dot`), plain on the tiles left of it.  Query and key blocks have one
 size, so the diagonal region is one tile.  The diagonal tile's values are folded into
-:func:`._pieces._first_nonfinite` and :func:`._pieces._poison` gives their NaN/inf back to the
+:func:`._pieces.first_nonfinite` and :func:`._pieces.poison` gives their NaN/inf back to the
 rows that see them: a NaN or inf in ``q``, ``k`` or ``v`` at position ``t`` changes outputs at
 positions ``>= t`` only (a NaN count indexes row 0 of ``qe``, never memory out of bounds; the
 logit is NaN through ``z`` anyway).  The counts' sums inside a tile are ``tl.cumsum`` for fp32 inputs and the
 interpreter, products with a 0/1 triangular matrix for 16-bit inputs on a GPU (``SCAN="dot"``,
-:func:`._pieces._scan_dot`: a scan along a product's rows costs about eleven warp shuffles per entry on sm_90).
+:func:`._pieces.scan_dot`: a scan along a product's rows costs about eleven warp shuffles per entry on sm_90).
 
 **Backward** (:class:`_Cope`).  With ``lam_ij`` the logit, ``alpha`` the softmax weights and
 ``delta_i = dO_i . o_i``::
@@ -83,9 +83,9 @@ import triton.language as tl
 
 from ..checks import check_scale, require
 from ..cope import check_pos_emb, pos_emb_condition
-from ._launch import Flat, dot_precision, interpreting, next_pow2, prepare_qkv, wants_grad
-from ._pieces import (_finite_or_zero, _first_nonfinite, _load_rows, _no_nonfinite, _poison, _prefix_sums, _query_block,
-                      _scan_dot, _softmax_fold, _store_rows)
+from ._launch import Flat, dot_precision, interpreting, next_pow2, prepare_qkv, row_strides, wants_grad
+from ._pieces import (finite_or_zero, first_nonfinite, load_rows, no_nonfinite, poison, prefix_sums, query_block,
+                      scan_dot, softmax_fold, store_rows)
 from .flash_attention import bwd_delta
 
 __all__ = ["cope_attention"]
@@ -95,12 +95,12 @@ __all__ = ["cope_attention"]
 def _counts(z, carry, offs_m, offs_n, P, DIAG: tl.constexpr, BLOCK_N: tl.constexpr, SCAN: tl.constexpr):
     """``(g, p)`` of one tile of natural logits ``z``: the gates ``sigmoid(z)`` (0 for hidden keys, a select) and
     the counts ``p_ij = carry_i + sum_{m >= j in the tile} g_im``, clamped to ``[0, P - 1]`` (``SCAN``: ``tl.cumsum``
-    or a product, :func:`._pieces._scan_dot`; gates lie in (0, 1), and a NaN gate's row is NaN anyway)."""
+    or a product, :func:`._pieces.scan_dot`; gates lie in (0, 1), and a NaN gate's row is NaN anyway)."""
     g = tl.sigmoid(z)  # [BM, BN], the gates
     if DIAG:
         g = tl.where(offs_m[:, None] >= offs_n[None, :], g, 0.0)  # a NaN key never reaches an earlier row
     if SCAN == "dot":
-        p = _scan_dot(g, tl.zeros_like(g) + carry[:, None], BLOCK_N, True, True)
+        p = scan_dot(g, tl.zeros_like(g) + carry[:, None], BLOCK_N, True, True)
     else:
         p = tl.cumsum(g, axis=1, reverse=True) + carry[:, None]  # [BM, BN]: sum_{m=j..i} g_im
     p = tl.where(p > P - 1.0, P - 1.0, p)  # clamp to [0, P - 1] (p >= 0 already; NaN stays NaN)
@@ -132,8 +132,8 @@ def _cope_tile(acc, m_i, l_i, carry, q, K, V, QE, offs_m, start_n, T, P, scale, 
     otherwise every key is visible and whole.  Returns the values tile too (for the non-finite
     bookkeeping of the diagonal)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    k = _load_rows(K, offs_n, tl.arange(0, BLOCK_D), stride_kt, T, HEAD_DIM, DIAG, BLOCK_D != HEAD_DIM)  # [BN, BD]
-    v = _load_rows(V, offs_n, tl.arange(0, BLOCK_DV), stride_vt, T, HEAD_DV, DIAG, BLOCK_DV != HEAD_DV)  # [BN, BDV]
+    k = load_rows(K, offs_n, tl.arange(0, BLOCK_D), stride_kt, T, HEAD_DIM, DIAG, BLOCK_D != HEAD_DIM)  # [BN, BD]
+    v = load_rows(V, offs_n, tl.arange(0, BLOCK_DV), stride_vt, T, HEAD_DV, DIAG, BLOCK_DV != HEAD_DV)  # [BN, BDV]
     z = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [BM, BN], natural units
     g, p = _counts(z, carry, offs_m, offs_n, P, DIAG, BLOCK_N, SCAN)
     carry += tl.sum(g, axis=1)  # [BM]
@@ -141,7 +141,7 @@ def _cope_tile(acc, m_i, l_i, carry, q, K, V, QE, offs_m, start_n, T, P, scale, 
     s = (z + (1.0 - w) * e_lo + w * e_hi) * 1.4426950408889634  # [BM, BN], log2 units
     if DIAG:
         s = tl.where(offs_m[:, None] >= offs_n[None, :], s, float("-inf"))
-    acc, m_i, l_i = _softmax_fold(acc, m_i, l_i, s, v, DIAG, DIAG, PRECISION)
+    acc, m_i, l_i = softmax_fold(acc, m_i, l_i, s, v, DIAG, DIAG, PRECISION)
     return acc, m_i, l_i, carry, v
 
 
@@ -158,11 +158,11 @@ def _cope_fwd(Q, K, V, QE, O, LSE, T, P, scale,
     row's log-sum-exp (log2 units), written with ``STORE_LSE`` (for the backward).  The diagonal tile first, then
     key blocks right to left, carrying each row's sum of gates (:func:`_cope_tile`); the module docstring has the
     counts and the interpolation."""
-    bh, start_m, offs_m = _query_block(BLOCK)  # heaviest query blocks first
+    bh, start_m, offs_m = query_block(BLOCK)  # heaviest query blocks first
     K += bh * stride_kb
     V += bh * stride_vb
     QE += bh * stride_eb
-    q = _load_rows(Q + bh * stride_qb, offs_m, tl.arange(0, BLOCK_D), stride_qt, T, HEAD_DIM, True,
+    q = load_rows(Q + bh * stride_qb, offs_m, tl.arange(0, BLOCK_D), stride_qt, T, HEAD_DIM, True,
                    BLOCK_D != HEAD_DIM)  # [BM, BD]
     m_i = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK], dtype=tl.float32)
@@ -172,7 +172,7 @@ def _cope_fwd(Q, K, V, QE, O, LSE, T, P, scale,
     acc, m_i, l_i, carry, v = _cope_tile(acc, m_i, l_i, carry, q, K, V, QE, offs_m, start_m, T, P, scale, stride_kt,
                                          stride_vt, stride_et, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, BLOCK, True,
                                          PRECISION, SCAN)
-    bad = _first_nonfinite(v, tl.arange(0, BLOCK), _no_nonfinite(BLOCK_DV))  # [BDV], packed positions
+    bad = first_nonfinite(v, tl.arange(0, BLOCK), no_nonfinite(BLOCK_DV))  # [BDV], packed positions
     # Then the key blocks left of it, right to left: every key visible, every block whole.
     for jj in range(0, start_m // BLOCK):
         start_n = start_m - (jj + 1) * BLOCK
@@ -180,8 +180,8 @@ def _cope_fwd(Q, K, V, QE, O, LSE, T, P, scale,
                                              stride_kt, stride_vt, stride_et, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV,
                                              BLOCK, False, PRECISION, SCAN)
     # The diagonal tile multiplied values without their NaN/inf; the rows that see one get it back.
-    o = _poison(acc / l_i[:, None], offs_m - start_m, bad)
-    _store_rows(O + bh * stride_ob, o, offs_m, tl.arange(0, BLOCK_DV), stride_ot, T, HEAD_DV)
+    o = poison(acc / l_i[:, None], offs_m - start_m, bad)
+    store_rows(O + bh * stride_ob, o, offs_m, tl.arange(0, BLOCK_DV), stride_ot, T, HEAD_DV)
     if STORE_LSE:
         tl.store(LSE + bh * T + offs_m, m_i + tl.log2(l_i), mask=offs_m < T)
 
@@ -222,13 +222,13 @@ def _cope_bwd_query_tile(acc, bk, carry, su, rest, q, do, lse, delta, K, V, QE, 
     """Fold key block ``J = [start_n, start_n + BLOCK_N)`` into ``dq`` (``acc``, unscaled), ``B`` (``bk``), the carried
     gates, the running sum of ``dpc`` and ``dqe``; write the block's snapshots for the key sweep."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    k = _load_rows(K, offs_n, tl.arange(0, BLOCK_D), stride_kt, T, HEAD_DIM, DIAG, BLOCK_D != HEAD_DIM)
-    v = _load_rows(V, offs_n, tl.arange(0, BLOCK_DV), stride_vt, T, HEAD_DV, DIAG, BLOCK_DV != HEAD_DV)
+    k = load_rows(K, offs_n, tl.arange(0, BLOCK_D), stride_kt, T, HEAD_DIM, DIAG, BLOCK_D != HEAD_DIM)
+    v = load_rows(V, offs_n, tl.arange(0, BLOCK_DV), stride_vt, T, HEAD_DV, DIAG, BLOCK_DV != HEAD_DV)
     g, alpha, dlam, dpc, gp, lo, hi, w = _cope_bwd_tile(q, k, v, do, QE, lse, delta, carry, offs_m, offs_n, T, P,
                                                         scale, stride_et, BLOCK_N, DIAG, PRECISION, SCAN)
-    dz = dlam + gp * _prefix_sums(dpc, BLOCK_N, SCAN)  # the part of dz whose sum of dpc lies inside the tile
+    dz = dlam + gp * prefix_sums(dpc, BLOCK_N, SCAN)  # the part of dz whose sum of dpc lies inside the tile
     if DIAG:
-        k = _finite_or_zero(k)  # hidden keys' rows meet zeros: a NaN key stays out of earlier rows' dq
+        k = finite_or_zero(k)  # hidden keys' rows meet zeros: a NaN key stays out of earlier rows' dq
     r = tl.sum(dpc, axis=1)
     acc = tl.dot(dz.to(k.dtype), k, acc=acc, input_precision=PRECISION) + r[:, None] * bk
     bk = tl.dot(gp.to(k.dtype), k, acc=bk, input_precision=PRECISION)
@@ -260,7 +260,7 @@ def _cope_bwd_query(Q, K, V, DO, QE, LSE, DELTA, DQ, DQE, SR, SU, UT, T, P, NB, 
     ``LSE``, ``DELTA``: ``(BH, T)`` fp32; ``SR``, ``SU``: ``(BH, NB, T)`` fp32 snapshots per key block (the carried
     gates at the block's right edge; ``sum_{j >= J} dpc_ij``); ``UT``: each row's ``sum_j dpc_ij``.  Grid
     ``(cdiv(T, BLOCK), BH)``, heaviest first."""
-    bh, start_m, offs_m = _query_block(BLOCK)
+    bh, start_m, offs_m = query_block(BLOCK)
     K += bh * stride_kb
     V += bh * stride_vb
     QE += bh * stride_eb
@@ -268,8 +268,8 @@ def _cope_bwd_query(Q, K, V, DO, QE, LSE, DELTA, DQ, DQE, SR, SU, UT, T, P, NB, 
     SR += bh * NB * T
     SU += bh * NB * T
     offs_d = tl.arange(0, BLOCK_D)
-    q = _load_rows(Q + bh * stride_qb, offs_m, offs_d, stride_qt, T, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
-    do = _load_rows(DO + bh * stride_vb, offs_m, tl.arange(0, BLOCK_DV), stride_vt, T, HEAD_DV, True,
+    q = load_rows(Q + bh * stride_qb, offs_m, offs_d, stride_qt, T, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+    do = load_rows(DO + bh * stride_vb, offs_m, tl.arange(0, BLOCK_DV), stride_vt, T, HEAD_DV, True,
                     BLOCK_DV != HEAD_DV)
     lse = tl.load(LSE + bh * T + offs_m, mask=offs_m < T, other=0.0)
     delta = tl.load(DELTA + bh * T + offs_m, mask=offs_m < T, other=0.0)
@@ -289,7 +289,7 @@ def _cope_bwd_query(Q, K, V, DO, QE, LSE, DELTA, DQ, DQE, SR, SU, UT, T, P, NB, 
                                                         BLOCK_DV, BLOCK, False, PRECISION, SCAN)
     tl.store(UT + bh * T + offs_m, su, mask=offs_m < T)
     tl.atomic_add(DQE + offs_m * stride_et + (P - 1), rest, mask=offs_m < T, sem="relaxed")
-    _store_rows(DQ + bh * stride_qb, acc * scale, offs_m, offs_d, stride_qt, T, HEAD_DIM)
+    store_rows(DQ + bh * stride_qb, acc * scale, offs_m, offs_d, stride_qt, T, HEAD_DIM)
 
 
 @triton.jit
@@ -301,18 +301,18 @@ def _cope_bwd_key_tile(dkt, dvt, k, v, Q, DO, QE, LSE, DELTA, SR, SU, UT, offs_n
     ``DIAG``: the tile holds hidden entries or rows past ``T``."""
     offs_m = start_m + tl.arange(0, BLOCK)
     in_t = offs_m < T
-    q = _load_rows(Q, offs_m, tl.arange(0, BLOCK_D), stride_qt, T, HEAD_DIM, DIAG, BLOCK_D != HEAD_DIM)
-    do = _load_rows(DO, offs_m, tl.arange(0, BLOCK_DV), stride_vt, T, HEAD_DV, DIAG, BLOCK_DV != HEAD_DV)
+    q = load_rows(Q, offs_m, tl.arange(0, BLOCK_D), stride_qt, T, HEAD_DIM, DIAG, BLOCK_D != HEAD_DIM)
+    do = load_rows(DO, offs_m, tl.arange(0, BLOCK_DV), stride_vt, T, HEAD_DV, DIAG, BLOCK_DV != HEAD_DV)
     lse = tl.load(LSE + offs_m, mask=in_t, other=0.0)
     delta = tl.load(DELTA + offs_m, mask=in_t, other=0.0)
     carry = tl.load(SR + J * T + offs_m, mask=in_t, other=0.0)
     left = tl.load(UT + offs_m, mask=in_t, other=0.0) - tl.load(SU + J * T + offs_m, mask=in_t, other=0.0)
     g, alpha, dlam, dpc, gp, lo, hi, w = _cope_bwd_tile(q, k, v, do, QE, lse, delta, carry, offs_m, offs_n, T, P,
                                                         scale, stride_et, BLOCK, DIAG, PRECISION, SCAN)
-    dz = dlam + gp * (_prefix_sums(dpc, BLOCK, SCAN) + left[:, None])
+    dz = dlam + gp * (prefix_sums(dpc, BLOCK, SCAN) + left[:, None])
     if DIAG:
-        q = _finite_or_zero(q)  # hidden queries' rows meet zeros
-        do = _finite_or_zero(do)
+        q = finite_or_zero(q)  # hidden queries' rows meet zeros
+        do = finite_or_zero(do)
     dkt = tl.dot(tl.trans(q), dz.to(q.dtype), acc=dkt, input_precision=PRECISION)  # [BD, BN]
     dvt = tl.dot(tl.trans(do), alpha.to(do.dtype), acc=dvt, input_precision=PRECISION)  # [BDV, BN]
     return dkt, dvt
@@ -340,8 +340,8 @@ def _cope_bwd_key(Q, K, V, DO, QE, LSE, DELTA, DK, DV, SR, SU, UT, T, P, NB, sca
     SR += bh * NB * T
     SU += bh * NB * T
     UT += bh * T
-    k = _load_rows(K + bh * stride_kb, offs_n, offs_d, stride_kt, T, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
-    v = _load_rows(V + bh * stride_vb, offs_n, offs_dv, stride_vt, T, HEAD_DV, True, BLOCK_DV != HEAD_DV)
+    k = load_rows(K + bh * stride_kb, offs_n, offs_d, stride_kt, T, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+    v = load_rows(V + bh * stride_vb, offs_n, offs_dv, stride_vt, T, HEAD_DV, True, BLOCK_DV != HEAD_DV)
     dkt = tl.zeros([BLOCK_D, BLOCK], dtype=tl.float32)
     dvt = tl.zeros([BLOCK_DV, BLOCK], dtype=tl.float32)
     dkt, dvt = _cope_bwd_key_tile(dkt, dvt, k, v, Q, DO, QE, LSE, DELTA, SR, SU, UT, offs_n, start_n, J, T, P, scale,
@@ -436,7 +436,7 @@ def _tiles(x: Flat, block=None, backward: bool = False) -> dict:
 
 
 def _scan_mode(x: Flat) -> str:
-    """``"dot"`` (the counts' sums inside a tile as products, :func:`._pieces._scan_dot`) for 16-bit inputs on a
+    """``"dot"`` (the counts' sums inside a tile as products, :func:`._pieces.scan_dot`) for 16-bit inputs on a
     GPU, ``"cumsum"`` for fp32 inputs and the interpreter."""
     return "dot" if not interpreting() and x.dtype != torch.float32 else "cumsum"
 
@@ -453,9 +453,11 @@ def _cope_launch(x: Flat, qe, P: int, scale: float, out, block=None, lse=None, s
     n = x.n
     cfg = _tiles(x, block)
     _cope_fwd[(triton.cdiv(n.T, cfg["BLOCK"]), x.BH)](
-        x.q, x.k, x.v, qe, out, qe if lse is None else lse, n.T, P, scale,
-        x.q.stride(0), x.q.stride(1), x.k.stride(0), x.k.stride(1), x.v.stride(0), x.v.stride(1),
-        qe.stride(0), qe.stride(1), out.stride(0), out.stride(1), **cfg, **_meta(x, scan), STORE_LSE=lse is not None)
+        Q=x.q, K=x.k, V=x.v, QE=qe, O=out, LSE=qe if lse is None else lse,
+        T=n.T, P=P, scale=scale,
+        **row_strides(q=x.q, k=x.k, v=x.v, e=qe, o=out),
+        **cfg, **_meta(x, scan), STORE_LSE=lse is not None,
+    )
 
 
 def _cope_bwd_launch(x: Flat, qe, out, lse, do, P: int, scale: float, block=None, scan=None):
@@ -472,13 +474,12 @@ def _cope_bwd_launch(x: Flat, qe, out, lse, do, P: int, scale: float, block=None
     su = torch.empty_like(sr)
     ut = torch.empty(x.BH, n.T, dtype=torch.float32, device=x.device)
     delta = bwd_delta(out, do)
-    strides = (x.q.stride(0), x.q.stride(1), x.k.stride(0), x.k.stride(1), x.v.stride(0), x.v.stride(1),
-               qe.stride(0), qe.stride(1))
-    meta = _meta(x, scan)
-    _cope_bwd_query[(NB, x.BH)](x.q, x.k, x.v, do, qe, lse, delta, dq, dqe, sr, su, ut, n.T, P, NB, scale, *strides,
-                                **cfg, **meta)
-    _cope_bwd_key[(NB, x.BH)](x.q, x.k, x.v, do, qe, lse, delta, dk, dv, sr, su, ut, n.T, P, NB, scale, *strides,
-                              **cfg, **meta)
+    shared = dict(Q=x.q, K=x.k, V=x.v, DO=do, QE=qe, LSE=lse, DELTA=delta, SR=sr, SU=su, UT=ut,
+                  T=n.T, P=P, NB=NB, scale=scale,
+                  **row_strides(q=x.q, k=x.k, v=x.v, e=qe),
+                  **cfg, **_meta(x, scan))
+    _cope_bwd_query[(NB, x.BH)](DQ=dq, DQE=dqe, **shared)
+    _cope_bwd_key[(NB, x.BH)](DK=dk, DV=dv, **shared)
     return dq, dk, dv, dqe
 
 

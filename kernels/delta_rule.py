@@ -49,7 +49,7 @@ fp32 otherwise (fp16's exponent range is too narrow for ``U~ = A V``), or in ``f
 each one to 8 mantissa bits, once; the state and the products stay fp32).  Products are tf32 for 16-bit inputs with
 operands rounded to nearest (the state is multiplied by ``I - K^T W`` or ``I + G_c`` chunk after
 chunk, and the tensor cores' truncation would shrink it a little every time), and about fp32 for
-fp32 inputs (three tf32 products on a GPU, exact in the interpreter); see :func:`._pieces._dot`.  DeltaNet's WY
+fp32 inputs (three tf32 products on a GPU, exact in the interpreter); see :func:`._pieces.dot`.  DeltaNet's WY
 pass multiplies 16-bit inputs' factors in fp16 instead (the same ten mantissa bits, each block conjugated into
 fp16's range by powers of two: :func:`.ut_prepare._wy_prepare`; 29% less time for the pass on an H200, whose
 tensor cores multiply fp16 at twice the rate of tf32, and half the registers for its operands).
@@ -71,7 +71,7 @@ import torch
 from ..checks import check_bool, checked_after, log_gate_condition
 from ._launch import per_token, prepare_qkv, state_result, state_rows, wants_grad
 from .delta_rule_backward import DeltaRule, HouseholderRNN
-from .linear_attention import _linear_launch
+from .linear_attention import linear_launch
 from .ut_prepare import Prepared, WYPrepared, check_block, prep_precision
 
 __all__ = ["chunked_householder", "chunked_delta_rule"]
@@ -109,18 +109,18 @@ def _run(q, k, v, w, beta, log_f=None, *, delta: bool, chunk, factor_dtype=None,
         else:
             ht = torch.empty(x.BH, n.D, n.Dv, dtype=torch.float32, device=x.device) if return_state else None
             if x.empty_input:
-                out = _linear_launch(x, "delta" if delta else "householder", log_f3, chunk=chunk, h0=h0, final=ht)
+                out = linear_launch(x, "delta" if delta else "householder", log_f3, chunk=chunk, h0=h0, final=ht)
             else:
                 prep, precision = _prepare(x, w3, beta3, chunk, delta=delta, log_f3=log_f3, check=check,
                                            wy_dtype=wy_dtype)
                 gate = "delta" if delta else "householder"
-                out = _linear_launch(x, gate, log_f3, chunk=chunk, prep=prep, precision=precision, h0=h0, final=ht)
+                out = linear_launch(x, gate, log_f3, chunk=chunk, prep=prep, precision=precision, h0=h0, final=ht)
         return (x.result(out), state_result(ht, x)) if return_state else x.result(out)
 
 
 def _prepare(x, w3, beta3, chunk: int, *, delta: bool, log_f3=None, check=None, wy_dtype=torch.float32):
     """The preparation pass of the chunked kernel on validated inputs: ``(factors, precision)``, the
-    precision also being the one of the state's products (see :func:`._pieces._dot`).  DeltaNet
+    precision also being the one of the state's products (see :func:`._pieces.dot`).  DeltaNet
     (``delta``): the WY factors :class:`.ut_prepare.WYPrepared` (gated by ``log_f3`` when given, in ``wy_dtype``);
     the Householder RNN: the UT factors :class:`.ut_prepare.Prepared` (gate-free, fp32).  Both count the values
     that break their conditions for ``check`` when given (:func:`.ut_prepare.invert_diagonal_blocks`)."""

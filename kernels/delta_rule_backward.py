@@ -45,9 +45,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import Flat, interpreting, next_pow2
+from ._launch import Flat, interpreting, next_pow2, row_strides
 from ._pieces import dot, load_rows, store_rows
-from .linear_attention import _bdot, _linear_launch, backward_precision
+from .linear_attention import bdot, linear_launch, backward_precision
 from .ut_prepare import Prepared, WYPrepared, prep_precision, ut_prepare_backward
 
 __all__ = ["HouseholderRNN", "DeltaRule"]
@@ -91,7 +91,7 @@ def _hh_bwd_state(QT, GM, DO, LOG_F, DHT, DH, DH0, T, stride_pb, stride_pt, stri
         # G^T [BD, BD]: entry (r, s) is G[s, r]
         gt = tl.load(GM + bh * stride_gb + c * stride_gj + offs_d[None, :] * HEAD_DIM + offs_d[:, None],
                      mask=in_d[:, None] & in_d[None, :], other=0.0)
-        carried = dh + _bdot(gt, dh, PRECISION)  # (I + G)^T dH_out
+        carried = dh + bdot(gt, dh, PRECISION)  # (I + G)^T dH_out
         # Q~^T [BD, C]
         qtt = tl.load(QT + bh * stride_pb + offs_t[None, :] * stride_pt + offs_d[:, None],
                       mask=in_d[:, None] & (offs_t[None, :] < T), other=0.0)
@@ -100,7 +100,7 @@ def _hh_bwd_state(QT, GM, DO, LOG_F, DHT, DH, DH0, T, stride_pb, stride_pt, stri
             b, b_last = _chunk_b(LOG_F, bh, offs_t, offs_c, T, CHUNK)
             carried = carried * tl.exp(b_last)
             qtt = qtt * tl.exp(b)[None, :]
-        dh = carried + _bdot(qtt, do, PRECISION)
+        dh = carried + bdot(qtt, do, PRECISION)
     tl.store(DH0 + bh * size + tile, dh, mask=tile_mask)
 
 
@@ -149,9 +149,9 @@ def _hh_bwd_chunk(QT, KT, AD, GM, V, DO, LOG_F, STATES, DH, DQT, DKT, DAD, DG, D
             # H_in^T and dH_out^T [BDV, BD], read transposed from memory
             t_offs = offs_dv[:, None] + offs_d[None, :] * HEAD_DV
             t_mask = (offs_dv[:, None] < HEAD_DV) & in_d[None, :]
-            dqt += _bdot(do, tl.load(STATES + base + t_offs, mask=t_mask, other=0.0), PRECISION)
-            dkt += _bdot(v, tl.load(DH + base + t_offs, mask=t_mask, other=0.0), PRECISION)
-            p += _bdot(do, tl.trans(v), PRECISION)  # v came from memory
+            dqt += bdot(do, tl.load(STATES + base + t_offs, mask=t_mask, other=0.0), PRECISION)
+            dkt += bdot(v, tl.load(DH + base + t_offs, mask=t_mask, other=0.0), PRECISION)
+            p += bdot(do, tl.trans(v), PRECISION)  # v came from memory
         if GATED:
             dqt = dqt * tl.exp(b)[:, None]
             dkt = dkt * tl.exp(b_last - b)[:, None]
@@ -189,7 +189,7 @@ def _hh_bwd_chunk(QT, KT, AD, GM, V, DO, LOG_F, STATES, DH, DQT, DKT, DAD, DG, D
             do = load_rows(DO + bh * stride_ob, offs_t, offs_dv, stride_ot, T, HEAD_DV, True, True)  # [C, BDV]
             dh_out = tl.load(DH + base + offs_d[:, None] * HEAD_DV + offs_dv[None, :],
                              mask=in_d[:, None] & (offs_dv[None, :] < HEAD_DV), other=0.0)  # [BD, BDV]
-            dv = _bdot(at, do, PRECISION) + _bdot(kd, dh_out, PRECISION)
+            dv = bdot(at, do, PRECISION) + bdot(kd, dh_out, PRECISION)
             store_rows(DV + bh * stride_dvb, dv, offs_t, offs_dv, stride_dvt, T, HEAD_DV)
     else:
         # rows r0 .. r0 + BLOCK_G of dG = e^{b_last} dH_out H_in^T, summed over the value channels
@@ -205,7 +205,7 @@ def _hh_bwd_chunk(QT, KT, AD, GM, V, DO, LOG_F, STATES, DH, DQT, DKT, DAD, DG, D
             dh_rows = tl.load(DH + base + r_offs, mask=r_mask, other=0.0)  # [BG, BDV]
             h_in_t = tl.load(STATES + base + offs_dv[:, None] + offs_d[None, :] * HEAD_DV,
                              mask=in_dv[:, None] & in_d[None, :], other=0.0)  # [BDV, BD]
-            dg += _bdot(dh_rows, h_in_t, PRECISION)
+            dg += bdot(dh_rows, h_in_t, PRECISION)
             if GATED:
                 hdh += tl.sum(tl.sum(dh_rows * tl.load(STATES + base + r_offs, mask=r_mask, other=0.0), axis=1), 0)
         if GATED:
@@ -244,10 +244,12 @@ def householder_backward(x: Flat, v3, log_f3, prep: Prepared, states, do, dht, c
     gated = log_f3 is not None
     log_f = dh0 if log_f3 is None else log_f3
     _hh_bwd_state[(triton.cdiv(Dv, block_dv), BH)](
-        prep.qt, prep.g, do, log_f, dh0 if dht is None else dht.contiguous(), dh, dh0, T,
-        prep.qt.stride(0), prep.qt.stride(1), prep.g.stride(0), prep.g.stride(1), do.stride(0), do.stride(1),
+        QT=prep.qt, GM=prep.g, DO=do, LOG_F=log_f, DHT=dh0 if dht is None else dht.contiguous(), DH=dh, DH0=dh0,
+        T=T,
+        **row_strides(p=prep.qt, o=do), stride_gb=prep.g.stride(0), stride_gj=prep.g.stride(1),
         HEAD_DIM=D, HEAD_DV=Dv, BLOCK_D=block_d, BLOCK_DV=block_dv, CHUNK=chunk, GATED=gated,
-        LOAD_DHT=dht is not None, PRECISION=precision, num_warps=4 if D <= 64 else 8)
+        LOAD_DHT=dht is not None, PRECISION=precision, num_warps=4 if D <= 64 else 8,
+    )
     # Compiled for Hopper (Triton 3.9, offline) with these warps, neither kernel spills at D = 16, 32, 64 (chunks of
     # 64) or 128 (chunks of 32), and the chunk's kernel 8 bytes a thread at D = 64 with chunks of 32 and a gate; at 4
     # warps it spilled 48-96 bytes at D = 64 with a gate.
@@ -255,12 +257,13 @@ def householder_backward(x: Flat, v3, log_f3, prep: Prepared, states, do, dht, c
     n_g = triton.cdiv(D, block_g)
     dstate = torch.empty(BH, n_chunks, n_g, **f32) if gated else dh0
     _hh_bwd_chunk[(n_chunks, BH, 2 + n_g)](
-        prep.qt, prep.kt, prep.ad, prep.g, v3, do, log_f, states, dh, dqt, dkt, dad, dg, dv,
-        dh0 if dlog_f is None else dlog_f, dstate, T,
-        prep.qt.stride(0), prep.qt.stride(1), prep.ad.stride(0), prep.ad.stride(1), prep.g.stride(0),
-        prep.g.stride(1), v3.stride(0), v3.stride(1), do.stride(0), do.stride(1), dv.stride(0), dv.stride(1),
+        QT=prep.qt, KT=prep.kt, AD=prep.ad, GM=prep.g, V=v3, DO=do, LOG_F=log_f, STATES=states, DH=dh,
+        DQT=dqt, DKT=dkt, DAD=dad, DG=dg, DV=dv, DLOG_F=dh0 if dlog_f is None else dlog_f, DSTATE=dstate,
+        T=T,
+        **row_strides(p=prep.qt, a=prep.ad, v=v3, o=do, dv=dv), stride_gb=prep.g.stride(0), stride_gj=prep.g.stride(1),
         HEAD_DIM=D, HEAD_DV=Dv, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_G=block_g, CHUNK=chunk, GATED=gated,
-        PRECISION=precision, SUM_PRECISION="ieee" if interpreting() else "x3n", num_warps=8 if D > 32 else 4)
+        PRECISION=precision, SUM_PRECISION="ieee" if interpreting() else "x3n", num_warps=8 if D > 32 else 4,
+    )
     if gated:  # the carried state's term, the same for every token of a chunk
         dlog_f += dstate.sum(-1).repeat_interleave(chunk, dim=1)[:, :T]
     del dh
@@ -303,11 +306,11 @@ class HouseholderRNN(torch.autograd.Function):
         ht = torch.empty(x.BH, x.n.D, x.n.Dv, dtype=torch.float32, device=x.device)
         if x.empty_input:
             ctx.save_for_backward(q3, k3, v3, w3, beta3, log_f3)
-            out = _linear_launch(x, "householder", log_f3, chunk=chunk, h0=h0, final=ht)
+            out = linear_launch(x, "householder", log_f3, chunk=chunk, h0=h0, final=ht)
             return out, ht
         prep = ut_factors(x, w3, beta3, chunk, check)
         states = torch.empty(x.BH, triton.cdiv(x.n.T, chunk), x.n.D, x.n.Dv, dtype=torch.float32, device=x.device)
-        out = _linear_launch(x, "householder", log_f3, chunk=chunk, prep=prep, precision=prep_precision(x.dtype),
+        out = linear_launch(x, "householder", log_f3, chunk=chunk, prep=prep, precision=prep_precision(x.dtype),
                              h0=h0, states=states, final=ht)
         ctx.save_for_backward(q3, k3, v3, w3, beta3, log_f3, states, *prep.factors())
         return out, ht
@@ -342,11 +345,11 @@ class DeltaRule(torch.autograd.Function):
         ht = torch.empty(x.BH, x.n.D, x.n.Dv, dtype=torch.float32, device=x.device)
         if x.empty_input:
             ctx.save_for_backward(q3, k3, v3, beta3, log_f3)
-            return _linear_launch(x, "delta", log_f3, chunk=chunk, h0=h0, final=ht), ht
+            return linear_launch(x, "delta", log_f3, chunk=chunk, h0=h0, final=ht), ht
         precision = prep_precision(x.dtype)
         prep = WYPrepared(x.k, x.v, beta3, log_f3, x.n.T, chunk, dtype=wy_dtype, precision=precision, check=check)
         states = torch.empty(x.BH, triton.cdiv(x.n.T, chunk), x.n.D, x.n.Dv, dtype=torch.float32, device=x.device)
-        out = _linear_launch(x, "delta", log_f3, chunk=chunk, prep=prep, precision=precision, h0=h0, states=states,
+        out = linear_launch(x, "delta", log_f3, chunk=chunk, prep=prep, precision=precision, h0=h0, states=states,
                              final=ht)
         ctx.save_for_backward(q3, k3, v3, beta3, log_f3, states)
         return out, ht

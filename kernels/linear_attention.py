@@ -75,7 +75,7 @@ per-token scalar, and ``GATE`` picks the transition itself:
       O_c = Q~_c H + Ã_c V_c
       H  <- H + G_c H + K~_c^T V_c
 
-  with products whose operands are rounded to nearest (:func:`._pieces._dot`: the
+  with products whose operands are rounded to nearest (:func:`._pieces.dot`: the
   state is multiplied by ``I + G_c`` chunk after chunk, and truncated tf32 operands
   would shrink it a little every time).  With ``DECAY`` on top this is chapter 7's
   gated Householder RNN: the UT factors stay gate-free.
@@ -91,7 +91,7 @@ per-token scalar, and ``GATE`` picks the transition itself:
   (the preparation pass's ``log_f``), since DeltaNet's correction reads the decayed state.
 
 RoPE (chapter 4's complex recurrence) is a third hook, ``ROTATE``: q and k are turned by
-their positions as each chunk is loaded (:func:`._pieces._load_rotated`, channels in pair
+their positions as each chunk is loaded (:func:`._pieces.load_rotated`, channels in pair
 order), so the rotation costs no pass through memory; every tile is loaded once anyway.
 
 Non-finite inputs.  Every causal mask is a select, never a multiply by 0.  A NaN or
@@ -149,9 +149,9 @@ from ..alibi import gamma_condition
 from ..checks import QKV, check_bool, check_positive_int, checked_after, log_gate_condition
 from ..fox import CHANNEL_CHUNK  # the per-channel path's chunk length: the reference form owns it
 from ._launch import (Flat, dot_precision, interpreting, next_pow2, per_head, per_token, prepare_qkv,
-                      rotate_args, state_result, state_rows, wants_grad)
-from ._pieces import (_any_nonfinite, _dot, _finite_or_zero, _input_dot, _load_rotated, _load_rows, _quiet_fp32,
-                      _quiet_nan, _rope_cos_sin, _rope_shift, _store_rows)
+                      rotate_args, row_strides, state_result, state_rows, wants_grad)
+from ._pieces import (any_nonfinite, dot, finite_or_zero, input_dot, load_rotated, load_rows, quiet_fp32,
+                      quiet_nan, rope_cos_sin, rope_shift, store_rows)
 
 __all__ = ["chunked_linear_attention", "gated_linear_attention", "CHANNEL_CHUNK"]
 
@@ -256,8 +256,8 @@ def _linear_chunks(Q, K, V, O, LOG_F, AD, GM, H0, STATES, T, log2_base,
         H = tl.zeros([BLOCK_D, BLOCK_DV], dtype=tl.float32)
     if SAFE:
         first = tl.full([BLOCK_DV], CHUNK, tl.int32)  # no NaN/inf value seen yet
-    if ROTATE != "none":  # cos/sin of the offsets inside a chunk, once: every chunk shifts them (_rope_shift)
-        c0, s0 = _rope_cos_sin(offs_c, log2_base, HEAD_DIM // 2, BLOCK_D // 2)  # [C, BD / 2]
+    if ROTATE != "none":  # cos/sin of the offsets inside a chunk, once: every chunk shifts them (rope_shift)
+        c0, s0 = rope_cos_sin(offs_c, log2_base, HEAD_DIM // 2, BLOCK_D // 2)  # [C, BD / 2]
     for start in range(0, T, CHUNK):
         # This chunk's rows (absolute positions: offsets computed in the loop, not held in
         # registers across it); padding past T loads as zeros.
@@ -269,23 +269,23 @@ def _linear_chunks(Q, K, V, O, LOG_F, AD, GM, H0, STATES, T, log2_base,
         if ROTATE == "none":
             # In the inputs' dtype, turned to fp32 where a product needs it (Q K^T needs not: a 16-bit
             # value is exact in tf32, so the 16-bit product is the one fp32 tiles gave, at twice the rate).
-            q = _load_rows(Q, offs_t, offs_d, stride_qt, T, HEAD_DIM, True, CHECK_D)
-            k = _load_rows(K, offs_t, offs_d, stride_kt, T, HEAD_DIM, True, CHECK_D)
-            if GATE == "delta":  # fp32 inputs meet _dot's tf32 rounding (_rn): their NaNs made quiet first
-                q = _quiet_fp32(q)
-                k = _quiet_fp32(k)
+            q = load_rows(Q, offs_t, offs_d, stride_qt, T, HEAD_DIM, True, CHECK_D)
+            k = load_rows(K, offs_t, offs_d, stride_kt, T, HEAD_DIM, True, CHECK_D)
+            if GATE == "delta":  # fp32 inputs meet dot's tf32 rounding (_rn): their NaNs made quiet first
+                q = quiet_fp32(q)
+                k = quiet_fp32(k)
         else:  # the complex recurrence: q and k turned by their positions as they are loaded (pair order)
-            cr, sr = _rope_shift(c0, s0, start, log2_base, HEAD_DIM // 2, BLOCK_D // 2)  # [C, BD / 2]
-            q = _load_rotated(Q, offs_t, stride_qt, T, cr, sr, HEAD_DIM // 2, CHUNK, BLOCK_D // 2,
+            cr, sr = rope_shift(c0, s0, start, log2_base, HEAD_DIM // 2, BLOCK_D // 2)  # [C, BD / 2]
+            q = load_rotated(Q, offs_t, stride_qt, T, cr, sr, HEAD_DIM // 2, CHUNK, BLOCK_D // 2,
                               ROTATE == "interleaved")  # [C, BD] fp32
-            k = _load_rotated(K, offs_t, stride_kt, T, cr, sr, HEAD_DIM // 2, CHUNK, BLOCK_D // 2,
+            k = load_rotated(K, offs_t, stride_kt, T, cr, sr, HEAD_DIM // 2, CHUNK, BLOCK_D // 2,
                               ROTATE == "interleaved")
-        v = _load_rows(V, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)
+        v = load_rows(V, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)
         if GATE == "householder" and not SAFE:
-            # fp32 values go through _dot's tf32 rounding, which would turn a canonical NaN (0x7FFFFFFF, what GPU
+            # fp32 values go through dot's tf32 rounding, which would turn a canonical NaN (0x7FFFFFFF, what GPU
             # arithmetic returns) into -0.0: the state would stay finite and the flag miss it.  DeltaNet's values
             # are quieted after U~ - W S below.
-            v = _quiet_fp32(v)
+            v = quiet_fp32(v)
         v = v.to(tl.float32)
         if SAFE:
             # Products see finite values only: in a product, 0 * NaN = NaN would reach the rows
@@ -303,7 +303,7 @@ def _linear_chunks(Q, K, V, O, LOG_F, AD, GM, H0, STATES, T, log2_base,
         if GATE == "channel":
             # Per-channel cumulative log gate from the chunk start, (CHUNK, BLOCK_D); padding gets 0.
             G = LOG_F + bh * T * HEAD_DIM
-            bc = tl.cumsum(_load_rows(G, offs_t, offs_d, HEAD_DIM, T, HEAD_DIM, True, CHECK_D), axis=0)
+            bc = tl.cumsum(load_rows(G, offs_t, offs_d, HEAD_DIM, T, HEAD_DIM, True, CHECK_D), axis=0)
             bc_last = tl.sum(tl.where(offs_c[:, None] == CHUNK - 1, bc, 0.0), axis=0)
             s = _channel_scores(Q, K, G, offs_t, offs_t < T, stride_qt, stride_kt, HEAD_DIM, BLOCK_D, BLOCK_DC, CHUNK)
             o = tl.dot(q.to(tl.float32) * tl.exp(bc), H, input_precision=PRECISION)  # [C, BDV]
@@ -311,27 +311,27 @@ def _linear_chunks(Q, K, V, O, LOG_F, AD, GM, H0, STATES, T, log2_base,
             k = k.to(tl.float32) * tl.exp(bc_last[None, :] - bc)
         elif GATE == "householder":
             # Q, K hold q~, k~; Ã (zero above the diagonal) and G_c come from the preparation pass.
-            g = _load_rows(GM + bh * stride_gb + (start // CHUNK) * stride_gj, offs_d, offs_d, HEAD_DIM, HEAD_DIM,
+            g = load_rows(GM + bh * stride_gb + (start // CHUNK) * stride_gj, offs_d, offs_d, HEAD_DIM, HEAD_DIM,
                            HEAD_DIM, CHECK_D, CHECK_D)  # [BD, BD]
-            o = _dot(q, H, PRECISION)
-            h = H + _dot(g, H, PRECISION)  # P^T H
-            s = _load_rows(AD + bh * stride_ab, offs_t, offs_c, stride_at, T, CHUNK, False, False)  # [C, C]: late,
+            o = dot(q, H, PRECISION)
+            h = H + dot(g, H, PRECISION)  # P^T H
+            s = load_rows(AD + bh * stride_ab, offs_t, offs_c, stride_at, T, CHUNK, False, False)  # [C, C]: late,
             # as DeltaNet's scores below (registers)
         elif GATE == "delta":
             # V holds U~ (A V), AD the rows of W (A diag(e^b) K): the pseudo-values U = U~ - W S^T given
             # the state, then the plain template with U in place of V.
-            wc = _load_rows(AD + bh * stride_ab, offs_t, offs_d, stride_at, T, HEAD_DIM, True, CHECK_D)  # [C, BD]
-            v -= _dot(wc.to(tl.float32), H, PRECISION)  # [C, BDV]
+            wc = load_rows(AD + bh * stride_ab, offs_t, offs_d, stride_at, T, HEAD_DIM, True, CHECK_D)  # [C, BD]
+            v -= dot(wc.to(tl.float32), H, PRECISION)  # [C, BDV]
             if not SAFE:
                 # A NaN in U~ comes out of this subtraction as the GPU's canonical NaN, which the rounding of
                 # the state's update would turn into -0.0: the state would stay finite and the flag miss it.
-                v = _quiet_nan(v)
-            o = _dot(q.to(tl.float32), H, PRECISION)
-            s = tl.where(causal, _input_dot(q, tl.trans(k), PRECISION), 0.0)  # [C, C]: late, so that it is not
+                v = quiet_nan(v)
+            o = dot(q.to(tl.float32), H, PRECISION)
+            s = tl.where(causal, input_dot(q, tl.trans(k), PRECISION), 0.0)  # [C, C]: late, so that it is not
             h = H  # kept through the two products above (registers)
         else:
             if ROTATE == "none":
-                s = tl.where(causal, _input_dot(q, tl.trans(k), PRECISION), 0.0)
+                s = tl.where(causal, input_dot(q, tl.trans(k), PRECISION), 0.0)
             else:  # turned q and k are fp32
                 s = tl.where(causal, tl.dot(q, tl.trans(k), input_precision=PRECISION), 0.0)
             o = tl.dot(q.to(tl.float32), H, input_precision=PRECISION)
@@ -353,16 +353,16 @@ def _linear_chunks(Q, K, V, O, LOG_F, AD, GM, H0, STATES, T, log2_base,
                 h = h * tl.exp(b_end)
                 k = k.to(tl.float32) * tl.exp(tl.minimum(b_end - b, 0.0))[:, None]
             if GATE == "householder" or GATE == "delta":
-                k = _quiet_nan(k)  # a product: the GPU's canonical NaN, which _dot's rounding would lose
+                k = quiet_nan(k)  # a product: the GPU's canonical NaN, which dot's rounding would lose
         if GATE == "householder" or GATE == "delta":
-            # _dot rounds its operands to tf32 (_rn), which keeps only quiet NaNs, and the scores, the keys (after a
+            # dot rounds its operands to tf32 (_rn), which keeps only quiet NaNs, and the scores, the keys (after a
             # decay) and the state come out of arithmetic, whose NaN on a GPU is the canonical one: each is made
             # quiet where it meets the rounding (a NaN of q or k reaches the rows from its own on through them).
             # Two selects per chunk, three with a decay: on the H100 DeltaNet under 0.5% slower, Gated DeltaNet
             # 2.5-3% (kernels/NOTES_path.md, "NaNs through the rounding").
-            o += _dot(_quiet_nan(s), v, PRECISION)
+            o += dot(quiet_nan(s), v, PRECISION)
             # H <- P^T H + K~^T V (householder), H + K^T U (delta); quiet for the next chunk's products
-            H = _quiet_nan(h + _dot(tl.trans(k.to(tl.float32)), v, PRECISION))
+            H = quiet_nan(h + dot(tl.trans(k.to(tl.float32)), v, PRECISION))
         else:
             o += tl.dot(s, v, input_precision=PRECISION)
             H = h + tl.dot(tl.trans(k.to(tl.float32)), v, input_precision=PRECISION)
@@ -370,7 +370,7 @@ def _linear_chunks(Q, K, V, O, LOG_F, AD, GM, H0, STATES, T, log2_base,
             # The rows at or after a NaN/inf of their channel get NaN (IEEE would give NaN or +-inf,
             # depending on signs); a later chunk sees it from its first row on.
             o = tl.where(first[None, :] <= offs_c[:, None], float("nan"), o)
-        _store_rows(O + bh * stride_ob, o, offs_t, offs_dv, stride_ot, T, HEAD_DV)
+        store_rows(O + bh * stride_ob, o, offs_t, offs_dv, stride_ot, T, HEAD_DV)
         if SAFE:
             first = tl.where(first < CHUNK, 0, CHUNK)
     return H
@@ -431,10 +431,10 @@ def _linear_careful(Q, K, V, O, LOG_F, AD, GM, H0, STATES, HT, FLAGS, T, log2_ba
 # ---------------------------------------------------------------------------------------------------------------
 
 @triton.jit
-def _bdot(a, b, PRECISION: tl.constexpr):
+def bdot(a, b, PRECISION: tl.constexpr):
     """``a @ b`` for the backward kernels, fp32 result.  Two 16-bit tiles multiply exactly (fp32 accumulation, the
     tensor cores' full rate); otherwise both operands in fp32 with ``PRECISION``: ``"ieee"`` (exact), ``"tf32n"``
-    (:func:`._pieces._dot`: fp32 operands rounded to the nearest tf32 value, every NaN kept; the tensor cores alone
+    (:func:`._pieces.dot`: fp32 operands rounded to the nearest tf32 value, every NaN kept; the tensor cores alone
     would truncate them, a bias that does not average out in the sums of the gates' gradient), or ``"x3n"`` (three
     tf32 products, about fp32 accuracy, every NaN kept: fp32 inputs on a GPU)."""
     if a.dtype != tl.float32 and b.dtype == a.dtype:
@@ -442,7 +442,7 @@ def _bdot(a, b, PRECISION: tl.constexpr):
     elif PRECISION == "ieee":
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     else:
-        return _dot(a, b, PRECISION)
+        return dot(a, b, PRECISION)
 
 
 @triton.jit
@@ -465,10 +465,10 @@ def _causal_dot(acc, w, src, offs_c, CHUNK: tl.constexpr, LATER: tl.constexpr, P
     ``src`` (``q`` or ``k``).  A NaN or inf of ``src`` would reach the rows whose weight on it is 0 (``0 * NaN``), so
     a tile that holds one (one reduction tells; usually none) is multiplied without it and the rows that do see it
     get NaN in its channel (:func:`_nan_from_rows`)."""
-    if _any_nonfinite(src):
-        out = _nan_from_rows(acc + _bdot(w, _finite_or_zero(src), PRECISION), src, offs_c, CHUNK, LATER)
+    if any_nonfinite(src):
+        out = _nan_from_rows(acc + bdot(w, finite_or_zero(src), PRECISION), src, offs_c, CHUNK, LATER)
     else:
-        out = acc + _bdot(w, src, PRECISION)
+        out = acc + bdot(w, src, PRECISION)
     return out
 
 
@@ -518,19 +518,19 @@ def _linear_bwd_state(Q, DO, LOG_F, DHT, DH, DH0, T, stride_qb, stride_qt, strid
         c = n_chunks - 1 - i
         offs_t = c * CHUNK + offs_c
         tl.store(DH + (bh * n_chunks + c) * size + s_offs, dh, mask=s_mask)
-        do = _load_rows(DO + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)
+        do = load_rows(DO + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)
         in_dt = (offs_t[None, :] < T) & (offs_d[:, None] < HEAD_DIM)
         qt = tl.load(Q + offs_t[None, :] * stride_qt + offs_d[:, None], mask=in_dt, other=0.0)  # [BD, C]
         if GATE == "channel":
             bt = tl.cumsum(tl.load(LOG_F + bh * T * HEAD_DIM + offs_t[None, :] * HEAD_DIM + offs_d[:, None],
                                    mask=in_dt, other=0.0), axis=1)
             bt_last = tl.sum(tl.where(offs_c[None, :] == CHUNK - 1, bt, 0.0), axis=1)  # [BD]
-            dh = dh * tl.exp(bt_last)[:, None] + _bdot(qt.to(tl.float32) * tl.exp(bt), do, PRECISION)
+            dh = dh * tl.exp(bt_last)[:, None] + bdot(qt.to(tl.float32) * tl.exp(bt), do, PRECISION)
         elif DECAY != "none":
             b, b_last = _chunk_gates(LOG_F, bh, offs_t, offs_c, T, DECAY, CHUNK)
-            dh = dh * tl.exp(b_last) + _bdot(qt.to(tl.float32) * tl.exp(b)[None, :], do, PRECISION)
+            dh = dh * tl.exp(b_last) + bdot(qt.to(tl.float32) * tl.exp(b)[None, :], do, PRECISION)
         else:
-            dh += _bdot(qt, do, PRECISION)
+            dh += bdot(qt, do, PRECISION)
     tl.store(DH0 + bh * size + s_offs, dh, mask=s_mask)
 
 
@@ -587,9 +587,9 @@ def _bwd_chunk_dv(Q, K, DO, LOG_F, DH, DV, base, bh, start, T, stride_qb, stride
     at = tl.zeros([CHUNK, CHUNK], dtype=tl.float32)
     for d0 in tl.static_range(0, HEAD_DIM, BLOCK_K):
         offs_d = d0 + tl.arange(0, BLOCK_K)
-        q = _load_rows(Q + bh * stride_qb, offs_t, offs_d, stride_qt, T, HEAD_DIM, True, True)
-        k = _load_rows(K + bh * stride_kb, offs_t, offs_d, stride_kt, T, HEAD_DIM, True, True)
-        at += _bdot(k, tl.trans(q), PRECISION)  # [j, i] = k_j . q_i
+        q = load_rows(Q + bh * stride_qb, offs_t, offs_d, stride_qt, T, HEAD_DIM, True, True)
+        k = load_rows(K + bh * stride_kb, offs_t, offs_d, stride_kt, T, HEAD_DIM, True, True)
+        at += bdot(k, tl.trans(q), PRECISION)  # [j, i] = k_j . q_i
     if DECAY != "none":
         b, b_last = _chunk_gates(LOG_F, bh, offs_t, offs_c, T, DECAY, CHUNK)
         at = at * tl.exp(tl.where(later, b[None, :] - b[:, None], float("-inf")))
@@ -597,16 +597,16 @@ def _bwd_chunk_dv(Q, K, DO, LOG_F, DH, DV, base, bh, start, T, stride_qb, stride
     at = tl.where(later, at, 0.0)  # a select: NaN and inf above the diagonal stay out
     for dv0 in tl.static_range(0, HEAD_DV, BLOCK_DV):
         offs_dv = dv0 + tl.arange(0, BLOCK_DV)
-        do = _load_rows(DO + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)
-        dv = _bdot(at, do, PRECISION)
+        do = load_rows(DO + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)
+        dv = bdot(at, do, PRECISION)
         for d0 in tl.static_range(0, HEAD_DIM, BLOCK_K):
             offs_d = d0 + tl.arange(0, BLOCK_K)
-            k = _load_rows(K + bh * stride_kb, offs_t, offs_d, stride_kt, T, HEAD_DIM, True, True)
+            k = load_rows(K + bh * stride_kb, offs_t, offs_d, stride_kt, T, HEAD_DIM, True, True)
             if DECAY != "none":
                 k = k.to(tl.float32) * w
             h_offs, h_mask = _state_tile(base, offs_d, offs_dv, HEAD_DIM, HEAD_DV, False)  # [BK, BDV]
-            dv += _bdot(k, tl.load(DH + h_offs, mask=h_mask, other=0.0), PRECISION)
-        _store_rows(DV + bh * stride_vb, dv, offs_t, offs_dv, stride_vt, T, HEAD_DV)
+            dv += bdot(k, tl.load(DH + h_offs, mask=h_mask, other=0.0), PRECISION)
+        store_rows(DV + bh * stride_vb, dv, offs_t, offs_dv, stride_vt, T, HEAD_DV)
 
 
 @triton.jit
@@ -621,8 +621,8 @@ def _bwd_chunk_dqk(Q, K, V, DO, LOG_F, STATES, DH, DQ, DK, DC, base, bh, start, 
     offs_d = d0 + tl.arange(0, BLOCK_K)
     causal = offs_c[:, None] >= offs_c[None, :]  # [i, j]: j <= i
     later = offs_c[:, None] <= offs_c[None, :]  # [j, i]: i >= j
-    q = _load_rows(Q + bh * stride_qb, offs_t, offs_d, stride_qt, T, HEAD_DIM, True, True)
-    k = _load_rows(K + bh * stride_kb, offs_t, offs_d, stride_kt, T, HEAD_DIM, True, True)
+    q = load_rows(Q + bh * stride_qb, offs_t, offs_d, stride_qt, T, HEAD_DIM, True, True)
+    k = load_rows(K + bh * stride_kb, offs_t, offs_d, stride_kt, T, HEAD_DIM, True, True)
     p = tl.zeros([CHUNK, CHUNK], dtype=tl.float32)  # dO V^T, [i, j]
     pt = tl.zeros([CHUNK, CHUNK], dtype=tl.float32)  # V dO^T, [j, i]
     dq = tl.zeros([CHUNK, BLOCK_K], dtype=tl.float32)
@@ -630,15 +630,15 @@ def _bwd_chunk_dqk(Q, K, V, DO, LOG_F, STATES, DH, DQ, DK, DC, base, bh, start, 
     hdh = 0.0  # <dH_out, H_in> over these key channels
     for dv0 in tl.static_range(0, HEAD_DV, BLOCK_DV):
         offs_dv = dv0 + tl.arange(0, BLOCK_DV)
-        v = _load_rows(V + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)
-        do = _load_rows(DO + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)
+        v = load_rows(V + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)
+        do = load_rows(DO + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)
         ht_offs, ht_mask = _state_tile(base, offs_d, offs_dv, HEAD_DIM, HEAD_DV, True)  # [BDV, BK]
         h_in_t = tl.load(STATES + ht_offs, mask=ht_mask, other=0.0)
         dh_out_t = tl.load(DH + ht_offs, mask=ht_mask, other=0.0)
-        p += _bdot(do, tl.trans(v), PRECISION)
-        pt += _bdot(v, tl.trans(do), PRECISION)
-        dq += _bdot(do, h_in_t, PRECISION)
-        dk += _bdot(v, dh_out_t, PRECISION)
+        p += bdot(do, tl.trans(v), PRECISION)
+        pt += bdot(v, tl.trans(do), PRECISION)
+        dq += bdot(do, h_in_t, PRECISION)
+        dk += bdot(v, dh_out_t, PRECISION)
         if DECAY != "none":
             hdh += tl.sum(tl.sum(h_in_t * dh_out_t, axis=1), axis=0)
     if DECAY == "none":
@@ -672,8 +672,8 @@ def _bwd_chunk_dqk(Q, K, V, DO, LOG_F, STATES, DH, DQ, DK, DC, base, bh, start, 
         tl.store(dc_row + offs_t, dct, mask=offs_t < T)
         dq += p_diag[:, None] * k.to(tl.float32)
         dk += dki + p_diag[:, None] * q.to(tl.float32)
-    _store_rows(DQ + bh * stride_qb, dq, offs_t, offs_d, stride_qt, T, HEAD_DIM)
-    _store_rows(DK + bh * stride_kb, dk, offs_t, offs_d, stride_kt, T, HEAD_DIM)
+    store_rows(DQ + bh * stride_qb, dq, offs_t, offs_d, stride_qt, T, HEAD_DIM)
+    store_rows(DK + bh * stride_kb, dk, offs_t, offs_d, stride_kt, T, HEAD_DIM)
 
 
 @triton.jit
@@ -706,9 +706,9 @@ def _linear_bwd_channel(Q, K, V, DO, LOG_F, STATES, DH, DQ, DK, DV, DC, T,
     p = tl.zeros([CHUNK, CHUNK], dtype=tl.float32)  # dO V^T
     for dv0 in tl.static_range(0, HEAD_DV, BLOCK_DV):
         offs_dv = dv0 + tl.arange(0, BLOCK_DV)
-        v = _load_rows(V + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)
-        do = _load_rows(DO + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)
-        p += _bdot(do, tl.trans(v), PRECISION)
+        v = load_rows(V + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)
+        do = load_rows(DO + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)
+        p += bdot(do, tl.trans(v), PRECISION)
     p_diag = tl.sum(tl.where(offs_c[:, None] == offs_c[None, :], p, 0.0), axis=1)  # dO_t . v_t
     a = tl.zeros([CHUNK, CHUNK], dtype=tl.float32)
     for d0 in tl.static_range(0, BLOCK_D, BLOCK_DC):
@@ -729,13 +729,13 @@ def _linear_bwd_channel(Q, K, V, DO, LOG_F, STATES, DH, DQ, DK, DV, DC, T,
         hdh = tl.zeros([BLOCK_DC], dtype=tl.float32)  # <dH_out, H_in> per key channel
         for dv0 in tl.static_range(0, HEAD_DV, BLOCK_DV):
             offs_dv = dv0 + tl.arange(0, BLOCK_DV)
-            v = _load_rows(V + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)
-            do = _load_rows(DO + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)
+            v = load_rows(V + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)
+            do = load_rows(DO + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)
             ht_ptrs, ht_mask = _state_tile(base, offs_e, offs_dv, HEAD_DIM, HEAD_DV, True)  # [BDV, DC]
             h_in_t = tl.load(STATES + ht_ptrs, mask=ht_mask, other=0.0)
             dh_out_t = tl.load(DH + ht_ptrs, mask=ht_mask, other=0.0)
-            dq_in += _bdot(do, h_in_t, PRECISION)
-            dk_out += _bdot(v, dh_out_t, PRECISION)
+            dq_in += bdot(do, h_in_t, PRECISION)
+            dk_out += bdot(v, dh_out_t, PRECISION)
             hdh += tl.sum(h_in_t * dh_out_t, axis=0)
         dq += dq_in * tl.exp(bc)
         dk_out = dk_out * tl.exp(bc_last[None, :] - bc)  # the state's part of dk
@@ -755,17 +755,17 @@ def _linear_bwd_channel(Q, K, V, DO, LOG_F, STATES, DH, DQ, DK, DV, DC, T,
                  mask=mask)
     # the values: key j's weight in the chunk's write, all channels at once
     offs_d = tl.arange(0, BLOCK_D)
-    kw = _load_rows(K + bh * stride_kb, offs_t, offs_d, stride_kt, T, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
-    b = tl.cumsum(_load_rows(G, offs_t, offs_d, HEAD_DIM, T, HEAD_DIM, True, BLOCK_D != HEAD_DIM), axis=0)
+    kw = load_rows(K + bh * stride_kb, offs_t, offs_d, stride_kt, T, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+    b = tl.cumsum(load_rows(G, offs_t, offs_d, HEAD_DIM, T, HEAD_DIM, True, BLOCK_D != HEAD_DIM), axis=0)
     b_last = tl.sum(tl.where(offs_c[:, None] == CHUNK - 1, b, 0.0), axis=0)
     kw = kw.to(tl.float32) * tl.exp(b_last[None, :] - b)
     for dv0 in tl.static_range(0, HEAD_DV, BLOCK_DV):
         offs_dv = dv0 + tl.arange(0, BLOCK_DV)
-        do = _load_rows(DO + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True).to(tl.float32)
+        do = load_rows(DO + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True).to(tl.float32)
         h_ptrs, h_mask = _state_tile(base, offs_d, offs_dv, HEAD_DIM, HEAD_DV, False)  # [BD, BDV]
         dv = tl.sum(tl.where(causal, a[:, :, None] * do[:, None, :], 0.0), axis=0)  # [j, BDV]
-        dv += _bdot(kw, tl.load(DH + h_ptrs, mask=h_mask, other=0.0), PRECISION)
-        _store_rows(DV + bh * stride_vb, dv, offs_t, offs_dv, stride_vt, T, HEAD_DV)
+        dv += bdot(kw, tl.load(DH + h_ptrs, mask=h_mask, other=0.0), PRECISION)
+        store_rows(DV + bh * stride_vb, dv, offs_t, offs_dv, stride_vt, T, HEAD_DV)
 
 
 def chunked_linear_attention(q, k, v, *, log_f=None, chunk: int = 64, initial_state=None,
@@ -852,7 +852,7 @@ def flat_linear_attention(x: Flat, gate: str, log_f3=None, *, chunk: int = 64, r
     autograd wants gradients (of ``x.q, x.k, x.v``, ``log_f3`` or ``h0``): the entry the public functions call.
 
     ``gate``: ``"none"``, ``"scalar"`` / ``"channel"`` (``log_f3``: fp32 ``(BH, T)`` / ``(BH, T, D)``) or
-    ``"head"`` (``log_f3``: fp32 ``(BH,)``); ``rotate``: as :func:`_linear_launch`, without gradients only (a
+    ``"head"`` (``log_f3``: fp32 ``(BH,)``); ``rotate``: as :func:`linear_launch`, without gradients only (a
     caller that wants them turns q and k first); ``h0``: fp32 ``(BH, D, Dv)``, the initial ``S^T`` of each head
     (:func:`._launch.state_rows`), or None.  Returns ``(out, ht)``: ``out`` ``(BH, T, Dv)`` in the compute dtype,
     ``ht`` the final ``S^T``, fp32 ``(BH, D, Dv)`` (None unless ``want_state`` or a backward pass will follow)."""
@@ -861,7 +861,7 @@ def flat_linear_attention(x: Flat, gate: str, log_f3=None, *, chunk: int = 64, r
             raise ValueError("the rotation hook has no backward pass: turn q and k first (rotate_qk)")
         return _LinearAttention.apply(x.q, x.k, x.v, log_f3, h0, x, gate, chunk)
     ht = torch.empty(x.BH, x.n.D, x.n.Dv, dtype=torch.float32, device=x.device) if want_state else None
-    return _linear_launch(x, gate, log_f3, chunk=chunk, rotate=rotate, h0=h0, final=ht), ht
+    return linear_launch(x, gate, log_f3, chunk=chunk, rotate=rotate, h0=h0, final=ht), ht
 
 
 def _hooks(gate: str, log_f3, chunk: int) -> tuple[str, str, int]:
@@ -877,13 +877,13 @@ def _hooks(gate: str, log_f3, chunk: int) -> tuple[str, str, int]:
     return transition, decay, CHANNEL_CHUNK if gate == "channel" else chunk
 
 
-def _linear_launch(x: Flat, gate: str, log_f3=None, *, chunk: int = 64, prep=None, precision=None,
+def linear_launch(x: Flat, gate: str, log_f3=None, *, chunk: int = 64, prep=None, precision=None,
                    rotate=None, h0=None, states=None, final=None) -> torch.Tensor:
     """Launch on validated inputs (:func:`._launch.prepare_qkv`): returns ``(BH, T, Dv)``.
 
     ``rotate``: ``(base, pairing)`` to turn q and k by RoPE's rotations as they are loaded (the rotation
     hook, chapter 4's complex recurrence; ``gate`` ``"none"``, ``"scalar"`` or ``"head"`` only), or None.
-    The state's rows (the key channels) are then in the hook's pair order (:func:`._pieces._load_rotated`).
+    The state's rows (the key channels) are then in the hook's pair order (:func:`._pieces.load_rotated`).
 
     ``gate``: ``"none"``, ``"scalar"`` / ``"channel"`` (``log_f3``: fp32 ``(BH, T)`` /
     ``(BH, T, D)``), ``"head"`` (``log_f3``: fp32 ``(BH,)``, one log gate per head: RetNet) or ``"householder"`` (``prep``: the :class:`.ut_prepare.Prepared`
@@ -917,10 +917,11 @@ def _linear_launch(x: Flat, gate: str, log_f3=None, *, chunk: int = 64, prep=Non
     rotate_hook, log2_base = rotate_args(rotate)
     flags = torch.empty(grid[0] * grid[1], dtype=torch.int8, device=out.device)  # written by every program
     dummy = flags
-    args = (q3, k3, v3, out, x.q if log_f3 is None else log_f3, ad, gm, dummy if h0 is None else h0,
-            dummy if states is None else states, dummy if final is None else final, flags, n.T, log2_base,
-            q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), v3.stride(0), v3.stride(1),
-            out.stride(0), out.stride(1), ad.stride(0), ad.stride(1), gm.stride(0), gm.stride(1))
+    args = dict(Q=q3, K=k3, V=v3, O=out, LOG_F=x.q if log_f3 is None else log_f3, AD=ad, GM=gm,
+                H0=dummy if h0 is None else h0, STATES=dummy if states is None else states,
+                HT=dummy if final is None else final, FLAGS=flags,
+                T=n.T, log2_base=log2_base,
+                **row_strides(q=q3, k=k3, v=v3, o=out, a=ad), stride_gb=gm.stride(0), stride_gj=gm.stride(1))
     meta = dict(HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=block_d, BLOCK_DV=block_dv, CHUNK=chunk, GATE=transition,
                 DECAY=decay, PRECISION=precision, BLOCK_DC=min(block_d, 32), ROTATE=rotate_hook,
                 LOAD_H0=h0 is not None, STORE_STATES=states is not None, STORE_FINAL=final is not None,
@@ -928,13 +929,13 @@ def _linear_launch(x: Flat, gate: str, log_f3=None, *, chunk: int = 64, prep=Non
     # Two launches, as the FlashAttention template's forward: plain products, then a redo with the NaN/inf
     # bookkeeping of the programs whose final state is not finite (usually none).  The bookkeeping inside
     # the fast loop cost a fifth of its time (kernels/NOTES_linear.md, "Two launches for non-finite values").
-    _linear_fwd[grid](*args, **meta)
-    _linear_careful[grid](*args, **meta)
+    _linear_fwd[grid](**args, **meta)
+    _linear_careful[grid](**args, **meta)
     return out
 
 
 def backward_precision(dtype: torch.dtype) -> str:
-    """The products of the backward kernels (:func:`_bdot`): 16-bit inputs tf32 with fp32 operands rounded to
+    """The products of the backward kernels (:func:`bdot`): 16-bit inputs tf32 with fp32 operands rounded to
     nearest (``"tf32n"``; two 16-bit operands multiply exactly), fp32 inputs about fp32 accuracy: exact ``"ieee"``
     in the interpreter, three tf32 products (``"x3n"``) on a GPU, where exact fp32 products of this many tiles take
     minutes to compile."""
@@ -972,22 +973,29 @@ def _linear_bwd_launch(x: Flat, gate: str, log_f3, states, do, dht, *, chunk: in
         dc = torch.empty(x.BH, n_k, n.T + (n_chunks if decay == "head" else 0), dtype=torch.float32, device=x.device)
     log_f = dh0 if log_f3 is None else log_f3
     _linear_bwd_state[(triton.cdiv(n.Dv, block_dv), x.BH)](
-        x.q, do, log_f, dh0 if dht is None else dht.contiguous(), dh, dh0, n.T,
-        x.q.stride(0), x.q.stride(1), do.stride(0), do.stride(1),
+        Q=x.q, DO=do, LOG_F=log_f, DHT=dh0 if dht is None else dht.contiguous(), DH=dh, DH0=dh0,
+        T=n.T,
+        stride_qb=x.q.stride(0), stride_qt=x.q.stride(1), stride_vb=do.stride(0), stride_vt=do.stride(1),
         HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=block_d, BLOCK_DV=block_dv, CHUNK=chunk, GATE=transition, DECAY=decay,
-        PRECISION=precision, LOAD_DHT=dht is not None, num_warps=4)
-    args = (x.q, x.k, x.v, do, log_f, states, dh, dq, dk, dv, dh0 if dc is None else dc, n.T,
-            x.q.stride(0), x.q.stride(1), x.k.stride(0), x.k.stride(1), x.v.stride(0), x.v.stride(1))
+        PRECISION=precision, LOAD_DHT=dht is not None, num_warps=4,
+    )
+    args = dict(Q=x.q, K=x.k, V=x.v, DO=do, LOG_F=log_f, STATES=states, DH=dh, DQ=dq, DK=dk, DV=dv,
+                DC=dh0 if dc is None else dc,
+                T=n.T,
+                **row_strides(q=x.q, k=x.k, v=x.v))
     if gate == "channel":
-        _linear_bwd_channel[(n_chunks, x.BH)](*args, HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=block_d,
-                                              BLOCK_DV=min(next_pow2(n.Dv), 32), CHUNK=chunk,
-                                              BLOCK_DC=min(block_d, 32), PRECISION=precision, num_warps=4)
+        _linear_bwd_channel[(n_chunks, x.BH)](
+            **args,
+            HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=block_d, BLOCK_DV=min(next_pow2(n.Dv), 32), CHUNK=chunk,
+            BLOCK_DC=min(block_d, 32), PRECISION=precision, num_warps=4,
+        )
     else:
         # 8 warps for chunks of 64 or more: at 4, the chunk's tiles spill (Hopper, compiled offline)
-        _linear_bwd_chunk[(n_chunks, x.BH, 1 + n_k)](*args, dh0.stride(0) if dc is None else dc.stride(1),
-                                                    HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=block_d,
-                                                    BLOCK_DV=block_dv, BLOCK_K=block_k, CHUNK=chunk, DECAY=decay,
-                                                    PRECISION=precision, num_warps=4 if chunk <= 32 else 8)
+        _linear_bwd_chunk[(n_chunks, x.BH, 1 + n_k)](
+            **args, stride_dc=dh0.stride(0) if dc is None else dc.stride(1),
+            HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_K=block_k, CHUNK=chunk,
+            DECAY=decay, PRECISION=precision, num_warps=4 if chunk <= 32 else 8,
+        )
         if dc is not None:
             dc = dc.sum(1)  # the key-channel blocks' parts
     return dq, dk, dv, dh0, dc, chunk
@@ -1011,7 +1019,7 @@ def _gate_grad(gate: str, dc, T: int, chunk: int):
 
 
 class _LinearAttention(torch.autograd.Function):
-    """:func:`_linear_launch` with a backward pass, for the gates ``"none"``, ``"scalar"``, ``"head"`` and
+    """:func:`linear_launch` with a backward pass, for the gates ``"none"``, ``"scalar"``, ``"head"`` and
     ``"channel"``.
 
     Inputs: the flattened ``q, k, v`` of a :class:`._launch.Flat` (``flat``), ``log_f3`` (the launcher's, or None),
@@ -1028,7 +1036,7 @@ class _LinearAttention(torch.autograd.Function):
         _, _, used = _hooks(gate, log_f3, chunk)
         states = torch.empty(x.BH, triton.cdiv(x.n.T, used), x.n.D, x.n.Dv, dtype=torch.float32, device=x.device)
         ht = torch.empty(x.BH, x.n.D, x.n.Dv, dtype=torch.float32, device=x.device)
-        out = _linear_launch(x, gate, log_f3, chunk=chunk, h0=h0, states=states, final=ht)
+        out = linear_launch(x, gate, log_f3, chunk=chunk, h0=h0, states=states, final=ht)
         ctx.save_for_backward(q3, k3, v3, log_f3, states)
         ctx.flat, ctx.gate, ctx.chunk, ctx.has_h0 = flat, gate, chunk, h0 is not None
         ctx.set_materialize_grads(False)

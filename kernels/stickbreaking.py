@@ -34,7 +34,7 @@ its transcendental units two per clock and its fp32 units four, so the loop cost
 against 384 of transcendentals: the scan, not the three transcendentals, set the forward's 4.7x SDPA
 (FlashAttention's loop: one transcendental and no shuffle per logit).  So for 16-bit inputs on a GPU the sum
 inside a tile is a product with a 0/1 triangular matrix on the tensor cores (``SCAN="dot"``,
-:func:`._pieces._scan_dot`: the gates split into two fp16 parts, 22 significant bits; clamped to ``[-256, 0]``,
+:func:`._pieces.scan_dot`: the gates split into two fp16 parts, 22 significant bits; clamped to ``[-256, 0]``,
 which changes no weight, since ``2^-256`` is 0 in fp32).  The same loop then counts 418 instructions, no
 shuffle, the same 48 transcendentals: bound by issue (418 clocks) and the transcendental units (384), about 1.7x
 fewer clocks per logit than the scan's 720 (an estimate from the instruction counts; the GPU benchmark measures
@@ -42,7 +42,7 @@ it).  fp32 inputs and the interpreter keep ``tl.cumsum`` (``SCAN="cumsum"``, exa
 
 **Precision.**  ``lg`` is Triton's accurate ``tl.math.log2`` with a correction for tiny gates
 (:func:`_softplus2`; fp32 inputs and the interpreter), or for 16-bit inputs on a GPU the hardware's approximation
-(``FAST_LOG2``, :func:`._pieces._log2_approx`, error about 2^-22, far below what a 16-bit output keeps).  ``s``
+(``FAST_LOG2``, :func:`._pieces.log2_approx`, error about 2^-22, far below what a 16-bit output keeps).  ``s``
 comes from a product in the input dtype (fp32: exact ``"ieee"`` dots), everything after it in fp32; ``w`` is
 rounded to the input dtype as a product operand, as FlashAttention rounds ``p``.
 
@@ -60,7 +60,7 @@ stored, and the recomputation costs the same transcendentals the forward spends)
 
 * **Query sweep** (:func:`_stickbreaking_bwd_query`, one program per block of queries, key blocks right to left as
   in the forward, carrying ``c``): ``dq`` without knowing ``S`` in advance.  Split ``S_im`` into its part inside
-  the tile (a running sum, :func:`._pieces._scan_dot` or ``tl.cumsum``) and ``P_i(J) = sum_{j < J} u_ij``, the
+  the tile (a running sum, :func:`._pieces.scan_dot` or ``tl.cumsum``) and ``P_i(J) = sum_{j < J} u_ij``, the
   values of the blocks left of the tile ``J``, not yet visited.  The unknown part contributes
   ``-sum_J P_i(J) b_i(J)`` with ``b_i(J) = sum_{m in J} sigma(l_im) k_m``; reordered,
   ``sum_J P_i(J) b_i(J) = sum_J r_i(J) B_i(J)``, where ``r_i(J)`` is block ``J``'s row sum of ``u`` and
@@ -75,8 +75,8 @@ stored, and the recomputation costs the same transcendentals the forward spends)
   miscompiles ``tl.trans`` of a wgmma-layout tile on Hopper), and the results are stored transposed.
 
 **Non-finite inputs.**  Masks are selects.  Forward: gates of hidden keys are replaced by 0 *before* any sum,
-diagonal tiles multiply through :func:`._pieces._masked_dot` and the rows that see a NaN/inf value get it back
-(:func:`._pieces._poison`): a NaN or inf in ``q``, ``k`` or ``v`` at position ``t`` changes outputs at positions
+diagonal tiles multiply through :func:`._pieces.masked_dot` and the rows that see a NaN/inf value get it back
+(:func:`._pieces.poison`): a NaN or inf in ``q``, ``k`` or ``v`` at position ``t`` changes outputs at positions
 ``>= t`` only.  The products of the sums inside a tile (``SCAN="dot"``) would carry a NaN to every key of its
 row, so a NaN gate enters them as ``+65504``, which makes the weights left of it infinite and leaves those right
 of it alone.  Backward: the gradients that do not depend on a non-finite input stay finite and unchanged.  A
@@ -93,9 +93,9 @@ import triton
 import triton.language as tl
 
 from ..checks import check_positive_int, check_scale
-from ._launch import Flat, dot_precision, interpreting, next_pow2, prepare_qkv, wants_grad
-from ._pieces import (LOG2E, _finite_or_zero, _first_nonfinite, _load_rows, _log2_approx, _masked_dot,
-                      _no_nonfinite, _poison, _prefix_sums, _query_block, _scan_dot, _store_rows)
+from ._launch import Flat, dot_precision, interpreting, next_pow2, prepare_qkv, row_strides, wants_grad
+from ._pieces import (LOG2E, finite_or_zero, first_nonfinite, load_rows, log2_approx, masked_dot,
+                      no_nonfinite, poison, prefix_sums, query_block, scan_dot, store_rows)
 
 __all__ = ["stickbreaking_attention"]
 
@@ -107,7 +107,7 @@ def _softplus2(s, FAST_LOG2: tl.constexpr):
     ``max(s, 0) + log2(u)`` with ``u = 1 + 2^-|s|``.  Accurate (``FAST_LOG2`` false: fp32 inputs and the
     interpreter): minus the rounding error of ``u`` (``(u - 1) - e``, exact) times ``d log2(u) / du`` at
     ``u = 1``, correct to a few ulps where ``log2(u)`` alone would give 0 (``e`` below 6e-8).  Fast (16-bit
-    inputs on a GPU): the hardware's approximate ``log2`` (:func:`._pieces._log2_approx`), whose error (about
+    inputs on a GPU): the hardware's approximate ``log2`` (:func:`._pieces.log2_approx`), whose error (about
     2^-22) is far below what a 16-bit output keeps, and then the correction would change nothing."""
     return tl.maximum(s, 0.0) + _log1p2(tl.math.exp2(-tl.abs(s)), FAST_LOG2)
 
@@ -117,7 +117,7 @@ def _log1p2(e, FAST_LOG2: tl.constexpr):
     """``log2(1 + e)`` for ``e = 2^-|s|`` in [0, 1] (see :func:`_softplus2`)."""
     u = 1.0 + e
     if FAST_LOG2:
-        return _log2_approx(u)
+        return log2_approx(u)
     INV_LN2: tl.constexpr = 1.4426950408889634  # d log2(u) / du at u = 1
     return tl.math.log2(u) - ((u - 1.0) - e) * INV_LN2
 
@@ -136,11 +136,11 @@ def _log2_weights(s, g, ls, carry, BLOCK_N: tl.constexpr, SCAN: tl.constexpr):
     gates of the keys right of the tile (``carry`` ``[BM]``); ``g`` already 0 for hidden keys.
 
     ``"cumsum"``: ``s + (inclusive reverse cumsum of g) + carry`` (``ls - g = s``), fp32 adds.  ``"dot"``:
-    ``ls + carry`` plus the exclusive reverse sums as products (:func:`._pieces._scan_dot`) of the gates clamped
+    ``ls + carry`` plus the exclusive reverse sums as products (:func:`._pieces.scan_dot`) of the gates clamped
     to ``[-256, 0]`` with NaN as ``+65504`` (module docstring)."""
     if SCAN == "dot":
         gs = tl.where(g == g, tl.maximum(g, -256.0), 65504.0)
-        return _scan_dot(gs, ls + carry[:, None], BLOCK_N, True, False)
+        return scan_dot(gs, ls + carry[:, None], BLOCK_N, True, False)
     else:
         return s + tl.cumsum(g, axis=1, reverse=True) + carry[:, None]
 
@@ -153,11 +153,11 @@ def _stick_tile(acc, carry, bad, q, K, V, start_n, start_m, offs_m, T, stride_kt
     """Fold key block ``[start_n, start_n + BLOCK_N)`` into ``acc`` ``[BM, BDV]`` and ``carry`` ``[BM]``.
 
     ``MASKED``: the block reaches the query block (or runs past T): a row ``i`` sees only keys
-    ``j < i``; ``bad`` then takes the block's NaN/inf values (:func:`._pieces._first_nonfinite`,
+    ``j < i``; ``bad`` then takes the block's NaN/inf values (:func:`._pieces.first_nonfinite`,
     positions relative to ``start_m``).  Unmasked blocks are whole and every key is seen."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    k = _load_rows(K, offs_n, tl.arange(0, BLOCK_D), stride_kt, T, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BN, BD]
-    v = _load_rows(V, offs_n, tl.arange(0, BLOCK_DV), stride_vt, T, HEAD_DV, MASKED,
+    k = load_rows(K, offs_n, tl.arange(0, BLOCK_D), stride_kt, T, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BN, BD]
+    v = load_rows(V, offs_n, tl.arange(0, BLOCK_DV), stride_vt, T, HEAD_DV, MASKED,
                    BLOCK_DV != HEAD_DV)  # [BN, BDV]
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BM, BN] fp32, base 2
     g, ls = _gates(s, FAST_LOG2)  # [BM, BN]: log2 sigma(-l), log2 sigma(l)
@@ -167,8 +167,8 @@ def _stick_tile(acc, carry, bad, q, K, V, start_n, start_m, offs_m, T, stride_kt
     w = tl.math.exp2(_log2_weights(s, g, ls, carry, BLOCK_N, SCAN))  # [BM, BN], in [0, 1]
     if MASKED:
         w = tl.where(seen, w, 0.0)
-        acc = _masked_dot(w.to(v.dtype), v, acc, PRECISION)
-        bad = _first_nonfinite(v, offs_n - start_m, bad)
+        acc = masked_dot(w.to(v.dtype), v, acc, PRECISION)
+        bad = first_nonfinite(v, offs_n - start_m, bad)
     else:
         acc = tl.dot(w.to(v.dtype), v, acc=acc, input_precision=PRECISION)  # [BM, BDV]
     carry += tl.sum(g, axis=1)  # [BM]: the stick this block left over, in log2
@@ -186,27 +186,27 @@ def _stickbreaking_fwd(Q, K, V, O, T, qk_scale,
     Key blocks right to left: first the ``R`` blocks inside the query block (masked), then every
     whole block strictly left of it (no mask).  Grid ``(query blocks, BH)``, heaviest first."""
     R: tl.constexpr = BLOCK_M // BLOCK_N
-    bh, start_m, offs_m = _query_block(BLOCK_M)
+    bh, start_m, offs_m = query_block(BLOCK_M)
     K += bh * stride_kb
     V += bh * stride_vb
-    q = _load_rows(Q + bh * stride_qb + start_m * stride_qt, tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_D),
+    q = load_rows(Q + bh * stride_qb + start_m * stride_qt, tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_D),
                    stride_qt, T - start_m, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # [BM, BD]
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     carry = tl.zeros([BLOCK_M], dtype=tl.float32)  # log2 of the stick left: log2 1 = 0
-    bad = _no_nonfinite(BLOCK_DV)
+    bad = no_nonfinite(BLOCK_DV)
     # The diagonal region, right to left (keys past T load as 0 and are hidden: j >= T > i).
     for c in tl.static_range(R):
         acc, carry, bad = _stick_tile(acc, carry, bad, q, K, V, start_m + (R - 1 - c) * BLOCK_N, start_m, offs_m, T,
                                       stride_kt, stride_vt, qk_scale, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, BLOCK_N,
                                       True, PRECISION, FAST_LOG2, SCAN)
     # The region multiplied values without their NaN/inf; the rows that see one (keys <= i - 1) get it back.
-    acc = _poison(acc, offs_m - start_m - 1, bad)
+    acc = poison(acc, offs_m - start_m - 1, bad)
     # Key blocks strictly left of the query block, right to left: whole, and seen by every row.
     for jj in range(0, start_m // BLOCK_N):
         acc, carry, bad = _stick_tile(acc, carry, bad, q, K, V, start_m - (jj + 1) * BLOCK_N, start_m, offs_m, T,
                                       stride_kt, stride_vt, qk_scale, HEAD_DIM, HEAD_DV, BLOCK_D, BLOCK_DV, BLOCK_N,
                                       False, PRECISION, FAST_LOG2, SCAN)
-    _store_rows(O + bh * stride_ob, acc, offs_m, tl.arange(0, BLOCK_DV), stride_ot, T, HEAD_DV)
+    store_rows(O + bh * stride_ob, acc, offs_m, tl.arange(0, BLOCK_DV), stride_ot, T, HEAD_DV)
 
 
 # ---------------------------------------------------------------------------
@@ -242,17 +242,17 @@ def _bwd_query_tile(acc, bk, carry, su, q, do, K, V, SR, SU, offs_m, start_n, T,
     carried gates and the running sum of ``u``; write the block's snapshots (carry before it, running sum
     after it) for the key sweep."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    k = _load_rows(K, offs_n, tl.arange(0, BLOCK_D), stride_kt, T, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BN, BD]
-    v = _finite_or_zero(_load_rows(V, offs_n, tl.arange(0, BLOCK_DV), stride_vt, T, HEAD_DV, MASKED,
+    k = load_rows(K, offs_n, tl.arange(0, BLOCK_D), stride_kt, T, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BN, BD]
+    v = finite_or_zero(load_rows(V, offs_n, tl.arange(0, BLOCK_DV), stride_vt, T, HEAD_DV, MASKED,
                                    BLOCK_DV != HEAD_DV))  # [BN, BDV]: a NaN/inf value enters as 0
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BM, BN], base 2
     dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # [BM, BN]: d loss / d alpha
     seen = offs_n[None, :] < offs_m[:, None]
     g, alpha, u, sig = _bwd_tile(s, dp, carry, seen, BLOCK_N, MASKED, FAST_LOG2, SCAN)
-    dl = u - sig * _prefix_sums(u, BLOCK_N, SCAN)  # the part of dl whose S lies inside the tile
+    dl = u - sig * prefix_sums(u, BLOCK_N, SCAN)  # the part of dl whose S lies inside the tile
     if MASKED:
         dl = tl.where(seen, dl, 0.0)
-        k = _finite_or_zero(k)  # hidden keys' rows meet zeros: a NaN key stays out of earlier rows' dq
+        k = finite_or_zero(k)  # hidden keys' rows meet zeros: a NaN key stays out of earlier rows' dq
     r = tl.sum(u, axis=1)  # [BM]
     acc = tl.dot(dl.to(k.dtype), k, acc=acc, input_precision=PRECISION) - r[:, None] * bk
     bk = tl.dot(sig.to(k.dtype), k, acc=bk, input_precision=PRECISION)
@@ -276,14 +276,14 @@ def _stickbreaking_bwd_query(Q, K, V, DO, DQ, SR, SU, UT, VBAD, T, NB, qk_scale,
     int32, the first position whose value has a NaN/inf (``T``: none).  ``DO`` has ``V``'s strides, ``DQ``
     ``Q``'s.  Grid ``(cdiv(T, BLOCK_M), BH)``, heaviest first."""
     R: tl.constexpr = BLOCK_M // BLOCK_N
-    bh, start_m, offs_m = _query_block(BLOCK_M)
+    bh, start_m, offs_m = query_block(BLOCK_M)
     K += bh * stride_kb
     V += bh * stride_vb
     SR += bh * NB * T
     SU += bh * NB * T
     offs_d = tl.arange(0, BLOCK_D)
-    q = _load_rows(Q + bh * stride_qb, offs_m, offs_d, stride_qt, T, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
-    do = _load_rows(DO + bh * stride_vb, offs_m, tl.arange(0, BLOCK_DV), stride_vt, T, HEAD_DV, True,
+    q = load_rows(Q + bh * stride_qb, offs_m, offs_d, stride_qt, T, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+    do = load_rows(DO + bh * stride_vb, offs_m, tl.arange(0, BLOCK_DV), stride_vt, T, HEAD_DV, True,
                     BLOCK_DV != HEAD_DV)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     bk = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -302,7 +302,7 @@ def _stickbreaking_bwd_query(Q, K, V, DO, DQ, SR, SU, UT, VBAD, T, NB, qk_scale,
     tl.store(UT + bh * T + offs_m, su, mask=offs_m < T)
     dq = acc * scale
     dq = tl.where(offs_m[:, None] > tl.load(VBAD + bh), float("nan"), dq)  # rows that see a NaN/inf value
-    _store_rows(DQ + bh * stride_qb, dq, offs_m, offs_d, stride_qt, T, HEAD_DIM)
+    store_rows(DQ + bh * stride_qb, dq, offs_m, offs_d, stride_qt, T, HEAD_DIM)
 
 
 @triton.jit
@@ -314,8 +314,8 @@ def _bwd_key_tile(dkt, dvt, kt, vt, Q, DO, SR, SU, UT, offs_n, start_m, J, T, st
     (``[BD, BN]``, ``[BDV, BN]``), with that block's snapshots of the query sweep.  ``MASKED``: the tile holds
     hidden entries (``i <= j``) or rows past ``T``."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    q = _load_rows(Q, offs_m, tl.arange(0, BLOCK_D), stride_qt, T, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)
-    do = _load_rows(DO, offs_m, tl.arange(0, BLOCK_DV), stride_vt, T, HEAD_DV, MASKED, BLOCK_DV != HEAD_DV)
+    q = load_rows(Q, offs_m, tl.arange(0, BLOCK_D), stride_qt, T, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)
+    do = load_rows(DO, offs_m, tl.arange(0, BLOCK_DV), stride_vt, T, HEAD_DV, MASKED, BLOCK_DV != HEAD_DV)
     if MASKED:
         in_t = offs_m < T
         carry = tl.load(SR + J * T + offs_m, mask=in_t, other=0.0)
@@ -327,11 +327,11 @@ def _bwd_key_tile(dkt, dvt, kt, vt, Q, DO, SR, SU, UT, offs_n, start_m, J, T, st
     dp = tl.dot(do, vt, input_precision=PRECISION)
     seen = (offs_n[None, :] < offs_m[:, None]) & (offs_m[:, None] < T)
     g, alpha, u, sig = _bwd_tile(s, dp, carry, seen, BLOCK_N, MASKED, FAST_LOG2, SCAN)
-    dl = u - sig * (_prefix_sums(u, BLOCK_N, SCAN) + left[:, None])
+    dl = u - sig * (prefix_sums(u, BLOCK_N, SCAN) + left[:, None])
     if MASKED:
         dl = tl.where(seen, dl, 0.0)
-        q = _finite_or_zero(q)  # hidden queries' rows meet zeros: their NaN stays out of later keys' gradients
-        do = _finite_or_zero(do)
+        q = finite_or_zero(q)  # hidden queries' rows meet zeros: their NaN stays out of later keys' gradients
+        do = finite_or_zero(do)
     dkt = tl.dot(tl.trans(q), dl.to(q.dtype), acc=dkt, input_precision=PRECISION)  # [BD, BN]
     dvt = tl.dot(tl.trans(do), alpha.to(do.dtype), acc=dvt, input_precision=PRECISION)  # [BDV, BN]
     return dkt, dvt
@@ -358,8 +358,8 @@ def _stickbreaking_bwd_key(Q, K, V, DO, DK, DV, SR, SU, UT, VBAD, T, NB, qk_scal
     SR += bh * NB * T
     SU += bh * NB * T
     UT += bh * T
-    k = _load_rows(K + bh * stride_kb, offs_n, offs_d, stride_kt, T, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
-    v = _finite_or_zero(_load_rows(V + bh * stride_vb, offs_n, offs_dv, stride_vt, T, HEAD_DV, True,
+    k = load_rows(K + bh * stride_kb, offs_n, offs_d, stride_kt, T, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+    v = finite_or_zero(load_rows(V + bh * stride_vb, offs_n, offs_dv, stride_vt, T, HEAD_DV, True,
                                    BLOCK_DV != HEAD_DV))
     kt = tl.trans(k)  # [BD, BN], a loaded tile
     vt = tl.trans(v)
@@ -452,19 +452,20 @@ def _stickbreaking_launch(x: Flat, scale: float, *, block_m=None, block_n=None, 
     meta = dict(HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=next_pow2(n.D), BLOCK_DV=next_pow2(n.Dv),
                 PRECISION=dot_precision(x.dtype), FAST_LOG2=not interpreting() and x.dtype != torch.float32,
                 SCAN=scan or _scan_mode(x))
-    args = (x.q, x.k, x.v, out, n.T, scale * LOG2E, x.q.stride(0), x.q.stride(1), x.k.stride(0), x.k.stride(1),
-            x.v.stride(0), x.v.stride(1), out.stride(0), out.stride(1))
+    args = dict(Q=x.q, K=x.k, V=x.v, O=out,
+                T=n.T, qk_scale=scale * LOG2E,
+                **row_strides(q=x.q, k=x.k, v=x.v, o=out))
     if block_m is not None or block_n is not None:
         bm, bn = _check_blocks(block_m, block_n)
-        _stickbreaking_fwd[(triton.cdiv(n.T, bm), x.BH)](*args, BLOCK_M=bm, BLOCK_N=bn, **meta)
+        _stickbreaking_fwd[(triton.cdiv(n.T, bm), x.BH)](**args, BLOCK_M=bm, BLOCK_N=bn, **meta)
     elif interpreting():  # few large programs: the interpreter's cost is per program and loop trip
         bm = 16 if n.T <= 16 else 32 if n.T <= 32 else 64
-        _stickbreaking_fwd[(triton.cdiv(n.T, bm), x.BH)](*args, BLOCK_M=bm, BLOCK_N=bm, **meta)
+        _stickbreaking_fwd[(triton.cdiv(n.T, bm), x.BH)](**args, BLOCK_M=bm, BLOCK_N=bm, **meta)
     elif meta["PRECISION"] == "ieee":
-        _stickbreaking_fwd[(triton.cdiv(n.T, _FP32_CONFIG["BLOCK_M"]), x.BH)](*args, **_FP32_CONFIG, **meta)
+        _stickbreaking_fwd[(triton.cdiv(n.T, _FP32_CONFIG["BLOCK_M"]), x.BH)](**args, **_FP32_CONFIG, **meta)
     else:
         grid = lambda META: (triton.cdiv(n.T, META["BLOCK_M"]), x.BH)  # noqa: E731
-        _stickbreaking_fwd_tuned[grid](*args, **meta)
+        _stickbreaking_fwd_tuned[grid](**args, **meta)
     return out
 
 
@@ -502,11 +503,12 @@ def _stickbreaking_bwd_launch(x: Flat, do, scale: float, *, block_m=None, block_
     meta = dict(HEAD_DIM=n.D, HEAD_DV=n.Dv, BLOCK_D=next_pow2(n.D), BLOCK_DV=next_pow2(n.Dv),
                 PRECISION=dot_precision(x.dtype), FAST_LOG2=not interpreting() and x.dtype != torch.float32,
                 SCAN=scan or _scan_mode(x))
-    strides = (x.q.stride(0), x.q.stride(1), x.k.stride(0), x.k.stride(1), x.v.stride(0), x.v.stride(1))
-    _stickbreaking_bwd_query[(triton.cdiv(n.T, cfg["BLOCK_M"]), x.BH)](
-        x.q, x.k, x.v, do, dq, sr, su, ut, vbad, n.T, NB, scale * LOG2E, scale, *strides, **cfg, **meta)
-    _stickbreaking_bwd_key[(triton.cdiv(n.T, cfg["BLOCK_N"]), x.BH)](
-        x.q, x.k, x.v, do, dk, dv, sr, su, ut, vbad, n.T, NB, scale * LOG2E, scale, *strides, **cfg, **meta)
+    shared = dict(Q=x.q, K=x.k, V=x.v, DO=do, SR=sr, SU=su, UT=ut, VBAD=vbad,
+                  T=n.T, NB=NB, qk_scale=scale * LOG2E, scale=scale,
+                  **row_strides(q=x.q, k=x.k, v=x.v),
+                  **cfg, **meta)
+    _stickbreaking_bwd_query[(triton.cdiv(n.T, cfg["BLOCK_M"]), x.BH)](DQ=dq, **shared)
+    _stickbreaking_bwd_key[(triton.cdiv(n.T, cfg["BLOCK_N"]), x.BH)](DK=dk, DV=dv, **shared)
     return dq, dk, dv
 
 

@@ -10,8 +10,8 @@ import pytest
 import pathedu.kernels
 
 KERNELS = Path(pathedu.kernels.__file__).parent
-# The modules whose layout is held here; the others import the underscore aliases of _pieces (its last lines).
-HELD = ("path_attention", "path_carry", "ut_prepare", "flash_attention", "_launch", "_pieces", "rope", "gates")
+# Every kernel module: each is held to the same layout.
+HELD = tuple(sorted(p.stem for p in KERNELS.glob("*.py") if p.stem != "__init__"))
 
 
 def _tree(name: str) -> ast.Module:
@@ -32,15 +32,6 @@ def test_every_launch_passes_keyword_arguments(name):
     positional = [node.lineno for node in ast.walk(_tree(name))
                   if isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript) and node.args]
     assert not positional, f"{name}: launches with positional arguments at lines {positional}"
-
-
-def test_the_underscore_aliases_are_the_pieces_themselves():
-    from pathedu.kernels import _pieces
-
-    aliases = [n for n in vars(_pieces) if n.startswith("_") and not n.startswith("__") and hasattr(_pieces, n[1:])]
-    assert len(aliases) >= 20
-    for alias in aliases:
-        assert getattr(_pieces, alias) is getattr(_pieces, alias[1:]), alias
 
 
 def test_every_kernel_of_path_is_named_in_the_map():

@@ -31,7 +31,7 @@ def _delta_parts(q, k, v, bench):
     """Parts of the chunked (gated) DeltaNet kernel on bench-sized inputs, in ms."""
     from ..kernels._launch import per_token, prepare_qkv
     from ..kernels.delta_rule import _factor_dtype, _prepare, chunked_delta_rule
-    from ..kernels.linear_attention import _linear_launch
+    from ..kernels.linear_attention import linear_launch
     from ..kernels.ut_prepare import check_block
     from .fox import _log_f
     from .path import delta_inputs
@@ -54,9 +54,9 @@ def _delta_parts(q, k, v, bench):
         "prepare: _ut_diag_inverse": bench(prep.invert_diagonal_blocks),
         "prepare: _wy_prepare": bench(prep.prepare),
         "prepare, gated (both launches)": bench(lambda: prepared(log_f3)),
-        "chunk loop, no gate": bench(lambda: _linear_launch(x, "delta", chunk=chunk, prep=prep,
+        "chunk loop, no gate": bench(lambda: linear_launch(x, "delta", chunk=chunk, prep=prep,
                                                             precision=precision)),
-        "chunk loop, scalar decay": bench(lambda: _linear_launch(x, "delta", log_f3, chunk=chunk, prep=prep_g,
+        "chunk loop, scalar decay": bench(lambda: linear_launch(x, "delta", log_f3, chunk=chunk, prep=prep_g,
                                                                  precision=precision)),
         "deltanet_triton (total)": bench(lambda: chunked_delta_rule(qn, kn, v, beta)),
         "gated_deltanet_triton (total)": bench(lambda: chunked_delta_rule(qn, kn, v, beta, log_f=log_f)),
