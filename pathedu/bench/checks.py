@@ -909,28 +909,19 @@ def _backward_section(rec, dev, chapter, *, T=1024, long_T=8192, lead=(1, 2), D=
             torch.cuda.empty_cache()
 
 
-def nope_backward(rec, dev, fla, *, grad_T=1024, grad_long_T=8192, **_):
-    _backward_section(rec, dev, "nope", T=grad_T, long_T=grad_long_T)
+def _backward_check(chapter: str, long_T: int):
+    """``chapter``'s ``backward`` section of :data:`CHECKS`: :func:`_backward_section` at ``grad_T`` and
+    ``grad_long_T`` (by default ``long_T``)."""
+    def check(rec, dev, fla, *, grad_T=1024, grad_long_T=long_T, **_):
+        _backward_section(rec, dev, chapter, T=grad_T, long_T=grad_long_T)
+
+    check.__name__ = check.__qualname__ = f"{chapter}_backward"
+    return check
 
 
-def alibi_backward(rec, dev, fla, *, grad_T=1024, grad_long_T=8192, **_):
-    _backward_section(rec, dev, "alibi", T=grad_T, long_T=grad_long_T)
-
-
-def fox_backward(rec, dev, fla, *, grad_T=1024, grad_long_T=16384, **_):
-    _backward_section(rec, dev, "fox", T=grad_T, long_T=grad_long_T)
-
-
-def rope_backward(rec, dev, fla, *, grad_T=1024, grad_long_T=8192, **_):
-    _backward_section(rec, dev, "rope", T=grad_T, long_T=grad_long_T)
-
-
-def path_backward(rec, dev, fla, *, grad_T=1024, grad_long_T=16384, **_):
-    _backward_section(rec, dev, "path", T=grad_T, long_T=grad_long_T)
-
-
-def pathfox_backward(rec, dev, fla, *, grad_T=1024, grad_long_T=16384, **_):
-    _backward_section(rec, dev, "pathfox", T=grad_T, long_T=grad_long_T)
+# The long length: 8192 tokens, 16384 for FoX, PaTH and PaTH-FoX.
+nope_backward, alibi_backward, rope_backward = (_backward_check(c, 8192) for c in ("nope", "alibi", "rope"))
+fox_backward, path_backward, pathfox_backward = (_backward_check(c, 16384) for c in ("fox", "path", "pathfox"))
 
 
 def _fla_backward(rec, dev, fla, chapter: str, fla_op: str, fla_fn, *, fla_T: int, fla_lead: tuple):
