@@ -19,6 +19,15 @@ def data_seed(seed: int, step: int) -> int:
 
 EVAL_SEED = 2 ** 40
 
+#: The run settings that every experiment's ``DEFAULTS`` holds, with their defaults: the mixers' form and
+#: :func:`train_run`'s autocast, gradient checks and time limit.
+RUN_DEFAULTS = {
+    "form": "auto",
+    "amp": None,  # bf16 autocast: None = on GPUs with native bf16; false = fp32 throughout (e.g. to rule out rounding)
+    "grad_check_every": 0,  # >0: compare the step's gradient with the fp32 matrix form's every that many steps
+    "time_limit_s": None,  # per run: stop (and evaluate) once training has taken this long
+}
+
 
 def short_conv(config: dict, mixer: str) -> int:
     """The filter size of ``mixer``'s short convolution on q, k, v under ``config`` (its ``short_conv`` setting maps

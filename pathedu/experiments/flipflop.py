@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from .. import tasks
 from ..train import lm_targets
-from ._common import EVAL_SEED, beta_probe, data_seed, eval_split, short_conv, stats, train_run
+from ._common import EVAL_SEED, RUN_DEFAULTS, beta_probe, data_seed, eval_split, short_conv, stats, train_run
 
 # The runs: the product of these settings, in run()'s loop order (setting -> field of a run's record).
 GRID = {"seeds": "seed", "mixers": "mixer"}
@@ -36,10 +36,7 @@ DEFAULTS = {
     "splits": {"in_distribution": 0.8, "sparse": 0.98, "dense": 0.1},
     "batch_size": 32, "steps": 3000, "lr": 1e-3, "weight_decay": 0.1, "warmup": 300, "clip": 1.0,
     "eval_n": 512, "eval_batch_size": 128, "eval_every": 1000, "log_every": 10,
-    "form": "auto",
-    "amp": None,  # bf16 autocast: None = on GPUs with native bf16; false = fp32 throughout (e.g. to rule out rounding)
-    "grad_check_every": 0,  # >0: compare the step's gradient with the fp32 matrix form's every that many steps
-    "time_limit_s": None,  # per run: stop (and evaluate) once training has taken this long
+    **RUN_DEFAULTS,
     "w_conv": 0,  # PaTH's short convolution on w (filter size; 0: none), for path and pathfox only
     "short_conv": {},  # mixer -> filter size of the short convolution on q, k, v (none by default)
 }

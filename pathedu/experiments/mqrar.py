@@ -36,7 +36,7 @@ finished DeltaNet's 2000 steps in 330 s and Gated DeltaNet's in 380 s.
 from __future__ import annotations
 
 from .. import tasks
-from ._common import EVAL_SEED, beta_probe, data_seed, eval_split, short_conv, stats, train_run
+from ._common import EVAL_SEED, RUN_DEFAULTS, beta_probe, data_seed, eval_split, short_conv, stats, train_run
 
 # The runs: the product of these settings, in run()'s loop order (setting -> field of a run's record).
 GRID = {"n_backs": "n_back", "seeds": "seed", "mixers": "mixer"}
@@ -51,10 +51,7 @@ DEFAULTS = {
     "short_conv": {},  # mixer -> filter size of the short convolution on q, k, v (pathedu.models; none by default)
     "batch_size": 32, "steps": 2000, "lr": 1e-3, "weight_decay": 0.1, "warmup": 200, "clip": 1.0,
     "eval_n": 256, "eval_batch_size": 64, "eval_every": 500, "log_every": 10,
-    "form": "auto",
-    "amp": None,  # bf16 autocast: None = on GPUs with native bf16; false = fp32 throughout (e.g. to rule out rounding)
-    "grad_check_every": 0,  # >0: compare the step's gradient with the fp32 matrix form's every that many steps
-    "time_limit_s": None,  # per run: stop (and evaluate) once training has taken this long
+    **RUN_DEFAULTS,
 }
 TINY = {"mixers": ["rope", "path"], "n_backs": [1, 2], "d_model": 32, "n_keys": 4, "vocab": 16, "length": 32,
         "batch_size": 4, "steps": 3, "warmup": 1, "eval_n": 8, "eval_batch_size": 8, "eval_every": 2,

@@ -220,6 +220,16 @@ def eval_curves(record: dict, split: str = "sparse") -> dict:
     return out
 
 
+def _finish_error_plot(fig, ax, split: str):
+    """The y axis (error in % on ``split``, from 0), grid and legend of a per-mixer error plot; returns ``fig``."""
+    ax.set_ylabel(f"{_SPLIT_TITLES.get(split, split)} error (%)")
+    ax.set_ylim(bottom=0)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    return fig
+
+
 def plot_flipflop_sparse(record: dict, split: str = "sparse", ax=None):
     """Final error (%) on ``split`` per mixer: one dot per seed, a bar at the mean, and the paper's Table 1
     value as a cross where it has one.  Returns the figure."""
@@ -241,12 +251,7 @@ def plot_flipflop_sparse(record: dict, split: str = "sparse", ax=None):
             ax.scatter([x], [row["paper"]], marker="x", color="k", s=40, zorder=4,
                        label="paper (Table 1)" if not any(r["paper"] is not None for r in rows[:x]) else None)
     ax.set_xticks(range(len(rows)), [label(r["mixer"]) for r in rows])
-    ax.set_ylabel(f"{_SPLIT_TITLES.get(split, split)} error (%)")
-    ax.set_ylim(bottom=0)
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper right")
-    fig.tight_layout()
-    return fig
+    return _finish_error_plot(fig, ax, split)
 
 
 def _jitter(n: int, width: float = 0.2) -> list[float]:
@@ -618,12 +623,7 @@ def plot_flipflop_seeds(parts, split: str = "sparse", ax=None):
                        label=None if crossed else "paper (Table 1)")
             crossed = True
     ax.set_xticks(range(len(parts)), [name for name, *_ in parts], fontsize=8)
-    ax.set_ylabel(f"{_SPLIT_TITLES.get(split, split)} error (%)")
-    ax.set_ylim(bottom=0)
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper right")
-    fig.tight_layout()
-    return fig
+    return _finish_error_plot(fig, ax, split)
 
 
 def word_problem_table(record, *, mixers=None, layers=None, paper=None) -> str:

@@ -60,7 +60,7 @@ at length 20, 3 with RoPE, PaTH and DeltaNet and none of 1-4 with FoX.  Runs of 
 from __future__ import annotations
 
 from .. import tasks
-from ._common import EVAL_SEED, data_seed, eval_split, short_conv, stats, train_run
+from ._common import EVAL_SEED, RUN_DEFAULTS, data_seed, eval_split, short_conv, stats, train_run
 
 # The runs: the product of these settings, in run()'s loop order (setting -> field of a run's record).
 GRID = {"groups": "group", "lengths": "length", "seeds": "seed", "mixers": "mixer", "layers": "n_layers"}
@@ -79,10 +79,7 @@ DEFAULTS = {
     "curriculum_start": 2, "curriculum_steps": 400,
     "eval_n": 512, "eval_batch_size": 512, "eval_every": 1000, "log_every": 10,
     "threshold": 0.9, "metric": "accuracy",
-    "form": "auto",
-    "amp": None,  # bf16 autocast: None = on GPUs with native bf16; false = fp32 throughout (e.g. to rule out rounding)
-    "grad_check_every": 0,  # >0: compare the step's gradient with the fp32 matrix form's every that many steps
-    "time_limit_s": None,  # per run: stop (and evaluate) once training has taken this long
+    **RUN_DEFAULTS,
 }
 TINY = {"groups": ["S3"], "lengths": [6], "layers": [1, 2], "mixers": ["rope", "path"], "d_model": 32,
         "batch_size": 4, "steps": 3, "warmup": 1, "curriculum_steps": 1, "eval_n": 8, "eval_batch_size": 8,
