@@ -123,6 +123,18 @@ def load_rows(ptr, rows, cols, stride, n_rows, n_cols, CHECK_ROWS: tl.constexpr,
 
 
 @triton.jit
+def query_rows_and_grad(Q, DO, bh, offs_m, stride_qb, stride_qt, stride_ob, stride_ot, T, HEAD_DIM: tl.constexpr,
+                        HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """Head ``bh``'s rows ``offs_m`` of ``Q`` ``[BM, BD]`` and of the output's gradient ``dO`` ``[BM, BDV]`` (rows past
+    ``T`` and channels past the head dims read as 0): what a backward's query sweep starts from."""
+    q = load_rows(Q + bh * stride_qb, offs_m, tl.arange(0, BLOCK_D), stride_qt, T, HEAD_DIM, True,
+                  BLOCK_D != HEAD_DIM)
+    do = load_rows(DO + bh * stride_ob, offs_m, tl.arange(0, BLOCK_DV), stride_ot, T, HEAD_DV, True,
+                   BLOCK_DV != HEAD_DV)
+    return q, do
+
+
+@triton.jit
 def store_rows(ptr, x, rows, cols, stride, n_rows, n_cols):
     """Store tile ``x`` at rows ``rows < n_rows`` and columns ``cols < n_cols``, in ``ptr``'s dtype."""
     mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)

@@ -85,7 +85,7 @@ from ..checks import check_scale, require
 from ..cope import check_pos_emb, pos_emb_condition
 from ._launch import Flat, dot_precision, interpreting, next_pow2, prepare_qkv, row_strides, wants_grad
 from ._pieces import (finite_or_zero, first_nonfinite, load_rows, no_nonfinite, poison, prefix_sums, query_block,
-                      scan_dot, softmax_fold, store_rows)
+                      query_rows_and_grad, scan_dot, softmax_fold, store_rows)
 from .flash_attention import bwd_delta
 
 __all__ = ["cope_attention"]
@@ -261,16 +261,11 @@ def _cope_bwd_query(Q, K, V, DO, QE, LSE, DELTA, DQ, DQE, SR, SU, UT, T, P, NB, 
     gates at the block's right edge; ``sum_{j >= J} dpc_ij``); ``UT``: each row's ``sum_j dpc_ij``.  Grid
     ``(cdiv(T, BLOCK), BH)``, heaviest first."""
     bh, start_m, offs_m = query_block(BLOCK)
-    K += bh * stride_kb
-    V += bh * stride_vb
-    QE += bh * stride_eb
-    DQE += bh * stride_eb
-    SR += bh * NB * T
-    SU += bh * NB * T
+    K, V, QE, DQE = K + bh * stride_kb, V + bh * stride_vb, QE + bh * stride_eb, DQE + bh * stride_eb  # this head's
+    SR, SU = SR + bh * NB * T, SU + bh * NB * T
     offs_d = tl.arange(0, BLOCK_D)
-    q = load_rows(Q + bh * stride_qb, offs_m, offs_d, stride_qt, T, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
-    do = load_rows(DO + bh * stride_vb, offs_m, tl.arange(0, BLOCK_DV), stride_vt, T, HEAD_DV, True,
-                    BLOCK_DV != HEAD_DV)
+    q, do = query_rows_and_grad(Q, DO, bh, offs_m, stride_qb, stride_qt, stride_vb, stride_vt, T, HEAD_DIM, HEAD_DV,
+                                BLOCK_D, BLOCK_DV)
     lse = tl.load(LSE + bh * T + offs_m, mask=offs_m < T, other=0.0)
     delta = tl.load(DELTA + bh * T + offs_m, mask=offs_m < T, other=0.0)
     acc = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
@@ -325,21 +320,14 @@ def _cope_bwd_key(Q, K, V, DO, QE, LSE, DELTA, DK, DV, SR, SU, UT, T, P, NB, sca
                   BLOCK: tl.constexpr, PRECISION: tl.constexpr, SCAN: tl.constexpr):
     """The key sweep: ``dk``, ``dv`` of key block ``J`` (``BLOCK`` keys), query tiles from the diagonal to ``T``
     (the diagonal one and a partial last one masked), with the query sweep's snapshots.  Arguments as
-    :func:`_cope_bwd_query`.  Grid ``(NB, BH)``, the blocks with the most queries first."""
-    J = tl.num_programs(0) - 1 - tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    start_n = J * BLOCK
-    offs_n = start_n + tl.arange(0, BLOCK)
+    :func:`_cope_bwd_query`.  Grid ``(NB, BH)``, the last key block first."""
+    bh, start_n, offs_n = query_block(BLOCK)  # the program order of the query sweep, over key blocks
+    J = start_n // BLOCK
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    Q += bh * stride_qb
-    DO += bh * stride_vb
-    QE += bh * stride_eb
-    LSE += bh * T
-    DELTA += bh * T
-    SR += bh * NB * T
-    SU += bh * NB * T
-    UT += bh * T
+    Q, DO, QE = Q + bh * stride_qb, DO + bh * stride_vb, QE + bh * stride_eb  # this head's rows
+    LSE, DELTA, UT = LSE + bh * T, DELTA + bh * T, UT + bh * T
+    SR, SU = SR + bh * NB * T, SU + bh * NB * T
     k = load_rows(K + bh * stride_kb, offs_n, offs_d, stride_kt, T, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
     v = load_rows(V + bh * stride_vb, offs_n, offs_dv, stride_vt, T, HEAD_DV, True, BLOCK_DV != HEAD_DV)
     dkt = tl.zeros([BLOCK_D, BLOCK], dtype=tl.float32)

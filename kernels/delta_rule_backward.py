@@ -288,6 +288,15 @@ def _empty_grads(x: Flat, h0_given: bool, dht, *tensors):
     return tuple(None if t is None else torch.zeros_like(t) for t in tensors) + (dh0,)
 
 
+def _forward_start(ctx, q3, k3, v3, h0, flat, chunk):
+    """What both autograd Functions' forwards begin with: the inputs as a :class:`._launch.Flat`, the context's
+    sizes kept for the backward, and the fp32 final state ``(BH, D, Dv)`` to be written."""
+    x = Flat(flat.n, q3, k3, v3, flat.dtype, flat.like)
+    ctx.flat, ctx.chunk, ctx.has_h0 = flat, chunk, h0 is not None
+    ctx.set_materialize_grads(False)
+    return x, torch.empty(x.BH, x.n.D, x.n.Dv, dtype=torch.float32, device=x.device)
+
+
 class HouseholderRNN(torch.autograd.Function):
     """The chunked (gated) Householder RNN with a backward pass.
 
@@ -300,10 +309,7 @@ class HouseholderRNN(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q3, k3, v3, w3, beta3, log_f3, h0, flat, chunk, check):
-        x = Flat(flat.n, q3, k3, v3, flat.dtype, flat.like)
-        ctx.flat, ctx.chunk, ctx.has_h0 = flat, chunk, h0 is not None
-        ctx.set_materialize_grads(False)
-        ht = torch.empty(x.BH, x.n.D, x.n.Dv, dtype=torch.float32, device=x.device)
+        x, ht = _forward_start(ctx, q3, k3, v3, h0, flat, chunk)
         if x.empty_input:
             ctx.save_for_backward(q3, k3, v3, w3, beta3, log_f3)
             out = linear_launch(x, "householder", log_f3, chunk=chunk, h0=h0, final=ht)
@@ -339,10 +345,7 @@ class DeltaRule(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q3, k3, v3, beta3, log_f3, h0, flat, chunk, wy_dtype, check):
-        x = Flat(flat.n, q3, k3, v3, flat.dtype, flat.like)
-        ctx.flat, ctx.chunk, ctx.has_h0 = flat, chunk, h0 is not None
-        ctx.set_materialize_grads(False)
-        ht = torch.empty(x.BH, x.n.D, x.n.Dv, dtype=torch.float32, device=x.device)
+        x, ht = _forward_start(ctx, q3, k3, v3, h0, flat, chunk)
         if x.empty_input:
             ctx.save_for_backward(q3, k3, v3, beta3, log_f3)
             return linear_launch(x, "delta", log_f3, chunk=chunk, h0=h0, final=ht), ht

@@ -94,8 +94,8 @@ import triton.language as tl
 
 from ..checks import check_positive_int, check_scale
 from ._launch import Flat, dot_precision, interpreting, next_pow2, prepare_qkv, row_strides, wants_grad
-from ._pieces import (LOG2E, finite_or_zero, first_nonfinite, load_rows, log2_approx, masked_dot,
-                      no_nonfinite, poison, prefix_sums, query_block, scan_dot, store_rows)
+from ._pieces import (LOG2E, finite_or_zero, first_nonfinite, load_rows, log2_approx, masked_dot, no_nonfinite,
+                      poison, prefix_sums, query_block, query_rows_and_grad, scan_dot, store_rows)
 
 __all__ = ["stickbreaking_attention"]
 
@@ -277,14 +277,11 @@ def _stickbreaking_bwd_query(Q, K, V, DO, DQ, SR, SU, UT, VBAD, T, NB, qk_scale,
     ``Q``'s.  Grid ``(cdiv(T, BLOCK_M), BH)``, heaviest first."""
     R: tl.constexpr = BLOCK_M // BLOCK_N
     bh, start_m, offs_m = query_block(BLOCK_M)
-    K += bh * stride_kb
-    V += bh * stride_vb
-    SR += bh * NB * T
-    SU += bh * NB * T
+    K, V = K + bh * stride_kb, V + bh * stride_vb  # this head's rows
+    SR, SU = SR + bh * NB * T, SU + bh * NB * T
     offs_d = tl.arange(0, BLOCK_D)
-    q = load_rows(Q + bh * stride_qb, offs_m, offs_d, stride_qt, T, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
-    do = load_rows(DO + bh * stride_vb, offs_m, tl.arange(0, BLOCK_DV), stride_vt, T, HEAD_DV, True,
-                    BLOCK_DV != HEAD_DV)
+    q, do = query_rows_and_grad(Q, DO, bh, offs_m, stride_qb, stride_qt, stride_vb, stride_vt, T, HEAD_DIM, HEAD_DV,
+                                BLOCK_D, BLOCK_DV)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     bk = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     carry = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -346,18 +343,13 @@ def _stickbreaking_bwd_key(Q, K, V, DO, DK, DV, SR, SU, UT, VBAD, T, NB, qk_scal
     """The key sweep: ``dk``, ``dv`` of key block ``J`` (``BLOCK_N`` keys), query tiles of ``BLOCK_M`` rows from the
     first that sees a key of the block to ``T``: masked tiles (hidden entries), whole ones, a masked last one.
     Arguments as :func:`_stickbreaking_bwd_query`; ``DK``, ``DV`` have ``K``'s and ``V``'s strides.  Grid
-    ``(cdiv(T, BLOCK_N), BH)``, the blocks with the most queries first."""
-    J = tl.num_programs(0) - 1 - tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    start_n = J * BLOCK_N
-    offs_n = start_n + tl.arange(0, BLOCK_N)
+    ``(cdiv(T, BLOCK_N), BH)``, the last key block first."""
+    bh, start_n, offs_n = query_block(BLOCK_N)  # the program order of the query sweep, over key blocks
+    J = start_n // BLOCK_N
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    Q += bh * stride_qb
-    DO += bh * stride_vb
-    SR += bh * NB * T
-    SU += bh * NB * T
-    UT += bh * T
+    Q, DO = Q + bh * stride_qb, DO + bh * stride_vb  # this head's rows
+    SR, SU, UT = SR + bh * NB * T, SU + bh * NB * T, UT + bh * T
     k = load_rows(K + bh * stride_kb, offs_n, offs_d, stride_kt, T, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
     v = finite_or_zero(load_rows(V + bh * stride_vb, offs_n, offs_dv, stride_vt, T, HEAD_DV, True,
                                    BLOCK_DV != HEAD_DV))
