@@ -57,7 +57,7 @@ import numbers
 
 import torch
 
-from .checks import QKV, check_device, check_positive_int, check_qkv, check_scale, range_condition, require
+from .checks import QKV, check_device, check_int, check_positive_int, check_qkv, check_scale, range_condition, require
 from .masks import causal_mask, causal_matmul, masked_logits
 from .nope import _initial_state, blockwise_softmax, causal_softmax, chunk_scan, decode_with_cache, empty_output
 
@@ -167,14 +167,6 @@ def half_life(gamma):
     return math.inf if float(gamma) == 1.0 else math.log(0.5) / math.log(float(gamma))
 
 
-def _check_n_heads(n_heads) -> int:
-    if isinstance(n_heads, bool) or not isinstance(n_heads, numbers.Integral):
-        raise TypeError(f"`n_heads` must be an int, got {type(n_heads).__name__}")
-    if n_heads < 1:
-        raise ValueError(f"`n_heads` must be >= 1, got {n_heads}")
-    return int(n_heads)
-
-
 def alibi_slopes(n_heads: int) -> torch.Tensor:
     """The per-head slopes of the ALiBi paper, as a float64 tensor ``(n_heads,)``.
 
@@ -186,7 +178,7 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
     with the ones already used left out.  The order is the paper code's: head
     ``h`` gets entry ``h``.
     """
-    n = _check_n_heads(n_heads)
+    n = check_int(n_heads, "n_heads")
     p = 1 << (n.bit_length() - 1)  # the largest power of two <= n
     slopes = [2.0 ** (-8.0 * h / p) for h in range(1, p + 1)]
     # Odd entries (1st, 3rd, ...) of the 2p-head sequence fall between the p-head ones.
@@ -199,7 +191,7 @@ def retnet_gammas(n_heads: int) -> torch.Tensor:
 
     Half-lives from about 22 tokens (head 0) upwards, doubling head by head.
     """
-    n = _check_n_heads(n_heads)
+    n = check_int(n_heads, "n_heads")
     return 1.0 - 2.0 ** (-5.0 - torch.arange(n, dtype=torch.float64))
 
 

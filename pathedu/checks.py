@@ -167,6 +167,16 @@ def check_kernel_inputs(sizes: QKV, dtype: torch.dtype, *, min_dim: int = 16, ma
             raise ValueError(f"Triton forms support head dims {min_dim}..{max_dim}; `{name}` has {d}")
 
 
+def check_int(x, name: str, minimum: int = 1) -> int:
+    """A size or a count (``n_heads``, ``d_model``, a filter size): an int ``>= minimum``; a boolean or a float is
+    refused with a ``TypeError``, a smaller int with a ``ValueError``, each naming the argument."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+        raise TypeError(f"`{name}` must be an int, got {type(x).__name__}")
+    if int(x) < minimum:
+        raise ValueError(f"`{name}` must be >= {minimum}, got {x}")
+    return int(x)
+
+
 def check_positive_int(x, name: str) -> int:
     """A tuning argument (``page``, ``block_m``, ``block_n``, ``chunk``, ``block``): a positive int.
 

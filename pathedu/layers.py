@@ -71,6 +71,7 @@ from . import path as _path
 from . import pathfox as _pathfox
 from . import rope as _rope
 from . import stickbreaking as _sb
+from .checks import check_int
 from ._device import triton_mode
 
 __all__ = ["TokenMixer", "NoPEAttention", "ALiBiAttention", "ForgettingAttention", "RoPEAttention", "PaTHAttention",
@@ -171,14 +172,6 @@ def choose_form(mixer: str, form: str = "auto", *, device=None, T: int = 0, matr
     return "matrix"
 
 
-def _pos_int(x, name: str, minimum: int = 1) -> int:
-    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
-        raise TypeError(f"`{name}` must be an int, got {type(x).__name__}")
-    if int(x) < minimum:
-        raise ValueError(f"`{name}` must be >= {minimum}, got {x}")
-    return int(x)
-
-
 def causal_depthwise(channels: int, size: int) -> nn.Conv1d:
     """A causal depthwise convolution of filter ``size`` over ``channels`` (no bias, PyTorch's default
     initialisation): padded ``size - 1`` on the left, so that :func:`convolve` lets position ``t`` see
@@ -240,18 +233,18 @@ class TokenMixer(nn.Module):
                  short_conv: int = 0, matrix_max_T: int = 1024, triton_without_grad: bool = True,
                  beta_max: float | None = None, w_conv: int = 0, w_rank: int | None = None):
         super().__init__()
-        d_model = _pos_int(d_model, "d_model")
-        n_heads = _pos_int(n_heads, "n_heads")
+        d_model = check_int(d_model, "d_model")
+        n_heads = check_int(n_heads, "n_heads")
         if head_dim is None:
             if d_model % n_heads:
                 raise ValueError(f"`d_model` ({d_model}) must be divisible by `n_heads` ({n_heads}), "
                                  f"or pass `head_dim`")
             head_dim = d_model // n_heads
-        head_dim = _pos_int(head_dim, "head_dim")
+        head_dim = check_int(head_dim, "head_dim")
         choose_form(self.mixer, form)  # validates form
-        short_conv = _pos_int(short_conv, "short_conv", minimum=0)
-        w_conv = _pos_int(w_conv, "w_conv", minimum=0)
-        self.matrix_max_T = _pos_int(matrix_max_T, "matrix_max_T")
+        short_conv = check_int(short_conv, "short_conv", minimum=0)
+        w_conv = check_int(w_conv, "w_conv", minimum=0)
+        self.matrix_max_T = check_int(matrix_max_T, "matrix_max_T")
         if not isinstance(triton_without_grad, bool):
             raise TypeError(f"`triton_without_grad` must be a bool, got {type(triton_without_grad).__name__}")
         if beta_max is not None and not self.has_beta:
@@ -261,7 +254,7 @@ class TokenMixer(nn.Module):
         if w_rank is not None:
             if not self.has_w:
                 raise ValueError(f"`w_rank` only applies to the layers with a w; {type(self).__name__} has none")
-            w_rank = _pos_int(w_rank, "w_rank")
+            w_rank = check_int(w_rank, "w_rank")
         if beta_max is None:
             beta_max = self.default_beta_max
         if isinstance(beta_max, bool) or not isinstance(beta_max, numbers.Real):
@@ -647,7 +640,7 @@ class CoPEAttention(_Softmax):
 
     def __init__(self, d_model, n_heads, head_dim=None, *, npos_max: int = 64, **kwargs):
         super().__init__(d_model, n_heads, head_dim, **kwargs)
-        self.npos_max = _pos_int(npos_max, "npos_max")
+        self.npos_max = check_int(npos_max, "npos_max")
         self.pos_emb = nn.Parameter(torch.zeros(self.npos_max, self.head_dim))
 
     def core_inputs(self, q, k, v, extra):

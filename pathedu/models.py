@@ -82,9 +82,9 @@ import math
 import torch
 import torch.nn as nn
 
+from .checks import check_int
 from .layers import FUNCS as _FUNCS
 from .layers import GLA_RANK, LAYERS, LINEAR_SIDE, TokenMixer, choose_form, triton_trains
-from .layers import _pos_int
 from .layers import causal_depthwise as _causal_depthwise  # noqa: F401  (kept for readers of the old name)
 from .layers import convolve as _convolve  # noqa: F401
 
@@ -214,17 +214,17 @@ class LM(nn.Module):
 
 def _resolve(mixer, vocab, d_model, n_layers, n_heads, head_dim, out_vocab, mlp_ratio):
     mixer = _check_mixer(mixer)
-    vocab = _pos_int(vocab, "vocab")
-    d_model = _pos_int(d_model, "d_model")
-    n_layers = _pos_int(n_layers, "n_layers")
-    n_heads = _pos_int(n_heads, "n_heads")
-    mlp_ratio = _pos_int(mlp_ratio, "mlp_ratio")
-    out_vocab = vocab if out_vocab is None else _pos_int(out_vocab, "out_vocab")
+    vocab = check_int(vocab, "vocab")
+    d_model = check_int(d_model, "d_model")
+    n_layers = check_int(n_layers, "n_layers")
+    n_heads = check_int(n_heads, "n_heads")
+    mlp_ratio = check_int(mlp_ratio, "mlp_ratio")
+    out_vocab = vocab if out_vocab is None else check_int(out_vocab, "out_vocab")
     if head_dim is None:
         if d_model % n_heads:
             raise ValueError(f"`d_model` ({d_model}) must be divisible by `n_heads` ({n_heads}), or pass `head_dim`")
         head_dim = d_model // n_heads
-    head_dim = _pos_int(head_dim, "head_dim")
+    head_dim = check_int(head_dim, "head_dim")
     return mixer, vocab, d_model, n_layers, n_heads, head_dim, out_vocab, mlp_ratio
 
 
@@ -251,21 +251,21 @@ def build_model(mixer: str, *, vocab: int, d_model: int, n_layers: int, n_heads:
     if beta_max is not None and not cls.has_beta:
         with_beta = ", ".join(m for m in MIXERS if LAYERS[m].has_beta)
         raise ValueError(f"`beta_max` only applies to the mixers with a beta ({with_beta}); got mixer {mixer!r}")
-    w_conv = _pos_int(w_conv, "w_conv", minimum=0)
+    w_conv = check_int(w_conv, "w_conv", minimum=0)
     if w_conv and not cls.has_w:
         with_w = ", ".join(m for m in MIXERS if LAYERS[m].has_w)
         raise ValueError(f"`w_conv` only applies to the mixers with a w ({with_w}); got mixer {mixer!r}")
-    short_conv = _pos_int(short_conv, "short_conv", minimum=0)
+    short_conv = check_int(short_conv, "short_conv", minimum=0)
     extra = {}
     if npos_max is not None and mixer != "cope":
         raise ValueError(f"`npos_max` only applies to the mixer cope; got mixer {mixer!r}")
     if mixer == "cope":
-        extra["npos_max"] = _pos_int(NPOS_MAX if npos_max is None else npos_max, "npos_max")
+        extra["npos_max"] = check_int(NPOS_MAX if npos_max is None else npos_max, "npos_max")
     if w_rank is not None:
         if not cls.has_w:
             with_w = ", ".join(m for m in MIXERS if LAYERS[m].has_w)
             raise ValueError(f"`w_rank` only applies to the mixers with a w ({with_w}); got mixer {mixer!r}")
-        extra["w_rank"] = _pos_int(w_rank, "w_rank")
+        extra["w_rank"] = check_int(w_rank, "w_rank")
     return LM(mixer, vocab=vocab, d_model=d_model, n_layers=n_layers, n_heads=n_heads, head_dim=head_dim,
               out_vocab=out_vocab, mlp_ratio=mlp_ratio, beta_max=beta_max, form=form, matrix_max_T=matrix_max_T,
               rope_base=rope_base, w_conv=w_conv, short_conv=short_conv, **extra)
@@ -278,8 +278,8 @@ def parameter_count(mixer: str, *, vocab: int, d_model: int, n_layers: int, n_he
     the module docstring (no model is built)."""
     mixer, vocab, d, L, H, Dh, out_vocab, r = _resolve(mixer, vocab, d_model, n_layers, n_heads, head_dim,
                                                        out_vocab, mlp_ratio)
-    w_conv = _pos_int(w_conv, "w_conv", minimum=0)
-    short_conv = _pos_int(short_conv, "short_conv", minimum=0)
+    w_conv = check_int(w_conv, "w_conv", minimum=0)
+    short_conv = check_int(short_conv, "short_conv", minimum=0)
     HD, h = H * Dh, r * d
     cls = LAYERS[mixer]
     extra = 0
@@ -290,11 +290,11 @@ def parameter_count(mixer: str, *, vocab: int, d_model: int, n_layers: int, n_he
     if cls.has_beta:
         extra += d * H + H
     if cls.has_w:
-        extra += (d * HD if w_rank is None else _pos_int(w_rank, "w_rank") * (d + HD)) + HD * w_conv
+        extra += (d * HD if w_rank is None else check_int(w_rank, "w_rank") * (d + HD)) + HD * w_conv
     if mixer in LINEAR_MIXERS:
         extra += Dh
     if mixer == "cope":
-        extra += _pos_int(NPOS_MAX if npos_max is None else npos_max, "npos_max") * Dh
+        extra += check_int(NPOS_MAX if npos_max is None else npos_max, "npos_max") * Dh
     extra += 3 * HD * short_conv
     per_layer = 4 * d + (2 * d * h + h + d) + 4 * d * HD + extra
     return vocab * d + d * out_vocab + 2 * d + L * per_layer

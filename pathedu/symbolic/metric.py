@@ -42,6 +42,8 @@ import numbers
 
 import sympy as sp
 
+from ..checks import check_int
+
 f = sp.IndexedBase("f", positive=True)  # the gates f_s > 0 at symbolic positions s
 i, j, m, s = sp.symbols("i j m s", integer=True)
 lam = sp.Symbol("lambda", positive=True)  # ALiBi's slope: the cost of every step of a constant gate
@@ -56,7 +58,7 @@ __all__ = [
 def log_gates(n: int, *, negative: bool = False) -> tuple:
     r"""``n`` symbolic log gates ``log f_1 .. log f_n`` (sympy symbols named ``\log f_s``):
     nonpositive (gates in (0, 1]) or, with ``negative=True``, negative (gates in (0, 1))."""
-    n = _check_n(n)
+    n = check_int(n, "n", minimum=0)
     kw = dict(negative=True) if negative else dict(nonpositive=True)
     return tuple(sp.Symbol(rf"\log f_{{{k}}}", **kw) for k in range(1, n + 1))
 
@@ -75,15 +77,7 @@ def costs_from_gates(gates) -> tuple:
 def constant_costs(n: int, value=lam) -> tuple:
     """``n`` equal costs (default ALiBi's slope ``lambda``): a constant gate ``gamma = e^{-lambda}``,
     RetNet's decay and ALiBi's bias (chapter 2)."""
-    return (sp.sympify(value),) * _check_n(n)
-
-
-def _check_n(n) -> int:
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
-        raise TypeError(f"`n` must be an int, got {type(n).__name__}")
-    if n < 0:
-        raise ValueError(f"`n` must be >= 0, got {n}")
-    return int(n)
+    return (sp.sympify(value),) * check_int(n, "n", minimum=0)
 
 
 def distance(j: int, i: int, costs) -> sp.Expr:
