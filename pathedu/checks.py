@@ -76,6 +76,14 @@ def _check_tensor(x, name: str) -> None:
     check_device(x, name)
 
 
+def check_floating(x, name: str) -> None:
+    """``x`` a tensor of any floating dtype (a ``TypeError`` naming the argument otherwise)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"`{name}` must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"`{name}` must have a floating dtype, got {x.dtype}")
+
+
 def check_qkv(q, k, v) -> QKV:
     """Validate ``q, k: (..., T, D)`` and ``v: (..., T, Dv)``; return their sizes.
 

@@ -56,8 +56,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .checks import (QKV, check_device, check_per_token, check_positive_int, check_qkv, check_scale, log_gate_condition,
-                     require)
+from .checks import (QKV, check_device, check_floating, check_per_token, check_positive_int, check_qkv, check_scale,
+                     log_gate_condition, require)
 from .masks import causal_mask, causal_matmul, masked_logits
 from .nope import KVCache, _initial_state, blockwise_softmax, causal_softmax, empty_output
 
@@ -79,10 +79,7 @@ def forget_gate_logits_to_log_f(x):
     negative scores keep their value (``-200`` stays ``-200``, where
     ``log(sigmoid(-200))`` is ``-inf`` in float32).
     """
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"`x` must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"`x` must have a floating dtype, got {x.dtype}")
+    check_floating(x, "x")
     return F.logsigmoid(x)
 
 
@@ -127,10 +124,7 @@ def log_gate_matrix(log_f):
     no digits are lost to cancellation.  O(T^2) memory; the result is the
     transposed view of a contiguous key-major ``(..., T, T)`` tensor.
     """
-    if not isinstance(log_f, torch.Tensor):
-        raise TypeError(f"`log_f` must be a torch.Tensor, got {type(log_f).__name__}")
-    if not log_f.is_floating_point():
-        raise TypeError(f"`log_f` must have a floating dtype, got {log_f.dtype}")
+    check_floating(log_f, "log_f")
     if log_f.dim() < 1:
         raise ValueError(f"`log_f` must have shape (..., T), got shape {tuple(log_f.shape)}")
     check_device(log_f, "log_f")

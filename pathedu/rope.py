@@ -68,7 +68,7 @@ import numbers
 
 import torch
 
-from .checks import QKV, check_positive_int, check_qkv, check_scale
+from .checks import QKV, check_floating, check_positive_int, check_qkv, check_scale
 from .masks import causal_matmul
 from .nope import KVCache, _state_or_zeros, blockwise_softmax, causal_softmax, empty_output
 
@@ -209,10 +209,7 @@ def apply_rope(x, *, base: float = 10000.0, offset: int = 0, pairing: str = "int
     for float64 input) and the result is cast back to ``x.dtype``.
     Norm-preserving: ``|apply_rope(x)[..., t, :]| = |x[..., t, :]|``.
     """
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"`x` must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"`x` must have a floating dtype, got {x.dtype}")
+    check_floating(x, "x")
     if x.dim() < 2:
         raise ValueError(f"`x` must have shape (..., T, D) with at least 2 dims, got shape {tuple(x.shape)}")
     check_even(x.shape[-1], "x")
