@@ -28,6 +28,8 @@ from functools import lru_cache
 
 import torch
 
+from .checks import check_int as _int
+
 __all__ = [
     "FLIPFLOP_VOCAB", "W", "R", "I", "ZERO", "ONE", "flipflop", "flipflop_mask", "flipflop_reads",
     "GROUPS", "group_elements", "compose_table", "inverse_indices", "cycles_to_perm", "A5_PAPER_GENERATORS",
@@ -46,14 +48,6 @@ FLIPFLOP_VOCAB = {"w": W, "r": R, "i": I, "0": ZERO, "1": ONE}
 # ---------------------------------------------------------------------------
 # Argument checks
 # ---------------------------------------------------------------------------
-
-def _int(x, name: str, *, minimum: int = 1) -> int:
-    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
-        raise TypeError(f"`{name}` must be an int, got {type(x).__name__}")
-    if int(x) < minimum:
-        raise ValueError(f"`{name}` must be >= {minimum}, got {x}")
-    return int(x)
-
 
 def _prob(x, name: str) -> float:
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
