@@ -196,6 +196,34 @@ def test_gla_gradients_under_extreme_gates(dtype, gate, kind):
         assert torch.isfinite(a).all() and err <= TOL[dtype], f"{kind} {gate} {dtype} d{label}: {err:.2e}"
 
 
+def _state_gradients(form, recurrent, inputs, inputs64, loss):
+    """``(label, got, want)`` for q, k, v, the extra arguments and the initial state: the gradients of
+    ``loss(out, S)`` through ``form`` on ``inputs = (q, k, v, extras, initial_state)``, and through the float64
+    ``recurrent`` form on ``inputs64``."""
+    def grads(fn, q, k, v, ex, s0):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v, *ex.values(), s0)]
+        out, S = fn(*leaves[:-1], initial_state=leaves[-1], return_state=True)
+        return torch.autograd.grad(loss(out, S), leaves)
+
+    return zip(["q", "k", "v", *inputs[3], "initial_state"], grads(form.fn, *inputs), grads(recurrent, *inputs64))
+
+
+def _in_pieces(form, q, k, v, ex, s0):
+    """``(full, S_full, pieces, state)``: ``form``'s output and final state from ``s0`` in one pass, and with the
+    sequence run in pieces, [0, 120), [120, 298), then tokens 298 and 299 one at a time (T = 300)."""
+    with torch.no_grad():
+        full, S_full = form.fn(q, k, v, *ex.values(), initial_state=s0, return_state=True)
+        outs, state = [], s0
+        for a, b in ((0, 120), (120, 298), (298, 299), (299, 300)):
+            # the extras of tokens [a, b): per token (..., T) or per token and channel (..., T, D); RetNet's per head
+            per = [x[..., a:b] if x.dim() == q.dim() - 1 else x[..., a:b, :] if x.dim() == q.dim() else x
+                   for x in ex.values()]
+            o, state = form.fn(q[..., a:b, :], k[..., a:b, :], v[..., a:b, :], *per, initial_state=state,
+                               return_state=True)
+            outs.append(o)
+    return full, S_full, torch.cat(outs, -2), state
+
+
 @pytest.mark.parametrize("name", LINEAR)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_linear_state_in_and_out_gradients(dtype, name):
@@ -222,27 +250,10 @@ def test_linear_state_in_and_out_gradients(dtype, name):
         return (out.double() * g).sum() + (S.to(gS.dtype) * gS.conj()).real.sum()
 
     s0 = S0.to(torch.complex64 if S0.is_complex() else torch.float32)
-    leaves = [x.clone().requires_grad_() for x in (q, k, v, *ex.values(), s0)]
-    out, S = form.fn(*leaves[:-1], initial_state=leaves[-1], return_state=True)
-    got = torch.autograd.grad(loss(out, S), leaves)
-    leaves64 = [x.clone().requires_grad_() for x in (q64, k64, v64, *ex64.values(), S0)]
-    out64, S64 = recurrent(*leaves64[:-1], initial_state=leaves64[-1], return_state=True)
-    want = torch.autograd.grad(loss(out64, S64), leaves64)
-    for label, a, b in zip(["q", "k", "v", *ex, "initial_state"], got, want):
+    for label, a, b in _state_gradients(form, recurrent, (q, k, v, ex, s0), (q64, k64, v64, ex64, S0), loss):
         err = (a.to(b.dtype) - b).abs().max().item() / b.abs().max().item()
         assert err <= TOL[dtype], f"{name} {dtype} d{label}: {err:.2e}"
-    # in pieces: [0, 120), [120, 298), then tokens 298 and 299 one at a time
-    with torch.no_grad():
-        full, S_full = form.fn(q, k, v, *ex.values(), initial_state=s0, return_state=True)
-        outs, state = [], s0
-        for a, b in ((0, 120), (120, 298), (298, 299), (299, 300)):
-            # the gates of tokens [a, b): per token (..., T) or per token and channel (..., T, D); RetNet's per head
-            per = [x[..., a:b] if x.dim() == q.dim() - 1 else x[..., a:b, :] if x.dim() == q.dim() else x
-                   for x in ex.values()]
-            o, state = form.fn(q[..., a:b, :], k[..., a:b, :], v[..., a:b, :], *per, initial_state=state,
-                               return_state=True)
-            outs.append(o)
-        pieces = torch.cat(outs, -2)
+    full, S_full, pieces, state = _in_pieces(form, q, k, v, ex, s0)
     scale = full.float().abs().max().item()
     assert (pieces.float() - full.float()).abs().max().item() <= TOL[dtype] * scale, f"{name} {dtype}: pieces"
     sv = torch.view_as_real(S_full) if S_full.is_complex() else S_full
@@ -375,24 +386,11 @@ def test_delta_state_in_and_out_gradients(dtype, name):
     def loss(out, S):
         return (out.double() * g).sum() + (S.double() * gS).sum()
 
-    leaves = [x.clone().requires_grad_() for x in (q, k, v, *ex.values(), S0.float())]
-    out, S = form.fn(*leaves[:-1], initial_state=leaves[-1], return_state=True)
-    got = torch.autograd.grad(loss(out, S), leaves)
-    leaves64 = [x.clone().requires_grad_() for x in (q64, k64, v64, *ex64.values(), S0)]
-    out64, S64 = recurrent(*leaves64[:-1], initial_state=leaves64[-1], return_state=True)
-    want = torch.autograd.grad(loss(out64, S64), leaves64)
-    for label, a, b in zip(["q", "k", "v", *ex, "initial_state"], got, want):
+    inputs, inputs64 = (q, k, v, ex, S0.float()), (q64, k64, v64, ex64, S0)
+    for label, a, b in _state_gradients(form, recurrent, inputs, inputs64, loss):
         err = (a.double() - b).abs().max().item() / b.abs().max().item()
         assert torch.isfinite(a).all() and err <= TOL[dtype], f"{name} {dtype} d{label}: {err:.2e}"
-    with torch.no_grad():
-        full, S_full = form.fn(q, k, v, *ex.values(), initial_state=S0.float(), return_state=True)
-        outs, state = [], S0.float()
-        for a, b in ((0, 120), (120, 298), (298, 299), (299, 300)):
-            per = [x[..., a:b] if x.dim() == q.dim() - 1 else x[..., a:b, :] for x in ex.values()]
-            o, state = form.fn(q[..., a:b, :], k[..., a:b, :], v[..., a:b, :], *per, initial_state=state,
-                               return_state=True)
-            outs.append(o)
-        pieces = torch.cat(outs, -2)
+    full, S_full, pieces, state = _in_pieces(form, q, k, v, ex, S0.float())
     scale = full.float().abs().max().item()
     assert (pieces.float() - full.float()).abs().max().item() <= TOL[dtype] * scale, f"{name} {dtype}: pieces"
     assert (state - S_full).abs().max().item() <= TOL[dtype] * S_full.abs().max().item(), f"{name} {dtype}: state"
