@@ -198,6 +198,17 @@ def diagnose(student_fn, args, wrong_variants, rtol: float = 1e-6) -> str:
     return ""
 
 
+def seeded(seed: int) -> torch.Generator:
+    """The generator of a check's inputs for ``seed``: fixed seeds give the same inputs at every run (the course
+    grader salts them, :func:`fresh_inputs`)."""
+    return torch.Generator().manual_seed(seed)
+
+
+def randn64(g: torch.Generator, *shape) -> torch.Tensor:
+    """A float64 tensor of ``shape`` drawn from the standard normal with ``g``."""
+    return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+
 def _run_trials(name, student_fn, reference_fn, make_inputs, trials, hint, compare, success) -> Verdict:
     """The trial loop shared by the checks: run ``student_fn`` and ``reference_fn`` on
     ``trials`` fresh inputs; ``compare(out, ref, seed)`` returns what is wrong (a message

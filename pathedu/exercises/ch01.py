@@ -1,11 +1,7 @@
 """Chapter 1 exercises: check functions for ``notebooks/01_nope_linear_lab.ipynb``.
 
-Each ``check_*`` function takes the student's function, runs it on a few fresh
-random float64 inputs, compares it with the library's reference forms and
-prints one line: ``Correct [...]`` or ``Not yet [...]`` with a hint.  It returns
-a :class:`~pathedu.exercises.Verdict` (truthy when the answer is right) and
-never raises because of the answer: a stub that raises ``NotImplementedError``
-gets a friendly "Not yet".
+The checks run the student's functions on fresh random float64 inputs against the library's reference forms.
+What a check takes, prints and returns, and what ``hint(n, level)`` prints: :mod:`pathedu.exercises`.
 
 Exercises:
 
@@ -21,7 +17,6 @@ Exercises:
 5. :func:`check_why_order` (explain): what the causal mask tells a model without positions.
 6. :func:`check_chunked_bug` (find the bug): a chunked form with one planted error.
 
-``hint(n, level=1)`` prints a hint for exercise ``n``: level 1 a nudge, 2 the structure, 3 the recipe.
 """
 from __future__ import annotations
 
@@ -30,7 +25,8 @@ import torch
 
 from .. import nope
 from ..masks import causal_mask
-from ._grader import Exercises, Verdict, check_bug, check_explanation, check_function, check_parts, check_prediction
+from ._grader import (Exercises, Verdict, check_bug, check_explanation, check_function, check_parts, check_prediction,
+                      randn64, seeded)
 
 __all__ = ["check_linear_matrix", "check_online_softmax_merge", "check_chunk_step", "check_state_shape",
            "check_why_order", "check_chunked_bug", "hint"]
@@ -73,18 +69,14 @@ EXERCISES = Exercises("ch01", {
 hint = EXERCISES.hint
 
 
-def _randn(g, *shape):
-    return torch.randn(*shape, generator=g, dtype=torch.float64)
-
-
 # ---------------------------------------------------------------------------
 # Exercise 1: linear attention, matrix form
 # ---------------------------------------------------------------------------
 
 def _linear_inputs(seed):
-    g = torch.Generator().manual_seed(100 + seed)
+    g = seeded(100 + seed)
     lead, T, D, Dv = [((2, 3), 11, 8, 6), ((4,), 17, 5, 7), ((), 1, 4, 3)][seed % 3]
-    return _randn(g, *lead, T, D), _randn(g, *lead, T, D), _randn(g, *lead, T, Dv)
+    return randn64(g, *lead, T, D), randn64(g, *lead, T, D), randn64(g, *lead, T, Dv)
 
 
 def _linear_reference(q, k, v):
@@ -129,10 +121,10 @@ def _partial(s, v):
 def _merge_inputs(seed):
     """Two partials over disjoint key sets; logits spread wide enough that a
     missing rescale is a large error, not a rounding one."""
-    g = torch.Generator().manual_seed(200 + seed)
+    g = seeded(200 + seed)
     lead, M, N1, N2, Dv = [((2,), 5, 4, 7, 3), ((2, 3), 4, 9, 2, 6), ((), 6, 1, 5, 4)][seed % 3]
-    s = 8.0 * _randn(g, *lead, M, N1 + N2)
-    v = _randn(g, *lead, N1 + N2, Dv)
+    s = 8.0 * randn64(g, *lead, M, N1 + N2)
+    v = randn64(g, *lead, N1 + N2, Dv)
     return _partial(s[..., :N1], v[..., :N1, :]) + _partial(s[..., N1:], v[..., N1:, :])
 
 
@@ -180,11 +172,11 @@ def check_online_softmax_merge(merge) -> Verdict:
 
 def _chunk_inputs(seed):
     """A chunk (q_c, k_c, v_c) and the state S after a random prefix; D != Dv so a transposed state shows."""
-    g = torch.Generator().manual_seed(300 + seed)
+    g = seeded(300 + seed)
     lead, P, C, D, Dv = [((2,), 9, 6, 8, 5), ((3, 2), 4, 7, 4, 6), ((), 13, 1, 6, 3)][seed % 3]
-    qp, kp, vp = _randn(g, *lead, P, D), _randn(g, *lead, P, D), _randn(g, *lead, P, Dv)
+    qp, kp, vp = randn64(g, *lead, P, D), randn64(g, *lead, P, D), randn64(g, *lead, P, Dv)
     _, S = nope.linear_recurrent(qp, kp, vp, return_state=True)
-    return _randn(g, *lead, C, D), _randn(g, *lead, C, D), _randn(g, *lead, C, Dv), S
+    return randn64(g, *lead, C, D), randn64(g, *lead, C, D), randn64(g, *lead, C, Dv), S
 
 
 def _chunk_reference(q, k, v, S):
@@ -280,9 +272,9 @@ def _chunked_planted(q, k, v, chunk=4):
 
 
 def _chunked_bug_inputs(seed):
-    g = torch.Generator().manual_seed(600 + seed)
+    g = seeded(600 + seed)
     lead, T, D, Dv = [((2,), 11, 8, 5), ((2, 2), 9, 4, 6), ((), 6, 16, 3)][seed % 3]
-    return _randn(g, *lead, T, D), _randn(g, *lead, T, D), _randn(g, *lead, T, Dv)
+    return randn64(g, *lead, T, D), randn64(g, *lead, T, D), randn64(g, *lead, T, Dv)
 
 
 @EXERCISES.check(6, kind="bug")

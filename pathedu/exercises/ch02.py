@@ -1,9 +1,7 @@
 """Check functions for the exercises of chapter 2 (ALiBi <-> RetNet).
 
-Each ``check_*`` takes the student's answer, prints a one-line verdict with a
-hint and returns a :class:`pathedu.exercises.Verdict` (truthy when right).  A
-wrong answer, or one that raises, never raises here.  ``hint(n, level=1)`` prints a hint for
-exercise ``n``: level 1 a nudge, 2 the structure, 3 the recipe.
+The references are :mod:`pathedu.alibi`'s forms.
+What a check takes, prints and returns, and what ``hint(n, level)`` prints: :mod:`pathedu.exercises`.
 """
 from __future__ import annotations
 
@@ -14,7 +12,7 @@ import torch
 
 from .. import alibi
 from ._grader import (Exercises, Verdict, call_student as _call, check_bug, check_explanation, check_function,
-                      check_prediction, fallback_hint, not_attempted, student_failed, verdict)
+                      check_prediction, fallback_hint, not_attempted, student_failed, verdict, randn64, seeded)
 
 __all__ = ["check_alibi_slopes", "check_alibi_bias", "check_retnet_recurrent", "check_half_life_gamma",
            "check_reach", "check_why_no_state", "check_retnet_bug", "hint"]
@@ -137,10 +135,10 @@ def check_retnet_recurrent(fn) -> Verdict:
     """``fn(q, k, v, gamma) -> (..., T, Dv)``: the recurrence ``S_t = gamma S_{t-1} + v_t k_t^T``,
     ``o_t = S_t q_t``, checked against :func:`pathedu.alibi.retnet_matrix` on float64 inputs."""
     def make(seed):
-        g = torch.Generator().manual_seed(100 + seed)
+        g = seeded(100 + seed)
         lead, T, D, Dv = [(2,), (3,), (1, 2)][seed], [7, 13, 1][seed], 8, [8, 5, 3][seed]
-        q, k = (torch.randn(*lead, T, D, generator=g, dtype=torch.float64) for _ in range(2))
-        v = torch.randn(*lead, T, Dv, generator=g, dtype=torch.float64)
+        q, k = (randn64(g, *lead, T, D) for _ in range(2))
+        v = randn64(g, *lead, T, Dv)
         return q, k, v, [0.9, 0.5, 0.99][seed]
 
     return check_function("RetNet recurrent form", fn, alibi.retnet_matrix, make, rtol=1e-9)
@@ -223,10 +221,10 @@ def _retnet_planted(q, k, v, gamma):
 
 
 def _retnet_bug_inputs(seed):
-    g = torch.Generator().manual_seed(700 + seed)
+    g = seeded(700 + seed)
     lead, T, D, Dv = [((2,), 9, 6, 4), ((2, 3), 5, 4, 7), ((), 12, 8, 3)][seed % 3]
-    q, k = (torch.randn(*lead, T, D, generator=g, dtype=torch.float64) for _ in range(2))
-    return q, k, torch.randn(*lead, T, Dv, generator=g, dtype=torch.float64), [0.9, 0.7, 0.97][seed % 3]
+    q, k = (randn64(g, *lead, T, D) for _ in range(2))
+    return q, k, randn64(g, *lead, T, Dv), [0.9, 0.7, 0.97][seed % 3]
 
 
 @EXERCISES.check(7, kind="bug")

@@ -1,9 +1,7 @@
 """Check functions for the exercises of chapter 3 (FoX <-> GLA / Mamba2).
 
-Each ``check_*`` takes the student's answer, prints a one-line verdict with a
-hint and returns a :class:`pathedu.exercises.Verdict` (truthy when right).  A
-wrong answer, or one that raises, never raises here.  ``hint(n, level=1)`` prints a hint for
-exercise ``n``: level 1 a nudge, 2 the structure, 3 the recipe.
+The references are :mod:`pathedu.fox`'s forms.
+What a check takes, prints and returns, and what ``hint(n, level)`` prints: :mod:`pathedu.exercises`.
 """
 from __future__ import annotations
 
@@ -14,7 +12,7 @@ import torch.nn.functional as F
 
 from .. import fox
 from ._grader import (Exercises, Verdict, call_student as _call, check_bug, check_explanation, check_function,
-                      check_prediction, fallback_hint, not_attempted, student_failed, verdict)
+                      check_prediction, fallback_hint, not_attempted, student_failed, verdict, randn64, seeded)
 
 __all__ = ["check_log_gate_matrix", "check_fox_matrix", "check_gla_recurrent", "check_stuck_product",
            "check_gate_product", "check_why_log_space", "check_fox_bug", "hint"]
@@ -67,15 +65,15 @@ hint = EXERCISES.hint
 
 
 def _log_f(shape, seed):
-    g = torch.Generator().manual_seed(300 + seed)
-    return F.logsigmoid(1.5 + 1.5 * torch.randn(*shape, generator=g, dtype=torch.float64))
+    g = seeded(300 + seed)
+    return F.logsigmoid(1.5 + 1.5 * randn64(g, *shape))
 
 
 def _qkv(seed, Dv=None):
-    g = torch.Generator().manual_seed(200 + seed)
+    g = seeded(200 + seed)
     lead, T, D = [(2,), (3,), (1, 2)][seed], [9, 14, 1][seed], 8
-    q, k = (torch.randn(*lead, T, D, generator=g, dtype=torch.float64) for _ in range(2))
-    v = torch.randn(*lead, T, D if Dv is None else Dv, generator=g, dtype=torch.float64)
+    q, k = (randn64(g, *lead, T, D) for _ in range(2))
+    v = randn64(g, *lead, T, D if Dv is None else Dv)
     return q, k, v
 
 

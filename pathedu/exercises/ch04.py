@@ -1,17 +1,14 @@
 """Chapter 4 exercises: RoPE and the complex recurrence.
 
-Each ``check_*`` takes the student's function, runs it on fresh random float64
-inputs against :mod:`pathedu.rope`, prints a verdict and returns it (truthy
-when right).  A wrong answer, or one that raises, gives "Not yet" with a hint;
-nothing here raises.  ``hint(n, level=1)`` prints a hint for exercise ``n``: level 1 a nudge,
-2 the structure, 3 the recipe.
+The checks run the student's functions on fresh random float64 inputs against :mod:`pathedu.rope`.
+What a check takes, prints and returns, and what ``hint(n, level)`` prints: :mod:`pathedu.exercises`.
 """
 from __future__ import annotations
 
 import torch
 
 from .. import rope
-from ._grader import Exercises, Verdict, check_bug, check_explanation, check_function, check_prediction
+from ._grader import Exercises, Verdict, check_bug, check_explanation, check_function, check_prediction, randn64, seeded
 
 __all__ = ["check_apply_rope_half", "check_relative_logit", "check_complex_step", "check_slowest_period",
            "check_why_far_logits_shrink", "check_rope_bug", "hint"]
@@ -59,20 +56,16 @@ EXERCISES = Exercises("ch04", {
 hint = EXERCISES.hint
 
 
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(1000 + seed)
-
-
 @EXERCISES.check(1, allow=("pathedu.rope.frequencies",))
 def check_apply_rope_half(student_fn):
     """Exercise 1: ``student_fn(x)`` rotates ``x: (..., T, D)`` with the *half* pairing,
     channels ``(n, n + D/2)``, row t by ``t * Omega_n``, ``Omega_n = 10000^(-2n/D)``."""
 
     def make_inputs(seed):
-        g = _gen(seed)
+        g = seeded(1000 + seed)
         T = [1, 9, 33][seed % 3]
         D = [8, 16, 6][seed % 3]
-        return (torch.randn(2, 3, T, D, generator=g, dtype=torch.float64),)
+        return (randn64(g, 2, 3, T, D),)
 
     return check_function(
         "apply_rope, half pairing", student_fn, lambda x: rope.apply_rope(x, pairing="half"), make_inputs,
@@ -93,10 +86,10 @@ def check_relative_logit(student_fn):
     trials = [(5, 7), (5, 1000), (0, 3), (300, 301), (300, 5000)]
 
     def make_inputs(seed):
-        g = _gen(seed)
+        g = seeded(1000 + seed)
         delta, t = trials[seed]
         D = [16, 8, 32][seed % 3]
-        q, k = (torch.randn(4, D, generator=g, dtype=torch.float64) for _ in range(2))
+        q, k = (randn64(g, 4, D) for _ in range(2))
         return q, k, delta, t
 
     def absolute(q, k, delta, t):  # rotate q by t and k by j = t - delta, then dot
@@ -121,9 +114,9 @@ def check_complex_step(student_fn):
     pairing = "interleaved"
 
     def make_inputs(seed):
-        g = _gen(seed)
+        g = seeded(1000 + seed)
         T, D, Dv = [(12, 8, 4), (1, 16, 16), (30, 16, 6)][seed % 3]
-        return tuple(torch.randn(T, d, generator=g, dtype=torch.float64) for d in (D, D, Dv))
+        return tuple(randn64(g, T, d) for d in (D, D, Dv))
 
     def run_student(q, k, v):
         zq, zk = rope.to_complex(q, pairing), rope.to_complex(k, pairing)
@@ -195,9 +188,9 @@ def _rope_planted(x):
 
 
 def _rope_bug_inputs(seed):
-    g = _gen(600 + seed)
+    g = seeded(1600 + seed)
     T, D = [(7, 8), (1, 16), (20, 6)][seed % 3]
-    return (torch.randn(2, T, D, generator=g, dtype=torch.float64),)
+    return (randn64(g, 2, T, D),)
 
 
 @EXERCISES.check(6, kind="bug")

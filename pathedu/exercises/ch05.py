@@ -1,11 +1,8 @@
 """Chapter 5 exercises: check functions for ``notebooks/05_path_deltanet_lab.ipynb``.
 
-Each ``check_*`` function takes the student's function, runs it on a few fresh
-random float64 inputs, compares it with the library's forms
-(:mod:`pathedu.path`) and prints one line: ``Correct [...]`` or ``Not yet [...]``
-with a hint (naming the mistake when the answer matches a known wrong variant).
-It returns a :class:`~pathedu.exercises.Verdict` and never raises because of the
-answer: a stub that raises ``NotImplementedError`` gets a friendly "Not yet".
+The checks run the student's functions on fresh random float64 inputs against :mod:`pathedu.path`
+and name the mistake when an answer matches a known wrong variant.
+What a check takes, prints and returns, and what ``hint(n, level)`` prints: :mod:`pathedu.exercises`.
 
 Exercises:
 
@@ -24,7 +21,6 @@ Exercises:
 7. :func:`check_why_beta_range` (explain): why beta stays in [0, 2].
 8. :func:`check_deltanet_bug` (find the bug): DeltaNet's recurrence with one planted error.
 
-``hint(n, level=1)`` prints a hint for exercise ``n``: level 1 a nudge, 2 the structure, 3 the recipe.
 """
 from __future__ import annotations
 
@@ -33,7 +29,8 @@ from functools import partial
 import torch
 
 from .. import path
-from ._grader import Exercises, Verdict, check_bug, check_explanation, check_function, check_parts, check_prediction
+from ._grader import (Exercises, Verdict, check_bug, check_explanation, check_function, check_parts, check_prediction,
+                      randn64, seeded)
 
 __all__ = ["check_delta_step", "check_interval_product", "check_ut_factor", "check_path_attention",
            "check_householder_chunk_step", "check_eigenvalues", "check_why_beta_range", "check_deltanet_bug",
@@ -93,10 +90,6 @@ EXERCISES = Exercises("ch05", {
 hint = EXERCISES.hint
 
 
-def _randn(g, *shape):
-    return torch.randn(*shape, generator=g, dtype=torch.float64)
-
-
 def _unit(x):
     return x / x.norm(dim=-1, keepdim=True)
 
@@ -111,11 +104,11 @@ def _householder(w_s, beta_s):
 # ---------------------------------------------------------------------------
 
 def _delta_inputs(seed):
-    g = torch.Generator().manual_seed(500 + seed)
+    g = seeded(500 + seed)
     lead, D, Dv = [((3,), 5, 4), ((2, 2), 6, 3), ((), 4, 7)][seed % 3]
-    S = _randn(g, *lead, Dv, D)
-    k = _unit(_randn(g, *lead, D))
-    v = _randn(g, *lead, Dv)
+    S = randn64(g, *lead, Dv, D)
+    k = _unit(randn64(g, *lead, D))
+    v = randn64(g, *lead, Dv)
     beta = 2 * torch.rand(lead, generator=g, dtype=torch.float64)
     return S, k, v, beta
 
@@ -167,9 +160,9 @@ def check_delta_step(delta_step) -> Verdict:
 # ---------------------------------------------------------------------------
 
 def _interval_inputs(seed):
-    g = torch.Generator().manual_seed(600 + seed)
+    g = seeded(600 + seed)
     L, D, j, i = [(7, 4, 1, 5), (6, 3, -1, 4), (9, 5, 2, 8)][seed % 3]
-    w = _unit(_randn(g, L, D))
+    w = _unit(randn64(g, L, D))
     beta = 2 * torch.rand(L, generator=g, dtype=torch.float64)
     return w, beta, j, i
 
@@ -213,9 +206,9 @@ def check_interval_product(interval_product) -> Verdict:
 # ---------------------------------------------------------------------------
 
 def _ut_inputs(seed):
-    g = torch.Generator().manual_seed(700 + seed)
+    g = seeded(700 + seed)
     D = (4, 5, 3)[seed % 3]  # L = 3 <= D: W has full row rank, so A is unique
-    w = _unit(_randn(g, 3, D))
+    w = _unit(randn64(g, 3, D))
     beta = 0.2 + 1.6 * torch.rand(3, generator=g, dtype=torch.float64)
     return w, beta
 
@@ -257,10 +250,10 @@ def check_ut_factor(ut_factor) -> Verdict:
 # ---------------------------------------------------------------------------
 
 def _path_inputs(seed):
-    g = torch.Generator().manual_seed(800 + seed)
+    g = seeded(800 + seed)
     T, D, Dv = [(6, 4, 3), (9, 3, 5), (1, 4, 2)][seed % 3]
-    q, k, v = 2 * _randn(g, T, D), 2 * _randn(g, T, D), _randn(g, T, Dv)
-    w = _unit(_randn(g, T, D))
+    q, k, v = 2 * randn64(g, T, D), 2 * randn64(g, T, D), randn64(g, T, Dv)
+    w = _unit(randn64(g, T, D))
     beta = 2 * torch.rand(T, generator=g, dtype=torch.float64)
     return q, k, v, w, beta
 
@@ -312,12 +305,12 @@ def check_path_attention(path_attention) -> Verdict:
 def _hh_chunk_inputs(seed):
     """A chunk (q_c, k_c, v_c, w_c, beta_c) and the state S after a random prefix; D != Dv so a
     transposed state shows.  Trial 0 (the one the wrong variants are matched on) has C > 1."""
-    g = torch.Generator().manual_seed(900 + seed)
+    g = seeded(900 + seed)
     lead, P, C, D, Dv = [((2,), 7, 5, 6, 4), ((3, 2), 4, 6, 4, 5), ((), 9, 1, 5, 3)][seed % 3]
 
     def tokens(n):
-        q, k, v = _randn(g, *lead, n, D), _randn(g, *lead, n, D), _randn(g, *lead, n, Dv)
-        w = _unit(_randn(g, *lead, n, D))
+        q, k, v = randn64(g, *lead, n, D), randn64(g, *lead, n, D), randn64(g, *lead, n, Dv)
+        w = _unit(randn64(g, *lead, n, D))
         beta = 2 * torch.rand(*lead, n, generator=g, dtype=torch.float64)
         return q, k, v, w, beta
 
@@ -453,11 +446,11 @@ def _deltanet_planted(q, k, v, beta):
 
 
 def _deltanet_bug_inputs(seed):
-    g = torch.Generator().manual_seed(800 + seed)
+    g = seeded(800 + seed)
     lead, T, D, Dv = [((2,), 8, 6, 4), ((2, 2), 5, 4, 7), ((), 11, 8, 3)][seed % 3]
-    q, k = _randn(g, *lead, T, D), _unit(_randn(g, *lead, T, D))
+    q, k = randn64(g, *lead, T, D), _unit(randn64(g, *lead, T, D))
     beta = 2 * torch.rand(*lead, T, generator=g, dtype=torch.float64)
-    return q, k, _randn(g, *lead, T, Dv), beta
+    return q, k, randn64(g, *lead, T, Dv), beta
 
 
 @EXERCISES.check(8, kind="bug")

@@ -1,12 +1,8 @@
 """Chapter 7 exercises: check functions for ``notebooks/07_pathfox_gdn_lab.ipynb``.
 
-Each ``check_*`` function takes the student's function, runs it on a few fresh
-random float64 inputs, compares it with the library's forms
-(:mod:`pathedu.pathfox`, :mod:`pathedu.fox`) and prints one line:
-``Correct [...]`` or ``Not yet [...]`` with a hint (naming the mistake when the
-answer matches a known wrong variant).  It returns a
-:class:`~pathedu.exercises.Verdict` and never raises because of the answer: a
-stub that raises ``NotImplementedError`` gets a friendly "Not yet".
+The checks run the student's functions on fresh random float64 inputs against :mod:`pathedu.pathfox`
+and :mod:`pathedu.fox` and name the mistake when an answer matches a known wrong variant.
+What a check takes, prints and returns, and what ``hint(n, level)`` prints: :mod:`pathedu.exercises`.
 
 Exercises (``f = exp(log_f) <= 1`` is a forget gate, ``H_s = I - beta_s w_s w_s^T``):
 
@@ -23,7 +19,6 @@ Exercises (``f = exp(log_f) <= 1`` is a forget gate, ``H_s = I - beta_s w_s w_s^
 6. :func:`check_bias_or_factor` (explain): why one gate is a bias on one side and a factor on the other.
 7. :func:`check_gdn_bug` (find the bug): Gated DeltaNet's recurrence with one planted error.
 
-``hint(n, level=1)`` prints a hint for exercise ``n``: level 1 a nudge, 2 the structure, 3 the recipe.
 """
 from __future__ import annotations
 
@@ -32,7 +27,8 @@ import functools
 import torch
 
 from .. import fox, pathfox
-from ._grader import Exercises, Verdict, check_bug, check_explanation, check_function, check_parts, check_prediction
+from ._grader import (Exercises, Verdict, check_bug, check_explanation, check_function, check_parts, check_prediction,
+                      randn64, seeded)
 
 __all__ = ["check_gated_delta_step", "check_pathfox_logit", "check_gamma", "check_gated_deltanet_matrix",
            "check_gated_deltanet_chunk", "check_decayed_trace", "check_bias_or_factor", "check_gdn_bug", "hint"]
@@ -88,10 +84,6 @@ EXERCISES = Exercises("ch07", {
 hint = EXERCISES.hint
 
 
-def _randn(g, *shape):
-    return torch.randn(shape, generator=g, dtype=torch.float64)
-
-
 def _rand(g, *shape):
     return torch.rand(shape, generator=g, dtype=torch.float64)
 
@@ -120,11 +112,11 @@ def _switched_off(with_fn, flags_and_messages):
 # ---------------------------------------------------------------------------
 
 def _step_inputs(seed):
-    g = torch.Generator().manual_seed(1600 + seed)
+    g = seeded(1600 + seed)
     lead, D, Dv = [((3,), 5, 4), ((2, 2), 6, 3), ((), 4, 7)][seed % 3]
-    S = _randn(g, *lead, Dv, D)
-    k = _unit(_randn(g, *lead, D))
-    v = _randn(g, *lead, Dv)
+    S = randn64(g, *lead, Dv, D)
+    k = _unit(randn64(g, *lead, D))
+    v = randn64(g, *lead, Dv)
     beta = 0.3 + 1.4 * _rand(g, *lead)
     return S, k, v, beta, _log_gates(g, *lead)
 
@@ -184,10 +176,10 @@ def check_gated_delta_step(gated_delta_step) -> Verdict:
 # ---------------------------------------------------------------------------
 
 def _logit_inputs(seed):
-    g = torch.Generator().manual_seed(1700 + seed)
+    g = seeded(1700 + seed)
     T, D, i, j = [(8, 4, 6, 2), (7, 5, 5, 0), (6, 3, 4, 4)][seed % 3]
-    q, k = 2 * _randn(g, T, D), 2 * _randn(g, T, D)
-    w = _unit(_randn(g, T, D))
+    q, k = 2 * randn64(g, T, D), 2 * randn64(g, T, D)
+    w = _unit(randn64(g, T, D))
     beta = 0.3 + 1.7 * _rand(g, T)
     return q, k, w, beta, _log_gates(g, T), i, j
 
@@ -266,7 +258,7 @@ def check_pathfox_logit(pathfox_logit) -> Verdict:
 # ---------------------------------------------------------------------------
 
 def _gamma_inputs(seed):
-    g = torch.Generator().manual_seed(1800 + seed)
+    g = seeded(1800 + seed)
     T = (7, 5, 1)[seed % 3]
     return (_log_gates(g, T),)
 
@@ -307,9 +299,9 @@ def check_gamma(gamma) -> Verdict:
 
 
 def _gdn_inputs(seed):
-    g = torch.Generator().manual_seed(1900 + seed)
+    g = seeded(1900 + seed)
     T, D, Dv = [(7, 4, 3), (9, 3, 5), (1, 4, 2)][seed % 3]
-    q, k, v = _randn(g, T, D), _unit(_randn(g, T, D)), _randn(g, T, Dv)
+    q, k, v = randn64(g, T, D), _unit(randn64(g, T, D)), randn64(g, T, Dv)
     beta = 0.3 + 1.4 * _rand(g, T)
     return q, k, v, beta, _log_gates(g, T)
 
@@ -369,11 +361,11 @@ def check_gated_deltanet_matrix(gated_deltanet_matrix) -> Verdict:
 # ---------------------------------------------------------------------------
 
 def _chunk_inputs(seed):
-    g = torch.Generator().manual_seed(2000 + seed)
+    g = seeded(2000 + seed)
     C, D, Dv = [(6, 4, 3), (5, 3, 5), (1, 4, 2)][seed % 3]
-    q, k, v = _randn(g, C, D), _unit(_randn(g, C, D)), _randn(g, C, Dv)
+    q, k, v = randn64(g, C, D), _unit(randn64(g, C, D)), randn64(g, C, Dv)
     beta = 0.3 + 1.4 * _rand(g, C)
-    S = _randn(g, Dv, D)
+    S = randn64(g, Dv, D)
     return q, k, v, beta, _log_gates(g, C), S
 
 
@@ -497,10 +489,10 @@ def _gdn_planted(q, k, v, beta, log_f):
 
 
 def _gdn_bug_inputs(seed):
-    g = torch.Generator().manual_seed(900 + seed)
+    g = seeded(900 + seed)
     lead, T, D, Dv = [((2,), 8, 6, 4), ((2, 2), 5, 4, 7), ((), 11, 8, 3)][seed % 3]
-    q, k = _randn(g, *lead, T, D), _unit(_randn(g, *lead, T, D))
-    return q, k, _randn(g, *lead, T, Dv), 2 * _rand(g, *lead, T), _log_gates(g, *lead, T)
+    q, k = randn64(g, *lead, T, D), _unit(randn64(g, *lead, T, D))
+    return q, k, randn64(g, *lead, T, Dv), 2 * _rand(g, *lead, T), _log_gates(g, *lead, T)
 
 
 @EXERCISES.check(7, kind="bug")

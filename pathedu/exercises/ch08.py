@@ -16,7 +16,7 @@ Exercises:
 4. :func:`check_why_scalar_gates` (explain): why every scalar gate has both sides and a per-channel gate does not.
 5. :func:`check_bias_bug` (find the bug): the softmax side with its bias scaled.
 
-``hint(n, level=1)`` prints a hint for exercise ``n``: level 1 a nudge, 2 the structure, 3 the recipe.
+What a check takes, prints and returns, and what ``hint(n, level)`` prints: :mod:`pathedu.exercises`.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import fox
-from ._grader import (Exercises, Verdict, check_bug, check_explanation, check_function, check_prediction)
+from ._grader import Exercises, Verdict, check_bug, check_explanation, check_function, check_prediction, randn64, seeded
 
 __all__ = ["check_chunked_gated", "check_logits_from_weights", "check_capped_entry",
            "check_why_scalar_gates", "check_bias_bug", "hint"]
@@ -62,10 +62,6 @@ EXERCISES = Exercises("ch08", {
 hint = EXERCISES.hint
 
 
-def _randn(g, *shape):
-    return torch.randn(*shape, generator=g, dtype=torch.float64)
-
-
 def capped_log_gate(k, a, gamma):
     """The capped key gate ``log f_t = log gamma + logsigmoid(k_t . a)``: ``k: (..., T, D)``, ``a: (D,)``,
     ``gamma`` a float in (0, 1] -> ``(..., T)``."""
@@ -77,10 +73,10 @@ def capped_log_gate(k, a, gamma):
 # ---------------------------------------------------------------------------
 
 def _chunked_inputs(seed):
-    g = torch.Generator().manual_seed(1400 + seed)
+    g = seeded(1400 + seed)
     lead, T, D, Dv, chunk = [((2,), 11, 6, 4, 4), ((2, 2), 7, 4, 5, 3), ((), 20, 8, 3, 16)][seed % 3]
-    q, k, v = _randn(g, *lead, T, D), _randn(g, *lead, T, D), _randn(g, *lead, T, Dv)
-    log_f = capped_log_gate(k, _randn(g, D), [0.9, 0.7, 0.95][seed % 3])
+    q, k, v = randn64(g, *lead, T, D), randn64(g, *lead, T, D), randn64(g, *lead, T, Dv)
+    log_f = capped_log_gate(k, randn64(g, D), [0.9, 0.7, 0.95][seed % 3])
     return q, k, v, log_f, chunk
 
 
@@ -109,10 +105,10 @@ def check_chunked_gated(chunked) -> Verdict:
 # ---------------------------------------------------------------------------
 
 def _weights_inputs(seed):
-    g = torch.Generator().manual_seed(1500 + seed)
+    g = seeded(1500 + seed)
     lead, T, D = [((2,), 9, 6), ((2, 2), 5, 4), ((), 12, 16)][seed % 3]
-    q, k = _randn(g, *lead, T, D), _randn(g, *lead, T, D)
-    G = fox.log_gate_matrix(capped_log_gate(k, _randn(g, D), 0.9))
+    q, k = randn64(g, *lead, T, D), randn64(g, *lead, T, D)
+    G = fox.log_gate_matrix(capped_log_gate(k, randn64(g, D), 0.9))
     omega = torch.exp(G) * (q @ k.mT)
     return omega, G, D ** -0.5, q, k
 
@@ -160,7 +156,7 @@ ENTRY_GAMMA = 0.9
 
 
 def _capped_entry() -> float:
-    k = torch.randn(6, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    k = torch.randn(6, 4, generator=seeded(0), dtype=torch.float64)
     G = fox.log_gate_matrix(capped_log_gate(k, torch.zeros(4, dtype=torch.float64), ENTRY_GAMMA))
     return G[4, 1].item()
 

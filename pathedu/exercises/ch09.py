@@ -1,11 +1,8 @@
 """Chapter 9 exercises: check functions for ``notebooks/09_what_they_learn_lab.ipynb``.
 
-Each ``check_*`` function takes the student's function, runs it on a few fresh
-seeded inputs from :mod:`pathedu.tasks`, compares it with the library's own
-labels and prints one line: ``Correct [...]`` or ``Not yet [...]`` with a hint
-(naming the mistake when the answer matches a known wrong variant).  It returns a
-:class:`~pathedu.exercises.Verdict` and never raises because of the answer: a stub
-that raises ``NotImplementedError`` gets a friendly "Not yet".
+The checks run the student's functions on fresh seeded inputs from :mod:`pathedu.tasks` against the
+library's own labels and name the mistake when an answer matches a known wrong variant.
+What a check takes, prints and returns, and what ``hint(n, level)`` prints: :mod:`pathedu.exercises`.
 
 Exercises:
 
@@ -22,14 +19,13 @@ Exercises:
    whose accuracy is at least ``threshold``, 0 where no depth reaches it (:func:`pathedu.experiments.plots.min_layers`
    reads the committed records the same way).
 
-``hint(n, level=1)`` prints a hint for exercise ``n``: level 1 a nudge, 2 the structure, 3 the recipe.
 """
 from __future__ import annotations
 
 import torch
 
 from .. import tasks
-from ._grader import Exercises, Verdict, check_bug, check_explanation, check_function, check_prediction
+from ._grader import Exercises, Verdict, check_bug, check_explanation, check_function, check_prediction, seeded
 
 __all__ = ["check_flipflop_answers", "check_prefix_products", "check_fewest_layers", "check_sparse_reads",
            "check_represent_learn", "check_error_bug", "hint"]
@@ -208,7 +204,7 @@ THRESHOLD = 0.9
 def _layers_inputs(seed):
     """Accuracies on a grid of 0.05 with the threshold itself among them (a ">" answer then differs), rows where
     no depth reaches it, and rows that dip below it again after reaching it (the deepest is not the fewest)."""
-    g = torch.Generator().manual_seed(830 + seed)
+    g = seeded(830 + seed)
     cases, depths = [(12, 4), (9, 6), (15, 3)][seed % 3]
     acc = torch.randint(10, 21, (cases, depths), generator=g).double() / 20
     acc[0] = 0.5
@@ -323,7 +319,7 @@ def _error_planted(logits, tokens, mask):
 def _error_bug_inputs(seed):
     n, length = [(8, 64), (5, 32), (12, 128)][seed % 3]
     tokens, mask = tasks.flipflop(n, length, p_ignore=0.5, seed=950 + seed)
-    g = torch.Generator().manual_seed(960 + seed)
+    g = seeded(960 + seed)
     logits = torch.randn(n, length, len(tasks.FLIPFLOP_VOCAB), generator=g, dtype=torch.float64)
     logits[:, :-1].scatter_add_(-1, tokens[:, 1:, None], 1.5 * torch.ones(n, length - 1, 1, dtype=torch.float64))
     return logits, tokens, mask

@@ -1,9 +1,7 @@
 """Check functions for the exercises of chapter 10 (stick-breaking attention).
 
-Each ``check_*`` takes the student's answer, prints a one-line verdict with a
-hint and returns a :class:`pathedu.exercises.Verdict` (truthy when right).  A
-wrong answer, or one that raises, never raises here.  ``hint(n, level=1)`` prints a hint for
-exercise ``n``: level 1 a nudge, 2 the structure, 3 the recipe.
+The references are :mod:`pathedu.stickbreaking`'s forms.
+What a check takes, prints and returns, and what ``hint(n, level)`` prints: :mod:`pathedu.exercises`.
 
 Positions are 0-based: row ``i`` of a ``(..., T, T)`` logit matrix ``ell`` is the query, column ``j`` the key,
 and a query sees the keys ``j < i`` only (the first token sees nothing).
@@ -15,8 +13,8 @@ import torch.nn.functional as F
 
 from .. import stickbreaking as sb
 from ..masks import causal_mask
-from ._grader import (Exercises, check_bug, check_explanation, check_prediction, Verdict, call_student as _call, check_function, check_parts, fallback_hint,
-                      student_failed, verdict)
+from ._grader import (Exercises, check_bug, check_explanation, check_prediction, Verdict, call_student as _call,
+                      check_function, check_parts, fallback_hint, student_failed, verdict, randn64, seeded)
 
 __all__ = ["check_stick_log_weights", "check_stick_remainder", "check_stick_block_step", "check_even_sticks",
            "check_why_no_positions", "check_stick_bug", "hint"]
@@ -70,8 +68,8 @@ _NEG_INF = float("-inf")
 
 def _logits(seed, shapes, scales):
     """Float64 logits ``(..., T, T)``; the scale of trial ``seed`` sets how large they get."""
-    g = torch.Generator().manual_seed(900 + seed)
-    return scales[seed] * torch.randn(*shapes[seed], generator=g, dtype=torch.float64)
+    g = seeded(900 + seed)
+    return scales[seed] * randn64(g, *shapes[seed])
 
 
 def _seen(T):
@@ -215,12 +213,12 @@ def check_stick_block_step(fn) -> Verdict:
     dims = [((2,), 4, 5, 3), ((3,), 6, 3, 2), ((1, 2), 1, 4, 5)]
 
     def make(seed):
-        g = torch.Generator().manual_seed(930 + seed)
+        g = seeded(930 + seed)
         lead, M, N, Dv = dims[seed]
-        z = 2.0 * torch.randn(*lead, M, N, generator=g, dtype=torch.float64)
-        v = torch.randn(*lead, N, Dv, generator=g, dtype=torch.float64)
+        z = 2.0 * randn64(g, *lead, M, N)
+        v = randn64(g, *lead, N, Dv)
         carry = -3.0 * torch.rand(*lead, M, generator=g, dtype=torch.float64)
-        acc = torch.randn(*lead, M, Dv, generator=g, dtype=torch.float64)
+        acc = randn64(g, *lead, M, Dv)
         return z, v, carry, acc
 
     def no_carry_in_weights(z, v, carry, acc):
@@ -319,9 +317,9 @@ def _stick_planted(q, k, v):
 
 
 def _stick_bug_inputs(seed):
-    g = torch.Generator().manual_seed(1100 + seed)
+    g = seeded(1100 + seed)
     lead, T, D, Dv = [((2,), 9, 8, 4), ((2, 2), 6, 4, 5), ((), 13, 16, 3)][seed % 3]
-    return tuple(torch.randn(*lead, T, d, generator=g, dtype=torch.float64) for d in (D, D, Dv))
+    return tuple(randn64(g, *lead, T, d) for d in (D, D, Dv))
 
 
 @EXERCISES.check(6, kind="bug")

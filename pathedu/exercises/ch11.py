@@ -1,18 +1,16 @@
 """Check functions for the exercises of chapter 11 (CoPE: contextual positions counted by gates).
 
-Each ``check_*`` takes the student's answer, prints a one-line verdict with a hint and returns a
-:class:`pathedu.exercises.Verdict` (truthy when right).  A wrong answer, or one that raises, never
-raises here; the typical mistakes (a forward instead of a reverse cumulative sum, an end of the
-count left out, gates of the future counted, interpolating before clamping, the position term
-scaled) get their own diagnosis.  ``hint(n, level=1)`` prints a hint for exercise ``n``: level 1 a
-nudge, 2 the structure, 3 the recipe.
+The references are :mod:`pathedu.cope`'s forms; the typical mistakes (a forward instead of a reverse
+cumulative sum, an end of the count left out, gates of the future counted, interpolating before clamping,
+the position term scaled) get their own diagnosis.
+What a check takes, prints and returns, and what ``hint(n, level)`` prints: :mod:`pathedu.exercises`.
 """
 from __future__ import annotations
 
 import torch
 
 from .. import cope
-from ._grader import Exercises, Verdict, check_bug, check_explanation, check_function, check_prediction
+from ._grader import Exercises, Verdict, check_bug, check_explanation, check_function, check_prediction, randn64, seeded
 
 __all__ = ["check_positions_from_gates", "check_position_logits", "check_cope_matrix", "check_half_open_count",
            "check_what_counts", "check_cope_bug", "hint"]
@@ -62,10 +60,6 @@ EXERCISES = Exercises("ch11", {
 hint = EXERCISES.hint
 
 
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(1000 + seed)
-
-
 def _future(T: int) -> torch.Tensor:
     return torch.ones(T, T, dtype=torch.bool).triu(1)
 
@@ -106,7 +100,7 @@ def check_positions_from_gates(fn) -> Verdict:
     and 0 above the diagonal; ``g`` holds gates in (0, 1) everywhere, the future included (to be ignored)."""
     def make(seed):
         lead, T = [((2,), 9), ((3, 2), 6), ((), 1)][seed]
-        return (torch.rand(*lead, T, T, generator=_gen(seed), dtype=torch.float64) * 0.98 + 0.01,)
+        return (torch.rand(*lead, T, T, generator=seeded(1000 + seed), dtype=torch.float64) * 0.98 + 0.01,)
 
     return check_function("positions from gates", fn, _positions, make, rtol=1e-9, wrong_variants=_POSITION_MISTAKES)
 
@@ -171,8 +165,8 @@ def check_position_logits(fn) -> Verdict:
     included)."""
     def make(seed):
         lead, T, P = [((2,), 8, 4), ((1, 3), 5, 7), ((), 3, 1)][seed]
-        g = _gen(seed)
-        qe = torch.randn(*lead, T, P, generator=g, dtype=torch.float64)
+        g = seeded(1000 + seed)
+        qe = randn64(g, *lead, T, P)
         p = torch.rand(*lead, T, T, generator=g, dtype=torch.float64) * (P + 3)
         p[..., 0, :2] = torch.tensor([0.0, float(P - 1)], dtype=torch.float64)  # the two ends, exactly
         if T > 2:
@@ -217,10 +211,10 @@ def check_cope_matrix(fn) -> Verdict:
     tables shorter than the sequence (clamping) and longer."""
     def make(seed):
         lead, T, D, Dv, P = [((2,), 10, 8, 5, 4), ((1, 2), 7, 4, 3, 12), ((), 1, 4, 2, 2)][seed]
-        g = _gen(seed)
-        q, k = (1.5 * torch.randn(*lead, T, D, generator=g, dtype=torch.float64) for _ in range(2))
-        v = torch.randn(*lead, T, Dv, generator=g, dtype=torch.float64)
-        return q, k, v, 2 * torch.randn(P, D, generator=g, dtype=torch.float64)
+        g = seeded(1000 + seed)
+        q, k = (1.5 * randn64(g, *lead, T, D) for _ in range(2))
+        v = randn64(g, *lead, T, Dv)
+        return q, k, v, 2 * randn64(g, P, D)
 
     return check_function("CoPE matrix form", fn, cope.cope_matrix, make, rtol=1e-9, wrong_variants=_COPE_MISTAKES)
 
@@ -280,11 +274,11 @@ def _cope_planted(q, k, v, pos_emb):
 
 
 def _cope_bug_inputs(seed):
-    g = _gen(1200 + seed)
+    g = seeded(2200 + seed)
     lead, T, D, Dv, P = [((2,), 9, 8, 4, 5), ((2, 2), 6, 4, 5, 8), ((), 13, 16, 3, 6)][seed % 3]
-    q, k = (3 * torch.randn(*lead, T, D, generator=g, dtype=torch.float64) for _ in range(2))
-    v = torch.randn(*lead, T, Dv, generator=g, dtype=torch.float64)
-    return q, k, v, torch.randn(P, D, generator=g, dtype=torch.float64)
+    q, k = (3 * randn64(g, *lead, T, D) for _ in range(2))
+    v = randn64(g, *lead, T, Dv)
+    return q, k, v, randn64(g, P, D)
 
 
 @EXERCISES.check(6, kind="bug")
