@@ -364,3 +364,31 @@ def test_every_slide_link_resolves_and_every_chapter_links_its_deck(html):
     teaching = linked.get("book/teaching", set())
     assert decks <= teaching, f"the teaching page misses {sorted(p.name for p in decks - teaching)}"
     assert (html / "slides" / "index.html").resolve() in teaching, "the teaching page does not link the index"
+
+
+@pytest.mark.integration
+def test_the_student_editions_html_holds_no_solution(html, tmp_path_factory):
+    """A full build of the student edition (minutes: every page executes), after the book's own build (the ``html``
+    fixture: one build at a time): no solution admonition, no cell tagged ``solution``, no solution cell's text; the
+    problems and the labs' exercises are there."""
+    out = tmp_path_factory.mktemp("student-edition")
+    proc = subprocess.run([tools.sys.executable, str(ROOT / "book" / "tools.py"), "assets"], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = subprocess.run([tools.sys.executable, str(ROOT / "book" / "tools.py"), "edition", "student", "--out",
+                           str(out)], capture_output=True, text=True, timeout=3600)
+    warnings = [line for line in (proc.stdout + proc.stderr).splitlines() if "WARNING" in line or "Error" in line]
+    assert proc.returncode == 0, "\n".join(warnings[:40]) + "\n...\n" + (proc.stdout + proc.stderr)[-3000:]
+    html = out / "_build" / "html"
+    pages = sorted(html.rglob("*.html"))
+    assert len(pages) >= len(tools.toc_files())
+    for page in pages:
+        text = page.read_text(encoding="utf8")
+        assert "tag_solution" not in text, page
+        assert not re.search(r'class="admonition-title">\s*Solution', text), page
+        assert "# Solution." not in text, page
+    chapter = (html / "book" / "ch01_nope_linear.html").read_text(encoding="utf8")
+    assert "Problem 1.1" in chapter and tools.STUDENT_NOTE in chapter
+    lab = (html / "notebooks" / "01_nope_linear_lab.html").read_text(encoding="utf8")
+    assert "check_linear_matrix" in lab and "NotImplementedError" in lab
+    assert (html / "slides" / "index.html").is_file()
