@@ -30,8 +30,7 @@ Classes (registry name: mechanism; what each token contributes besides ``q, k, v
 
 Forms (``form=``; :func:`choose_form`).  ``"auto"`` runs the Triton kernel when the input is on a CUDA GPU and
 Triton compiles for it, provided the kernel has a backward pass whenever autograd needs one
-(:func:`triton_trains`: :data:`TRITON_BACKWARD` lists the mechanisms that have one; DeltaNet's and Gated
-DeltaNet's are found by trying once); otherwise a PyTorch form: the ``*_matrix`` form, or the ``*_chunked`` form
+(:func:`triton_trains`: :data:`TRITON_BACKWARD` lists the mechanisms that have one); otherwise a PyTorch form: the ``*_matrix`` form, or the ``*_chunked`` form
 on the linear side beyond ``matrix_max_T`` tokens (1024 by default) and always for GLA (its matrix form holds a
 ``T x T x D`` tensor).  The linear side's matrix forms hold ``T x T`` matrices (DeltaNet's a ``T x T``
 triangular solve), so their cost grows as ``T^2`` or ``T^3`` where the chunked forms grow as ``T``; below
@@ -99,53 +98,18 @@ FUNCS = {
         ("linear", _nope), ("retnet", _alibi), ("gla", _fox), ("deltanet", _path), ("gated_deltanet", _pathfox))},
 }
 
-# The mechanisms whose Triton form has a backward pass (a model can train through it); the others are tried once
-# (:func:`triton_trains`).
+# The mechanisms whose Triton form has a backward pass (a model can train through it): every one of them.
 TRITON_BACKWARD = frozenset({"nope", "alibi", "fox", "rope", "path", "pathfox", "stickbreaking", "cope",
-                             "linear", "retnet", "gla"})
+                             "linear", "retnet", "gla", "deltanet", "gated_deltanet"})
 LINEAR_SIDE = frozenset({"linear", "retnet", "gla", "deltanet", "gated_deltanet"})
-_TRIED: dict[str, bool] = {}  # mixer -> what one try of its Triton backward found, in this process
 
 
 def triton_trains(mixer: str) -> bool:
-    """Whether ``mixer``'s Triton form has a backward pass, so that a layer can train through it.
-
-    The mechanisms of :data:`TRITON_BACKWARD` have one.  For the others (DeltaNet and Gated DeltaNet, whose
-    kernels began as forward passes) the answer is found by trying, once per process: the Triton form on a tiny
-    input that requires grad (on the GPU when Triton compiles for one, else in Triton's interpreter, about a
-    second), differentiated back to ``q``.  Any error, or an output without a gradient, means no.  The
-    alternative, a table kept by hand, says no after the backward pass exists, until someone edits it.
-    """
+    """Whether ``mixer``'s Triton form has a backward pass (it is in :data:`TRITON_BACKWARD`), so that a layer can
+    train through it."""
     if mixer not in FUNCS:
         raise ValueError(f"`mixer` must be one of {', '.join(FUNCS)}; got {mixer!r}")
-    if mixer in TRITON_BACKWARD:
-        return True
-    if mixer not in _TRIED:
-        _TRIED[mixer] = _try_backward(mixer)
-    return _TRIED[mixer]
-
-
-def _try_backward(mixer: str) -> bool:
-    """One differentiated call of ``mixer``'s Triton form (the delta-rule family) on ``T = D = 16``: True when the
-    gradient of ``q`` comes back finite."""
-    import warnings
-
-    device = "cuda" if torch.cuda.is_available() and triton_mode() == "gpu" else "cpu"
-    g = torch.Generator().manual_seed(0)
-    q, k, v = (F.normalize(torch.randn(1, 1, 16, 16, generator=g), dim=-1).to(device) for _ in range(3))
-    beta = torch.rand(1, 1, 16, generator=g).to(device)
-    log_f = -torch.rand(1, 1, 16, generator=g).to(device)
-    args = [q.requires_grad_(), k, v, beta] + ([log_f] if mixer == "gated_deltanet" else [])
-    try:
-        with torch.enable_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            out = FUNCS[mixer]["triton"](*args)
-            if out.grad_fn is None:
-                return False
-            (dq,) = torch.autograd.grad(out.sum(), q)
-        return bool(torch.isfinite(dq).all())
-    except Exception:  # a form without a backward refuses inputs that require grad
-        return False
+    return mixer in TRITON_BACKWARD
 
 
 def choose_form(mixer: str, form: str = "auto", *, device=None, T: int = 0, matrix_max_T: int = 1024,

@@ -56,8 +56,7 @@ Choices, following the papers:
   per layer, shared by the heads, zeros at the start as in the paper's code; ``npos_max=64`` by default.
 
 The form (:func:`select_form`): ``"auto"`` takes the Triton kernel when the mechanism has a Triton
-backward (the eight softmax-side kernels, the linear template for ``linear``, ``retnet`` and ``gla``, and the
-delta rule's kernels once they have one: :func:`pathedu.layers.triton_trains`) and
+backward (every mixer's: :func:`pathedu.layers.triton_trains`) and
 the input is on a CUDA GPU; otherwise the PyTorch
 ``*_matrix`` form (``*_chunked`` for the linear side when ``T > matrix_max_T``, and always for GLA's
 per-channel gate).  ``path_matrix`` and ``pathfox_matrix`` cost O(T^3) for the triangular solve and
@@ -109,7 +108,7 @@ def select_form(mixer: str, form: str = "auto", *, device=None, T: int = 0, matr
     """The form a mixer runs in a model: ``"triton"``, ``"matrix"`` or ``"chunked"`` (blockwise on the softmax side).
 
     ``"auto"``: Triton when ``mixer``'s Triton form has a backward pass (:func:`pathedu.layers.triton_trains`:
-    every mixer's: DeltaNet's and Gated DeltaNet's are found by trying once), Triton compiles for a GPU
+    every mixer's), Triton compiles for a GPU
     (:func:`pathedu.triton_mode`) and ``device`` is CUDA, in training and evaluation alike; else ``"matrix"``,
     or ``"chunked"`` for the linear side when ``T > matrix_max_T`` and for ``gla`` (its matrix form holds a
     T x T x D tensor): :func:`pathedu.layers.choose_form`.  An explicit form the mixer lacks in a model (a
