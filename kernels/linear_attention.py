@@ -610,6 +610,20 @@ def _bwd_chunk_dv(Q, K, DO, LOG_F, DH, DV, base, bh, start, T, stride_qb, stride
 
 
 @triton.jit
+def _value_block(V, DO, STATES, DH, base, bh, offs_t, offs_k, dv0, T, stride_vb, stride_vt, HEAD_DIM: tl.constexpr,
+                 HEAD_DV: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """Value channels ``dv0 .. dv0 + BLOCK_DV`` of one chunk, as the backward's ``dq, dk`` roles read them: ``v`` and
+    ``dO`` ``[C, BDV]``, and for the key channels ``offs_k`` the entering state ``H_in^T`` and the leaving state's
+    gradient ``dH_out^T`` ``[BDV, BK]`` (read transposed from memory at ``base``)."""
+    offs_dv = dv0 + tl.arange(0, BLOCK_DV)
+    v = load_rows(V + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)
+    do = load_rows(DO + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)
+    ht_offs, ht_mask = _state_tile(base, offs_k, offs_dv, HEAD_DIM, HEAD_DV, True)  # [BDV, BK]
+    return (v, do, tl.load(STATES + ht_offs, mask=ht_mask, other=0.0),
+            tl.load(DH + ht_offs, mask=ht_mask, other=0.0))
+
+
+@triton.jit
 def _bwd_chunk_dqk(Q, K, V, DO, LOG_F, STATES, DH, DQ, DK, DC, base, bh, start, d0, T, stride_qb, stride_qt,
                    stride_kb, stride_kt, stride_vb, stride_vt, stride_dc, HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr,
                    BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr, CHUNK: tl.constexpr, DECAY: tl.constexpr,
@@ -629,12 +643,8 @@ def _bwd_chunk_dqk(Q, K, V, DO, LOG_F, STATES, DH, DQ, DK, DC, base, bh, start, 
     dk = tl.zeros([CHUNK, BLOCK_K], dtype=tl.float32)
     hdh = 0.0  # <dH_out, H_in> over these key channels
     for dv0 in tl.static_range(0, HEAD_DV, BLOCK_DV):
-        offs_dv = dv0 + tl.arange(0, BLOCK_DV)
-        v = load_rows(V + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)
-        do = load_rows(DO + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)
-        ht_offs, ht_mask = _state_tile(base, offs_d, offs_dv, HEAD_DIM, HEAD_DV, True)  # [BDV, BK]
-        h_in_t = tl.load(STATES + ht_offs, mask=ht_mask, other=0.0)
-        dh_out_t = tl.load(DH + ht_offs, mask=ht_mask, other=0.0)
+        v, do, h_in_t, dh_out_t = _value_block(V, DO, STATES, DH, base, bh, offs_t, offs_d, dv0, T, stride_vb,
+                                               stride_vt, HEAD_DIM, HEAD_DV, BLOCK_DV)
         p += bdot(do, tl.trans(v), PRECISION)
         pt += bdot(v, tl.trans(do), PRECISION)
         dq += bdot(do, h_in_t, PRECISION)
@@ -728,12 +738,8 @@ def _linear_bwd_channel(Q, K, V, DO, LOG_F, STATES, DH, DQ, DK, DV, DC, T,
         dk_out = tl.zeros([CHUNK, BLOCK_DC], dtype=tl.float32)
         hdh = tl.zeros([BLOCK_DC], dtype=tl.float32)  # <dH_out, H_in> per key channel
         for dv0 in tl.static_range(0, HEAD_DV, BLOCK_DV):
-            offs_dv = dv0 + tl.arange(0, BLOCK_DV)
-            v = load_rows(V + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)
-            do = load_rows(DO + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)
-            ht_ptrs, ht_mask = _state_tile(base, offs_e, offs_dv, HEAD_DIM, HEAD_DV, True)  # [BDV, DC]
-            h_in_t = tl.load(STATES + ht_ptrs, mask=ht_mask, other=0.0)
-            dh_out_t = tl.load(DH + ht_ptrs, mask=ht_mask, other=0.0)
+            v, do, h_in_t, dh_out_t = _value_block(V, DO, STATES, DH, base, bh, offs_t, offs_e, dv0, T, stride_vb,
+                                                   stride_vt, HEAD_DIM, HEAD_DV, BLOCK_DV)
             dq_in += bdot(do, h_in_t, PRECISION)
             dk_out += bdot(v, dh_out_t, PRECISION)
             hdh += tl.sum(h_in_t * dh_out_t, axis=0)
