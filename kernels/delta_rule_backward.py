@@ -268,7 +268,8 @@ def householder_backward(x: Flat, v3, log_f3, prep: Prepared, states, do, dht, c
         dlog_f += dstate.sum(-1).repeat_interleave(chunk, dim=1)[:, :T]
     del dh
     q3, k3, w3, beta3 = prep._args[:4]
-    dq, dk, dw, dbeta = ut_prepare_backward(q3, k3, w3, beta3, prep, dqt, dkt, dad, dg)
+    # gated: e^{b_i - b_j} in dÃ spans more than one fp16 tile holds (ut_prepare_backward's wide_range)
+    dq, dk, dw, dbeta = ut_prepare_backward(q3, k3, w3, beta3, prep, dqt, dkt, dad, dg, wide_range=gated)
     return dq, dk, dv, dw, dbeta, dlog_f, dh0
 
 

@@ -688,13 +688,20 @@ _UT_BWD_TUNED = tuple(triton.autotune(_UT_BWD_CONFIGS, **_UT_BWD_TUNING, restore
                       (kernel) for kernel in _UT_BWD_KERNELS)
 
 
-def ut_prepare_backward(q3, k3, w3, beta3, prep: "Prepared", dqt, dkt, dad, dg):
+def ut_prepare_backward(q3, k3, w3, beta3, prep: "Prepared", dqt, dkt, dad, dg, *, wide_range: bool = False):
     """``dq, dk`` (``(BH, T, D)`` in ``q3``'s and ``k3``'s dtypes, each rounded once from its fp32 sum) and ``dw,
     dbeta`` (fp32; ``(BH, T, D)`` and ``(BH, T)``) of PaTH's preparation pass, from the
     gradients of its outputs (fp32, in :class:`Prepared`'s layouts) and ``prep`` (made with
     ``keep_inverse=True`` and ``norm_q=False``).  Four launches, one block per program (:func:`_ut_bwd_aw`,
     :func:`_ut_bwd_scores`, :func:`_ut_bwd_qk`, :func:`_ut_bwd_w_inverse`; 4 or 8 warps, autotuned on a GPU), their
-    products in :func:`backward_precision`'s precision."""
+    products in :func:`backward_precision`'s precision.
+
+    ``wide_range``: the gradient tiles' entries may span more than fp16's 24 binary orders within one tile, as they do
+    under a chunked RNN's gates (``dÃ_ij`` carries ``e^{b_i - b_j}``: ``e^{-20}`` per step at ``log_f = -20``, while
+    the diagonal keeps its size).  One power of two per tile cannot bring both ends into fp16, so the products stay
+    in tf32 (``"tf32n"``, every entry its own exponent): with fp16 products the gated Householder RNN's ``dw`` and
+    ``dbeta`` at ``log_f = -20`` came out 0 (relative error 1.0 against float64, fp16 inputs in the interpreter, bf16
+    and fp16 on an H200), with tf32 within 1e-2 (``tests/test_delta_backward.py``)."""
     T, D = prep._args[4:]
     BH = q3.shape[0]
     # written once, by _ut_bwd_qk, which rounds its fp32 sums to the inputs' dtype: no fp32 copy to convert
@@ -710,8 +717,9 @@ def ut_prepare_backward(q3, k3, w3, beta3, prep: "Prepared", dqt, dkt, dad, dg):
         stride_gb=prep.g.stride(0), stride_gj=prep.g.stride(1),
         **row_strides(q=q3, k=k3, w=w3, p=prep.qt, a=prep.ad, o=dq),
     )
+    precision = prep._flags["PRECISION"]
     meta = dict(HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=prep.block,
-                PRECISION=backward_precision(prep._flags["PRECISION"], D))
+                PRECISION=keeping_nans(precision) if wide_range else backward_precision(precision, D))
     kernels = _UT_BWD_TUNED
     if interpreting():
         kernels = _UT_BWD_KERNELS

@@ -83,6 +83,32 @@ def test_gradients_under_extreme_gates(name, gates, beta_at):
     assert max(errs.values()) <= 1e-4, errs
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("beta_at", ["near_0", "near_2"])
+def test_16bit_gradients_under_strong_gates(beta_at, dtype):
+    """16-bit ``q, k, v`` at D = 64 (where the UT backward would multiply in fp16), every gate at -20: the gated
+    Householder RNN's ``dw`` and ``dbeta``, of order e^{-20} against ``dq``'s order 1, within 2e-2 of their largest
+    float64 entry.  The chunk's gates put e^{-20} between neighbouring entries of one gradient tile, more than fp16's
+    range under one scale: with fp16 products both came out 0."""
+    T, Dk = 70, 64
+    g = torch.Generator().manual_seed(7)
+    q, k, v, w = (torch.randn(1, 2, T, Dk, generator=g, dtype=torch.float64) for _ in range(4))
+    k, w = F.normalize(k, dim=-1), F.normalize(w, dim=-1)
+    u = torch.rand(1, 2, T, generator=g, dtype=torch.float64)
+    beta = 1e-3 * u if beta_at == "near_0" else 2 - 1e-3 * u
+    log_f = torch.full_like(u, -20.0)
+    q, k, v = (x.to(dtype).double() for x in (q, k, v))  # the rounded inputs, for both sides
+    do = torch.randn(1, 2, T, Dk, generator=g, dtype=torch.float64)
+    leaves64 = [x.clone().requires_grad_() for x in (q, k, v, w, beta, log_f)]
+    want = torch.autograd.grad(pathfox.gated_householder_matrix(*leaves64), leaves64[3:5], do)
+    leaves = [x.to(dtype).requires_grad_() for x in (q, k, v)] + [x.float().requires_grad_() for x in (w, beta, log_f)]
+    got = torch.autograd.grad(chunked_householder(*leaves[:5], log_f=leaves[5]), leaves[3:5], do.to(dtype))
+    for label, a, b in zip(["w", "beta"], got, want):
+        assert b.abs().max() < 1e-6  # the case is what it claims: gradients of order e^{-20}
+        err = ((a.double() - b).abs().max() / b.abs().max()).item()
+        assert err <= 2e-2, f"d{label}: {err:.2e}"
+
+
 @pytest.mark.parametrize("beta_at", ["near_0", "near_2"])
 @pytest.mark.parametrize("name", ["householder", "deltanet"])
 def test_gradients_with_beta_at_both_ends(name, beta_at):

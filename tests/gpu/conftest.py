@@ -17,6 +17,15 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))  # tests/: helpers.py, forms.py
 
+# pytest put the repository root on sys.path for the root's conftest.py (its "prepend" import mode).  From there the
+# folder kernels/ is found as a top-level package `kernels`, the name of the PyPI package that transformers (which
+# fla imports) probes for, and every fla op failed to import ("attempted relative import beyond top-level
+# package").  pathedu is imported first (from PYTHONPATH, an install, or this root), then the root leaves sys.path.
+import pathedu  # noqa: E402,F401
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _ROOT]
+
 if not torch.cuda.is_available():
     raise pytest.UsageError("tests/gpu needs a CUDA GPU (run it on the device machine: bash tests/gpu/run.sh)")
 
