@@ -1,6 +1,7 @@
 """The three kinds of exercise beyond "write the function": predict, then run (``check_prediction``), explain
 (``check_explanation``) and find the bug (``check_bug``); their points and partial credit; and every lab's planted
 bug, which its check recognises and grades with one point of three for the name alone."""
+import inspect
 import json
 import re
 
@@ -115,6 +116,77 @@ def test_kinds_have_points_and_an_unknown_kind_is_refused():
     check = ex.check(1, kind="predict", points=4)(lambda x: Verdict("x", True, "m"))
     assert (check.kind, check.points) == ("predict", 4.0)
     assert Verdict("x", False, "m", score=0.25).fraction == 0.25 and Verdict("x", True, "m").fraction == 1.0
+
+
+
+# --- declared checks: the three kinds whose check every chapter shares ----------------------------------------
+
+def test_a_declared_check_is_the_shared_check_under_the_stubs_name_docstring_and_arguments(capsys):
+    ex = Exercises("ch99", {1: ("a", "b", "c"), 2: ("d", "e", "f"), 3: ("g", "h", "i")})
+    truths = []
+
+    def truth():
+        truths.append(1)
+        return (2, 3)
+
+    @ex.prediction(1, "predict: p", truth, rtol=0.1)
+    def check_p(shape) -> Verdict:
+        """Exercise 1: a shape."""
+
+    @ex.explanation(2, "explain: e", rubric="2 points. 1: this; 1: that.", min_words=3)
+    def check_e(text) -> Verdict:
+        """Exercise 2: a text."""
+
+    @ex.planted_bug(3, "find the bug: b", bug="index", reference=_right, make_inputs=_inputs, buggy=_planted)
+    def check_b(bug, fixed) -> Verdict:
+        """Exercise 3: a bug."""
+
+    for check, name, n, kind, args in [(check_p, "check_p", 1, "predict", ((2, 3),)),
+                                       (check_e, "check_e", 2, "explain", ("one two three",)),
+                                       (check_b, "check_b", 3, "bug", ("index", _right))]:
+        assert (check.__name__, check.__qualname__.rsplit(".", 1)[-1], check.__module__) == (name, name, __name__)
+        assert check.__doc__ == f"Exercise {n}: a {dict(predict='shape', explain='text', bug='bug')[kind]}."
+        assert (check.exercise.n, check.label, check.kind, check.points) == (n, str(n), kind, float(KINDS[kind]))
+        v = check(*args)
+        assert v.ok and capsys.readouterr().out == repr(v) + "\n"
+        assert check.evaluate(*args).ok and capsys.readouterr().out == ""  # the grader's view prints nothing
+    assert len(truths) == 2  # the truth is computed at each check, not once
+    assert check_p(shape=(2, 4)).fraction == 0.5  # by the stub's argument name, as a written check takes it
+    assert check_p((2, 3)).message == check_prediction("predict: p", (2, 3), (2, 3), rtol=0.1).message
+    v = check_e("one two three")
+    assert v.status == "Needs marking" and v.marking == "2 points. 1: this; 1: that." and "2 points" not in v.message
+    assert check_b("self", _planted).fraction == 0 and check_b("index", _planted).fraction == pytest.approx(1 / 3)
+    stub = check_e(None)
+    assert not stub and "not attempted yet" in stub.message and "ch99.hint(2)" in stub.message
+    with pytest.raises(TypeError):
+        check_p()
+
+
+def test_a_declared_check_needs_a_docstring_the_right_arguments_and_a_known_bug_kind():
+    ex = Exercises("ch99", {1: ("a", "b", "c")})
+    with pytest.raises(ValueError, match="needs a docstring"):
+        @ex.explanation(1, "e", rubric="r")
+        def check_e(text):
+            pass
+    with pytest.raises(TypeError, match="must take 1 argument, got 2"):
+        @ex.prediction(1, "p", lambda: 1.0)
+        def check_p(a, b):
+            """Exercise 1."""
+    with pytest.raises(ValueError, match="`bug` must be one of"):
+        ex.planted_bug(1, "b", bug="typo", reference=_right, make_inputs=_inputs, buggy=_planted)
+
+
+@pytest.mark.parametrize("module", MODULES.values(), ids=list(MODULES))
+def test_every_check_keeps_its_public_name_and_docstring(module):
+    for name in module.__all__:
+        check = getattr(module, name)
+        if name == "hint":
+            continue
+        assert (check.__name__, check.__qualname__, check.__module__) == (name, name, module.__name__)
+        assert check.__doc__ and check.__doc__.strip()
+        arity = {"predict": 1, "explain": 1, "bug": 2}.get(check.kind)
+        if arity is not None:
+            assert len(inspect.signature(check).parameters) == arity, name
 
 
 # --- every lab's planted bug ------------------------------------------------------------------------------------

@@ -464,7 +464,9 @@ class Exercises:
     """A chapter's exercises: ``Exercises("ch01", {1: (nudge, structure, recipe), ...})``.
 
     ``hint`` is the chapter's ``chNN.hint(n, level=1)``; ``check(n)`` decorates a check function
-    (see :meth:`check`)."""
+    (see :meth:`check`); :meth:`prediction`, :meth:`explanation` and :meth:`planted_bug` declare the checks of the
+    three kinds whose check is the same in every chapter, from a stub that gives the check its name, arguments and
+    docstring."""
 
     chapter: str
     hints: dict
@@ -534,6 +536,73 @@ class Exercises:
             run.exercise, run.label, run.allow, run.evaluate = ex, label, allow, evaluate
             run.kind, run.points = kind, float(KINDS[kind] if points is None else points)
             return run
+
+        return decorate
+
+    def prediction(self, n: int, name: str, truth, *, rtol: float = 0.0, atol: float = 0.0,
+                   near: float | None = None, points: float | None = None):
+        """Declare exercise ``n`` a *predict, then run* exercise.  Decorates a stub of one argument, the student's
+        prediction, whose docstring says what to predict; the check it becomes is
+        ``check_prediction(name, prediction, truth(), rtol=rtol, atol=atol, near=near)`` (:func:`check_prediction`;
+        ``truth`` is called at each check), registered as :meth:`check` does with ``kind="predict"``::
+
+            @EXERCISES.prediction(4, "predict: the state's shape", _state_shape)
+            def check_state_shape(shape) -> Verdict:
+                \"\"\"Exercise 4: the shape of ...\"\"\"
+        """
+        def grade(guess):
+            return check_prediction(name, guess, truth(), rtol=rtol, atol=atol, near=near)
+
+        return self._declared(n, "predict", points, grade)
+
+    def explanation(self, n: int, name: str, *, rubric: str, min_words: int = 20, points: float | None = None):
+        """Declare exercise ``n`` an *explain* exercise.  Decorates a stub of one argument, the student's text,
+        whose docstring says what to explain; the check it becomes is
+        ``check_explanation(name, text, rubric=rubric, min_words=min_words)`` (:func:`check_explanation`: the
+        rubric goes to the marker, never to the student), registered as :meth:`check` does with ``kind="explain"``."""
+        def grade(text):
+            return check_explanation(name, text, rubric=rubric, min_words=min_words)
+
+        return self._declared(n, "explain", points, grade)
+
+    def planted_bug(self, n: int, name: str, *, bug: str, reference, make_inputs, buggy, trials: int = 3,
+                    rtol: float = 1e-8, points: float | None = None):
+        """Declare exercise ``n`` a *find the bug* exercise.  Decorates a stub of two arguments, the student's name
+        for the bug and their fixed function, whose docstring says what the fixed function takes and returns; the
+        check it becomes is :func:`check_bug` with ``bug`` (the planted bug's kind, a key of :data:`BUG_KINDS`),
+        ``reference``, ``make_inputs``, ``buggy`` (the planted form), ``trials`` and ``rtol``, registered as
+        :meth:`check` does with ``kind="bug"``."""
+        if bug not in BUG_KINDS:
+            raise ValueError(f"`bug` must be one of {', '.join(BUG_KINDS)}, got {bug!r}")
+
+        def grade(named, fixed):
+            return check_bug(name, named, fixed, bug=bug, reference=reference, make_inputs=make_inputs,
+                             buggy=buggy, trials=trials, rtol=rtol)
+
+        return self._declared(n, "bug", points, grade)
+
+    def _declared(self, n: int, kind: str, points, grade):
+        """The decorator of :meth:`prediction`, :meth:`explanation` and :meth:`planted_bug`: the stub's arguments,
+        bound by its signature (positional or by the stub's names, as a written check takes them), go to
+        ``grade``; the check keeps the stub's name, docstring and signature."""
+        wants = len(inspect.signature(grade).parameters)
+
+        def decorate(stub):
+            signature = inspect.signature(stub)
+            if len(signature.parameters) != wants:
+                raise TypeError(f"the stub `{stub.__name__}` of exercise {n} of {self.chapter} must take {wants} "
+                                f"argument{'s' if wants > 1 else ''}, got {len(signature.parameters)}")
+            if not (stub.__doc__ or "").strip():
+                raise ValueError(f"the stub `{stub.__name__}` of exercise {n} of {self.chapter} needs a docstring: "
+                                 "what the student answers")
+
+            @functools.wraps(stub)
+            def check(*args, **kwargs):
+                bound = signature.bind(*args, **kwargs)
+                bound.apply_defaults()
+                return grade(*bound.arguments.values())
+
+            return self.check(n, kind=kind, points=points)(check)
 
         return decorate
 

@@ -25,8 +25,7 @@ import torch
 
 from .. import nope
 from ..masks import causal_mask
-from ._grader import (Exercises, Verdict, check_bug, check_explanation, check_function, check_parts, check_prediction,
-                      randn64, seeded)
+from ._grader import Exercises, Verdict, check_function, check_parts, randn64, seeded
 
 __all__ = ["check_linear_matrix", "check_online_softmax_merge", "check_chunk_step", "check_state_shape",
            "check_why_order", "check_chunked_bug", "hint"]
@@ -229,11 +228,10 @@ def _state_shape() -> tuple:
     return tuple(S.shape)
 
 
-@EXERCISES.check(4, kind="predict")
+@EXERCISES.prediction(4, "predict: the state's shape", _state_shape)
 def check_state_shape(shape) -> Verdict:
     """Exercise 4: the shape of the state that ``nope.linear_recurrent(q, k, v, return_state=True)`` returns
     for the sizes :data:`STATE_SIZES` (a tuple; one point, shared among its entries)."""
-    return check_prediction("predict: the state's shape", shape, _state_shape())
 
 
 # ---------------------------------------------------------------------------
@@ -247,11 +245,10 @@ WHY_ORDER_RUBRIC = ("2 points. 1: without the mask attention is permutation-equi
                     "count and recover positions. No point for 'the mask encodes positions' without how.")
 
 
-@EXERCISES.check(5, kind="explain")
+@EXERCISES.explanation(5, "explain: what the mask tells", rubric=WHY_ORDER_RUBRIC)
 def check_why_order(text) -> Verdict:
     """Exercise 5: a few sentences on how a causal model without position encoding can still learn positions
     (marked by a person against :data:`WHY_ORDER_RUBRIC`)."""
-    return check_explanation("explain: what the mask tells", text, rubric=WHY_ORDER_RUBRIC)
 
 
 # ---------------------------------------------------------------------------
@@ -277,11 +274,10 @@ def _chunked_bug_inputs(seed):
     return randn64(g, *lead, T, D), randn64(g, *lead, T, D), randn64(g, *lead, T, Dv)
 
 
-@EXERCISES.check(6, kind="bug")
+@EXERCISES.planted_bug(6, "find the bug: chunked linear attention", bug="scale", reference=_linear_reference,
+                       make_inputs=_chunked_bug_inputs, buggy=_chunked_planted)
 def check_chunked_bug(bug, linear_chunked_fixed) -> Verdict:
     """Exercise 6: ``bug`` names the planted error of the lab's ``linear_chunked_planted`` (a key of
     :data:`pathedu.exercises.BUG_KINDS`), ``linear_chunked_fixed(q, k, v) -> (..., T, Dv)`` is the form fixed
     (``q, k: (..., T, D)``, ``v: (..., T, Dv)``, chunks of 4); compared with
     :func:`pathedu.nope.linear_recurrent`."""
-    return check_bug("find the bug: chunked linear attention", bug, linear_chunked_fixed, bug="scale",
-                     reference=_linear_reference, make_inputs=_chunked_bug_inputs, buggy=_chunked_planted)
