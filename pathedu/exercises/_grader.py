@@ -198,6 +198,13 @@ def diagnose(student_fn, args, wrong_variants, rtol: float = 1e-6) -> str:
     return ""
 
 
+def switched_off(with_fn, flags_and_messages) -> list:
+    """Known wrong variants ``(fn, message)`` for the ``wrong_variants`` of :func:`check_function`, from one
+    function ``with_fn`` that computes the right answer by default and takes a keyword flag per step a student may
+    get wrong: for each ``(flag, message)``, ``with_fn`` with that flag set to ``False``."""
+    return [(functools.partial(with_fn, **{flag: False}), message) for flag, message in flags_and_messages]
+
+
 def seeded(seed: int) -> torch.Generator:
     """The generator of a check's inputs for ``seed``: fixed seeds give the same inputs at every run (the course
     grader salts them, :func:`fresh_inputs`)."""
@@ -207,6 +214,21 @@ def seeded(seed: int) -> torch.Generator:
 def randn64(g: torch.Generator, *shape) -> torch.Tensor:
     """A float64 tensor of ``shape`` drawn from the standard normal with ``g``."""
     return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+
+def rand64(g: torch.Generator, *shape) -> torch.Tensor:
+    """A float64 tensor of ``shape`` drawn uniformly from [0, 1) with ``g``."""
+    return torch.rand(shape, generator=g, dtype=torch.float64)
+
+
+def unit(x: torch.Tensor) -> torch.Tensor:
+    """``x`` scaled to unit length along its last dim: ``(..., D) -> (..., D)``."""
+    return x / x.norm(dim=-1, keepdim=True)
+
+
+def outer(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Batched outer product ``a b^T``: ``(..., m), (..., n) -> (..., m, n)``."""
+    return a[..., :, None] * b[..., None, :]
 
 
 def _run_trials(name, student_fn, reference_fn, make_inputs, trials, hint, compare, success) -> Verdict:

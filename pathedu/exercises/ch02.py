@@ -11,8 +11,8 @@ import numbers
 import torch
 
 from .. import alibi
-from ._grader import (Exercises, Verdict, call_student as _call, check_bug, check_explanation, check_function,
-                      check_prediction, fallback_hint, not_attempted, student_failed, verdict, randn64, seeded)
+from ._grader import (Exercises, Verdict, call_student as _call, check_function, fallback_hint, not_attempted,
+                      student_failed, verdict, randn64, seeded)
 
 __all__ = ["check_alibi_slopes", "check_alibi_bias", "check_retnet_recurrent", "check_half_life_gamma",
            "check_reach", "check_why_no_state", "check_retnet_bug", "hint"]
@@ -181,11 +181,10 @@ def _reach() -> int:
     return int(torch.nonzero(torch.exp(bias) < REACH_FACTOR)[0, 0])
 
 
-@EXERCISES.check(5, kind="predict")
+@EXERCISES.prediction(5, "predict: the reach of a slope", _reach, near=0.25)
 def check_reach(d) -> Verdict:
     """Exercise 5: the smallest distance ``d`` (an int) at which ALiBi's bias with slope :data:`REACH_SLOPE`
     multiplies a key's softmax weight by less than :data:`REACH_FACTOR` (half the point within 25%)."""
-    return check_prediction("predict: the reach of a slope", d, _reach(), near=0.25)
 
 
 # ---------------------------------------------------------------------------
@@ -199,11 +198,10 @@ NO_STATE_RUBRIC = ("2 points. 1: RetNet's weight gamma^(i-j) (q_i . k_j) is line
                    "key and value (a KV cache growing with t). Half a point for 'softmax is not linear' alone.")
 
 
-@EXERCISES.check(6, kind="explain")
+@EXERCISES.explanation(6, "explain: a state or a cache", rubric=NO_STATE_RUBRIC)
 def check_why_no_state(text) -> Verdict:
     """Exercise 6: why the same constant decay gives RetNet a fixed-size state and ALiBi a growing cache
     (marked by a person against :data:`NO_STATE_RUBRIC`)."""
-    return check_explanation("explain: a state or a cache", text, rubric=NO_STATE_RUBRIC)
 
 
 # ---------------------------------------------------------------------------
@@ -227,10 +225,9 @@ def _retnet_bug_inputs(seed):
     return q, k, randn64(g, *lead, T, Dv), [0.9, 0.7, 0.97][seed % 3]
 
 
-@EXERCISES.check(7, kind="bug")
+@EXERCISES.planted_bug(7, "find the bug: RetNet's recurrence", bug="mask", reference=alibi.retnet_recurrent,
+                       make_inputs=_retnet_bug_inputs, buggy=_retnet_planted)
 def check_retnet_bug(bug, retnet_fixed) -> Verdict:
     """Exercise 7: ``bug`` names the planted error of the lab's ``retnet_planted`` (a key of
     :data:`pathedu.exercises.BUG_KINDS`); ``retnet_fixed(q, k, v, gamma) -> (..., T, Dv)`` is the recurrence
     fixed, compared with :func:`pathedu.alibi.retnet_recurrent`."""
-    return check_bug("find the bug: RetNet's recurrence", bug, retnet_fixed, bug="mask",
-                     reference=alibi.retnet_recurrent, make_inputs=_retnet_bug_inputs, buggy=_retnet_planted)

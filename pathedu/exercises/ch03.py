@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import fox
-from ._grader import (Exercises, Verdict, call_student as _call, check_bug, check_explanation, check_function,
-                      check_prediction, fallback_hint, not_attempted, student_failed, verdict, randn64, seeded)
+from ._grader import (Exercises, Verdict, call_student as _call, check_function, fallback_hint, not_attempted,
+                      student_failed, verdict, randn64, seeded)
 
 __all__ = ["check_log_gate_matrix", "check_fox_matrix", "check_gla_recurrent", "check_stuck_product",
            "check_gate_product", "check_why_log_space", "check_fox_bug", "hint"]
@@ -178,10 +178,9 @@ def _gate_product() -> float:
     return torch.exp(fox.log_gate_matrix(torch.log(torch.tensor(GATES, dtype=torch.float64)))[4, 1]).item()
 
 
-@EXERCISES.check(5, kind="predict")
+@EXERCISES.prediction(5, "predict: one gate product", _gate_product, rtol=1e-2)
 def check_gate_product(value) -> Verdict:
     """Exercise 5: ``e^{G_{4,1}}`` for the gates :data:`GATES` (a number, within 1%)."""
-    return check_prediction("predict: one gate product", value, _gate_product(), rtol=1e-2)
 
 
 # ---------------------------------------------------------------------------
@@ -196,11 +195,10 @@ LOG_SPACE_RUBRIC = ("2 points. 1: a running product of gates underflows in float
                     "'numerical stability' without saying what fails.")
 
 
-@EXERCISES.check(6, kind="explain")
+@EXERCISES.explanation(6, "explain: why log space", rubric=LOG_SPACE_RUBRIC)
 def check_why_log_space(text) -> Verdict:
     """Exercise 6: why the forms take log gates and sum them instead of multiplying gates (marked by a person
     against :data:`LOG_SPACE_RUBRIC`)."""
-    return check_explanation("explain: why log space", text, rubric=LOG_SPACE_RUBRIC)
 
 
 # ---------------------------------------------------------------------------
@@ -222,10 +220,9 @@ def _fox_bug_inputs(seed):
     return q, k, v, _log_f(q.shape[:-1], seed + 10)
 
 
-@EXERCISES.check(7, kind="bug")
+@EXERCISES.planted_bug(7, "find the bug: FoX", bug="space", reference=fox.fox_matrix, make_inputs=_fox_bug_inputs,
+                       buggy=_fox_planted)
 def check_fox_bug(bug, fox_fixed) -> Verdict:
     """Exercise 7: ``bug`` names the planted error of the lab's ``fox_planted`` (a key of
     :data:`pathedu.exercises.BUG_KINDS`); ``fox_fixed(q, k, v, log_f) -> (..., T, Dv)`` is FoX fixed, compared
     with :func:`pathedu.fox.fox_matrix`."""
-    return check_bug("find the bug: FoX", bug, fox_fixed, bug="space", reference=fox.fox_matrix,
-                     make_inputs=_fox_bug_inputs, buggy=_fox_planted)

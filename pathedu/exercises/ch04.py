@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from .. import rope
-from ._grader import Exercises, Verdict, check_bug, check_explanation, check_function, check_prediction, randn64, seeded
+from ._grader import Exercises, Verdict, check_function, randn64, seeded
 
 __all__ = ["check_apply_rope_half", "check_relative_logit", "check_complex_step", "check_slowest_period",
            "check_why_far_logits_shrink", "check_rope_bug", "hint"]
@@ -147,11 +147,10 @@ def _slowest_period() -> float:
     return (2 * torch.pi / rope.frequencies(PERIOD_D).min()).item()
 
 
-@EXERCISES.check(4, kind="predict")
+@EXERCISES.prediction(4, "predict: the slowest period", _slowest_period, rtol=0.05, near=1.0)
 def check_slowest_period(tokens) -> Verdict:
     """Exercise 4: the period in tokens of RoPE's slowest channel pair for ``D =`` :data:`PERIOD_D` and base
     10000 (a number, within 5%; half the point within a factor of 2)."""
-    return check_prediction("predict: the slowest period", tokens, _slowest_period(), rtol=0.05, near=1.0)
 
 
 # ---------------------------------------------------------------------------
@@ -166,11 +165,10 @@ FAR_RUBRIC = ("2 points. 1: the logit is a sum over channel pairs of terms turne
               "like a gate'.")
 
 
-@EXERCISES.check(5, kind="explain")
+@EXERCISES.explanation(5, "explain: far logits shrink", rubric=FAR_RUBRIC)
 def check_why_far_logits_shrink(text) -> Verdict:
     """Exercise 5: why RoPE's logits shrink with distance on average although no gate forgets (marked by a
     person against :data:`FAR_RUBRIC`)."""
-    return check_explanation("explain: far logits shrink", text, rubric=FAR_RUBRIC)
 
 
 # ---------------------------------------------------------------------------
@@ -193,11 +191,9 @@ def _rope_bug_inputs(seed):
     return (randn64(g, 2, T, D),)
 
 
-@EXERCISES.check(6, kind="bug")
+@EXERCISES.planted_bug(6, "find the bug: RoPE", bug="index", reference=lambda x: rope.apply_rope(x, pairing="half"),
+                       make_inputs=_rope_bug_inputs, buggy=_rope_planted)
 def check_rope_bug(bug, rope_half_fixed) -> Verdict:
     """Exercise 6: ``bug`` names the planted error of the lab's ``rope_half_planted`` (a key of
     :data:`pathedu.exercises.BUG_KINDS`); ``rope_half_fixed(x) -> (..., T, D)`` is RoPE with the half pairing,
     fixed, compared with ``rope.apply_rope(x, pairing="half")``."""
-    return check_bug("find the bug: RoPE", bug, rope_half_fixed, bug="index",
-                     reference=lambda x: rope.apply_rope(x, pairing="half"), make_inputs=_rope_bug_inputs,
-                     buggy=_rope_planted)

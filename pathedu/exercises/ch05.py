@@ -24,13 +24,10 @@ Exercises:
 """
 from __future__ import annotations
 
-from functools import partial
-
 import torch
 
 from .. import path
-from ._grader import (Exercises, Verdict, check_bug, check_explanation, check_function, check_parts, check_prediction,
-                      randn64, seeded)
+from ._grader import Exercises, Verdict, check_function, check_parts, outer, rand64, randn64, seeded, switched_off, unit
 
 __all__ = ["check_delta_step", "check_interval_product", "check_ut_factor", "check_path_attention",
            "check_householder_chunk_step", "check_eigenvalues", "check_why_beta_range", "check_deltanet_bug",
@@ -90,10 +87,6 @@ EXERCISES = Exercises("ch05", {
 hint = EXERCISES.hint
 
 
-def _unit(x):
-    return x / x.norm(dim=-1, keepdim=True)
-
-
 def _householder(w_s, beta_s):
     eye = torch.eye(w_s.shape[-1], dtype=w_s.dtype)
     return eye - beta_s[..., None, None] * w_s[..., :, None] * w_s[..., None, :]
@@ -107,9 +100,9 @@ def _delta_inputs(seed):
     g = seeded(500 + seed)
     lead, D, Dv = [((3,), 5, 4), ((2, 2), 6, 3), ((), 4, 7)][seed % 3]
     S = randn64(g, *lead, Dv, D)
-    k = _unit(randn64(g, *lead, D))
+    k = unit(randn64(g, *lead, D))
     v = randn64(g, *lead, Dv)
-    beta = 2 * torch.rand(lead, generator=g, dtype=torch.float64)
+    beta = 2 * rand64(g, *lead)
     return S, k, v, beta
 
 
@@ -120,23 +113,18 @@ def _delta_reference(S, k, v, beta):
     return S_new
 
 
-def _outer(a, b):
-    """Batched outer product ``a b^T``: ``(..., m), (..., n) -> (..., m, n)``."""
-    return a[..., :, None] * b[..., None, :]
-
-
 def _error(S, k, v):
     """The memory's prediction error ``S k - v``."""
     return (S @ k[..., :, None])[..., 0] - v
 
 
 _DELTA_WRONG = [
-    (lambda S, k, v, beta: S + beta[..., None, None] * _outer(v, k),
+    (lambda S, k, v, beta: S + beta[..., None, None] * outer(v, k),
      "Your update adds beta v k^T only: that is linear attention. The delta rule first subtracts "
      "what the memory already returns for k: use the error (S k - v)."),
-    (lambda S, k, v, beta: S + beta[..., None, None] * _outer(_error(S, k, v), k),
+    (lambda S, k, v, beta: S + beta[..., None, None] * outer(_error(S, k, v), k),
      "Your step goes uphill: the gradient of |S k - v|^2 / 2 is (S k - v) k^T, and descent subtracts it."),
-    (lambda S, k, v, beta: S - _outer(_error(S, k, v), k),
+    (lambda S, k, v, beta: S - outer(_error(S, k, v), k),
      "Your step ignores beta (it takes beta = 1): scale the correction by beta."),
 ]
 
@@ -162,8 +150,8 @@ def check_delta_step(delta_step) -> Verdict:
 def _interval_inputs(seed):
     g = seeded(600 + seed)
     L, D, j, i = [(7, 4, 1, 5), (6, 3, -1, 4), (9, 5, 2, 8)][seed % 3]
-    w = _unit(randn64(g, L, D))
-    beta = 2 * torch.rand(L, generator=g, dtype=torch.float64)
+    w = unit(randn64(g, L, D))
+    beta = 2 * rand64(g, L)
     return w, beta, j, i
 
 
@@ -208,8 +196,8 @@ def check_interval_product(interval_product) -> Verdict:
 def _ut_inputs(seed):
     g = seeded(700 + seed)
     D = (4, 5, 3)[seed % 3]  # L = 3 <= D: W has full row rank, so A is unique
-    w = _unit(randn64(g, 3, D))
-    beta = 0.2 + 1.6 * torch.rand(3, generator=g, dtype=torch.float64)
+    w = unit(randn64(g, 3, D))
+    beta = 0.2 + 1.6 * rand64(g, 3)
     return w, beta
 
 
@@ -253,8 +241,8 @@ def _path_inputs(seed):
     g = seeded(800 + seed)
     T, D, Dv = [(6, 4, 3), (9, 3, 5), (1, 4, 2)][seed % 3]
     q, k, v = 2 * randn64(g, T, D), 2 * randn64(g, T, D), randn64(g, T, Dv)
-    w = _unit(randn64(g, T, D))
-    beta = 2 * torch.rand(T, generator=g, dtype=torch.float64)
+    w = unit(randn64(g, T, D))
+    beta = 2 * rand64(g, T)
     return q, k, v, w, beta
 
 
@@ -310,8 +298,8 @@ def _hh_chunk_inputs(seed):
 
     def tokens(n):
         q, k, v = randn64(g, *lead, n, D), randn64(g, *lead, n, D), randn64(g, *lead, n, Dv)
-        w = _unit(randn64(g, *lead, n, D))
-        beta = 2 * torch.rand(*lead, n, generator=g, dtype=torch.float64)
+        w = unit(randn64(g, *lead, n, D))
+        beta = 2 * rand64(g, *lead, n)
         return q, k, v, w, beta
 
     _, S = path.householder_recurrent(*tokens(P), return_state=True)
@@ -346,29 +334,29 @@ def _hh_chunk_factors(q, k, w, beta):
     return q_tilde, scores, k_tilde, F
 
 
-def _hh_chunk_with(q, k, v, w, beta, S, *, carry=True, tilde_k=True, tilde_q=True, read_new=False):
-    """The chunk step, right by default; each flag switches on one known mistake."""
+def _hh_chunk_with(q, k, v, w, beta, S, *, carry=True, tilde_k=True, tilde_q=True, read_old=True):
+    """The chunk step, right by default; each flag set to False makes one known mistake."""
     q_tilde, scores, k_tilde, P = _hh_chunk_factors(q, k, w, beta)
     S_new = (S @ P if carry else S) + v.transpose(-1, -2) @ (k_tilde if tilde_k else k)
-    S_read = S_new if read_new else S
+    S_read = S if read_old else S_new
     o = (q_tilde if tilde_q else q) @ S_read.transpose(-1, -2) + scores @ v
     return o, S_new
 
 
-_HH_CHUNK_WRONG = [
-    (partial(_hh_chunk_with, carry=False),
+_HH_CHUNK_WRONG = switched_off(_hh_chunk_with, [
+    ("carry",
      "Your S_new adds the chunk's writes to S as it is: the old state also goes through every transition of "
      "the chunk, S -> S H_s ... H_e, before the writes are added."),
-    (partial(_hh_chunk_with, tilde_k=False),
+    ("tilde_k",
      "Your S_new writes the raw keys k_j: a key written at position j is still transformed by the later "
      "transitions of the chunk, so write v_j (k_j^T H_{j+1} ... H_e)."),
-    (partial(_hh_chunk_with, read_new=True),
+    ("read_old",
      "Your inter-chunk term uses the state *after* the chunk, so the chunk's own tokens are counted twice "
      "(and the future leaks in); use S from before the chunk."),
-    (partial(_hh_chunk_with, tilde_q=False),
+    ("tilde_q",
      "Your inter-chunk term reads S with the raw queries: the old state reaches query i only through the "
      "transitions H_s ... H_i of the chunk up to i, so read it with H_s ... H_i q_i."),
-]
+])
 
 
 @EXERCISES.check(5, allow=("pathedu.path.ut_transform",))
@@ -399,17 +387,16 @@ EIG_BETA, EIG_D = 1.5, 4
 
 
 def _eigenvalues() -> tuple:
-    w = _unit(torch.ones(1, EIG_D, dtype=torch.float64))
+    w = unit(torch.ones(1, EIG_D, dtype=torch.float64))
     H = path.householder_product(w, torch.tensor([EIG_BETA], dtype=torch.float64))
     ev = torch.linalg.eigvalsh(H)
     return round(ev.min().item(), 12), round(ev.max().item(), 12)
 
 
-@EXERCISES.check(6, kind="predict")
+@EXERCISES.prediction(6, "predict: the eigenvalues of H", _eigenvalues, atol=1e-6)
 def check_eigenvalues(extremes) -> Verdict:
     """Exercise 6: ``(smallest, largest)`` eigenvalue of ``H = I - beta w w^T`` for a unit ``w`` in ``D =``
     :data:`EIG_D` dimensions and ``beta =`` :data:`EIG_BETA` (a pair of numbers, half the point each)."""
-    return check_prediction("predict: the eigenvalues of H", extremes, _eigenvalues(), atol=1e-6)
 
 
 # ---------------------------------------------------------------------------
@@ -424,10 +411,9 @@ BETA_RUBRIC = ("2 points. 1: H = I - beta w w^T has eigenvalue 1 - beta along th
                "beta |w|^2 > 2.")
 
 
-@EXERCISES.check(7, kind="explain")
+@EXERCISES.explanation(7, "explain: beta in [0, 2]", rubric=BETA_RUBRIC)
 def check_why_beta_range(text) -> Verdict:
     """Exercise 7: why beta (with a unit w) stays in [0, 2] (marked by a person against :data:`BETA_RUBRIC`)."""
-    return check_explanation("explain: beta in [0, 2]", text, rubric=BETA_RUBRIC)
 
 
 # ---------------------------------------------------------------------------
@@ -448,15 +434,14 @@ def _deltanet_planted(q, k, v, beta):
 def _deltanet_bug_inputs(seed):
     g = seeded(800 + seed)
     lead, T, D, Dv = [((2,), 8, 6, 4), ((2, 2), 5, 4, 7), ((), 11, 8, 3)][seed % 3]
-    q, k = randn64(g, *lead, T, D), _unit(randn64(g, *lead, T, D))
-    beta = 2 * torch.rand(*lead, T, generator=g, dtype=torch.float64)
+    q, k = randn64(g, *lead, T, D), unit(randn64(g, *lead, T, D))
+    beta = 2 * rand64(g, *lead, T)
     return q, k, randn64(g, *lead, T, Dv), beta
 
 
-@EXERCISES.check(8, kind="bug")
+@EXERCISES.planted_bug(8, "find the bug: DeltaNet", bug="scale", reference=path.deltanet_recurrent,
+                       make_inputs=_deltanet_bug_inputs, buggy=_deltanet_planted)
 def check_deltanet_bug(bug, deltanet_fixed) -> Verdict:
     """Exercise 8: ``bug`` names the planted error of the lab's ``deltanet_planted`` (a key of
     :data:`pathedu.exercises.BUG_KINDS`); ``deltanet_fixed(q, k, v, beta) -> (..., T, Dv)`` is DeltaNet's
     recurrence fixed, compared with :func:`pathedu.path.deltanet_recurrent`."""
-    return check_bug("find the bug: DeltaNet", bug, deltanet_fixed, bug="scale", reference=path.deltanet_recurrent,
-                     make_inputs=_deltanet_bug_inputs, buggy=_deltanet_planted)

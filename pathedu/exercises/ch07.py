@@ -22,13 +22,10 @@ Exercises (``f = exp(log_f) <= 1`` is a forget gate, ``H_s = I - beta_s w_s w_s^
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from .. import fox, pathfox
-from ._grader import (Exercises, Verdict, check_bug, check_explanation, check_function, check_parts, check_prediction,
-                      randn64, seeded)
+from ._grader import Exercises, Verdict, check_function, check_parts, outer, rand64, randn64, seeded, switched_off, unit
 
 __all__ = ["check_gated_delta_step", "check_pathfox_logit", "check_gamma", "check_gated_deltanet_matrix",
            "check_gated_deltanet_chunk", "check_decayed_trace", "check_bias_or_factor", "check_gdn_bug", "hint"]
@@ -84,27 +81,9 @@ EXERCISES = Exercises("ch07", {
 hint = EXERCISES.hint
 
 
-def _rand(g, *shape):
-    return torch.rand(shape, generator=g, dtype=torch.float64)
-
-
-def _unit(x):
-    return x / x.norm(dim=-1, keepdim=True)
-
-
-def _outer(a, b):
-    """Batched outer product ``a b^T``: ``(..., m), (..., n) -> (..., m, n)``."""
-    return a[..., :, None] * b[..., None, :]
-
-
 def _log_gates(g, *shape):
     """Log gates in [-1.1, -0.1]: gates between 0.33 and 0.9, far enough from 1 that a missing gate shows."""
-    return -(0.1 + _rand(g, *shape))
-
-
-def _switched_off(with_fn, flags_and_messages):
-    """Wrong variants ``(fn, message)``: ``with_fn`` with one of its keyword flags set to False."""
-    return [(functools.partial(with_fn, **{flag: False}), message) for flag, message in flags_and_messages]
+    return -(0.1 + rand64(g, *shape))
 
 
 # ---------------------------------------------------------------------------
@@ -115,9 +94,9 @@ def _step_inputs(seed):
     g = seeded(1600 + seed)
     lead, D, Dv = [((3,), 5, 4), ((2, 2), 6, 3), ((), 4, 7)][seed % 3]
     S = randn64(g, *lead, Dv, D)
-    k = _unit(randn64(g, *lead, D))
+    k = unit(randn64(g, *lead, D))
     v = randn64(g, *lead, Dv)
-    beta = 0.3 + 1.4 * _rand(g, *lead)
+    beta = 0.3 + 1.4 * rand64(g, *lead)
     return S, k, v, beta, _log_gates(g, *lead)
 
 
@@ -130,7 +109,7 @@ def _step_reference(S, k, v, beta, log_f):
 
 def _delta_transition(S, k, beta):
     """``S (I - beta k k^T)``."""
-    return S - beta[..., None, None] * _outer((S @ k[..., :, None])[..., 0], k)
+    return S - beta[..., None, None] * outer((S @ k[..., :, None])[..., 0], k)
 
 
 def _gate(x, log_f):
@@ -138,21 +117,21 @@ def _gate(x, log_f):
 
 
 _STEP_WRONG = [
-    (lambda S, k, v, b, lf: _gate(_delta_transition(S, k, b) + b[..., None, None] * _outer(v, k), lf),
+    (lambda S, k, v, b, lf: _gate(_delta_transition(S, k, b) + b[..., None, None] * outer(v, k), lf),
      "You applied the gate after the write: the new pair is then decayed by its own token's gate. Decay the old "
      "memory first, S' = a S, then take the delta step from S'."),
-    (lambda S, k, v, b, lf: _gate(S, lf) + b[..., None, None] * _outer(v, k),
+    (lambda S, k, v, b, lf: _gate(S, lf) + b[..., None, None] * outer(v, k),
      "Your step has no delta term: a S + beta v k^T is the scalar-gated linear attention of Mamba2 (the row the "
      "associative-memory notes give for Gated DeltaNet). Subtract what the decayed memory predicts: "
      "beta (a S k - v) k^T."),
-    (lambda S, k, v, b, lf: _gate(S, lf) + b[..., None, None] * _outer(v - (S @ k[..., :, None])[..., 0], k),
+    (lambda S, k, v, b, lf: _gate(S, lf) + b[..., None, None] * outer(v - (S @ k[..., :, None])[..., 0], k),
      "Your correction uses the prediction of the undecayed memory, S k: the regression step is taken at the "
      "decayed state S' = a S, so the error is S' k - v."),
-    (lambda S, k, v, b, lf: _delta_transition(S, k, b) + b[..., None, None] * _outer(v, k),
+    (lambda S, k, v, b, lf: _delta_transition(S, k, b) + b[..., None, None] * outer(v, k),
      "Your step ignores the gate: that is DeltaNet. Multiply the old memory by a = exp(log_f) first."),
-    (lambda S, k, v, b, lf: lf[..., None, None] * _delta_transition(S, k, b) + b[..., None, None] * _outer(v, k),
+    (lambda S, k, v, b, lf: lf[..., None, None] * _delta_transition(S, k, b) + b[..., None, None] * outer(v, k),
      "You used log_f itself as the gate: the gate is a = exp(log_f), a number in (0, 1]."),
-    (lambda S, k, v, b, lf: _gate(_delta_transition(S, k, b), lf) + _outer(v, k),
+    (lambda S, k, v, b, lf: _gate(_delta_transition(S, k, b), lf) + outer(v, k),
      "You wrote v k^T without beta: Gated DeltaNet writes beta v k^T (the gated Householder RNN with w = k and "
      "values beta v)."),
 ]
@@ -179,8 +158,8 @@ def _logit_inputs(seed):
     g = seeded(1700 + seed)
     T, D, i, j = [(8, 4, 6, 2), (7, 5, 5, 0), (6, 3, 4, 4)][seed % 3]
     q, k = 2 * randn64(g, T, D), 2 * randn64(g, T, D)
-    w = _unit(randn64(g, T, D))
-    beta = 0.3 + 1.7 * _rand(g, T)
+    w = unit(randn64(g, T, D))
+    beta = 0.3 + 1.7 * rand64(g, T)
     return q, k, w, beta, _log_gates(g, T), i, j
 
 
@@ -301,8 +280,8 @@ def check_gamma(gamma) -> Verdict:
 def _gdn_inputs(seed):
     g = seeded(1900 + seed)
     T, D, Dv = [(7, 4, 3), (9, 3, 5), (1, 4, 2)][seed % 3]
-    q, k, v = randn64(g, T, D), _unit(randn64(g, T, D)), randn64(g, T, Dv)
-    beta = 0.3 + 1.4 * _rand(g, T)
+    q, k, v = randn64(g, T, D), unit(randn64(g, T, D)), randn64(g, T, Dv)
+    beta = 0.3 + 1.4 * rand64(g, T)
     return q, k, v, beta, _log_gates(g, T)
 
 
@@ -325,7 +304,7 @@ _GDN_WRONG = [
     (lambda q, k, v, b, lf: (q @ k.T * _gamma_reference(lf)) @ (b[:, None] * v),
      "Your output has no inverse: (Q K^T * exp(G) * M) diag(beta) V is gated linear attention (Mamba2) without the "
      "delta term. The corrected values are U = (I + diag(beta)(K K^T * exp(G) * M^-))^{-1} diag(beta) V."),
-] + _switched_off(_gdn_with, [
+] + switched_off(_gdn_with, [
     ("gate_in",
      "Your inverse has no exp(G): each correction is made by the *decayed* memory, so the gates between j and t "
      "also multiply k_t . k_j inside the inverse."),
@@ -363,8 +342,8 @@ def check_gated_deltanet_matrix(gated_deltanet_matrix) -> Verdict:
 def _chunk_inputs(seed):
     g = seeded(2000 + seed)
     C, D, Dv = [(6, 4, 3), (5, 3, 5), (1, 4, 2)][seed % 3]
-    q, k, v = randn64(g, C, D), _unit(randn64(g, C, D)), randn64(g, C, Dv)
-    beta = 0.3 + 1.4 * _rand(g, C)
+    q, k, v = randn64(g, C, D), unit(randn64(g, C, D)), randn64(g, C, Dv)
+    beta = 0.3 + 1.4 * rand64(g, C)
     S = randn64(g, Dv, D)
     return q, k, v, beta, _log_gates(g, C), S
 
@@ -391,7 +370,7 @@ def _chunk_with(q, k, v, beta, log_f, S, *, decay_out=True, decay_state=True, co
     return o, S_new
 
 
-_CHUNK_WRONG = _switched_off(_chunk_with, [
+_CHUNK_WRONG = switched_off(_chunk_with, [
     ("decay_out",
      "Your outputs read the carried state undecayed: the state from before the chunk reaches token i through the "
      "gates b_i = log_f[0] + ... + log_f[i], so the inter-chunk term is diag(e^b) Q S^T."),
@@ -440,17 +419,16 @@ def _decayed_trace() -> float:
     T, D = TRACE_STEPS, TRACE_D
     zeros = torch.zeros(T, D, dtype=torch.float64)
     log_f = torch.full((T,), TRACE_GATE, dtype=torch.float64).log()
-    _, S = pathfox.gated_deltanet_recurrent(zeros, _unit(torch.ones(T, D, dtype=torch.float64)), zeros,
+    _, S = pathfox.gated_deltanet_recurrent(zeros, unit(torch.ones(T, D, dtype=torch.float64)), zeros,
                                             torch.zeros(T, dtype=torch.float64), log_f,
                                             initial_state=torch.eye(D, dtype=torch.float64), return_state=True)
     return S.trace().item()
 
 
-@EXERCISES.check(5, kind="predict")
+@EXERCISES.prediction(5, "predict: a decayed state", _decayed_trace, rtol=1e-6)
 def check_decayed_trace(trace) -> Verdict:
     """Exercise 5: the trace of Gated DeltaNet's state after :data:`TRACE_STEPS` tokens with ``beta = 0`` and
     gates :data:`TRACE_GATE`, from ``S = I`` (``D =`` :data:`TRACE_D`); a number."""
-    return check_prediction("predict: a decayed state", trace, _decayed_trace(), rtol=1e-6)
 
 
 # ---------------------------------------------------------------------------
@@ -465,11 +443,10 @@ BIAS_FACTOR_RUBRIC = ("2 points. 1: on the softmax side the weight is exp(logit)
                       "exp are inverse' without the softmax.")
 
 
-@EXERCISES.check(6, kind="explain")
+@EXERCISES.explanation(6, "explain: a bias or a factor", rubric=BIAS_FACTOR_RUBRIC)
 def check_bias_or_factor(text) -> Verdict:
     """Exercise 6: why one forget gate is a logit bias on the softmax side and a factor on the linear side
     (marked by a person against :data:`BIAS_FACTOR_RUBRIC`)."""
-    return check_explanation("explain: a bias or a factor", text, rubric=BIAS_FACTOR_RUBRIC)
 
 
 # ---------------------------------------------------------------------------
@@ -491,14 +468,13 @@ def _gdn_planted(q, k, v, beta, log_f):
 def _gdn_bug_inputs(seed):
     g = seeded(900 + seed)
     lead, T, D, Dv = [((2,), 8, 6, 4), ((2, 2), 5, 4, 7), ((), 11, 8, 3)][seed % 3]
-    q, k = randn64(g, *lead, T, D), _unit(randn64(g, *lead, T, D))
-    return q, k, randn64(g, *lead, T, Dv), 2 * _rand(g, *lead, T), _log_gates(g, *lead, T)
+    q, k = randn64(g, *lead, T, D), unit(randn64(g, *lead, T, D))
+    return q, k, randn64(g, *lead, T, Dv), 2 * rand64(g, *lead, T), _log_gates(g, *lead, T)
 
 
-@EXERCISES.check(7, kind="bug")
+@EXERCISES.planted_bug(7, "find the bug: Gated DeltaNet", bug="self", reference=pathfox.gated_deltanet_recurrent,
+                       make_inputs=_gdn_bug_inputs, buggy=_gdn_planted)
 def check_gdn_bug(bug, gated_deltanet_fixed) -> Verdict:
     """Exercise 7: ``bug`` names the planted error of the lab's ``gated_deltanet_planted`` (a key of
     :data:`pathedu.exercises.BUG_KINDS`); ``gated_deltanet_fixed(q, k, v, beta, log_f) -> (..., T, Dv)`` is
     the recurrence fixed, compared with :func:`pathedu.pathfox.gated_deltanet_recurrent`."""
-    return check_bug("find the bug: Gated DeltaNet", bug, gated_deltanet_fixed, bug="self",
-                     reference=pathfox.gated_deltanet_recurrent, make_inputs=_gdn_bug_inputs, buggy=_gdn_planted)

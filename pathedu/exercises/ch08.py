@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import fox
-from ._grader import Exercises, Verdict, check_bug, check_explanation, check_function, check_prediction, randn64, seeded
+from ._grader import Exercises, Verdict, check_function, randn64, seeded
 
 __all__ = ["check_chunked_gated", "check_logits_from_weights", "check_capped_entry",
            "check_why_scalar_gates", "check_bias_bug", "hint"]
@@ -161,11 +161,10 @@ def _capped_entry() -> float:
     return G[4, 1].item()
 
 
-@EXERCISES.check(3, kind="predict")
+@EXERCISES.prediction(3, "predict: one entry of G", _capped_entry, rtol=1e-3)
 def check_capped_entry(value) -> Verdict:
     """Exercise 3: ``G_{4,1}`` of the capped key gate with ``a = 0`` and ``gamma =`` :data:`ENTRY_GAMMA` (a
     number, within 0.1%)."""
-    return check_prediction("predict: one entry of G", value, _capped_entry(), rtol=1e-3)
 
 
 # ---------------------------------------------------------------------------
@@ -181,11 +180,10 @@ SCALAR_RUBRIC = ("2 points. 1: a scalar gate commutes with every matrix, so the 
                  "P_ij and gives no additive bias. Half a point for 'scalars commute' alone.")
 
 
-@EXERCISES.check(4, kind="explain")
+@EXERCISES.explanation(4, "explain: scalar gates have both sides", rubric=SCALAR_RUBRIC)
 def check_why_scalar_gates(text) -> Verdict:
     """Exercise 4: why every scalar gate has a softmax side and a linear side, and a per-channel gate no softmax
     bias (marked by a person against :data:`SCALAR_RUBRIC`)."""
-    return check_explanation("explain: scalar gates have both sides", text, rubric=SCALAR_RUBRIC)
 
 
 # ---------------------------------------------------------------------------
@@ -203,10 +201,9 @@ def _bias_bug_inputs(seed):
     return q, k, v, log_f
 
 
-@EXERCISES.check(5, kind="bug")
+@EXERCISES.planted_bug(5, "find the bug: the softmax side", bug="scale", reference=fox.fox_matrix,
+                       make_inputs=_bias_bug_inputs, buggy=_bias_planted)
 def check_bias_bug(bug, softmax_side_fixed) -> Verdict:
     """Exercise 5: ``bug`` names the planted error of the lab's ``softmax_side_planted`` (a key of
     :data:`pathedu.exercises.BUG_KINDS`); ``softmax_side_fixed(q, k, v, log_f) -> (..., T, Dv)`` is the softmax
     side of a scalar gate fixed, compared with :func:`pathedu.fox.fox_matrix`."""
-    return check_bug("find the bug: the softmax side", bug, softmax_side_fixed, bug="scale",
-                     reference=fox.fox_matrix, make_inputs=_bias_bug_inputs, buggy=_bias_planted)

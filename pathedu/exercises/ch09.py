@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from .. import tasks
-from ._grader import Exercises, Verdict, check_bug, check_explanation, check_function, check_prediction, seeded
+from ._grader import Exercises, Verdict, check_function, seeded
 
 __all__ = ["check_flipflop_answers", "check_prefix_products", "check_fewest_layers", "check_sparse_reads",
            "check_represent_learn", "check_error_bug", "hint"]
@@ -272,12 +272,11 @@ def _sparse_reads() -> float:
     return mask.sum(1).double().mean().item()
 
 
-@EXERCISES.check(4, kind="predict")
+@EXERCISES.prediction(4, "predict: reads in a sparse sequence", _sparse_reads, rtol=0.15, near=1.0)
 def check_sparse_reads(reads) -> Verdict:
     """Exercise 4: the mean number of scored bits in a flip-flop sequence of :data:`SPARSE_LENGTH` tokens with
     ``p_ignore =`` :data:`SPARSE_P_IGNORE` (a number, within 15% of the mean over 4000 sequences; half the
     point within a factor of two)."""
-    return check_prediction("predict: reads in a sparse sequence", reads, _sparse_reads(), rtol=0.15, near=1.0)
 
 
 # ---------------------------------------------------------------------------
@@ -293,11 +292,10 @@ REPRESENT_RUBRIC = ("2 points. 1: what an architecture can represent is a statem
                     "about all lengths. Half a point for one direction only.")
 
 
-@EXERCISES.check(5, kind="explain")
+@EXERCISES.explanation(5, "explain: represent is not learn", rubric=REPRESENT_RUBRIC)
 def check_represent_learn(text) -> Verdict:
     """Exercise 5: "represent is not learn, in both directions", with flip-flop and the A5 word problem
     (marked by a person against :data:`REPRESENT_RUBRIC`)."""
-    return check_explanation("explain: represent is not learn", text, rubric=REPRESENT_RUBRIC)
 
 
 # ---------------------------------------------------------------------------
@@ -325,10 +323,9 @@ def _error_bug_inputs(seed):
     return logits, tokens, mask
 
 
-@EXERCISES.check(6, kind="bug")
+@EXERCISES.planted_bug(6, "find the bug: the scored error", bug="index", reference=_error_reference,
+                       make_inputs=_error_bug_inputs, buggy=_error_planted)
 def check_error_bug(bug, scored_error_fixed) -> Verdict:
     """Exercise 6: ``bug`` names the planted error of the lab's ``scored_error_planted`` (a key of
     :data:`pathedu.exercises.BUG_KINDS`); ``scored_error_fixed(logits, tokens, mask) -> ()`` (``logits: (n, L,
     V)``, ``tokens, mask: (n, L)``) is the error rate on the scored bits, fixed."""
-    return check_bug("find the bug: the scored error", bug, scored_error_fixed, bug="index",
-                     reference=_error_reference, make_inputs=_error_bug_inputs, buggy=_error_planted)

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 
 from .. import stickbreaking as sb
 from ..masks import causal_mask
-from ._grader import (Exercises, check_bug, check_explanation, check_prediction, Verdict, call_student as _call,
-                      check_function, check_parts, fallback_hint, student_failed, verdict, randn64, seeded)
+from ._grader import (Exercises, Verdict, call_student as _call, check_function, check_parts, fallback_hint,
+                      student_failed, verdict, rand64, randn64, seeded)
 
 __all__ = ["check_stick_log_weights", "check_stick_remainder", "check_stick_block_step", "check_even_sticks",
            "check_why_no_positions", "check_stick_bug", "hint"]
@@ -217,7 +217,7 @@ def check_stick_block_step(fn) -> Verdict:
         lead, M, N, Dv = dims[seed]
         z = 2.0 * randn64(g, *lead, M, N)
         v = randn64(g, *lead, N, Dv)
-        carry = -3.0 * torch.rand(*lead, M, generator=g, dtype=torch.float64)
+        carry = -3.0 * rand64(g, *lead, M)
         acc = randn64(g, *lead, M, Dv)
         return z, v, carry, acc
 
@@ -272,11 +272,10 @@ def _even_sticks() -> tuple:
     return weights[5, 2].item(), rest[5].item()
 
 
-@EXERCISES.check(4, kind="predict")
+@EXERCISES.prediction(4, "predict: even sticks", _even_sticks, rtol=1e-6)
 def check_even_sticks(prediction) -> Verdict:
     """Exercise 4: ``(alpha_{5,2}, leftover of query 5)`` when every logit is 0 (a pair of numbers, half the
     point each)."""
-    return check_prediction("predict: even sticks", prediction, _even_sticks(), rtol=1e-6)
 
 
 # ---------------------------------------------------------------------------
@@ -292,11 +291,10 @@ NO_POSITIONS_RUBRIC = ("2 points. 1: the stick is broken from the query backward
                        "breaks.")
 
 
-@EXERCISES.check(5, kind="explain")
+@EXERCISES.explanation(5, "explain: recent keys without positions", rubric=NO_POSITIONS_RUBRIC)
 def check_why_no_positions(text) -> Verdict:
     """Exercise 5: why stick-breaking prefers recent keys with no position encoding, and what the leftover
     stick means (marked by a person against :data:`NO_POSITIONS_RUBRIC`)."""
-    return check_explanation("explain: recent keys without positions", text, rubric=NO_POSITIONS_RUBRIC)
 
 
 # ---------------------------------------------------------------------------
@@ -322,10 +320,9 @@ def _stick_bug_inputs(seed):
     return tuple(randn64(g, *lead, T, d) for d in (D, D, Dv))
 
 
-@EXERCISES.check(6, kind="bug")
+@EXERCISES.planted_bug(6, "find the bug: stick-breaking", bug="self", reference=sb.stickbreaking_matrix,
+                       make_inputs=_stick_bug_inputs, buggy=_stick_planted)
 def check_stick_bug(bug, stickbreaking_fixed) -> Verdict:
     """Exercise 6: ``bug`` names the planted error of the lab's ``stickbreaking_planted`` (a key of
     :data:`pathedu.exercises.BUG_KINDS`); ``stickbreaking_fixed(q, k, v) -> (..., T, Dv)`` is stick-breaking
     attention fixed (scale ``D ** -0.5``), compared with :func:`pathedu.stickbreaking.stickbreaking_matrix`."""
-    return check_bug("find the bug: stick-breaking", bug, stickbreaking_fixed, bug="self",
-                     reference=sb.stickbreaking_matrix, make_inputs=_stick_bug_inputs, buggy=_stick_planted)

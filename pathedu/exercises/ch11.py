@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from .. import cope
-from ._grader import Exercises, Verdict, check_bug, check_explanation, check_function, check_prediction, randn64, seeded
+from ._grader import Exercises, Verdict, check_function, rand64, randn64, seeded
 
 __all__ = ["check_positions_from_gates", "check_position_logits", "check_cope_matrix", "check_half_open_count",
            "check_what_counts", "check_cope_bug", "hint"]
@@ -100,7 +100,7 @@ def check_positions_from_gates(fn) -> Verdict:
     and 0 above the diagonal; ``g`` holds gates in (0, 1) everywhere, the future included (to be ignored)."""
     def make(seed):
         lead, T = [((2,), 9), ((3, 2), 6), ((), 1)][seed]
-        return (torch.rand(*lead, T, T, generator=seeded(1000 + seed), dtype=torch.float64) * 0.98 + 0.01,)
+        return (rand64(seeded(1000 + seed), *lead, T, T) * 0.98 + 0.01,)
 
     return check_function("positions from gates", fn, _positions, make, rtol=1e-9, wrong_variants=_POSITION_MISTAKES)
 
@@ -167,7 +167,7 @@ def check_position_logits(fn) -> Verdict:
         lead, T, P = [((2,), 8, 4), ((1, 3), 5, 7), ((), 3, 1)][seed]
         g = seeded(1000 + seed)
         qe = randn64(g, *lead, T, P)
-        p = torch.rand(*lead, T, T, generator=g, dtype=torch.float64) * (P + 3)
+        p = rand64(g, *lead, T, T) * (P + 3)
         p[..., 0, :2] = torch.tensor([0.0, float(P - 1)], dtype=torch.float64)  # the two ends, exactly
         if T > 2:
             p[..., 1, 2] = 1.0  # an integer inside the table
@@ -229,10 +229,9 @@ def _half_open_count() -> float:
     return cope.cope_positions(q, k)[9, 3].item()
 
 
-@EXERCISES.check(4, kind="predict")
+@EXERCISES.prediction(4, "predict: a count of half-open gates", _half_open_count, rtol=1e-6)
 def check_half_open_count(count) -> Verdict:
     """Exercise 4: ``p_{9,3}`` when every gate is ``sigma(0)`` (``q = 0``), unclamped (a number)."""
-    return check_prediction("predict: a count of half-open gates", count, _half_open_count(), rtol=1e-6)
 
 
 # ---------------------------------------------------------------------------
@@ -248,11 +247,10 @@ WHAT_COUNTS_RUBRIC = ("2 points. 1: CoPE's position of key j is the count p_ij =
                       "for 'CoPE is contextual' without the gates.")
 
 
-@EXERCISES.check(5, kind="explain")
+@EXERCISES.explanation(5, "explain: what counts", rubric=WHAT_COUNTS_RUBRIC)
 def check_what_counts(text) -> Verdict:
     """Exercise 5: what CoPE counts and RoPE cannot, and what it costs (marked by a person against
     :data:`WHAT_COUNTS_RUBRIC`)."""
-    return check_explanation("explain: what counts", text, rubric=WHAT_COUNTS_RUBRIC)
 
 
 # ---------------------------------------------------------------------------
@@ -281,10 +279,9 @@ def _cope_bug_inputs(seed):
     return q, k, v, randn64(g, P, D)
 
 
-@EXERCISES.check(6, kind="bug")
+@EXERCISES.planted_bug(6, "find the bug: CoPE", bug="index", reference=cope.cope_matrix, make_inputs=_cope_bug_inputs,
+                       buggy=_cope_planted)
 def check_cope_bug(bug, cope_fixed) -> Verdict:
     """Exercise 6: ``bug`` names the planted error of the lab's ``cope_planted`` (a key of
     :data:`pathedu.exercises.BUG_KINDS`); ``cope_fixed(q, k, v, pos_emb) -> (..., T, Dv)`` (``pos_emb: (P,
     D)``) is CoPE fixed (scale ``D ** -0.5``), compared with :func:`pathedu.cope.cope_matrix`."""
-    return check_bug("find the bug: CoPE", bug, cope_fixed, bug="index", reference=cope.cope_matrix,
-                     make_inputs=_cope_bug_inputs, buggy=_cope_planted)
