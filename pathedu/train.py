@@ -161,7 +161,8 @@ def train(model: torch.nn.Module, sample: Callable[[int], tuple], *, steps: int,
           min_lr_ratio: float = 0.1, clip: float = 1.0, evaluate_fn: Callable | None = None,
           eval_every: int | None = None, log_every: int = 1, device=None, amp: bool | None = None,
           seed: int = 0, progress: bool = True, desc: str = "train", grad_check_every: int = 0,
-          time_limit_s: float | None = None, stop_after: int | None = None) -> dict:
+          time_limit_s: float | None = None, stop_after: int | None = None,
+          stop_when: Callable[[list], bool] | None = None) -> dict:
     """Train ``model`` for ``steps`` optimizer steps on batches ``sample(step) -> (inputs, targets)``.
 
     * AdamW (``lr``, ``betas``, ``weight_decay`` on matrices only: not on biases, norms, embeddings);
@@ -176,6 +177,9 @@ def train(model: torch.nn.Module, sample: Callable[[int], tuple], *, steps: int,
       checks not counted) past this many seconds, evaluate, and record ``"stopped_at"`` (steps done).
     * ``stop_after`` (None: ``steps``): stop after that many steps of the ``steps``-step schedule, likewise
       (e.g. to look at a model part-way through a run).
+    * ``stop_when(evals) -> bool`` (None: never): called with ``hist["eval"]`` after each periodic evaluation;
+      true stops training there (that evaluation is the last; ``"stopped_at"`` records the steps done), e.g.
+      when the accuracy has stopped improving (:func:`pathedu.experiments._common.plateau`).
 
     Returns the history: ``{"step": [...], "loss": [...], "lr": [...], "grad_norm": [...]}`` every
     ``log_every`` steps, ``"eval": [{"step": s, **metrics}, ...]``, ``"wall_time_s"`` (the whole loop),
@@ -261,8 +265,12 @@ def train(model: torch.nn.Module, sample: Callable[[int], tuple], *, steps: int,
             m = run_eval(step + 1)
             if m is not None and "accuracy" in m:
                 bar.set_postfix(loss=f"{hist['loss'][-1]:.4f}", acc=f"{m['accuracy']:.3f}", refresh=False)
+            if stop_when is not None and stop_when(hist["eval"]):
+                done = step + 1
+                break
     bar.close()
-    run_eval(done)
+    if not (hist["eval"] and hist["eval"][-1]["step"] == done):
+        run_eval(done)
     wall = time.perf_counter() - start
     hist.update(wall_time_s=wall, train_time_s=wall - eval_time, steps=steps, stopped_at=done)
     return hist

@@ -21,14 +21,18 @@ Each experiment module has ``DEFAULTS`` (the paper's setting, sized to about 15 
 H100), ``TINY`` (overrides for ``--tiny``), ``run(config, *, device, progress) -> (runs, summary)`` and
 ``summarize(runs, config)``.
 
-A series too long for one sitting (the GPU machine takes commands of at most 10 minutes) is run in parts, a
-few seeds or mixers each, and merged: ``python -m pathedu.experiments.merge OUT PART.json ...``
+``--preset NAME`` starts from named settings of the experiment (each module's ``PRESETS``; ``paper``: the PaTH
+paper's comparison with every seed).  The record is rewritten after every finished run, so a series stopped
+part-way keeps its finished runs; ``--skip-done RECORD ...`` trains only the runs that those records (same
+settings) do not hold.  A series too long for one sitting (the GPU machine takes commands of at most 10 minutes)
+is run in parts, a few seeds or mixers each, and merged: ``python -m pathedu.experiments.merge OUT PART.json ...``
 (:func:`merge_records`) keeps every run of every part and each part's command, commit and device.
 ``--jobs K`` trains the runs in ``K`` processes at once on one device (:mod:`pathedu.experiments.parallel`).
 """
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 import time
@@ -38,8 +42,8 @@ import torch
 
 from .._provenance import git_commit
 
-__all__ = ["EXPERIMENTS", "get_module", "make_config", "run_experiment", "merge_records", "metadata", "git_commit",
-           "default_out", "new_out", "write_record"]
+__all__ = ["EXPERIMENTS", "get_module", "make_config", "presets", "run_experiment", "merge_records", "metadata",
+           "git_commit", "default_out", "new_out", "write_record", "record_writer", "done_points", "point_key"]
 
 EXPERIMENTS = ("flipflop", "word_problem", "mqrar")
 _ROOT = Path(__file__).resolve().parent.parent  # the pathedu package
@@ -95,13 +99,27 @@ def metadata(device: torch.device) -> dict:
     }
 
 
-def make_config(name: str, *, tiny: bool = False, **overrides) -> dict:
-    """The experiment's defaults, then its ``TINY`` overrides (``tiny=True``), then ``overrides``
-    (keys must exist in the defaults; ``None`` values are ignored)."""
+def presets(name: str) -> dict:
+    """The named settings of experiment ``name`` (its module's ``PRESETS``: ``{preset: {setting: value}}``)."""
+    return getattr(get_module(name), "PRESETS", {})
+
+
+def make_config(name: str, *, tiny: bool = False, preset: str | None = None, **overrides) -> dict:
+    """The experiment's defaults, then the settings of ``preset`` (a name in :func:`presets`), then its ``TINY``
+    overrides (``tiny=True``; a preset keeps its runs, the settings of the module's ``GRID``, at tiny sizes), then
+    ``overrides`` (keys must exist in the defaults; ``None`` values are ignored)."""
     mod = get_module(name)
     config = json.loads(json.dumps(mod.DEFAULTS))  # a deep copy, JSON-clean
+    chosen = {}
+    if preset is not None:
+        if preset not in presets(name):
+            known = ", ".join(presets(name)) or "none"
+            raise ValueError(f"`preset` must be one of the presets of {name!r} ({known}), got {preset!r}")
+        chosen = json.loads(json.dumps(presets(name)[preset]))
+        config.update(chosen)
     if tiny:
         config.update(json.loads(json.dumps(mod.TINY)))
+        config.update({k: v for k, v in chosen.items() if k in mod.GRID})
     for key, value in overrides.items():
         if value is None:
             continue
@@ -113,23 +131,89 @@ def make_config(name: str, *, tiny: bool = False, **overrides) -> dict:
 
 
 def run_experiment(name: str, *, config: dict | None = None, device=None, out=None, progress: bool = True,
-                   command: str | None = None, overwrite: bool = True) -> dict:
+                   command: str | None = None, overwrite: bool = True, skip=()) -> dict:
     """Run experiment ``name`` with ``config`` (default :func:`make_config` ``(name)``) on ``device``
     (default: CUDA when available, else CPU); write the JSON as :func:`write_record` does (``out=None``: a new
-    file in the current folder; ``out=False``: write nothing) and return the record."""
+    file in the current folder; ``out=False``: write nothing) and return the record.
+
+    The runs (the points of the module's ``GRID``) train one after the other, and the record is rewritten after
+    each, holding the runs finished so far with ``config``'s grid settings narrowed to them, so that a series cut
+    short leaves a record of its finished runs (:func:`merge_records` takes it as a part).  ``skip``: records
+    (dicts) of the same experiment and settings whose runs are not trained again (:func:`done_points`); the
+    record then holds the new runs only, a part to merge with those."""
+    from .parallel import grid_points, narrowed
+
     mod = get_module(name)
     config = make_config(name) if config is None else config
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    done = done_points(name, config, skip)
+    points = [p for p in grid_points(name, config) if point_key(name, p) not in done]
     record = {"experiment": name, **metadata(device)}
     if command is not None:
         record["command"] = command
-    record["config"] = config
+    write = record_writer(out, name, overwrite=overwrite)
     start = time.perf_counter()
-    runs, summary = mod.run(config, device=device, progress=progress)
-    record["wall_time_s"] = time.perf_counter() - start
-    record["runs"] = runs
-    record["summary"] = summary
-    return write_record(record, out, overwrite=overwrite)
+    runs, finished = [], []
+    for point in points:
+        runs.extend(mod.run({**config, **{k: [v] for k, v in point.items()}}, device=device, progress=progress)[0])
+        finished.append(point)
+        part = narrowed(config, finished, mod.GRID)
+        record.update(config=part, wall_time_s=time.perf_counter() - start, runs=runs,
+                      summary=mod.summarize(runs, part))
+        record = write(record)
+    if not points:
+        record.update(config=narrowed(config, [], mod.GRID), wall_time_s=0.0, runs=[], summary=None)
+    return record
+
+
+def point_key(name: str, point: dict) -> tuple:
+    """A run's place in experiment ``name``'s grid: the values of the module's ``GRID`` settings, in its order,
+    from a grid point (``{"seeds": 0, ...}``) or from a run of a record (``{"seed": 0, ...}``)."""
+    grid = get_module(name).GRID
+    if all(k in point for k in grid):
+        return tuple(point[k] for k in grid)
+    return tuple(point[field] for field in grid.values())
+
+
+def done_points(name: str, config: dict, records) -> set:
+    """The grid places (:func:`point_key`) of the runs in ``records`` (dicts, e.g. a record cut short), after
+    checking that each was made with ``config``'s settings: ``ValueError`` naming the settings that differ
+    (per-mixer settings compared for the mixers both ran; a run limit only where it stopped a run)."""
+    mod = get_module(name)
+    varying = tuple(mod.GRID)
+    done = set()
+    for record in records:
+        if record.get("experiment") != name:
+            raise ValueError(f"cannot skip the runs of experiment {record.get('experiment')!r} in {name!r}")
+        base, per, ran = _settings(config, varying)
+        other, per_other, ran_other = _settings(record["config"], varying)
+        diff = {k for k in set(base) | set(other) if base.get(k) != other.get(k)}
+        if _all_finished(record):
+            diff -= set(RUN_LIMITS)
+        diff |= {k for k in set(per) | set(per_other) for m in ran & ran_other
+                 if per.get(k, {}).get(m) != per_other.get(k, {}).get(m)}
+        if diff:
+            raise ValueError(f"the record to skip differs in settings other than {', '.join(varying)}: "
+                             f"{sorted(diff)}")
+        done |= {point_key(name, r) for r in record["runs"]}
+    return done
+
+
+def record_writer(out, name: str, *, overwrite: bool):
+    """``write(record) -> record``: :func:`write_record` to one file, again and again (a record rewritten as runs
+    finish).  ``out``: as for :func:`write_record` (None: a new file in the current folder, chosen at the first
+    write; False: nothing); only the first write checks ``overwrite``; each write replaces the file at once (a
+    reader never sees half of it)."""
+    state = {"path": None}
+
+    def write(record: dict) -> dict:
+        if out is False:
+            return record
+        if state["path"] is None:
+            check_out(out, overwrite)
+            state["path"] = (Path(out) if out is not None else new_out(name)).resolve()
+        return write_record(record, state["path"], overwrite=True)
+    return write
 
 
 def check_out(out, overwrite: bool) -> None:
@@ -151,7 +235,10 @@ def write_record(record: dict, out=None, *, overwrite: bool = True) -> dict:
         path = Path(out) if out is not None else new_out(record["experiment"])
         path = path.resolve()
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record, indent=1, allow_nan=True) + "\n")
+        record.pop("written_to", None)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(record, indent=1, allow_nan=True) + "\n")
+        os.replace(tmp, path)  # whole or not at all: a command cut while writing leaves the previous record
         record["written_to"] = str(path)
     return record
 
@@ -163,6 +250,16 @@ PER_MIXER = ("beta_max", "short_conv")
 # Constraints on how long a run may train: parts may differ in one where it stopped none of their runs early
 # (every run did all its steps), since then it changed no result; the merged record keeps the largest value.
 RUN_LIMITS = ("time_limit_s",)
+
+
+def _settings(config: dict, varying) -> tuple:
+    """``(settings that parts must share, per-mixer settings restricted to the mixers run, those mixers)`` of a
+    record's ``config``; ``varying``: the settings that enumerate the runs (left out)."""
+    ran = set(config.get("mixers", ()))
+    rest = {k: v for k, v in config.items() if k not in varying}
+    per = {k: {m: x for m, x in rest.pop(k).items() if m in ran}
+           for k in PER_MIXER if isinstance(rest.get(k), dict)}
+    return rest, per, ran
 
 
 def _all_finished(record: dict) -> bool:
@@ -182,12 +279,8 @@ def merge_records(records: list[dict]) -> dict:
     mod = get_module(name)
     varying = tuple(mod.GRID)
 
-    def split(record):  # (settings that must be equal, per-mixer settings restricted to the mixers it ran)
-        ran = set(record["config"].get("mixers", ()))
-        rest = {k: v for k, v in record["config"].items() if k not in varying}
-        per = {k: {m: x for m, x in rest.pop(k).items() if m in ran}
-               for k in PER_MIXER if isinstance(rest.get(k), dict)}
-        return rest, per, ran
+    def split(record):
+        return _settings(record["config"], varying)
 
     base, per_mixer, ran_so_far = split(records[0])
     finished = all(_all_finished(r) for r in records)

@@ -29,6 +29,42 @@ RUN_DEFAULTS = {
 }
 
 
+def w_settings(config: dict, mixer: str) -> dict:
+    """PaTH's ``w`` under ``config``: ``{"w_conv": K, "w_rank": r}`` for the mixers with a ``w`` (path, pathfox;
+    the settings ``w_conv``, 0 = no short convolution, and ``w_rank``, None = full rank, of
+    :func:`pathedu.models.build_model`), ``{}`` for the others, whatever ``config`` says."""
+    from ..layers import LAYERS
+
+    if mixer not in LAYERS or not LAYERS[mixer].has_w:  # an unknown mixer: build_model names it
+        return {}
+    return {"w_conv": config.get("w_conv", 0), "w_rank": config.get("w_rank")}
+
+
+def plateau(metric: str, *, min_delta: float, patience: int, start: int = 0):
+    """A ``stop_when`` for :func:`pathedu.train.train`: true once ``patience`` evaluations in a row, among those at
+    step >= ``start``, have not raised the best value of ``metric`` (over those evaluations) by at least
+    ``min_delta``.  The first evaluation at or after ``start`` sets the best; ``patience`` 0 never stops."""
+    if isinstance(patience, bool) or not isinstance(patience, int) or patience < 0:
+        raise ValueError(f"`patience` must be an int >= 0 (0: never stop early), got {patience!r}")
+    if not min_delta >= 0:
+        raise ValueError(f"`min_delta` must be >= 0, got {min_delta!r}")
+
+    def stop_when(evals) -> bool:
+        if patience == 0:
+            return False
+        best, since = None, 0
+        for e in evals:
+            value = e.get(metric)
+            if e["step"] < start or value is None:
+                continue
+            if best is None or value >= best + min_delta:
+                best, since = value, 0
+            else:
+                since += 1
+        return since >= patience
+    return stop_when
+
+
 def short_conv(config: dict, mixer: str) -> int:
     """The filter size of ``mixer``'s short convolution on q, k, v under ``config`` (its ``short_conv`` setting maps
     mixers to sizes; a mixer it does not name, or a config without it, gets none: 0)."""
@@ -36,11 +72,13 @@ def short_conv(config: dict, mixer: str) -> int:
 
 
 def train_run(mixer: str, seed: int, *, model_kwargs: dict, sample, evaluate_fn, config: dict, device,
-              progress: bool, desc: str, probe=None, stop_after: int | None = None, keep_model: bool = False) -> dict:
+              progress: bool, desc: str, probe=None, stop_after: int | None = None, keep_model: bool = False,
+              stop_when=None) -> dict:
     """Seed, build ``mixer``'s model, train it; return ``{"n_params", "form", "final", "history",
     "train_time_s", "wall_time_s"}`` (``final``: the last evaluation), and ``"probe": probe(model)`` when a
     ``probe`` is given (what the trained model does, e.g. :func:`beta_probe`); ``stop_after``: see
-    :func:`pathedu.train.train`; ``keep_model``: the model too, as ``"model"`` (not JSON: for a caller's use)."""
+    :func:`pathedu.train.train`, as is ``stop_when`` (e.g. :func:`plateau`); ``keep_model``: the model too, as
+    ``"model"`` (not JSON: for a caller's use)."""
     torch.manual_seed(seed)
     model = build_model(mixer, **model_kwargs).to(device)
     hist = train(model, sample, steps=config["steps"], lr=config["lr"], weight_decay=config["weight_decay"],
@@ -48,7 +86,7 @@ def train_run(mixer: str, seed: int, *, model_kwargs: dict, sample, evaluate_fn,
                  eval_every=config["eval_every"], log_every=config["log_every"], device=device, seed=seed,
                  progress=progress, desc=desc, amp=config.get("amp"),
                  grad_check_every=config.get("grad_check_every", 0), time_limit_s=config.get("time_limit_s"),
-                 stop_after=stop_after)
+                 stop_after=stop_after, stop_when=stop_when)
     final = hist["eval"][-1] if hist["eval"] else {}
     return {"n_params": model.num_parameters(), "form": select_form(mixer, model_kwargs.get("form", "auto"),
                                                                        device=device, T=config.get("length", 0)),

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from .. import tasks
 from ..train import lm_targets
-from ._common import EVAL_SEED, RUN_DEFAULTS, beta_probe, data_seed, eval_split, short_conv, stats, train_run
+from ._common import (EVAL_SEED, RUN_DEFAULTS, beta_probe, data_seed, eval_split, short_conv, stats, train_run,
+                      w_settings)
 
 # The runs: the product of these settings, in run()'s loop order (setting -> field of a run's record).
 GRID = {"seeds": "seed", "mixers": "mixer"}
@@ -38,8 +39,13 @@ DEFAULTS = {
     "eval_n": 512, "eval_batch_size": 128, "eval_every": 1000, "log_every": 10,
     **RUN_DEFAULTS,
     "w_conv": 0,  # PaTH's short convolution on w (filter size; 0: none), for path and pathfox only
+    "w_rank": None,  # rank of PaTH's projection to w (None: full rank), for path and pathfox only
     "short_conv": {},  # mixer -> filter size of the short convolution on q, k, v (none by default)
 }
+# Named settings (``--preset NAME``).  "paper": Table 1's comparison with every softmax mixer of the book, three
+# seeds, PaTH and PaTH-FoX with the paper's w (a rank-32 projection, then a causal convolution of size 3).
+PRESETS = {"paper": {"mixers": ["nope", "alibi", "fox", "rope", "path", "pathfox", "stickbreaking", "cope"],
+                     "seeds": [0, 1, 2], "w_conv": 3, "w_rank": 32}}
 TINY = {"seeds": [0], "d_model": 32, "length": 32, "batch_size": 4, "steps": 4, "warmup": 1, "eval_n": 8,
         "eval_batch_size": 8, "eval_every": 2, "log_every": 1}
 
@@ -82,8 +88,7 @@ def run(config: dict, *, device, progress: bool = True):
                 return _batch(config["batch_size"], config["length"], config["p_ignore"], data_seed(seed, step),
                               config["loss"])
 
-            kwargs = {**model_kwargs, "w_conv": config["w_conv"] if mixer in ("path", "pathfox") else 0,
-                      "short_conv": short_conv(config, mixer)}
+            kwargs = {**model_kwargs, **w_settings(config, mixer), "short_conv": short_conv(config, mixer)}
             r = train_run(mixer, seed, model_kwargs=kwargs, sample=sample, evaluate_fn=evaluate_fn, probe=probe,
                           config=config, device=device, progress=progress, desc=f"flipflop {mixer} s{seed}")
             runs.append({"seed": seed, "mixer": mixer, **r})

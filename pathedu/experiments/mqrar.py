@@ -36,7 +36,8 @@ finished DeltaNet's 2000 steps in 330 s and Gated DeltaNet's in 380 s.
 from __future__ import annotations
 
 from .. import tasks
-from ._common import EVAL_SEED, RUN_DEFAULTS, beta_probe, data_seed, eval_split, short_conv, stats, train_run
+from ._common import (EVAL_SEED, RUN_DEFAULTS, beta_probe, data_seed, eval_split, short_conv, stats, train_run,
+                      w_settings)
 
 # The runs: the product of these settings, in run()'s loop order (setting -> field of a run's record).
 GRID = {"n_backs": "n_back", "seeds": "seed", "mixers": "mixer"}
@@ -49,10 +50,17 @@ DEFAULTS = {
     "n_keys": 32, "vocab": 512, "length": 768,
     "beta_max": {},
     "short_conv": {},  # mixer -> filter size of the short convolution on q, k, v (pathedu.models; none by default)
+    "w_conv": 0,  # PaTH's short convolution on w (filter size; 0: none), for path and pathfox only
+    "w_rank": None,  # rank of PaTH's projection to w (None: full rank), for path and pathfox only
     "batch_size": 32, "steps": 2000, "lr": 1e-3, "weight_decay": 0.1, "warmup": 200, "clip": 1.0,
     "eval_n": 256, "eval_batch_size": 64, "eval_every": 500, "log_every": 10,
     **RUN_DEFAULTS,
 }
+# Named settings (``--preset NAME``).  "paper": the comparison of the paper's Fig. 2 (RoPE, stick-breaking, FoX,
+# PaTH) and PaTH-FoX, three seeds; PaTH and PaTH-FoX with the paper's w (a rank-32 projection, then a causal
+# convolution of size 3), the others without any short convolution, as the paper ran them.
+PRESETS = {"paper": {"mixers": ["rope", "fox", "stickbreaking", "path", "pathfox"], "seeds": [0, 1, 2],
+                     "n_backs": [1, 2, 3, 4], "w_conv": 3, "w_rank": 32, "short_conv": {}}}
 TINY = {"mixers": ["rope", "path"], "n_backs": [1, 2], "d_model": 32, "n_keys": 4, "vocab": 16, "length": 32,
         "batch_size": 4, "steps": 3, "warmup": 1, "eval_n": 8, "eval_batch_size": 8, "eval_every": 2,
         "log_every": 1}
@@ -85,7 +93,8 @@ def model_kwargs(config: dict, mixer: str) -> dict:
     """The arguments of :func:`pathedu.models.build_model` for ``mixer`` under ``config``."""
     return dict(vocab=config["vocab"], d_model=config["d_model"], n_layers=config["n_layers"],
                 n_heads=config["n_heads"], mlp_ratio=config["mlp_ratio"], form=config["form"],
-                beta_max=config["beta_max"].get(mixer), short_conv=short_conv(config, mixer))
+                beta_max=config["beta_max"].get(mixer), short_conv=short_conv(config, mixer),
+                **w_settings(config, mixer))
 
 
 def sampler(config: dict, seed: int, n_back: int):

@@ -54,8 +54,14 @@ def _narrow(config: dict, point: dict) -> dict:
     return {**config, **{k: [v] for k, v in point.items()}}
 
 
+def narrowed(config: dict, points: list[dict], keys) -> dict:
+    """``config`` with each grid setting in ``keys`` reduced to the values that ``points`` take (in ``config``'s
+    order when ``points`` come in grid order): the settings of a record holding just those runs."""
+    return {**config, **{k: list(dict.fromkeys(p[k] for p in points)) for k in keys}}
+
+
 def run_parallel(name: str, config: dict, *, jobs: int, device=None, out=None, command: str | None = None,
-                 progress: bool = True, workdir=None, overwrite: bool = True) -> dict:
+                 progress: bool = True, workdir=None, overwrite: bool = True, skip=()) -> dict:
     """Run experiment ``name`` with ``config`` in ``jobs`` processes (see the module's text) and return the
     merged record, written as :func:`pathedu.experiments.write_record` does (``out=None``: a new file in the
     current folder; ``False``: not written; an existing ``out`` only with ``overwrite``).
@@ -63,10 +69,12 @@ def run_parallel(name: str, config: dict, *, jobs: int, device=None, out=None, c
     ``device``: every process's device (default: CUDA when available).  The record is what
     :func:`pathedu.experiments.run_experiment` would write, with ``runs`` in the single-process order,
     ``parts`` (each process's command, commit, device and wall time) and ``parallel``.  ``workdir``: a folder
-    that keeps the processes' parts, logs and specs (default: a temporary one, removed at the end)."""
+    that keeps the processes' parts, logs and specs (default: a temporary one, removed at the end).  ``out`` is
+    rewritten whenever a run finishes, with the runs finished so far (a series cut short keeps them).  ``skip``:
+    records whose runs are not trained again, as for :func:`pathedu.experiments.run_experiment`."""
     from tqdm.auto import tqdm
 
-    from . import get_module, merge_records, write_record
+    from . import done_points, get_module, merge_records, point_key, record_writer
 
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"`jobs` must be a positive int, got {jobs!r}")
@@ -74,6 +82,23 @@ def run_parallel(name: str, config: dict, *, jobs: int, device=None, out=None, c
     points = grid_points(name, config)
     if not points:
         raise ValueError(f"`config` enumerates no runs: one of {list(mod.GRID)} is empty")
+    done = done_points(name, config, skip)
+    points = [p for p in points if point_key(name, p) not in done]
+    if not points:
+        raise ValueError("every run of `config` is in the records to skip: nothing to run")
+    write = record_writer(out, name, overwrite=overwrite)
+    order = {point_key(name, p): n for n, p in enumerate(points)}
+
+    def merged(records):  # the parts as one record, runs in the single process's order
+        record = merge_records(records)
+        record["runs"].sort(key=lambda r: order[point_key(name, r)])
+        ran = [p for p in points if point_key(name, p) in {point_key(name, r) for r in record["runs"]}]
+        record["config"] = narrowed(config, ran, mod.GRID)
+        record["summary"] = mod.summarize(record["runs"], record["config"])
+        if command is not None:
+            record["command"] = command
+        return record
+
     groups = [points[i::jobs] for i in range(min(jobs, len(points)))]  # round robin: cheap and dear runs mixed
     threads = max(1, (os.cpu_count() or 1) // len(groups))
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
@@ -99,24 +124,31 @@ def run_parallel(name: str, config: dict, *, jobs: int, device=None, out=None, c
                    disable=not progress, dynamic_ncols=True)
         while any(p.poll() is None for p, _ in procs):
             time.sleep(1.0)
-            bar.update(_count_done(tmp, len(groups)) - bar.n)
+            n_done = _count_done(tmp, len(groups))
+            if n_done > bar.n and n_done < len(points):  # a run finished: the record so far
+                try:
+                    parts = [json.loads(f.read_text()) for f in sorted(tmp.glob("part*.json"))]
+                    write({**merged(parts), "parallel": {"jobs": len(groups),
+                                                         "elapsed_s": time.perf_counter() - start}})
+                except (OSError, ValueError, KeyError) as e:  # the parts stay; the record waits for the next run
+                    print(f"record not rewritten after a finished run: {e!r}", file=sys.stderr)
+            bar.update(n_done - bar.n)
         bar.update(_count_done(tmp, len(groups)) - bar.n)
         bar.close()
-        for i, (p, log) in enumerate(procs):
+        for _, log in procs:
             log.close()
-            if p.returncode != 0:
-                tail = (tmp / f"log{i}.txt").read_text()[-3000:]
-                raise RuntimeError(f"process {i + 1} of {len(groups)} failed (exit code {p.returncode}):\n{tail}")
+        failed = [i for i, (p, _) in enumerate(procs) if p.returncode != 0]
+        if failed:
+            parts = [json.loads(f.read_text()) for f in sorted(tmp.glob("part*.json"))]
+            if parts:  # the runs the processes finished stay in the record
+                write({**merged(parts), "parallel": {"jobs": len(groups), "elapsed_s": time.perf_counter() - start}})
+            i, code = failed[0], procs[failed[0]][0].returncode
+            tail = (tmp / f"log{i}.txt").read_text()[-3000:]
+            raise RuntimeError(f"process {i + 1} of {len(groups)} failed (exit code {code}):\n{tail}")
         records = [json.loads((tmp / f"part{i}.json").read_text()) for i in range(len(groups))]
-    record = merge_records(records)
-    order = {tuple(p[k] for k in mod.GRID): n for n, p in enumerate(points)}
-    record["runs"].sort(key=lambda r: order[tuple(r[field] for field in mod.GRID.values())])
-    record["config"] = config
-    record["summary"] = mod.summarize(record["runs"], config)
-    if command is not None:
-        record["command"] = command
+    record = merged(records)
     record["parallel"] = {"jobs": len(groups), "elapsed_s": time.perf_counter() - start}
-    return write_record(record, out, overwrite=overwrite)
+    return write(record)
 
 
 def _count_done(tmp: Path, n: int) -> int:
@@ -139,10 +171,12 @@ def _worker(spec_path: str) -> int:
         runs.extend(mod.run(_narrow(config, point), device=device, progress=False)[0])
         done.append(point)
         # The settings of the runs finished so far, so that a part cut short merges as it stands.
-        narrowed = {**config, **{k: list(dict.fromkeys(p[k] for p in done)) for k in mod.GRID}}
-        record = {"experiment": spec["name"], **metadata(device), "command": spec["command"], "config": narrowed,
-                  "wall_time_s": time.perf_counter() - start, "runs": runs, "summary": None}
-        Path(spec["out"]).write_text(json.dumps(record, allow_nan=True))
+        record = {"experiment": spec["name"], **metadata(device), "command": spec["command"],
+                  "config": narrowed(config, done, mod.GRID), "wall_time_s": time.perf_counter() - start,
+                  "runs": runs, "summary": None}
+        tmp = Path(spec["out"] + ".tmp")
+        tmp.write_text(json.dumps(record, allow_nan=True))
+        os.replace(tmp, spec["out"])  # the parent reads parts while the processes run: never half a file
         with open(spec["done"], "a") as f:
             f.write(json.dumps(point) + "\n")
     return 0

@@ -15,6 +15,7 @@ import time
 import torch
 
 from . import get_module, make_config
+from ._common import short_conv, w_settings
 from .. import tasks
 from ..models import build_model, select_form
 from ..train import lm_targets, masked_loss
@@ -28,7 +29,8 @@ def shapes(name: str, config: dict):
     if name == "flipflop":
         for mixer in config["mixers"]:
             kw = dict(vocab=5, d_model=config["d_model"], n_layers=config["n_layers"], n_heads=config["n_heads"],
-                      mlp_ratio=config["mlp_ratio"], form=config["form"])
+                      mlp_ratio=config["mlp_ratio"], form=config["form"], short_conv=short_conv(config, mixer),
+                      **w_settings(config, mixer))
             fn = lambda s: lm_targets(*tasks.flipflop(config["batch_size"], config["length"], seed=s))  # noqa: E731
             out.append((mixer, kw, fn, len(config["seeds"])))
     elif name == "word_problem":
@@ -39,7 +41,8 @@ def shapes(name: str, config: dict):
                     for L in config["layers"]:
                         kw = dict(vocab=G, d_model=config["d_model"], n_layers=L, n_heads=config["n_heads"],
                                   mlp_ratio=config["mlp_ratio"], form=config["form"],
-                                  beta_max=config["beta_max"].get(mixer))
+                                  beta_max=config["beta_max"].get(mixer), short_conv=short_conv(config, mixer),
+                                  **w_settings(config, mixer))
                         fn = (lambda s, g=group, n=length:  # noqa: E731
                               tasks.word_problem(g, config["batch_size"], n, seed=s))
                         out.append((mixer, kw, fn, len(config["seeds"])))
@@ -47,7 +50,8 @@ def shapes(name: str, config: dict):
         for mixer in config["mixers"]:
             kw = dict(vocab=config["vocab"], d_model=config["d_model"], n_layers=config["n_layers"],
                       n_heads=config["n_heads"], mlp_ratio=config["mlp_ratio"], form=config["form"],
-                      beta_max=config["beta_max"].get(mixer))
+                      beta_max=config["beta_max"].get(mixer), short_conv=short_conv(config, mixer),
+                      **w_settings(config, mixer))
             fn = lambda s: tasks.mqrar(config["batch_size"], config["length"], n_keys=config["n_keys"],  # noqa: E731
                                        n_back=1, vocab=config["vocab"], seed=s)
             out.append((mixer, kw, fn, len(config["seeds"]) * len(config["n_backs"])))
@@ -102,6 +106,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m pathedu.experiments.timing")
     p.add_argument("name")
     p.add_argument("--tiny", action="store_true")
+    p.add_argument("--preset", help="named settings of the experiment (e.g. 'paper')")
     p.add_argument("--mixers", nargs="+")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--steps", type=int, default=10)
@@ -111,7 +116,8 @@ def main(argv=None):
     from .__main__ import _parse_set
 
     get_module(args.name)
-    config = make_config(args.name, tiny=args.tiny, mixers=args.mixers, **_parse_set(args.set))
+    config = make_config(args.name, tiny=args.tiny, preset=args.preset, mixers=args.mixers,
+                         **_parse_set(args.set))
     est = estimate(args.name, config, device=args.device, steps=args.steps, warmup=args.warmup)
     print(json.dumps({"experiment": args.name, "device": str(args.device),
                       "total_train_min": round(est["total_train_min"], 2)}))

@@ -39,6 +39,12 @@ uniform tokens rope 0.27 / 0.32, path 0.29 / 0.33.  So the generators are the de
 curriculum and many steps are needed.  The defaults (lengths grow by one every 400 steps, so words reach
 length 20 at step 7200 of 10000) were chosen so that the slice trains in under ten minutes on one GPU, not tuned.
 
+**Stopping once the accuracy has stopped rising** (``patience``; 0, the default, switches it off): a run ends when
+``metric`` has not risen by ``min_delta`` over ``patience`` evaluations in a row, counting the evaluations from the
+step at which the curriculum reaches full length (before it, the growing length moves the accuracy by itself);
+``steps`` is then a ceiling, and the cosine schedule runs over it.  Each run records ``plateaued``: whether its
+evaluations end flat by that rule (a run that reached ``steps`` without it was still improving).
+
 Time on one H100 (measured): alone, a step takes 6-9 ms at 1 layer and 19-29 ms at 4 layers
 (launch-bound, about the same at lengths 10 to 40; ``python -m pathedu.experiments.timing word_problem``); eight
 4-layer PaTH models trained at once in eight processes took 43-51 ms a step each, about five times the
@@ -60,7 +66,7 @@ at length 20, 3 with RoPE, PaTH and DeltaNet and none of 1-4 with FoX.  Runs of 
 from __future__ import annotations
 
 from .. import tasks
-from ._common import EVAL_SEED, RUN_DEFAULTS, data_seed, eval_split, short_conv, stats, train_run
+from ._common import EVAL_SEED, RUN_DEFAULTS, data_seed, eval_split, plateau, short_conv, stats, train_run, w_settings
 
 # The runs: the product of these settings, in run()'s loop order (setting -> field of a run's record).
 GRID = {"groups": "group", "lengths": "length", "seeds": "seed", "mixers": "mixer", "layers": "n_layers"}
@@ -72,6 +78,8 @@ DEFAULTS = {
     "mixers": ["rope", "path"],
     "beta_max": {"deltanet": 2.0, "gated_deltanet": 2.0},
     "short_conv": {},  # mixer -> filter size of the short convolution on q, k, v (none by default)
+    "w_conv": 0,  # PaTH's short convolution on w (filter size; 0: none), for path and pathfox only
+    "w_rank": None,  # rank of PaTH's projection to w (None: full rank), for path and pathfox only
     "generators": {"A5": list(tasks.A5_PAPER_GENERATORS), "S5": ["(1 2)", "(1 2 3 4 5)"]},
     "seeds": [0],
     "d_model": 128, "n_heads": 2, "mlp_ratio": 4,
@@ -79,8 +87,18 @@ DEFAULTS = {
     "curriculum_start": 2, "curriculum_steps": 400,
     "eval_n": 512, "eval_batch_size": 512, "eval_every": 1000, "log_every": 10,
     "threshold": 0.9, "metric": "accuracy",
+    # Stop a run once `metric` has not risen by `min_delta` over `patience` evaluations in a row, counting only
+    # the evaluations from the step at which the curriculum reaches full length (patience 0: run every step).
+    "patience": 0, "min_delta": 0.005,
     **RUN_DEFAULTS,
 }
+# Named settings (``--preset NAME``).  "paper": the comparison of the paper's Fig. 2 (RoPE, stick-breaking, FoX,
+# PaTH with its w: a rank-32 projection, then a causal convolution of size 3) on A5 words of length 20 over the
+# paper's generators, depths 1-4, three seeds; every run trains until its accuracy has stopped rising (less
+# than 0.5 points over 4 evaluations, 2000 steps, once the words have reached full length), at most 15000 steps.
+PRESETS = {"paper": {"groups": ["A5"], "lengths": [20], "layers": [1, 2, 3, 4],
+                     "mixers": ["rope", "fox", "stickbreaking", "path"], "seeds": [0, 1, 2], "w_conv": 3,
+                     "w_rank": 32, "steps": 15000, "eval_every": 500, "patience": 4, "min_delta": 0.005}}
 TINY = {"groups": ["S3"], "lengths": [6], "layers": [1, 2], "mixers": ["rope", "path"], "d_model": 32,
         "batch_size": 4, "steps": 3, "warmup": 1, "curriculum_steps": 1, "eval_n": 8, "eval_batch_size": 8,
         "eval_every": 2, "log_every": 1}
@@ -93,6 +111,12 @@ def curriculum_length(step: int, length: int, config: dict) -> int:
     if every == 0:
         return length
     return max(1, min(length, config.get("curriculum_start", 2) + step // every))
+
+
+def full_length_step(length: int, config: dict) -> int:
+    """The first training step (0-based) whose words have length ``length`` under the curriculum (0 without one)."""
+    every = config.get("curriculum_steps") or 0
+    return 0 if every == 0 else max(0, (length - config.get("curriculum_start", 2)) * every)
 
 
 def generators_for(config: dict, group: str):
@@ -135,12 +159,18 @@ def run(config: dict, *, device, progress: bool = True):
                         model_kwargs = dict(vocab=G, d_model=config["d_model"], n_layers=n_layers,
                                             n_heads=config["n_heads"], mlp_ratio=config["mlp_ratio"],
                                             form=config["form"], beta_max=config["beta_max"].get(mixer),
-                                            short_conv=short_conv(config, mixer))
+                                            short_conv=short_conv(config, mixer), **w_settings(config, mixer))
+                        stop_when = plateau(config["metric"], min_delta=config.get("min_delta", 0.005),
+                                            patience=config.get("patience", 0),
+                                            start=full_length_step(length, config))
                         r = train_run(mixer, seed, model_kwargs=model_kwargs, sample=sample,
                                       evaluate_fn=evaluate_fn, config={**config, "length": length}, device=device,
-                                      progress=progress, desc=f"{group} L{length} {mixer} x{n_layers} s{seed}")
+                                      progress=progress, desc=f"{group} L{length} {mixer} x{n_layers} s{seed}",
+                                      stop_when=stop_when)
+                        # plateaued: whether the evaluations end flat by the stopping rule (patience 0: None)
+                        flat = stop_when(r["history"]["eval"]) if config.get("patience", 0) else None
                         runs.append({"group": group, "length": length, "n_layers": n_layers, "seed": seed,
-                                     "mixer": mixer, "beta_max": model_kwargs["beta_max"], **r})
+                                     "mixer": mixer, "beta_max": model_kwargs["beta_max"], "plateaued": flat, **r})
     return runs, summarize(runs, config)
 
 
