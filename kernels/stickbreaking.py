@@ -74,6 +74,16 @@ stored, and the recomputation costs the same transcendentals the forward spends)
   and ``dO`` transposed as loaded from memory (a tile made by a product is never transposed: Triton 3.4 to 3.7.0
   miscompiles ``tl.trans`` of a wgmma-layout tile on Hopper), and the results are stored transposed.
 
+**Where a training step's time goes.**  Compiled for sm_90 with Triton 3.6 (offline, bf16 inputs: ``python -m
+pathedu.bench.registers --loops --kernels "_stickbreaking_fwd (dot, 64 x 32)" "_stickbreaking_bwd_query (64 x 32)"
+"_stickbreaking_bwd_key (64 x 32)"``), one trip over a 64 x 32 tile (4 warps, 16 logits a thread) takes 392
+instructions in the forward (48 transcendentals), 741 in the query sweep (64) and 728 in the key sweep's
+off-diagonal loop (64; its diagonal loops 1123 and 1169, a third of them the masks' selects).  The two sweeps
+recompute every logit's gates and add ``sigma(l)`` for ``dl``: a training step issues about 4.7 times the forward's
+instructions per tile, against FlashAttention's two exponentials per logit in all.  Measured on an H200 (B = H = 32,
+D = 64, bf16), forward + backward is 3.7 to 4.0 times SDPA's forward + backward at T = 2048 and 8192
+(``pathedu/data/bench_stickbreaking_fwdbwd.json``).
+
 **Non-finite inputs.**  Masks are selects.  Forward: gates of hidden keys are replaced by 0 *before* any sum,
 diagonal tiles multiply through :func:`._pieces.masked_dot` and the rows that see a NaN/inf value get it back
 (:func:`._pieces.poison`): a NaN or inf in ``q``, ``k`` or ``v`` at position ``t`` changes outputs at positions
@@ -397,7 +407,7 @@ _stickbreaking_fwd_tuned = triton.autotune(_GPU_CONFIGS, key=["T", "HEAD_DIM", "
     _stickbreaking_fwd)
 # The backward's tiles: both sweeps share BLOCK_N (the snapshots are per key block); fixed, not tuned.  Compiled for
 # sm_90 with Triton 3.6 (offline, pathedu.bench.registers), 64 x 64 tiles spill (312 and 560 stack bytes in the
-# query and key sweeps), 64 x 32 do not; 32-key blocks double the snapshots' memory against 64 (two fp32 arrays
+# query and key sweeps), 64 x 32 tiles take 0 and 40; 32-key blocks double the snapshots' memory against 64 (two fp32 arrays
 # of BH x T x T / 32: 17 GB at B = H = 32, T = 8192).
 _BWD_GPU = dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)
 _BWD_FP32 = dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)

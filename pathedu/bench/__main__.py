@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 from . import CHAPTERS, DATA_DIR, chapter_ops
 from ._common import rel_rms, run_meta, seeded_qkv
@@ -96,6 +97,7 @@ def main(argv=None) -> int:
             if op.max_T is not None and T > op.max_T:
                 continue
             try:
+                start = time.perf_counter()
                 fn = op.setup(q, k, v)
                 outs[op.name] = fn()  # also compiles / autotunes before timing
                 if a.backward:
@@ -103,6 +105,8 @@ def main(argv=None) -> int:
                     outs[op.name] = outs[op.name].detach()
                     fn()
                 torch.cuda.synchronize()
+                # the first call compiles and autotunes (fla's backwards for minutes): say who takes the time
+                print(f"  {op.name} at T={T}: first call {time.perf_counter() - start:.1f} s", file=sys.stderr)
                 times[op.name] = triton.testing.do_bench(fn, warmup=50, rep=a.rep, return_mode="median")
             except Exception as exc:  # a peer missing or refusing (fla's gated backwards on Hopper) is recorded
                 why = f"{type(exc).__name__}: {exc}"
