@@ -174,3 +174,16 @@ def test_word_problem_runs_stop_once_accuracy_is_flat_at_full_length():
     (run,) = run_experiment("word_problem", config=cfg, device="cpu", out=False, progress=False)["runs"]
     assert run["history"]["stopped_at"] == 8 and [e["step"] for e in run["history"]["eval"]] == [2, 4, 6, 8]
     assert run["final"]["step"] == 8 and run["plateaued"] is True
+
+
+def test_stick_breaking_runs_sit_beside_the_papers_stick_breaking_row():
+    """Table 1's stick-breaking row is keyed by the mixer's name, so a run of it gets the paper's numbers and no
+    paper-only row is added."""
+    from pathedu.experiments import plots
+
+    cfg = make_config("flipflop", tiny=True, mixers=["stickbreaking"], steps=1)
+    rows = plots.flipflop_rows(run_experiment("flipflop", config=cfg, device="cpu", out=False, progress=False))
+    sb = {r["split"]: r["paper"] for r in rows if r["mixer"] == "stickbreaking"}
+    assert sb == {"in_distribution": 9.6, "sparse": 38.9, "dense": 0.0}
+    assert {r["mixer"] for r in rows} == {"stickbreaking", "rope", "fox", "path"}
+    assert plots.LABELS["stickbreaking"] == "stick-breaking" and plots.LABELS["cope"] == "CoPE"

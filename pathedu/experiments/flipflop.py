@@ -52,7 +52,7 @@ TINY = {"seeds": [0], "d_model": 32, "length": 32, "batch_size": 4, "steps": 4, 
 # Table 1 of the PaTH paper: error (%) on in-distribution / sparse / dense.
 PAPER_TABLE1 = {
     "rope": {"in_distribution": 6.9, "sparse": 40.3, "dense": 0.01},
-    "stick_breaking": {"in_distribution": 9.6, "sparse": 38.9, "dense": 0.0},
+    "stickbreaking": {"in_distribution": 9.6, "sparse": 38.9, "dense": 0.0},
     "fox": {"in_distribution": 8.3, "sparse": 36.3, "dense": 0.0},
     "path": {"in_distribution": 0.0, "sparse": 0.0001, "dense": 0.0},
 }

@@ -44,8 +44,10 @@ __all__ = ["LABELS", "SPLITS", "label", "load", "flipflop_rows", "format_flipflo
 
 LABELS = {"nope": "NoPE", "alibi": "ALiBi", "fox": "FoX", "rope": "RoPE", "path": "PaTH", "pathfox": "PaTH-FoX",
           "linear": "linear", "retnet": "RetNet", "gla": "GLA", "deltanet": "DeltaNet",
-          "gated_deltanet": "Gated DeltaNet", "stick_breaking": "stick-breaking"}
-"""How the book names each mixer (and the paper's stick-breaking attention)."""
+          "gated_deltanet": "Gated DeltaNet", "stickbreaking": "stick-breaking", "cope": "CoPE",
+          "stick_breaking": "stick-breaking"}
+"""How the book names each mixer (``stick_breaking``: the paper's row in records written before stick-breaking
+was a mixer)."""
 
 SPLITS = ("in_distribution", "sparse", "dense")
 _SPLIT_TITLES = {"in_distribution": "in-distribution", "sparse": "sparse", "dense": "dense"}
