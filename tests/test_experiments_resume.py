@@ -187,3 +187,15 @@ def test_stick_breaking_runs_sit_beside_the_papers_stick_breaking_row():
     assert sb == {"in_distribution": 9.6, "sparse": 38.9, "dense": 0.0}
     assert {r["mixer"] for r in rows} == {"stickbreaking", "rope", "fox", "path"}
     assert plots.LABELS["stickbreaking"] == "stick-breaking" and plots.LABELS["cope"] == "CoPE"
+
+
+def test_processes_spread_over_the_gpus_only_when_asked_for_cuda_and_there_are_several(monkeypatch):
+    from pathedu.experiments.parallel import process_devices
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert process_devices("cuda", 3) == ["cuda:0", "cuda:1", "cuda:0"] and process_devices(None, 2) == ["cuda:0",
+                                                                                                          "cuda:1"]
+    assert process_devices("cuda:1", 2) == ["cuda:1", "cuda:1"] and process_devices("cpu", 1) == ["cpu"]
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert process_devices("cuda", 2) == ["cuda", "cuda"] and process_devices(None, 2) == [None, None]

@@ -37,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["grid_points", "run_parallel"]
+__all__ = ["grid_points", "run_parallel", "process_devices", "narrowed"]
 
 
 def grid_points(name: str, config: dict) -> list[dict]:
@@ -60,13 +60,25 @@ def narrowed(config: dict, points: list[dict], keys) -> dict:
     return {**config, **{k: list(dict.fromkeys(p[k] for p in points)) for k in keys}}
 
 
+def process_devices(device, n: int) -> list:
+    """The device of each of ``n`` processes: ``device`` for every one (None: CUDA when available, chosen by each
+    process), except that ``"cuda"`` or None on a machine with several GPUs spreads the processes over them in
+    turn (``cuda:0, cuda:1, ..., cuda:0, ...``); a numbered device (``"cuda:1"``) keeps them all on that one."""
+    import torch
+
+    if (device is None or str(device) == "cuda") and torch.cuda.is_available() and torch.cuda.device_count() > 1:
+        return [f"cuda:{i % torch.cuda.device_count()}" for i in range(n)]
+    return [None if device is None else str(device)] * n
+
+
 def run_parallel(name: str, config: dict, *, jobs: int, device=None, out=None, command: str | None = None,
                  progress: bool = True, workdir=None, overwrite: bool = True, skip=()) -> dict:
     """Run experiment ``name`` with ``config`` in ``jobs`` processes (see the module's text) and return the
     merged record, written as :func:`pathedu.experiments.write_record` does (``out=None``: a new file in the
     current folder; ``False``: not written; an existing ``out`` only with ``overwrite``).
 
-    ``device``: every process's device (default: CUDA when available).  The record is what
+    ``device``: every process's device (default: CUDA when available; several GPUs share the processes,
+    :func:`process_devices`).  The record is what
     :func:`pathedu.experiments.run_experiment` would write, with ``runs`` in the single-process order,
     ``parts`` (each process's command, commit, device and wall time) and ``parallel``.  ``workdir``: a folder
     that keeps the processes' parts, logs and specs (default: a temporary one, removed at the end).  ``out`` is
@@ -111,8 +123,9 @@ def run_parallel(name: str, config: dict, *, jobs: int, device=None, out=None, c
           else tempfile.TemporaryDirectory(prefix=f"pathedu_{name}_")) as tmp:
         tmp = Path(tmp)
         procs = []
+        devices = process_devices(device, len(groups))
         for i, group in enumerate(groups):
-            spec = {"name": name, "config": config, "points": group, "device": None if device is None else str(device),
+            spec = {"name": name, "config": config, "points": group, "device": devices[i],
                     "out": str(tmp / f"part{i}.json"), "done": str(tmp / f"done{i}.txt"),
                     "command": f"{command or 'run_parallel'} [process {i + 1} of {len(groups)}: {len(group)} runs]"}
             (tmp / f"spec{i}.json").write_text(json.dumps(spec))
