@@ -4,7 +4,10 @@ tests on several xdist workers, writes the GPU-check results), or `python -m pyt
 * test_checks.py: every chapter's GPU checks (pathedu.bench.checks), one test per section, every record ok;
 * test_forms.py: every Triton form of tests/forms.py against its family's matrix form in float64, in
   bf16, fp16 and fp32, odd sequence lengths, head dims 16 to 128, Dv != D;
-* test_notebooks.py: every lab notebook executed top to bottom in a Jupyter kernel of this Python.
+* test_notebooks.py: every lab notebook executed top to bottom in a Jupyter kernel of this Python;
+* sanitize.py (a script, not a test): every Triton form at small shapes under a memory checker
+  (``compute-sanitizer --tool memcheck python3 tests/gpu/sanitize.py``), for accesses outside a tensor that
+  fault only in some runs.
 
 They are not collected by the default test command (pyproject's norecursedirs excludes this folder),
 so CI on a CPU machine neither runs nor skips them; without a CUDA GPU they refuse to start.

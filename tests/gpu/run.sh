@@ -7,7 +7,8 @@
 #    git-ignored .whl/, which the call carries) into /tmp/site: a Jupyter kernel and nbclient for the
 #    notebooks, flash-linear-attention for the checks;
 # 2. runs tests/gpu on several xdist workers (every chapter's GPU checks, every Triton form against
-#    float64 in bf16/fp16/fp32, every lab notebook in a kernel of this Python), log in $OUT/gpu_tests.log;
+#    float64 in bf16/fp16/fp32, every lab notebook in a kernel of this Python), log in $OUT/gpu_tests.log, each
+#    test's outcome in $OUT/gpu_junit.xml (also for a run cut by its time limit: which tests never ran);
 # 3. merges the checks' records into $OUT/gpu_checks.json: commit it as pathedu/data/gpu_checks.json.
 #
 # Knobs: PATHEDU_GPU_WORKERS (default 10), PATHEDU_GPU_TIMEOUT (seconds for pytest, default 510: the
@@ -61,7 +62,7 @@ print('python', sys.version.split()[0], '| torch', torch.__version__, '| triton'
 
 timeout -s INT -k 30 "${PATHEDU_GPU_TIMEOUT:-510}" \
     "$PY" -m pytest ${PATHEDU_GPU_TESTS:-tests/gpu} ${PATHEDU_GPU_SELECT:+-k "$PATHEDU_GPU_SELECT"} -o addopts="" -p no:cacheprovider ${PATHEDU_GPU_PYTEST_ARGS--x} -q --durations=20 \
-    -n "${PATHEDU_GPU_WORKERS:-10}" 2>&1 | tee -a "$LOG"
+    -n "${PATHEDU_GPU_WORKERS:-10}" --junitxml "$OUT/gpu_junit.xml" 2>&1 | tee -a "$LOG"
 rc=${PIPESTATUS[0]}
 
 parts=("$PATHEDU_CHECKS_DIR"/gpu_checks_*.json)
