@@ -5,8 +5,9 @@ forward + backward).
 * ``fla_stickbreaking``: flash-linear-attention's ``parallel_stickbreaking_attn`` (``attend_current=False``:
   keys strictly before the query, the first output zero; the same function as ours), in its layout
   ``[B, T, H, D]`` (inputs transposed outside the timing; its second output, the unused stick, is dropped).
-  Forward only: its backward (a lock-based accumulation in the version this was written against) was reported to
-  hang on an H200 with Triton 3.6, and a hang would stop the whole run, so with ``--backward`` it is left out;
+  With ``--backward`` its backward is timed too: in fla 0.6 each key block has one owner, so its gradients need
+  no lock (the reference implementation's lock-based accumulation of ``dK, dV`` was reported to hang on an H200
+  with Triton 3.6: https://github.com/shawntan/stickbreaking-attention/issues/7);
 * ``stickbreaking_triton``: our kernel (:func:`pathedu.kernels.stickbreaking.stickbreaking_attention`), validated
   (the public entry point is timed, its validation included), checked against ``fla_stickbreaking``.
 
@@ -20,8 +21,6 @@ from ._common import from_bthd, sdpa, to_bthd
 
 
 def _fla_stickbreaking(q, k, v):
-    if q.requires_grad:
-        raise RuntimeError("fla's stick-breaking backward is not timed (reported to hang on an H200 with Triton 3.6)")
     from fla.ops.stickbreaking_attn import parallel_stickbreaking_attn
 
     qt, kt, vt = to_bthd(q), to_bthd(k), to_bthd(v)
