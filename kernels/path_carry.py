@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import interpreting, keeping_nans, next_pow2
+from ._launch import interpreting, next_pow2
 from ._pieces import dot, dot_ready, load_rows, scaled, store_rows
 from .ut_prepare import backward_precision, prep_precision
 
@@ -308,7 +308,7 @@ def carry_backward(qt, kt, g, block: int, dX, dtype, carries, precision=None):
     fp16_factors = all(x.dtype == torch.float16 for x in (qt, kt, g))
     if precision is None:  # fp16 factors: the UT backward's rule (fp16 products for D > 32, tf32 below)
         p = _precision(dtype, D)
-        precision = backward_precision(p, D) if fp16_factors else keeping_nans(p)
+        precision = backward_precision(p, D, fp16=fp16_factors)
     elif precision not in ("fp16", "tf32n"):
         raise ValueError(f"`precision` must be None, 'fp16' or 'tf32n', got {precision!r}")
     elif precision == "fp16" and not fp16_factors:

@@ -78,7 +78,7 @@ def main_pass_precision(precision: str) -> str:
     return "fp16" if precision == "tf32" else precision
 
 
-def backward_precision(precision: str, head_dim: int) -> str:
+def backward_precision(precision: str, head_dim: int, *, fp16: bool = True) -> str:
     """The products of the UT backward (:func:`ut_prepare_backward`) for a pass of ``precision`` and head dim
     ``head_dim``: fp16 where the pass multiplies in fp16 (:func:`main_pass_precision`), every tile of gradients (and
     of ``q``, ``k``) scaled into its range by a power of two per tile (:func:`._pieces.scaled`), for ``D > 32``;
@@ -86,9 +86,10 @@ def backward_precision(precision: str, head_dim: int) -> str:
     ``"tf32n"``, ``"x3n"`` for fp32 inputs, ``"ieee"`` in the interpreter).  With ``D <= 32`` (tiles of 16 or 32
     columns) Triton 3.6 made fp16 versions of :func:`_ut_bwd_w_inverse` that fault on the H200 (illegal address, at
     some T and warps only; ``NOTES_path.md``, "Compiler faults to remember"); such heads are small, and tf32 costs
-    them little."""
+    them little.  ``fp16=False``: never fp16 (the caller's tiles cannot take it: factors that are not fp16, or
+    gradient tiles whose entries span more than one scale brings into fp16's range)."""
     p = main_pass_precision(precision)
-    return keeping_nans(precision if p == "fp16" and head_dim <= 32 else p)
+    return keeping_nans(precision if p == "fp16" and (head_dim <= 32 or not fp16) else p)
 
 
 @triton.jit
@@ -717,9 +718,8 @@ def ut_prepare_backward(q3, k3, w3, beta3, prep: "Prepared", dqt, dkt, dad, dg, 
         stride_gb=prep.g.stride(0), stride_gj=prep.g.stride(1),
         **row_strides(q=q3, k=k3, w=w3, p=prep.qt, a=prep.ad, o=dq),
     )
-    precision = prep._flags["PRECISION"]
     meta = dict(HEAD_DIM=D, BLOCK_D=next_pow2(D), BT=prep.block,
-                PRECISION=keeping_nans(precision) if wide_range else backward_precision(precision, D))
+                PRECISION=backward_precision(prep._flags["PRECISION"], D, fp16=not wide_range))
     kernels = _UT_BWD_TUNED
     if interpreting():
         kernels = _UT_BWD_KERNELS

@@ -265,6 +265,7 @@ def test_fp16_products_of_the_ut_backward_scale_each_tile():
 
     assert backward_precision("tf32", 64) == "fp16" and backward_precision("x3", 64) == "x3n"
     assert backward_precision("ieee", 64) == "ieee" and backward_precision("tf32", 32) == "tf32n"
+    assert backward_precision("tf32", 64, fp16=False) == "tf32n" and backward_precision("x3", 64, fp16=False) == "x3n"
     T, D, block = 100, 64, 32
     # bf16 values held in fp32: the scaled path, exercised by the interpreter (which cannot multiply bf16)
     case = ut_backward_case(T, D, block, seed=28, device="cpu", qk_dtype=torch.float32)
