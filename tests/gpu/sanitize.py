@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 import torch  # noqa: E402
 from forms import FORMS, TRITON_WITH_BACKWARD, call  # noqa: E402
+from helpers import rand_qkv  # noqa: E402
 
 SHAPES = {"small": [((1, 2), 1, 16, 16), ((2, 1), 77, 32, 48)],
           "all": [((1, 2), 1, 16, 16), ((2, 3), 2, 16, 16), ((2, 1), 77, 32, 48), ((1, 2), 130, 64, 32)]}
@@ -38,11 +39,9 @@ def main(argv=None) -> int:
             if form.even_D and D % 2:
                 continue
             for dtype in (torch.bfloat16, torch.float32):
-                g = torch.Generator().manual_seed(T)
-                q, k, v = (torch.randn(*lead, T, d, generator=g) for d in (D, D, Dv))
-                extras = form.extras(q, k, v, seed=1)
-                q, k, v = (x.to(device, dtype) for x in (q, k, v))
-                extras = {n: x.to(device) for n, x in extras.items()}
+                q, k, v = rand_qkv(lead, T, D, Dv, dtype=dtype, seed=T, device=device)
+                # the extras as tests/gpu/test_forms.py makes them: from the float64 draws, gates in fp32
+                extras = {n: x.float() for n, x in form.extras(q.double(), k.double(), v.double(), 1).items()}
                 grad = form.name in TRITON_WITH_BACKWARD
                 what = f"{form.name:28s} T={T:<4d} D={D:<3d} Dv={Dv:<3d} {str(dtype)[6:]:8s}"
                 try:

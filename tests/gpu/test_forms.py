@@ -248,11 +248,11 @@ def _check_non_finite(form, where, dtype, *, grad):
                 # An infinite logit has a limit here: sigma = 1 on the nearest earlier key with k[d] > 0 (its logit
                 # is +inf), whose stick then leaves nothing to the keys before it, and sigma = 0 on the keys between.
                 # The kernel may return that limit or a non-finite row; a finite row must be the limit.
-                (later,) = torch.nonzero(kp[0, 1, :at, d] > 0, as_tuple=True)
-                limit = vp[0, 1, later[-1]] if len(later) else torch.zeros_like(row)
+                (positive,) = torch.nonzero(kp[0, 1, :at, d] > 0, as_tuple=True)
+                limit = vp[0, 1, positive[-1]] if len(positive) else torch.zeros_like(row)
                 assert torch.allclose(row.float(), limit.float(), rtol=2e-2, atol=2e-2), f"{case}: not the limit"
-                continue
-            assert not torch.isfinite(row).all(), f"{case}: its own row stayed finite"
+            else:
+                assert not torch.isfinite(row).all(), f"{case}: its own row stayed finite"
             continue
         assert torch.equal(out[..., :at, :], clean[..., :at, :]), f"{case} reached an earlier row"
         if where == "k":
