@@ -104,7 +104,8 @@ def run_parallel(name: str, config: dict, *, jobs: int, device=None, out=None, c
     def merged(records):  # the parts as one record, runs in the single process's order
         record = merge_records(records)
         record["runs"].sort(key=lambda r: order[point_key(name, r)])
-        ran = [p for p in points if point_key(name, p) in {point_key(name, r) for r in record["runs"]}]
+        finished = {point_key(name, r) for r in record["runs"]}
+        ran = [p for p in points if point_key(name, p) in finished]
         record["config"] = narrowed(config, ran, mod.GRID)
         record["summary"] = mod.summarize(record["runs"], record["config"])
         if command is not None:
@@ -122,6 +123,12 @@ def run_parallel(name: str, config: dict, *, jobs: int, device=None, out=None, c
     with (contextlib.nullcontext(str(workdir)) if workdir is not None
           else tempfile.TemporaryDirectory(prefix=f"pathedu_{name}_")) as tmp:
         tmp = Path(tmp)
+
+        def write_parts():  # the runs the processes have finished so far, as the record
+            parts = [json.loads(f.read_text()) for f in sorted(tmp.glob("part*.json"))]
+            if parts:
+                write({**merged(parts), "parallel": {"jobs": len(groups), "elapsed_s": time.perf_counter() - start}})
+
         procs = []
         devices = process_devices(device, len(groups))
         for i, group in enumerate(groups):
@@ -140,9 +147,7 @@ def run_parallel(name: str, config: dict, *, jobs: int, device=None, out=None, c
             n_done = _count_done(tmp, len(groups))
             if n_done > bar.n and n_done < len(points):  # a run finished: the record so far
                 try:
-                    parts = [json.loads(f.read_text()) for f in sorted(tmp.glob("part*.json"))]
-                    write({**merged(parts), "parallel": {"jobs": len(groups),
-                                                         "elapsed_s": time.perf_counter() - start}})
+                    write_parts()
                 except (OSError, ValueError, KeyError) as e:  # the parts stay; the record waits for the next run
                     print(f"record not rewritten after a finished run: {e!r}", file=sys.stderr)
             bar.update(n_done - bar.n)
@@ -152,9 +157,7 @@ def run_parallel(name: str, config: dict, *, jobs: int, device=None, out=None, c
             log.close()
         failed = [i for i, (p, _) in enumerate(procs) if p.returncode != 0]
         if failed:
-            parts = [json.loads(f.read_text()) for f in sorted(tmp.glob("part*.json"))]
-            if parts:  # the runs the processes finished stay in the record
-                write({**merged(parts), "parallel": {"jobs": len(groups), "elapsed_s": time.perf_counter() - start}})
+            write_parts()  # the runs the processes finished stay in the record
             i, code = failed[0], procs[failed[0]][0].returncode
             tail = (tmp / f"log{i}.txt").read_text()[-3000:]
             raise RuntimeError(f"process {i + 1} of {len(groups)} failed (exit code {code}):\n{tail}")
