@@ -150,6 +150,26 @@ def test_forward_backward_timing_step_finds_the_leaves_and_drops_their_grads():
         _with_backward(fn, fn().detach())
 
 
+@pytest.mark.parametrize("chapter", bench.CHAPTERS)
+def test_every_op_of_ours_times_forward_and_backward_again_and_again(chapter):
+    """``--backward`` times the same step many times: every op of ours (peers need a GPU) must run it twice on
+    inputs that require grad, its setup's derived inputs (normalised keys, gates) being leaves of their own."""
+    from pathedu.bench import chapter_ops
+    from pathedu.bench.__main__ import _leaves, _with_backward
+
+    for op in chapter_ops(chapter):
+        if op.peer:
+            continue
+        q, k, v = (x.requires_grad_() for x in _common.seeded_qkv((1, 2), 32, 16, seed=32, device="cpu"))
+        fn = op.setup(q, k, v)
+        out = fn()
+        step = _with_backward(fn, out)
+        step()
+        step()
+        leaves = _leaves(out)
+        assert leaves and all(t.grad is not None and torch.isfinite(t.grad).all() for t in leaves), op.name
+
+
 def test_register_report_compiles_for_sm90_without_a_gpu():
     """`python -m pathedu.bench.registers` compiles a kernel for an H100 on this CPU-only machine (in a process of its
     own with Triton's interpreter off) and reads its registers and spills from the cubin."""

@@ -33,10 +33,14 @@ def path_inputs(q):
 
 
 def delta_inputs(q, k):
-    """l2-normalised ``q, k`` and ``beta`` in [0, 1) rounded to ``q.dtype`` (then fp32), seeded by T."""
+    """l2-normalised ``q, k`` and ``beta`` in [0, 1) rounded to ``q.dtype`` (then fp32), seeded by T.  They are
+    new leaves, requiring grad when ``q`` does: the normalisation stays outside the timed region, and a timed
+    backward that runs again and again never reaches a graph freed by the previous one."""
     g = generator(q.device, q.shape[-2] + 2)
     beta = torch.rand(q.shape[:-1], device=q.device, generator=g, dtype=torch.float32).to(q.dtype).float()
-    return F.normalize(q.float(), dim=-1).to(q.dtype), F.normalize(k.float(), dim=-1).to(q.dtype), beta
+    with torch.no_grad():
+        qn, kn = (F.normalize(x.float(), dim=-1).to(q.dtype) for x in (q, k))
+    return tuple(x.requires_grad_(q.requires_grad) for x in (qn, kn, beta))
 
 
 def _fla_path(q, k, v):
