@@ -274,3 +274,19 @@ def test_launch_profiler_reports_where_the_host_time_goes(monkeypatch):
     assert ms == sorted(ms, reverse=True) and ms[0] > 0
     if not torch.cuda.is_available():
         assert launches.main(["nope", "--out", "unused.json"]) == 2
+
+
+def test_kernel_profile_rows_are_per_step_and_flag_pytorchs_own_kernels():
+    """``python -m pathedu.bench.kernels`` divides each kernel's profiled time by the number of steps and tells
+    PyTorch's glue (``at::native``, copies) from the op's own kernels."""
+    from pathedu.bench.kernels import per_step
+
+    events = [("_hh_bwd_chunk", 5000.0, 5), ("void at::native::vectorized_elementwise_kernel<4>", 1000.0, 10),
+              ("Memset (Device)", 50.0, 5), ("cudaLaunchKernel", 0.0, 40)]
+    rows = per_step(events, 5)
+    assert [r["kernel"] for r in rows] == ["_hh_bwd_chunk", "void at::native::vectorized_elementwise_kernel<4>",
+                                           "Memset (Device)"]
+    assert rows[0] == dict(kernel="_hh_bwd_chunk", torch=False, ms=1.0, calls=1.0)
+    assert rows[1]["torch"] and rows[1]["ms"] == 0.2 and rows[1]["calls"] == 2.0 and rows[2]["torch"]
+    with pytest.raises(ValueError, match="steps"):
+        per_step(events, 0)
