@@ -29,9 +29,10 @@ from typing import Callable
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 CHECKS_FILE = DATA_DIR / "gpu_checks.json"
 # Every module of this package is a chapter's set of ops, but __main__, the private helpers, the checks,
-# the parts profiler, the launch profiler, the register report and the context-parallel benchmark (torchrun).
-CHAPTERS = sorted(m.name for m in pkgutil.iter_modules(__path__)
-                  if not m.name.startswith("_") and m.name not in ("checks", "parts", "registers", "cp", "launches"))
+# the parts profiler, the launch profiler, the kernel profiler of a training step, the register report and the
+# context-parallel benchmark (torchrun).
+TOOLS = ("checks", "parts", "launches", "kernels", "registers", "cp")
+CHAPTERS = sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_") and m.name not in TOOLS)
 
 
 @dataclass

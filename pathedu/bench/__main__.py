@@ -2,17 +2,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
 from . import CHAPTERS, DATA_DIR, chapter_ops
-from ._common import rel_rms, run_meta, seeded_qkv
-
-
-def _write(path, meta, rows) -> None:
-    with open(path, "w") as f:
-        json.dump(dict(meta=meta, rows=rows), f, indent=1, default=str)
+from ._common import rel_rms, run_meta, seeded_qkv, write_rows
 
 
 def _leaves(out):
@@ -128,15 +122,15 @@ def main(argv=None) -> int:
             rows.append(row)
         del q, k, v, outs
         torch.cuda.empty_cache()
-        _write(out, meta, rows)  # after every T: a run cut short still leaves its data
+        write_rows(out, meta, rows, say=False)  # after every T: a run cut short still leaves its data
     print(f"\n{meta['device']}  B={a.B} H={a.H} D={a.D} {a.dtype}  commit {meta['commit']}")
     print(f"{'op':24s} {'T':>6s} {'ms':>9s} {'x SDPA':>7s} {'x ref':>6s}  rel RMS err vs reference")
     for r in rows:
         err = f"{r['rel_rms_err']:.2e} vs {r['reference']}" if "rel_rms_err" in r else ""
         print(f"{r['op']:24s} {r['T']:6d} {r['ms']:9.3f} {r.get('ratio_to_sdpa', float('nan')):7.2f} "
               f"{r.get('ratio_to_reference', float('nan')):6.2f}  {err}")
-    _write(out, meta, rows)
-    print(f"wrote {out}\n(the chapter's GPU checks: python -m pathedu.bench.checks {a.chapter} --out FILE)")
+    write_rows(out, meta, rows)
+    print(f"(the chapter's GPU checks: python -m pathedu.bench.checks {a.chapter} --out FILE)")
     return 0
 
 

@@ -6,7 +6,8 @@
   ours ``[B, H, T, D]`` (a contiguous copy) and back (a free view);
 * :func:`rel_rms`, :func:`rel_rms_head`, :func:`rel_max`, :func:`max_abs` (:data:`METRICS`):
   the error measures, in float64, chunked so that large outputs need little extra memory;
-* :func:`commit`, :func:`run_meta`: what a data file records about the run that wrote it.
+* :func:`commit`, :func:`run_meta`: what a data file records about the run that wrote it;
+* :func:`write_rows`: a data file ``{"meta": ..., "rows": [...]}`` written.
 """
 from __future__ import annotations
 
@@ -127,6 +128,17 @@ def _version(module: str) -> str | None:
         return version(module)
     except Exception:
         return None
+
+
+def write_rows(path, meta: dict, rows: list, *, say: bool = True) -> None:
+    """Write a benchmark data file, ``{"meta": meta, "rows": rows}`` (values JSON cannot hold, as strings); the
+    tools call it after every sequence length, so a run cut short still leaves what it measured."""
+    import json
+
+    with open(path, "w") as f:
+        json.dump(dict(meta=meta, rows=rows), f, indent=1, default=str)
+    if say:
+        print(f"wrote {path}")
 
 
 def run_meta(command: str, device=None) -> dict:

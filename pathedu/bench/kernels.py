@@ -13,11 +13,10 @@ them.  The data file: ``{"meta": ..., "rows": [{"op", "T", "kernel", "torch", "m
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from . import CHAPTERS, chapter_ops
-from ._common import run_meta, seeded_qkv
+from ._common import run_meta, seeded_qkv, write_rows
 
 
 def is_torch_kernel(name: str) -> bool:
@@ -93,9 +92,7 @@ def main(argv=None) -> int:
             rows += [dict(op=op.name, T=T, **r) for r in found]
         del q, k, v
         torch.cuda.empty_cache()
-    with open(a.out, "w") as f:
-        json.dump(dict(meta=meta, rows=rows), f, indent=1)
-    print(f"wrote {a.out}")
+    write_rows(a.out, meta, rows)
     return 0
 
 

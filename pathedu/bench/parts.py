@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import sys
 
 import torch
 
-from ._common import run_meta, seeded_qkv, to_bthd
+from ._common import run_meta, seeded_qkv, to_bthd, write_rows
 
 
 def _delta_parts(q, k, v, bench):
@@ -255,9 +254,7 @@ def main(argv=None) -> int:
             for part, ms in SUBJECTS[subject](q, k, v, bench).items():
                 rows.append(dict(T=T, subject=subject, part=part, ms=ms))
                 print(f"T={T:6d}  {subject:9s} {part:40s} {ms:9.3f} ms", flush=True)
-    with open(a.out, "w") as f:
-        json.dump(dict(meta=meta, rows=rows), f, indent=1)
-    print(f"wrote {a.out}")
+    write_rows(a.out, meta, rows)
     return 0
 
 
