@@ -145,7 +145,8 @@ def test_a_declared_check_is_the_shared_check_under_the_stubs_name_docstring_and
                                        (check_e, "check_e", 2, "explain", ("one two three",)),
                                        (check_b, "check_b", 3, "bug", ("index", _right))]:
         assert (check.__name__, check.__qualname__.rsplit(".", 1)[-1], check.__module__) == (name, name, __name__)
-        assert check.__doc__ == f"Exercise {n}: a {dict(predict='shape', explain='text', bug='bug')[kind]}."
+        doc = f"Exercise {n}: a {dict(predict='shape', explain='text', bug='bug')[kind]}."
+        assert check.__doc__ == doc + ("\n\nMarked by a person against its rubric." if kind == "explain" else "")
         assert (check.exercise.n, check.label, check.kind, check.points) == (n, str(n), kind, float(KINDS[kind]))
         v = check(*args)
         assert v.ok and capsys.readouterr().out == repr(v) + "\n"
@@ -187,6 +188,10 @@ def test_every_check_keeps_its_public_name_and_docstring(module):
         arity = {"predict": 1, "explain": 1, "bug": 2}.get(check.kind)
         if arity is not None:
             assert len(inspect.signature(check).parameters) == arity, name
+        if check.kind == "explain":  # the docstring names the module constant the marker's rubric is
+            rubric = re.fullmatch(r"(?s).+\n\nMarked by a person against :data:`(\w+)`\.", check.__doc__)
+            assert rubric and isinstance(getattr(module, rubric[1]), str), name
+            assert check(" ".join(["word"] * 40)).marking == getattr(module, rubric[1]), name
 
 
 # --- every lab's planted bug ------------------------------------------------------------------------------------

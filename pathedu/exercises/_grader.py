@@ -581,11 +581,18 @@ class Exercises:
         """Declare exercise ``n`` an *explain* exercise.  Decorates a stub of one argument, the student's text,
         whose docstring says what to explain; the check it becomes is
         ``check_explanation(name, text, rubric=rubric, min_words=min_words)`` (:func:`check_explanation`: the
-        rubric goes to the marker, never to the student), registered as :meth:`check` does with ``kind="explain"``."""
+        rubric goes to the marker, never to the student), registered as :meth:`check` does with ``kind="explain"``.
+        The check's docstring is the stub's followed by ``Marked by a person against :data:`NAME`.``, ``NAME``
+        being the module constant that holds ``rubric`` (``its rubric`` where none does)."""
         def grade(text):
             return check_explanation(name, text, rubric=rubric, min_words=min_words)
 
-        return self._declared(n, "explain", points, grade)
+        def marked(stub):
+            held = [k for k, value in stub.__globals__.items() if value is rubric and not k.startswith("_")]
+            against = f":data:`{held[0]}`" if held else "its rubric"
+            return f"{stub.__doc__.rstrip()}\n\nMarked by a person against {against}."
+
+        return self._declared(n, "explain", points, grade, doc=marked)
 
     def planted_bug(self, n: int, name: str, *, bug: str, reference, make_inputs, buggy, trials: int = 3,
                     rtol: float = 1e-8, points: float | None = None):
@@ -603,10 +610,10 @@ class Exercises:
 
         return self._declared(n, "bug", points, grade)
 
-    def _declared(self, n: int, kind: str, points, grade):
+    def _declared(self, n: int, kind: str, points, grade, doc=None):
         """The decorator of :meth:`prediction`, :meth:`explanation` and :meth:`planted_bug`: the stub's arguments,
         bound by its signature (positional or by the stub's names, as a written check takes them), go to
-        ``grade``; the check keeps the stub's name, docstring and signature."""
+        ``grade``; the check keeps the stub's name, docstring (``doc(stub)`` instead, if given) and signature."""
         wants = len(inspect.signature(grade).parameters)
 
         def decorate(stub):
@@ -624,6 +631,8 @@ class Exercises:
                 bound.apply_defaults()
                 return grade(*bound.arguments.values())
 
+            if doc is not None:
+                check.__doc__ = doc(stub)
             return self.check(n, kind=kind, points=points)(check)
 
         return decorate

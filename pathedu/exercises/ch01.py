@@ -247,8 +247,7 @@ WHY_ORDER_RUBRIC = ("2 points. 1: without the mask attention is permutation-equi
 
 @EXERCISES.explanation(5, "explain: what the mask tells", rubric=WHY_ORDER_RUBRIC)
 def check_why_order(text) -> Verdict:
-    """Exercise 5: a few sentences on how a causal model without position encoding can still learn positions
-    (marked by a person against :data:`WHY_ORDER_RUBRIC`)."""
+    """Exercise 5: a few sentences on how a causal model without position encoding can still learn positions."""
 
 
 # ---------------------------------------------------------------------------

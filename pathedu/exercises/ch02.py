@@ -200,8 +200,7 @@ NO_STATE_RUBRIC = ("2 points. 1: RetNet's weight gamma^(i-j) (q_i . k_j) is line
 
 @EXERCISES.explanation(6, "explain: a state or a cache", rubric=NO_STATE_RUBRIC)
 def check_why_no_state(text) -> Verdict:
-    """Exercise 6: why the same constant decay gives RetNet a fixed-size state and ALiBi a growing cache
-    (marked by a person against :data:`NO_STATE_RUBRIC`)."""
+    """Exercise 6: why the same constant decay gives RetNet a fixed-size state and ALiBi a growing cache."""
 
 
 # ---------------------------------------------------------------------------

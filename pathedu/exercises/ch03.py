@@ -197,8 +197,7 @@ LOG_SPACE_RUBRIC = ("2 points. 1: a running product of gates underflows in float
 
 @EXERCISES.explanation(6, "explain: why log space", rubric=LOG_SPACE_RUBRIC)
 def check_why_log_space(text) -> Verdict:
-    """Exercise 6: why the forms take log gates and sum them instead of multiplying gates (marked by a person
-    against :data:`LOG_SPACE_RUBRIC`)."""
+    """Exercise 6: why the forms take log gates and sum them instead of multiplying gates."""
 
 
 # ---------------------------------------------------------------------------

@@ -167,8 +167,7 @@ FAR_RUBRIC = ("2 points. 1: the logit is a sum over channel pairs of terms turne
 
 @EXERCISES.explanation(5, "explain: far logits shrink", rubric=FAR_RUBRIC)
 def check_why_far_logits_shrink(text) -> Verdict:
-    """Exercise 5: why RoPE's logits shrink with distance on average although no gate forgets (marked by a
-    person against :data:`FAR_RUBRIC`)."""
+    """Exercise 5: why RoPE's logits shrink with distance on average although no gate forgets."""
 
 
 # ---------------------------------------------------------------------------

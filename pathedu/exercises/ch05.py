@@ -413,7 +413,7 @@ BETA_RUBRIC = ("2 points. 1: H = I - beta w w^T has eigenvalue 1 - beta along th
 
 @EXERCISES.explanation(7, "explain: beta in [0, 2]", rubric=BETA_RUBRIC)
 def check_why_beta_range(text) -> Verdict:
-    """Exercise 7: why beta (with a unit w) stays in [0, 2] (marked by a person against :data:`BETA_RUBRIC`)."""
+    """Exercise 7: why beta (with a unit w) stays in [0, 2]."""
 
 
 # ---------------------------------------------------------------------------

@@ -445,8 +445,7 @@ BIAS_FACTOR_RUBRIC = ("2 points. 1: on the softmax side the weight is exp(logit)
 
 @EXERCISES.explanation(6, "explain: a bias or a factor", rubric=BIAS_FACTOR_RUBRIC)
 def check_bias_or_factor(text) -> Verdict:
-    """Exercise 6: why one forget gate is a logit bias on the softmax side and a factor on the linear side
-    (marked by a person against :data:`BIAS_FACTOR_RUBRIC`)."""
+    """Exercise 6: why one forget gate is a logit bias on the softmax side and a factor on the linear side."""
 
 
 # ---------------------------------------------------------------------------

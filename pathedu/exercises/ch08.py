@@ -182,8 +182,8 @@ SCALAR_RUBRIC = ("2 points. 1: a scalar gate commutes with every matrix, so the 
 
 @EXERCISES.explanation(4, "explain: scalar gates have both sides", rubric=SCALAR_RUBRIC)
 def check_why_scalar_gates(text) -> Verdict:
-    """Exercise 4: why every scalar gate has a softmax side and a linear side, and a per-channel gate no softmax
-    bias (marked by a person against :data:`SCALAR_RUBRIC`)."""
+    """Exercise 4: why every scalar gate has a softmax side and a linear side, and a per-channel gate no
+    softmax bias."""
 
 
 # ---------------------------------------------------------------------------

@@ -294,8 +294,7 @@ REPRESENT_RUBRIC = ("2 points. 1: what an architecture can represent is a statem
 
 @EXERCISES.explanation(5, "explain: represent is not learn", rubric=REPRESENT_RUBRIC)
 def check_represent_learn(text) -> Verdict:
-    """Exercise 5: "represent is not learn, in both directions", with flip-flop and the A5 word problem
-    (marked by a person against :data:`REPRESENT_RUBRIC`)."""
+    """Exercise 5: "represent is not learn, in both directions", with flip-flop and the A5 word problem."""
 
 
 # ---------------------------------------------------------------------------

@@ -294,7 +294,7 @@ NO_POSITIONS_RUBRIC = ("2 points. 1: the stick is broken from the query backward
 @EXERCISES.explanation(5, "explain: recent keys without positions", rubric=NO_POSITIONS_RUBRIC)
 def check_why_no_positions(text) -> Verdict:
     """Exercise 5: why stick-breaking prefers recent keys with no position encoding, and what the leftover
-    stick means (marked by a person against :data:`NO_POSITIONS_RUBRIC`)."""
+    stick means."""
 
 
 # ---------------------------------------------------------------------------

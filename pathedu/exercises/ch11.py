@@ -249,8 +249,7 @@ WHAT_COUNTS_RUBRIC = ("2 points. 1: CoPE's position of key j is the count p_ij =
 
 @EXERCISES.explanation(5, "explain: what counts", rubric=WHAT_COUNTS_RUBRIC)
 def check_what_counts(text) -> Verdict:
-    """Exercise 5: what CoPE counts and RoPE cannot, and what it costs (marked by a person against
-    :data:`WHAT_COUNTS_RUBRIC`)."""
+    """Exercise 5: what CoPE counts and RoPE cannot, and what it costs."""
 
 
 # ---------------------------------------------------------------------------
