@@ -192,6 +192,7 @@ class TokenMixer(nn.Module):
     has_beta: bool = False
     has_w: bool = False
     default_beta_max: float = 1.0
+    per_head: tuple | None = None  # (buffer name, function of n_heads): a fixed per-head constant, passed after v
 
     def __init__(self, d_model: int, n_heads: int, head_dim: int | None = None, *, form: str = "auto",
                  short_conv: int = 0, matrix_max_T: int = 1024, triton_without_grad: bool = True,
@@ -254,6 +255,9 @@ class TokenMixer(nn.Module):
         self.qkv_conv = causal_depthwise(3 * HD, short_conv) if short_conv else None
         if self.mixer in LINEAR_SIDE:
             self.head_norm = nn.RMSNorm(head_dim, eps=1e-6)
+        if self.per_head is not None:  # fixed, not learnt, not saved: a function of n_heads
+            name, values = self.per_head
+            self.register_buffer(name, values(n_heads).float(), persistent=False)
         self.reset_gates()
 
     # -- parameters -------------------------------------------------------------------------------------------
@@ -360,8 +364,10 @@ class TokenMixer(nn.Module):
 
     def core_inputs(self, q, k, v, extra) -> tuple[list, dict]:
         """The positional and keyword arguments of the mechanism's function (any form) for heads ``q, k, v``
-        ``(B, H, T, head_dim)`` and per-token quantities ``extra`` (:meth:`extras`), in its order."""
-        return [q, k, v], {}
+        ``(B, H, T, head_dim)`` and per-token quantities ``extra`` (:meth:`extras`), in its order; here
+        ``q, k, v`` and the ``per_head`` constant ``(H,)`` where the layer has one."""
+        constant = [] if self.per_head is None else [getattr(self, self.per_head[0])]
+        return [q, k, v, *constant], {}
 
     # -- decoding -------------------------------------------------------------------------------------------
 
@@ -444,14 +450,7 @@ class ALiBiAttention(_Softmax):
     power-of-two ``H``, the paper's interleaving otherwise); no parameter beyond the projections.  Decoding adds
     the bias as the plain KV cache is read.  Functions: :mod:`pathedu.alibi`.  Shapes: :class:`TokenMixer`."""
 
-    mixer = "alibi"
-
-    def __init__(self, d_model, n_heads, head_dim=None, **kwargs):
-        super().__init__(d_model, n_heads, head_dim, **kwargs)
-        self.register_buffer("slopes", _alibi.alibi_slopes(self.n_heads).float(), persistent=False)
-
-    def core_inputs(self, q, k, v, extra):
-        return [q, k, v, self.slopes], {}
+    mixer, per_head = "alibi", ("slopes", _alibi.alibi_slopes)
 
     def _step_core(self, q, k, v, extra, cache):
         kv = self._kv(cache, _nope.KVCache, q)
@@ -646,14 +645,7 @@ class MultiScaleRetention(_Linear):
     and the output RMS-normalised per head (:class:`LinearAttention`); no rotation (the ``xPos`` part of the
     paper is chapter 4's complex recurrence).  Functions: :mod:`pathedu.alibi`.  Shapes: :class:`TokenMixer`."""
 
-    mixer = "retnet"
-
-    def __init__(self, d_model, n_heads, head_dim=None, **kwargs):
-        super().__init__(d_model, n_heads, head_dim, **kwargs)
-        self.register_buffer("gammas", _alibi.retnet_gammas(self.n_heads).float(), persistent=False)
-
-    def core_inputs(self, q, k, v, extra):
-        return [q, k, v, self.gammas], {}
+    mixer, per_head = "retnet", ("gammas", _alibi.retnet_gammas)
 
 
 class GatedLinearAttention(_Linear):
