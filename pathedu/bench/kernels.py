@@ -4,7 +4,7 @@
 
 Each named op of :func:`pathedu.bench.chapter_ops` (ours or a peer's) runs the step that ``python -m pathedu.bench
 CHAPTER --backward`` times (forward, then backward from a fixed output gradient) under ``torch.profiler``; the
-GPU time of every kernel is summed over ``--steps`` steps and divided by their number.  PyTorch's own kernels
+time each kernel ran on the GPU is summed over ``--steps`` steps and divided by their number.  PyTorch's own kernels
 (``at::native``: casts, zero fills, sums, the elementwise glue between launches) are kept by name and flagged
 ``torch``, so that a data file says how much of a step is the algorithm's kernels and how much the work between
 them.  The data file: ``{"meta": ..., "rows": [{"op", "T", "kernel", "torch", "ms", "calls"}]}``, ``ms`` and
@@ -28,7 +28,7 @@ def is_torch_kernel(name: str) -> bool:
 
 def per_step(events, steps: int) -> list[dict]:
     """Rows ``{"kernel", "torch", "ms", "calls"}`` per step from ``(name, device_us, count)`` triples of a profile
-    of ``steps`` steps, slowest first; kernels that took no device time (host-side entries) are left out."""
+    of ``steps`` steps, slowest first; entries that ran nothing on the GPU (host-side calls) are left out."""
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
     rows = [dict(kernel=name, torch=is_torch_kernel(name), ms=us / 1e3 / steps, calls=count / steps)
@@ -61,7 +61,7 @@ def main(argv=None) -> int:
         p.error(f"--ops: {sorted(unknown)} are not ops of chapter {a.chapter!r}")
     meta = run_meta("python -m pathedu.bench.kernels " + " ".join(argv if argv is not None else sys.argv[1:]))
     meta.update(dtype="bfloat16", sizes=dict(B=a.B, H=a.H, D=a.D, T=a.T), pass_="forward+backward",
-                timer=f"torch.profiler, device time summed over {a.steps} steps, per step")
+                timer=f"torch.profiler, time on the GPU summed over {a.steps} steps, per step")
     rows = []
     for T in a.T:
         q, k, v = seeded_qkv((a.B, a.H), T, a.D, seed=T, device="cuda", dtype=torch.bfloat16)
