@@ -94,6 +94,27 @@ def test_flipflop_figures_draw_one_point_per_seed_and_fit_the_column(flipflop):
     assert _width_ok(fig)
 
 
+def test_the_paper_preset_figure_gives_each_mixer_its_own_colour():
+    """Chapter 9 draws every mixer of ``--preset paper`` side by side (pathedu/data/exp_flipflop_paper.json): one dot
+    per run and a cross per Table 1 entry, and no two mixers in one colour (stick-breaking and CoPE included)."""
+    from pathlib import Path
+
+    from pathedu.experiments import presets
+
+    record = plots.load("flipflop", Path(plots.__file__).parents[1] / "data" / "exp_flipflop_paper.json")
+    mixers = presets("flipflop")["paper"]["mixers"]
+    assert sorted(record["config"]["mixers"]) == sorted(mixers)
+    fig = plots.plot_flipflop_seeds([(plots.label(m), record, m) for m in mixers], "in_distribution")
+    seeds = len(record["config"]["seeds"])
+    dots = [c for c in fig.axes[0].collections if len(c.get_offsets()) == seeds]   # a cross is a single point
+    crosses = [c for c in fig.axes[0].collections if len(c.get_offsets()) == 1]
+    assert len(dots) == len(mixers) and sum(len(c.get_offsets()) for c in dots) == len(record["runs"])
+    assert len(crosses) == sum(1 for m in mixers if m in record["summary"]["paper_table1_error_percent"])
+    colours = {tuple(c.get_facecolor()[0]) for c in dots}
+    assert len(colours) == len(mixers), "two mixers share a colour"
+    assert _width_ok(fig)
+
+
 def test_tiny_records_draw_and_describe(tiny):
     assert _width_ok(plots.plot_flipflop_history(tiny["flipflop"]))
     assert _width_ok(plots.plot_word_problem(tiny["word_problem"]))

@@ -53,7 +53,8 @@ SPLITS = ("in_distribution", "sparse", "dense")
 _SPLIT_TITLES = {"in_distribution": "in-distribution", "sparse": "sparse", "dense": "dense"}
 _COLORS = {"nope": "0.55", "alibi": "goldenrod", "fox": "tab:green", "rope": "tab:blue", "path": "tab:red",
            "pathfox": "tab:purple", "linear": "0.3", "retnet": "tab:olive", "gla": "tab:cyan",
-           "deltanet": "tab:orange", "gated_deltanet": "tab:pink"}
+           "deltanet": "tab:orange", "gated_deltanet": "tab:pink", "stickbreaking": "tab:brown",
+           "stick_breaking": "tab:brown", "cope": "darkcyan"}
 MAX_WIDTH_IN = 7.0
 
 
