@@ -205,6 +205,12 @@ def switched_off(with_fn, flags_and_messages) -> list:
     return [(functools.partial(with_fn, **{flag: False}), message) for flag, message in flags_and_messages]
 
 
+def paragraph(text: str) -> str:
+    """``text`` with every run of white space (line breaks and indentation included) made one space: a rubric
+    written in the source as an indented paragraph reads as one line in the marker's report."""
+    return " ".join(text.split())
+
+
 def seeded(seed: int) -> torch.Generator:
     """The generator of a check's inputs for ``seed``: fixed seeds give the same inputs at every run (the course
     grader salts them, :func:`fresh_inputs`)."""

@@ -25,7 +25,7 @@ import torch
 
 from .. import nope
 from ..masks import causal_mask
-from ._grader import Exercises, Verdict, check_function, check_parts, randn64, seeded
+from ._grader import Exercises, Verdict, check_function, check_parts, randn64, seeded, paragraph
 
 __all__ = ["check_linear_matrix", "check_online_softmax_merge", "check_chunk_step", "check_state_shape",
            "check_why_order", "check_chunked_bug", "hint"]
@@ -238,11 +238,11 @@ def check_state_shape(shape) -> Verdict:
 # Exercise 5 (explain): what the causal mask tells a model without positions
 # ---------------------------------------------------------------------------
 
-WHY_ORDER_RUBRIC = ("2 points. 1: without the mask attention is permutation-equivariant, and with it token i "
-                    "still sees its past as an unordered set (shuffling tokens 0..i-1 leaves o_i unchanged). "
-                    "1: what the mask adds is the size of that set, i + 1, which the softmax's normalisation "
-                    "exposes (a uniform average of a value carried by token 0 only is 1/(i+1)), so a model can "
-                    "count and recover positions. No point for 'the mask encodes positions' without how.")
+WHY_ORDER_RUBRIC = paragraph("""2 points. 1: without the mask attention is permutation-equivariant, and with it
+    token i still sees its past as an unordered set (shuffling tokens 0..i-1 leaves o_i unchanged). 1: what the mask
+    adds is the size of that set, i + 1, which the softmax's normalisation exposes (a uniform average of a value
+    carried by token 0 only is 1/(i+1)), so a model can count and recover positions. No point for 'the mask encodes
+    positions' without how.""")
 
 
 @EXERCISES.explanation(5, "explain: what the mask tells", rubric=WHY_ORDER_RUBRIC)

@@ -12,7 +12,7 @@ import torch
 
 from .. import alibi
 from ._grader import (Exercises, Verdict, call_student as _call, check_function, fallback_hint, not_attempted,
-                      student_failed, verdict, randn64, seeded)
+                      student_failed, verdict, randn64, seeded, paragraph)
 
 __all__ = ["check_alibi_slopes", "check_alibi_bias", "check_retnet_recurrent", "check_half_life_gamma",
            "check_reach", "check_why_no_state", "check_retnet_bug", "hint"]
@@ -191,11 +191,11 @@ def check_reach(d) -> Verdict:
 # Exercise 6 (explain): why RetNet has a state and ALiBi a cache
 # ---------------------------------------------------------------------------
 
-NO_STATE_RUBRIC = ("2 points. 1: RetNet's weight gamma^(i-j) (q_i . k_j) is linear in the values and the decay "
-                   "factors as gamma^i gamma^-j (or: each step multiplies the state by gamma), so the past fits in "
-                   "a Dv x D state, S_t = gamma S_{t-1} + v_t k_t^T. 1: ALiBi's decay sits inside a softmax: "
-                   "exp(q.k) has no finite factorisation and the normaliser sums over every key, so it keeps every "
-                   "key and value (a KV cache growing with t). Half a point for 'softmax is not linear' alone.")
+NO_STATE_RUBRIC = paragraph("""2 points. 1: RetNet's weight gamma^(i-j) (q_i . k_j) is linear in the values and the
+    decay factors as gamma^i gamma^-j (or: each step multiplies the state by gamma), so the past fits in a Dv x D
+    state, S_t = gamma S_{t-1} + v_t k_t^T. 1: ALiBi's decay sits inside a softmax: exp(q.k) has no finite
+    factorisation and the normaliser sums over every key, so it keeps every key and value (a KV cache growing with
+    t). Half a point for 'softmax is not linear' alone.""")
 
 
 @EXERCISES.explanation(6, "explain: a state or a cache", rubric=NO_STATE_RUBRIC)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from .. import fox
 from ._grader import (Exercises, Verdict, call_student as _call, check_function, fallback_hint, not_attempted,
-                      student_failed, verdict, randn64, seeded)
+                      student_failed, verdict, randn64, seeded, paragraph)
 
 __all__ = ["check_log_gate_matrix", "check_fox_matrix", "check_gla_recurrent", "check_stuck_product",
            "check_gate_product", "check_why_log_space", "check_fox_bug", "hint"]
@@ -187,12 +187,11 @@ def check_gate_product(value) -> Verdict:
 # Exercise 6 (explain): why log space
 # ---------------------------------------------------------------------------
 
-LOG_SPACE_RUBRIC = ("2 points. 1: a running product of gates underflows in floating point (to 0, or stuck at a "
-                    "subnormal in float32), so the ratio P_i / P_j of two products is 0/0, or silently wrong, "
-                    "once the sequence is long or the gates small. 1: sums of log gates stay in range, the "
-                    "difference c_i - c_j is <= 0 (its exponential never overflows), and on the softmax side "
-                    "it is simply added to the logits (one addition in the kernel). Half a point for "
-                    "'numerical stability' without saying what fails.")
+LOG_SPACE_RUBRIC = paragraph("""2 points. 1: a running product of gates underflows in floating point (to 0, or stuck
+    at a subnormal in float32), so the ratio P_i / P_j of two products is 0/0, or silently wrong, once the sequence
+    is long or the gates small. 1: sums of log gates stay in range, the difference c_i - c_j is <= 0 (its
+    exponential never overflows), and on the softmax side it is simply added to the logits (one addition in the
+    kernel). Half a point for 'numerical stability' without saying what fails.""")
 
 
 @EXERCISES.explanation(6, "explain: why log space", rubric=LOG_SPACE_RUBRIC)

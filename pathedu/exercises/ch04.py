@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from .. import rope
-from ._grader import Exercises, Verdict, check_function, randn64, seeded
+from ._grader import Exercises, Verdict, check_function, randn64, seeded, paragraph
 
 __all__ = ["check_apply_rope_half", "check_relative_logit", "check_complex_step", "check_slowest_period",
            "check_why_far_logits_shrink", "check_rope_bug", "hint"]
@@ -157,12 +157,11 @@ def check_slowest_period(tokens) -> Verdict:
 # Exercise 5 (explain): far logits shrink, nothing is forgotten
 # ---------------------------------------------------------------------------
 
-FAR_RUBRIC = ("2 points. 1: the logit is a sum over channel pairs of terms turned by Omega_n (t - j); far apart, "
-              "their phases spread over the circle and the terms cancel on average, so the typical logit (the "
-              "long-range figure's envelope) shrinks with distance. 1: no term loses its modulus, the rotation "
-              "is unitary (|S| of the complex recurrence never changes): nothing is forgotten, and a key that "
-              "matches the query on the slow pairs still scores high at any distance. No point for 'RoPE decays "
-              "like a gate'.")
+FAR_RUBRIC = paragraph("""2 points. 1: the logit is a sum over channel pairs of terms turned by Omega_n (t - j); far
+    apart, their phases spread over the circle and the terms cancel on average, so the typical logit (the long-range
+    figure's envelope) shrinks with distance. 1: no term loses its modulus, the rotation is unitary (|S| of the
+    complex recurrence never changes): nothing is forgotten, and a key that matches the query on the slow pairs
+    still scores high at any distance. No point for 'RoPE decays like a gate'.""")
 
 
 @EXERCISES.explanation(5, "explain: far logits shrink", rubric=FAR_RUBRIC)

@@ -27,7 +27,8 @@ from __future__ import annotations
 import torch
 
 from .. import path
-from ._grader import Exercises, Verdict, check_function, check_parts, outer, rand64, randn64, seeded, switched_off, unit
+from ._grader import (Exercises, Verdict, check_function, check_parts, outer, rand64, randn64, seeded, switched_off,
+                      unit, paragraph)
 
 __all__ = ["check_delta_step", "check_interval_product", "check_ut_factor", "check_path_attention",
            "check_householder_chunk_step", "check_eigenvalues", "check_why_beta_range", "check_deltanet_bug",
@@ -403,12 +404,11 @@ def check_eigenvalues(extremes) -> Verdict:
 # Exercise 7 (explain): why beta stays in [0, 2]
 # ---------------------------------------------------------------------------
 
-BETA_RUBRIC = ("2 points. 1: H = I - beta w w^T has eigenvalue 1 - beta along the unit w and 1 elsewhere, so for "
-               "beta in [0, 2] every eigenvalue lies in [-1, 1]: no transition expands (beta = 0 keeps, beta = 1 "
-               "projects out w, beta = 2 reflects, a norm-preserving swap). 1: beyond 2, |1 - beta| > 1 expands "
-               "along w, and products of many transitions (the state, PaTH's position encoding) grow "
-               "geometrically until float32 overflows into inf and NaN; that is why the forms refuse "
-               "beta |w|^2 > 2.")
+BETA_RUBRIC = paragraph("""2 points. 1: H = I - beta w w^T has eigenvalue 1 - beta along the unit w and 1 elsewhere,
+    so for beta in [0, 2] every eigenvalue lies in [-1, 1]: no transition expands (beta = 0 keeps, beta = 1 projects
+    out w, beta = 2 reflects, a norm-preserving swap). 1: beyond 2, |1 - beta| > 1 expands along w, and products of
+    many transitions (the state, PaTH's position encoding) grow geometrically until float32 overflows into inf and
+    NaN; that is why the forms refuse beta |w|^2 > 2.""")
 
 
 @EXERCISES.explanation(7, "explain: beta in [0, 2]", rubric=BETA_RUBRIC)

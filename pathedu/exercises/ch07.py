@@ -25,7 +25,8 @@ from __future__ import annotations
 import torch
 
 from .. import fox, pathfox
-from ._grader import Exercises, Verdict, check_function, check_parts, outer, rand64, randn64, seeded, switched_off, unit
+from ._grader import (Exercises, Verdict, check_function, check_parts, outer, rand64, randn64, seeded, switched_off,
+                      unit, paragraph)
 
 __all__ = ["check_gated_delta_step", "check_pathfox_logit", "check_gamma", "check_gated_deltanet_matrix",
            "check_gated_deltanet_chunk", "check_decayed_trace", "check_bias_or_factor", "check_gdn_bug", "hint"]
@@ -435,12 +436,11 @@ def check_decayed_trace(trace) -> Verdict:
 # Exercise 6 (explain): a bias on one side, a factor on the other
 # ---------------------------------------------------------------------------
 
-BIAS_FACTOR_RUBRIC = ("2 points. 1: on the softmax side the weight is exp(logit) normalised, and exp(l + G) = "
-                      "exp(l) e^G, so adding G_ij to the logit multiplies the unnormalised weight by the gate "
-                      "product e^{G_ij}. 1: the linear side has no exponential: the score itself is the weight, "
-                      "so the same e^{G_ij} multiplies it directly, which the recurrence applies step by step as "
-                      "a_t S_{t-1}; one G_ij (sum of log f_s, s = j+1..i) serves both. Half a point for 'log and "
-                      "exp are inverse' without the softmax.")
+BIAS_FACTOR_RUBRIC = paragraph("""2 points. 1: on the softmax side the weight is exp(logit) normalised, and exp(l +
+    G) = exp(l) e^G, so adding G_ij to the logit multiplies the unnormalised weight by the gate product e^{G_ij}. 1:
+    the linear side has no exponential: the score itself is the weight, so the same e^{G_ij} multiplies it directly,
+    which the recurrence applies step by step as a_t S_{t-1}; one G_ij (sum of log f_s, s = j+1..i) serves both.
+    Half a point for 'log and exp are inverse' without the softmax.""")
 
 
 @EXERCISES.explanation(6, "explain: a bias or a factor", rubric=BIAS_FACTOR_RUBRIC)

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import fox
-from ._grader import Exercises, Verdict, check_function, randn64, seeded
+from ._grader import Exercises, Verdict, check_function, randn64, seeded, paragraph
 
 __all__ = ["check_chunked_gated", "check_logits_from_weights", "check_capped_entry",
            "check_why_scalar_gates", "check_bias_bug", "hint"]
@@ -171,19 +171,18 @@ def check_capped_entry(value) -> Verdict:
 # Exercise 4 (explain): scalar gates have both sides
 # ---------------------------------------------------------------------------
 
-SCALAR_RUBRIC = ("2 points. 1: a scalar gate commutes with every matrix, so the product of gates between key j "
-                 "and query i splits as e^{G_ij} times the matrix part, with G_ij = sum of log f_s over "
-                 "s = j+1..i depending on (i, j) only: the softmax side adds it to the logit, the linear side "
-                 "multiplies the score by it, however f_t is computed from the tokens (learned, constant, "
-                 "capped). 1: a per-channel gate weighs each channel differently, sum_d q_id k_jd "
-                 "e^{b_id - b_jd}, which is no single number times q_i . k_j: it belongs to the matrix part "
-                 "P_ij and gives no additive bias. Half a point for 'scalars commute' alone.")
+SCALAR_RUBRIC = paragraph("""2 points. 1: a scalar gate commutes with every matrix, so the product of gates between
+    key j and query i splits as e^{G_ij} times the matrix part, with G_ij = sum of log f_s over s = j+1..i depending
+    on (i, j) only: the softmax side adds it to the logit, the linear side multiplies the score by it, however f_t
+    is computed from the tokens (learned, constant, capped). 1: a per-channel gate weighs each channel differently,
+    sum_d q_id k_jd e^{b_id - b_jd}, which is no single number times q_i . k_j: it belongs to the matrix part P_ij
+    and gives no additive bias. Half a point for 'scalars commute' alone.""")
 
 
 @EXERCISES.explanation(4, "explain: scalar gates have both sides", rubric=SCALAR_RUBRIC)
 def check_why_scalar_gates(text) -> Verdict:
-    """Exercise 4: why every scalar gate has a softmax side and a linear side, and a per-channel gate no
-    softmax bias."""
+    """Exercise 4: why every scalar gate has a softmax side and a linear side, and a per-channel gate no softmax
+    bias."""
 
 
 # ---------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from .. import tasks
-from ._grader import Exercises, Verdict, check_function, seeded
+from ._grader import Exercises, Verdict, check_function, seeded, paragraph
 
 __all__ = ["check_flipflop_answers", "check_prefix_products", "check_fewest_layers", "check_sparse_reads",
            "check_represent_learn", "check_error_bug", "hint"]
@@ -283,13 +283,12 @@ def check_sparse_reads(reads) -> Verdict:
 # Exercise 5 (explain): represent is not learn
 # ---------------------------------------------------------------------------
 
-REPRESENT_RUBRIC = ("2 points. 1: what an architecture can represent is a statement about the existence of "
-                    "weights, for every length: flip-flop is star-free (aperiodic transitions), within reach of a "
-                    "fixed depth, while the word problem of A5 is NC1-complete, beyond any fixed depth at every "
-                    "length unless TC0 = NC1. 1: a trained model is what one budget found at one length: one RoPE "
-                    "layer's flip-flop errors are failures to learn a representable rule (attention glitches), "
-                    "and three RoPE layers solving A5 at length 10 solve a finite problem, which says nothing "
-                    "about all lengths. Half a point for one direction only.")
+REPRESENT_RUBRIC = paragraph("""2 points. 1: what an architecture can represent is a statement about the existence
+    of weights, for every length: flip-flop is star-free (aperiodic transitions), within reach of a fixed depth,
+    while the word problem of A5 is NC1-complete, beyond any fixed depth at every length unless TC0 = NC1. 1: a
+    trained model is what one budget found at one length: one RoPE layer's flip-flop errors are failures to learn a
+    representable rule (attention glitches), and three RoPE layers solving A5 at length 10 solve a finite problem,
+    which says nothing about all lengths. Half a point for one direction only.""")
 
 
 @EXERCISES.explanation(5, "explain: represent is not learn", rubric=REPRESENT_RUBRIC)

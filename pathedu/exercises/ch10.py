@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from .. import stickbreaking as sb
 from ..masks import causal_mask
 from ._grader import (Exercises, Verdict, call_student as _call, check_function, check_parts, fallback_hint,
-                      student_failed, verdict, rand64, randn64, seeded)
+                      student_failed, verdict, rand64, randn64, seeded, paragraph)
 
 __all__ = ["check_stick_log_weights", "check_stick_remainder", "check_stick_block_step", "check_even_sticks",
            "check_why_no_positions", "check_stick_bug", "hint"]
@@ -282,13 +282,12 @@ def check_even_sticks(prediction) -> Verdict:
 # Exercise 5 (explain): recent keys without positions
 # ---------------------------------------------------------------------------
 
-NO_POSITIONS_RUBRIC = ("2 points. 1: the stick is broken from the query backwards, nearest key first, and every "
-                       "key s between j and i multiplies key j's weight by 1 - sigma(l_is): a preference for "
-                       "recent keys that the content sets (a forget gate chosen by the query), so no position "
-                       "encoding is needed for it. 1: there is no softmax, the weights need not sum to 1: what "
-                       "no key takes is the leftover stick, and a query that matches nothing attends to "
-                       "(almost) nothing. Half a point for 'it is like a forget gate' without the order of the "
-                       "breaks.")
+NO_POSITIONS_RUBRIC = paragraph("""2 points. 1: the stick is broken from the query backwards, nearest key first, and
+    every key s between j and i multiplies key j's weight by 1 - sigma(l_is): a preference for recent keys that the
+    content sets (a forget gate chosen by the query), so no position encoding is needed for it. 1: there is no
+    softmax, the weights need not sum to 1: what no key takes is the leftover stick, and a query that matches
+    nothing attends to (almost) nothing. Half a point for 'it is like a forget gate' without the order of the
+    breaks.""")
 
 
 @EXERCISES.explanation(5, "explain: recent keys without positions", rubric=NO_POSITIONS_RUBRIC)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from .. import cope
-from ._grader import Exercises, Verdict, check_function, rand64, randn64, seeded
+from ._grader import Exercises, Verdict, check_function, rand64, randn64, seeded, paragraph
 
 __all__ = ["check_positions_from_gates", "check_position_logits", "check_cope_matrix", "check_half_open_count",
            "check_what_counts", "check_cope_bug", "hint"]
@@ -238,13 +238,12 @@ def check_half_open_count(count) -> Verdict:
 # Exercise 5 (explain): what counts
 # ---------------------------------------------------------------------------
 
-WHAT_COUNTS_RUBRIC = ("2 points. 1: CoPE's position of key j is the count p_ij = sum of sigma(q_i . k_m) over "
-                      "m = j..i: the query opens gates on the tokens it cares about (sentence ends, one word), so "
-                      "positions come in units it chooses, fractional counts interpolated between table rows. "
-                      "1: RoPE's position is the token distance i - j, the same whatever the tokens are; the "
-                      "price of CoPE's choice is that positions depend on the query, so no key can be "
-                      "position-encoded once for every query (the count is recomputed per query). Half a point "
-                      "for 'CoPE is contextual' without the gates.")
+WHAT_COUNTS_RUBRIC = paragraph("""2 points. 1: CoPE's position of key j is the count p_ij = sum of sigma(q_i . k_m)
+    over m = j..i: the query opens gates on the tokens it cares about (sentence ends, one word), so positions come
+    in units it chooses, fractional counts interpolated between table rows. 1: RoPE's position is the token distance
+    i - j, the same whatever the tokens are; the price of CoPE's choice is that positions depend on the query, so no
+    key can be position-encoded once for every query (the count is recomputed per query). Half a point for 'CoPE is
+    contextual' without the gates.""")
 
 
 @EXERCISES.explanation(5, "explain: what counts", rubric=WHAT_COUNTS_RUBRIC)
