@@ -18,7 +18,8 @@ def test_every_chapter_has_checks_and_smoke_sizes():
     assert set(checks.CHECKS) == set(bench.CHAPTERS) == set(checks.SMOKE)
     assert "checks" not in bench.CHAPTERS
     assert checks.targets(["path.fla_path", "nope"]) == [("path", "fla_path"), ("nope", "bench_sizes"),
-                                                         ("nope", "robust"), ("nope", "fp32"), ("nope", "backward")]
+                                                         ("nope", "robust"), ("nope", "fp32"), ("nope", "backward"),
+                                                         ("nope", "linear_backward")]
     with pytest.raises(ValueError, match="unknown section"):
         checks.targets(["path.nothing"])
 

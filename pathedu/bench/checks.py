@@ -924,6 +924,68 @@ nope_backward, alibi_backward, rope_backward = (_backward_check(c, 8192) for c i
 fox_backward, path_backward, pathfox_backward = (_backward_check(c, 16384) for c in ("fox", "path", "pathfox"))
 
 
+def _linear_forms(chapter: str, dev, lead, T: int, D: int, seed: int) -> list:
+    """``[(name, triton form, matrix form, {argument: tensor})]``: the linear-side forms of ``chapter`` with a
+    backward pass and their inputs in call order (fp32 from float64 draws): DeltaNet's keys and the Householder
+    ``w`` of unit length, ``beta`` uniform in [0, 2), RetNet's ``gamma`` per head in [0.9, 0.999], log gates as
+    PaTH-FoX's checks draw them (per token) or ``logsigmoid(3 + N(0, 1))`` per channel."""
+    import importlib
+
+    mod = importlib.import_module(f"pathedu.{chapter}")
+    g = generator(dev, seed)
+    q, k, v, w = (torch.randn(*lead, T, D, device=dev, generator=g, dtype=F64).float() for _ in range(4))
+    k_unit, w = F.normalize(k, dim=-1), F.normalize(w, dim=-1)
+    beta = 2 * torch.rand(*lead, T, device=dev, generator=g, dtype=F64).float()
+    log_f = _pathfox_gates(dev, lead, T, seed)
+    per_channel = F.logsigmoid(3 + torch.randn(*lead, T, D, device=dev, generator=g, dtype=F64)).float()
+    gamma = torch.linspace(0.9, 0.999, lead[-1], device=dev).expand(lead).contiguous()
+    cases = {
+        "nope": [("linear", dict(q=q, k=k, v=v))],
+        "alibi": [("retnet", dict(q=q, k=k, v=v, gamma=gamma))],
+        "fox": [("gla", dict(q=q, k=k, v=v, log_f=log_f)), ("gla", dict(q=q, k=k, v=v, log_f=per_channel))],
+        "path": [("deltanet", dict(q=q, k=k_unit, v=v, beta=beta)), ("householder", dict(q=q, k=k, v=v, w=w, beta=beta))],
+        "pathfox": [("gated_deltanet", dict(q=q, k=k_unit, v=v, beta=beta, log_f=log_f)),
+                    ("gated_householder", dict(q=q, k=k, v=v, w=w, beta=beta, log_f=log_f))],
+    }[chapter]
+    return [(f"{form}_triton" + (" (channel gate)" if args.get("log_f") is per_channel else ""),
+             getattr(mod, f"{form}_triton"), getattr(mod, f"{form}_matrix"), args) for form, args in cases]
+
+
+def _linear_backward_section(rec, dev, chapter, *, T=2048, lead=(1, 2), D=64):
+    """bf16 gradients of every linear-side Triton form of ``chapter`` (every tensor argument) against float64
+    autograd through its matrix form, the same bf16-rounded inputs, by rel_rms within :data:`GRAD_LIMIT`: the check
+    of the linear side's training where fla's backward refuses to run (Gated DeltaNet, GLA with a gate per token
+    on Hopper with Triton 3.4-3.7.0) and of the others beside fla's."""
+    for name, kernel, matrix, args in _linear_forms(chapter, dev, lead, T, D, seed=T):
+        names = list(args)
+        do = torch.randn(*lead, T, D, device=dev, generator=generator(dev, 3), dtype=F64).to(BF16).float()
+        bf = {n: (x.to(BF16) if n in "qkv" else x) for n, x in args.items()}
+        get = _Lazy(bf16=lambda: _grads(kernel, bf, names, do),
+                    f64=lambda: _grads(lambda *a: per_slice64(matrix, *a), {n: x.float() for n, x in bf.items()},
+                                       names, do))
+        for n in names:
+            rec.compare(f"{name} backward", lambda n=n: (get("bf16")[n], get("f64")[n]),
+                        reference=f"float64 autograd {matrix.__name__}", metric="rel_rms", limit=GRAD_LIMIT,
+                        dtype=BF16, T=T, params=dict(grad=n))
+        get.clear()
+        if torch.device(dev).type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _linear_backward_check(chapter: str):
+    """``chapter``'s ``linear_backward`` section of :data:`CHECKS` (:func:`_linear_backward_section` at
+    ``lin_grad_T``, head dim ``D``)."""
+    def check(rec, dev, fla, *, lin_grad_T=2048, D=64, **_):
+        _linear_backward_section(rec, dev, chapter, T=lin_grad_T, D=D)
+
+    check.__name__ = check.__qualname__ = f"{chapter}_linear_backward"
+    return check
+
+
+nope_linear_backward, alibi_linear_backward, fox_linear_backward, path_linear_backward, pathfox_linear_backward = (
+    _linear_backward_check(c) for c in ("nope", "alibi", "fox", "path", "pathfox"))
+
+
 def _fla_backward(rec, dev, fla, chapter: str, fla_op: str, fla_fn, *, fla_T: int, fla_lead: tuple):
     """bf16 gradients of ``{chapter}_triton`` and of its flash-linear-attention peer ``fla_fn`` (same arguments),
     each against float64 autograd through ``{chapter}_matrix`` and against each other, by rel_rms within 0.01."""
@@ -1067,32 +1129,36 @@ def cope_robust(rec, dev, fla, *, T=4096, H=2, D=64, P=64, fp32_T=1024, **_):
 
 
 CHECKS = {
-    "nope": {"bench_sizes": nope_bench_sizes, "robust": nope_robust, "fp32": nope_fp32, "backward": nope_backward},
+    "nope": {"bench_sizes": nope_bench_sizes, "robust": nope_robust, "fp32": nope_fp32, "backward": nope_backward,
+             "linear_backward": nope_linear_backward},
     "alibi": {"robust": alibi_robust, "fla_fox": alibi_fla_fox, "fla_retention": alibi_fla_retention,
-              "fp32": alibi_fp32, "backward": alibi_backward},
+              "fp32": alibi_fp32, "backward": alibi_backward, "linear_backward": alibi_linear_backward},
     "fox": {"robust": fox_robust, "channel": fox_channel, "fp32": fox_fp32, "backward": fox_backward,
-            "fla_backward": fox_fla_backward},
+            "fla_backward": fox_fla_backward, "linear_backward": fox_linear_backward},
     "rope": {"robust": rope_robust, "trig": rope_trig, "prepass": rope_prepass, "backward": rope_backward},
     "path": {"small": path_small, "fla_path": path_fla_path, "fla_delta": path_fla_delta, "growth": path_growth,
-             "robust": path_robust, "backward": path_backward, "fla_backward": path_fla_backward},
+             "robust": path_robust, "backward": path_backward, "fla_backward": path_fla_backward,
+             "linear_backward": path_linear_backward},
     "pathfox": {"small": pathfox_small, "fla_pathfox": pathfox_fla_pathfox, "fla_gdn": pathfox_fla_gdn,
-                "robust": pathfox_robust, "backward": pathfox_backward, "fla_backward": pathfox_fla_backward},
+                "robust": pathfox_robust, "backward": pathfox_backward, "fla_backward": pathfox_fla_backward,
+                "linear_backward": pathfox_linear_backward},
     "stickbreaking": {"robust": stickbreaking_robust, "fla": stickbreaking_fla},
     "cope": {"robust": cope_robust},
 }
 
 # Tiny sizes for a CPU run in Triton's interpreter (a smoke test of this module, not a check of the kernels).
 SMOKE = {
-    "nope": dict(Ts=(40,), B=1, H=2, D=16, T=40, fp32_T=24, grad_T=24, grad_long_T=40),
-    "alibi": dict(T=40, B=1, D=16, fla_T=24, fp32_T=24, grad_T=24, grad_long_T=40),
-    "fox": dict(T=40, H=2, D=16, fp32_T=24, grad_T=24, grad_long_T=40, fla_T=24, fla_lead=(1, 1)),
+    "nope": dict(Ts=(40,), B=1, H=2, D=16, T=40, fp32_T=24, grad_T=24, grad_long_T=40, lin_grad_T=24),
+    "alibi": dict(T=40, B=1, D=16, fla_T=24, fp32_T=24, grad_T=24, grad_long_T=40, lin_grad_T=24),
+    "fox": dict(T=40, H=2, D=16, fp32_T=24, grad_T=24, grad_long_T=40, fla_T=24, fla_lead=(1, 1), lin_grad_T=24),
     "rope": dict(T=40, D=16, trig_T=8192, T_prepass=16, prepass_lead=(1, 2), grad_T=24, grad_long_T=40),
     "path": dict(plan=[("bfloat16", [((1, 1), 33, 16, 24)], [(1, "dense"), (2, "ut")]),
                        ("float32", [((1, 1), 1, 32, 16)], [(1, "dense")])],
                  fla_T=40, fla_lead=(1, 1), growth_Ts=(24,), growth_variants=("dense_x3prep",),
-                 robust_T=40, robust_H=1, D=16, grad_T=24, grad_long_T=40),
+                 robust_T=40, robust_H=1, D=16, grad_T=24, grad_long_T=40, lin_grad_T=24),
     "pathfox": dict(plan=[("bfloat16", [((1, 1), 33, 16, 24)]), ("float32", [((1, 1), 1, 32, 16)])],
-                    fla_T=40, fla_lead=(1, 1), robust_T=40, robust_H=1, D=16, grad_T=24, grad_long_T=40),
+                    fla_T=40, fla_lead=(1, 1), robust_T=40, robust_H=1, D=16, grad_T=24, grad_long_T=40,
+                    lin_grad_T=24),
     "stickbreaking": dict(T=40, H=1, D=16, fp32_T=24),
     "cope": dict(T=40, H=1, D=16, P=8, fp32_T=24),
 }
