@@ -367,11 +367,12 @@ class DeltaRule(torch.autograd.Function):
         (states,) = rest
         finite = torch.isfinite(k3)
         w3 = torch.where(finite, k3, 0).float()  # the transitions' keys, as the WY pass reads them
-        values = beta3[..., None] * v3.float()  # what each token writes: beta_t v_t
+        v32 = v3.float()  # read twice below: cast once
+        values = beta3[..., None] * v32  # what each token writes: beta_t v_t
         prep = ut_factors(x, w3, beta3, ctx.chunk)
         dq, dk, dvalues, dw, dbeta, dlog_f, dh0 = householder_backward(x, values, log_f3, prep, states, do, dht,
                                                                        ctx.chunk)
         dk = (dk.float() + torch.where(finite, dw, 0)).to(k3.dtype)  # k as a key and as the transitions' w
         dv = (beta3[..., None] * dvalues).to(v3.dtype)
-        dbeta = dbeta + (v3.float() * dvalues).sum(-1)
+        dbeta = dbeta + (v32 * dvalues).sum(-1)
         return dq, dk, dv, dbeta, dlog_f, dh0 if ctx.has_h0 else None, None, None, None, None
