@@ -5,8 +5,8 @@
 
 The labs are the notebooks ``NN_<name>_lab.ipynb`` of the repository's ``notebooks/`` folder; they are not part of
 the installed package.  Run from a clone, ``student`` finds them there; after ``pip install`` point it at that
-folder of a clone with ``--labs DIR``.  Grading needs ``nbformat`` and IPython, which
-``pip install "pathedu[course]"`` installs (from a clone: ``pip install ".[course]"``).
+folder of a clone with ``--labs DIR``.  Grading needs ``nbformat`` and IPython, which the ``course`` extra
+installs (from a clone: ``pip install ".[course]"``).
 
 A lab's exercise is four cells: the task (Markdown), a stub that raises ``NotImplementedError`` and calls the
 chapter's check (which prints ``Not yet [...]`` without raising), a solution cell tagged ``solution`` (and
@@ -168,13 +168,27 @@ def _no_labs_message(folder: Path) -> str:
             "command finds them by itself).")
 
 
+def _find_lab(name, folder: Path) -> Path:
+    """A notebook named on the command line: a path to a file, or a lab of ``folder`` by its file name, with or
+    without ``.ipynb``, or by the start of it (``01`` is ``01_nope_linear_lab.ipynb``); ``ValueError`` naming
+    ``notebooks`` when none or several match."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    matches = [p for p in labs(folder) if p.name in (str(name), f"{name}.ipynb") or p.name.startswith(str(name))]
+    if len(matches) != 1:
+        found = "several labs: " + ", ".join(p.name for p in matches) if matches else "no such file and no lab"
+        raise ValueError(f"notebooks: {name!r} matches {found} in {folder}")
+    return matches[0]
+
+
 def student(outdir: Path = DEFAULT_OUT, notebooks=None, *, labs_dir: Path | None = None) -> list[Path]:
     """Write a student copy of every lab in ``labs_dir`` (default :data:`LABS_DIR`; or of the files ``notebooks``)
     into ``outdir``; returns the paths written.  :class:`LabsNotFound` when there is no lab to copy; ``ValueError``
     when ``outdir`` is the labs' own folder."""
     outdir = Path(outdir)
     folder = Path(LABS_DIR if labs_dir is None else labs_dir)
-    sources = [Path(p) for p in notebooks] if notebooks else labs(folder)
+    sources = [_find_lab(p, folder) for p in notebooks] if notebooks else labs(folder)
     if not sources:
         raise LabsNotFound(_no_labs_message(folder))
     if outdir.resolve() in {LABS_DIR.resolve(), folder.resolve()}:
@@ -1013,7 +1027,8 @@ def main(argv=None) -> int:
     s.add_argument("outdir", nargs="?", default=str(DEFAULT_OUT))
     s.add_argument("--labs", help="the folder of lab notebooks: a clone's notebooks/ (default: the clone this "
                                   "package runs from)")
-    s.add_argument("--notebooks", nargs="*", help="only these notebooks (default: every lab)")
+    s.add_argument("--notebooks", nargs="*", help="only these notebooks: paths, or labs by name or its start, "
+                                                  "e.g. 01 (default: every lab)")
     g = sub.add_parser("grade", help="grade the students' notebooks (runs their code!) and write a CSV of verdicts",
                        description=GRADE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     g.add_argument("submissions", help="folder of submitted notebooks (one folder per student, or one file each)")

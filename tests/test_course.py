@@ -399,3 +399,19 @@ def test_partial_credit_and_the_new_kinds_are_graded_and_totalled(tmp_path):
     assert "pathedu.nope.linear_recurrent" in rows["cid", "ch01.4"]["message"]
     assert got("dan", 4) == ("predict", "Not yet", "0", "1")  # the check's own truth, read through pathedu
     assert "pathedu.exercises.ch01._state_shape" in rows["dan", "ch01.4"]["message"]
+
+
+def test_student_finds_a_lab_by_its_name_or_its_start_and_refuses_an_unknown_one(tmp_path):
+    """``--notebooks 01`` and ``--notebooks 01_nope_linear_lab`` name the lab of notebooks/; a name that matches no
+    lab (or several) is a ValueError naming the argument, raised before the output folder is made."""
+    from pathedu import course
+
+    first = course.labs()[0]
+    for name in (first.name[:2], first.stem, first.name, str(first)):
+        out = tmp_path / f"by_{len(name)}"
+        assert [p.name for p in course.student(out, [name])] == [first.name]
+    for bad in ("no_such_lab", "1"):  # no lab; two labs (10_, 11_)
+        out = tmp_path / "bad"
+        with pytest.raises(ValueError, match="notebooks"):
+            course.student(out, [bad])
+        assert not out.exists()
