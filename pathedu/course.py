@@ -175,7 +175,7 @@ def _find_lab(name, folder: Path) -> Path:
     path = Path(name)
     if path.is_file():
         return path
-    matches = [p for p in labs(folder) if p.name in (str(name), f"{name}.ipynb") or p.name.startswith(str(name))]
+    matches = [p for p in labs(folder) if p.name.startswith(str(name))]  # the whole name starts it too
     if len(matches) != 1:
         found = "several labs: " + ", ".join(p.name for p in matches) if matches else "no such file and no lab"
         raise ValueError(f"notebooks: {name!r} matches {found} in {folder}")

@@ -835,6 +835,17 @@ def _grads(fn, args, names, do):
     return {**dict(zip(names, grads)), "out": out.detach()}
 
 
+def _bf16_qkv(args: dict) -> dict:
+    """``args`` with ``q, k, v`` rounded to bf16 (the other arguments, fp32, as given): a bf16 run's inputs."""
+    return {n: (x.to(BF16) if n in "qkv" else x) for n, x in args.items()}
+
+
+def _grads64(matrix, args: dict, names, do):
+    """:func:`_grads` of the matrix form ``matrix`` in float64 (:func:`per_slice64`) on ``args``' numbers, the
+    reference of every gradient check (a bf16 run's rounded inputs give the same numbers in fp32)."""
+    return _grads(lambda *a: per_slice64(matrix, *a), {n: x.float() for n, x in args.items()}, names, do)
+
+
 def _backward_inputs(dev, chapter, lead, T, D, seed, *, strong=False):
     """``{name: tensor}`` in call order for a softmax-side form: q, k, v (fp32 from float64 draws) and the
     chapter's extra arguments (fp32): ALiBi slopes; FoX log gates (``strong``: 5% of tokens down to -20);
@@ -878,11 +889,11 @@ def _backward_section(rec, dev, chapter, *, T=1024, long_T=8192, lead=(1, 2), D=
         # The output's gradient, rounded to bf16 for every run: the bf16 run gets it in bf16, and the others
         # must see the same numbers (the slope's gradient, a sum with much cancellation, would show the rounding).
         do = torch.randn(*lead, T_case, D, device=dev, generator=generator(dev, 1), dtype=F64).to(BF16).float()
-        bf = {n: (x.to(BF16) if n in "qkv" else x) for n, x in args.items()}
+        bf = _bf16_qkv(args)
         as32 = {n: x.float() for n, x in bf.items()}  # the bf16-rounded numbers, in fp32
         params = _strong_label(chapter, strong)
         get = _Lazy(bf16=lambda: _grads(kernel, bf, names, do), fp32=lambda: _grads(kernel, as32, names, do),
-                    f64=lambda: _grads(lambda *a: per_slice64(matrix, *a), as32, names, do))
+                    f64=lambda: _grads64(matrix, as32, names, do))
 
         if chapter in ("path", "pathfox") and T_case <= 4096:
             # A forward to be differentiated runs on the backward's schedule, not the scan: its output too.
@@ -959,10 +970,8 @@ def _linear_backward_section(rec, dev, chapter, *, T=2048, lead=(1, 2), D=64):
     for name, kernel, matrix, args in _linear_forms(chapter, dev, lead, T, D, seed=T):
         names = list(args)
         do = torch.randn(*lead, T, D, device=dev, generator=generator(dev, 3), dtype=F64).to(BF16).float()
-        bf = {n: (x.to(BF16) if n in "qkv" else x) for n, x in args.items()}
-        get = _Lazy(bf16=lambda: _grads(kernel, bf, names, do),
-                    f64=lambda: _grads(lambda *a: per_slice64(matrix, *a), {n: x.float() for n, x in bf.items()},
-                                       names, do))
+        bf = _bf16_qkv(args)
+        get = _Lazy(bf16=lambda: _grads(kernel, bf, names, do), f64=lambda: _grads64(matrix, bf, names, do))
         for n in names:
             rec.compare(f"{name} backward", lambda n=n: (get("bf16")[n], get("f64")[n]),
                         reference=f"float64 autograd {matrix.__name__}", metric="rel_rms", limit=GRAD_LIMIT,
@@ -998,10 +1007,9 @@ def _fla_backward(rec, dev, fla, chapter: str, fla_op: str, fla_fn, *, fla_T: in
     args = _backward_inputs(dev, chapter, fla_lead, fla_T, 64, seed=fla_T)
     names = list(args)
     do = torch.randn(*fla_lead, fla_T, 64, device=dev, generator=generator(dev, 2), dtype=F64).to(BF16).float()
-    bf = {n: (x.to(BF16) if n in "qkv" else x) for n, x in args.items()}
+    bf = _bf16_qkv(args)
     get = _Lazy(ours=lambda: _grads(kernel, bf, names, do), fla=lambda: _grads(fla_fn, bf, names, do),
-                ref=lambda: _grads(lambda *a: per_slice64(matrix, *a), {n: x.float() for n, x in bf.items()},
-                                   names, do))
+                ref=lambda: _grads64(matrix, bf, names, do))
     reference = f"float64 autograd {chapter}_matrix"
     for n in names:
         for a, b, ref_name in (("ours", "ref", reference), ("fla", "ref", reference),
