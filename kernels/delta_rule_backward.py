@@ -27,7 +27,8 @@ Three launches and the UT pass's own backward:
 
 DeltaNet's forward keeps its WY form (two stored factors instead of four); its backward makes the UT factors with
 ``w = k`` (a non-finite ``k_t`` replaced by 0 in the transitions, as the WY pass does) and adds the ``w`` role's
-gradient to ``dk``; the values ``beta v`` give ``dv = beta dV`` and ``dbeta += v . dV``.
+gradient to ``dk``; the values ``beta v`` give ``dv = beta dV`` and ``dbeta += v . dV``, both made in the chunk
+kernel, which scales ``v`` by ``beta`` as it loads it (no ``beta v`` in memory, no pass over ``dV`` after it).
 
 The gate.  ``log_f[s]`` of a chunk enters ``b_i`` for ``i >= s``, so it weighs every term that spans it: the row
 terms ``i >= s`` (``q~_i . dq~_i``), the in-chunk pairs ``j < s <= i`` (``dÃ_ij Ã_ij``), the writes ``j < s``
@@ -105,18 +106,21 @@ def _hh_bwd_state(QT, GM, DO, LOG_F, DHT, DH, DH0, T, stride_pb, stride_pt, stri
 
 
 @triton.jit
-def _hh_bwd_chunk(QT, KT, AD, GM, V, DO, LOG_F, STATES, DH, DQT, DKT, DAD, DG, DV, DLOG_F, DSTATE, T,
+def _hh_bwd_chunk(QT, KT, AD, GM, V, BETA, DO, LOG_F, STATES, DH, DQT, DKT, DAD, DG, DV, DBETA_V, DLOG_F, DSTATE, T,
                   stride_pb, stride_pt, stride_ab, stride_at, stride_gb, stride_gj, stride_vb, stride_vt,
                   stride_ob, stride_ot, stride_dvb, stride_dvt,
                   HEAD_DIM: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                  BLOCK_G: tl.constexpr, CHUNK: tl.constexpr, GATED: tl.constexpr, PRECISION: tl.constexpr,
-                  SUM_PRECISION: tl.constexpr):
+                  BLOCK_G: tl.constexpr, CHUNK: tl.constexpr, GATED: tl.constexpr, BETA_V: tl.constexpr,
+                  PRECISION: tl.constexpr, SUM_PRECISION: tl.constexpr):
     """One chunk's gradients (the module docstring's equations), grid ``(NC, BH, 2 + cdiv(D, BLOCK_G))``, the value
     channels ``BLOCK_DV`` at a time, in three roles (the third program index).  Role 0: ``dQ~, dK~`` (``DQT, DKT``,
     fp32, laid out as ``QT``), ``dÃ`` (``DAD``, as ``AD``, zero above the diagonal) and with ``GATED`` the row, pair
     and write terms of the gradient of ``log_f`` (``DLOG_F``, fp32 ``(BH, T)``).  Role 1: ``dV`` (``(BH, T, Dv)``).
     Role ``r >= 2``: ``BLOCK_G`` rows of ``dG`` (``DG``, as ``GM``) and their part of the carried state's term
-    (``DSTATE``, fp32 ``(BH, NC, roles - 2)``).  ``STATES``, ``DH``: the states entering and the gradients leaving
+    (``DSTATE``, fp32 ``(BH, NC, roles - 2)``).  ``BETA_V`` (DeltaNet): the values written are ``beta_t v_t``, made
+from ``V`` and ``BETA`` (fp32 ``(BH, T)``) on load rather than stored; role 1 then stores ``beta_t dV_t`` in ``DV``
+(``V``'s dtype) and ``v_t . dV_t``, the values' share of ``beta``'s gradient, in ``DBETA_V`` (fp32 ``(BH, T)``).
+``STATES``, ``DH``: the states entering and the gradients leaving
     every chunk (fp32 ``(BH, NC, D, Dv)``).  Compiled for Hopper (Triton 3.9, offline), one program holding every
     tile spilled: 320 bytes a thread at ``D = C = 64`` with ``dG`` in it, 744 at ``D = 128`` with ``dV`` in it (8
     warps); split so, none.  ``SUM_PRECISION``: the one product that sums gradient pieces for the gate (``"ieee"`` or
@@ -145,6 +149,8 @@ def _hh_bwd_chunk(QT, KT, AD, GM, V, DO, LOG_F, STATES, DH, DQT, DKT, DAD, DG, D
         for dv0 in tl.static_range(0, HEAD_DV, BLOCK_DV):
             offs_dv = dv0 + tl.arange(0, BLOCK_DV)
             v = load_rows(V + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)  # [C, BDV]
+            if BETA_V:
+                v = v * tl.load(BETA + bh * T + offs_t, mask=offs_t < T, other=0.0)[:, None]
             do = load_rows(DO + bh * stride_ob, offs_t, offs_dv, stride_ot, T, HEAD_DV, True, True)  # [C, BDV]
             # H_in^T and dH_out^T [BDV, BD], read transposed from memory
             t_offs = offs_dv[:, None] + offs_d[None, :] * HEAD_DV
@@ -184,13 +190,22 @@ def _hh_bwd_chunk(QT, KT, AD, GM, V, DO, LOG_F, STATES, DH, DQT, DKT, DAD, DG, D
             at = at * tl.exp(tl.where(later, b[None, :] - b[:, None], float("-inf")))
             kd = kd * tl.exp(b_last - b)[:, None]  # key j's weight in the chunk's write
         at = tl.where(later, at, 0.0)  # a select: NaN and inf above the diagonal stay out
+        if BETA_V:
+            beta = tl.load(BETA + bh * T + offs_t, mask=offs_t < T, other=0.0)  # [C]
+            v_dv = tl.zeros([CHUNK], dtype=tl.float32)  # v_t . dV_t
         for dv0 in tl.static_range(0, HEAD_DV, BLOCK_DV):
             offs_dv = dv0 + tl.arange(0, BLOCK_DV)
             do = load_rows(DO + bh * stride_ob, offs_t, offs_dv, stride_ot, T, HEAD_DV, True, True)  # [C, BDV]
             dh_out = tl.load(DH + base + offs_d[:, None] * HEAD_DV + offs_dv[None, :],
                              mask=in_d[:, None] & (offs_dv[None, :] < HEAD_DV), other=0.0)  # [BD, BDV]
-            dv = bdot(at, do, PRECISION) + bdot(kd, dh_out, PRECISION)
+            dv = bdot(at, do, PRECISION) + bdot(kd, dh_out, PRECISION)  # [C, BDV]: the gradient of what is written
+            if BETA_V:
+                v = load_rows(V + bh * stride_vb, offs_t, offs_dv, stride_vt, T, HEAD_DV, True, True)  # [C, BDV]
+                v_dv += tl.sum(v * dv, axis=1)
+                dv = dv * beta[:, None]
             store_rows(DV + bh * stride_dvb, dv, offs_t, offs_dv, stride_dvt, T, HEAD_DV)
+        if BETA_V:
+            tl.store(DBETA_V + bh * T + offs_t, v_dv, mask=offs_t < T)
     else:
         # rows r0 .. r0 + BLOCK_G of dG = e^{b_last} dH_out H_in^T, summed over the value channels
         offs_r = (role - 2) * BLOCK_G + tl.arange(0, BLOCK_G)
@@ -220,12 +235,14 @@ def _hh_bwd_chunk(QT, KT, AD, GM, V, DO, LOG_F, STATES, DH, DQT, DKT, DAD, DG, D
                      tl.exp(b_last) * hdh + tl.sum(tl.sum(g * dg, axis=1), axis=0))
 
 
-def householder_backward(x: Flat, v3, log_f3, prep: Prepared, states, do, dht, chunk: int):
+def householder_backward(x: Flat, v3, log_f3, prep: Prepared, states, do, dht, chunk: int, beta_v=None):
     """Launches 2 and 3 of the backward and the UT pass's backward, on validated inputs: ``x`` (``q, k``), ``v3``
     (the values, ``(BH, T, Dv)``), ``log_f3`` (fp32 ``(BH, T)`` or None), ``prep`` (the UT factors of chunks of
     ``chunk`` tokens, ``keep_inverse``), ``states`` (fp32 ``(BH, NC, D, Dv)``, the forward's), ``do`` (``(BH, T,
     Dv)`` or None: 0), ``dht`` (fp32 ``(BH, D, Dv)`` or None: 0).  Returns ``dq, dk`` (compute dtype), ``dv`` (``v3``'s
-    dtype), ``dw, dbeta`` (fp32), ``dlog_f`` (fp32 ``(BH, T)`` or None) and ``dh0`` (fp32 ``(BH, D, Dv)``)."""
+    dtype), ``dw, dbeta`` (fp32), ``dlog_f`` (fp32 ``(BH, T)`` or None) and ``dh0`` (fp32 ``(BH, D, Dv)``).
+    ``beta_v`` (DeltaNet, fp32 ``(BH, T)``): the values written are ``beta_v[t] v3[t]``, scaled in the kernel; ``dv`` is
+    then the gradient of ``v3`` and ``dbeta`` holds the values' share of ``beta_v``'s gradient too."""
     n, BH = x.n, x.BH
     T, D, Dv = n.T, n.D, n.Dv
     n_chunks = triton.cdiv(T, chunk)
@@ -238,6 +255,7 @@ def householder_backward(x: Flat, v3, log_f3, prep: Prepared, states, do, dht, c
     dad = torch.zeros_like(prep.ad)
     dg = torch.zeros_like(prep.g, dtype=torch.float32)
     dv = torch.empty_like(v3)
+    dbeta_v = None if beta_v is None else torch.empty(BH, T, **f32)
     dlog_f = None if log_f3 is None else torch.empty(BH, T, **f32)
     precision = backward_precision(x.dtype)
     block_d, block_dv = next_pow2(D), min(next_pow2(Dv), 64)
@@ -257,12 +275,13 @@ def householder_backward(x: Flat, v3, log_f3, prep: Prepared, states, do, dht, c
     n_g = triton.cdiv(D, block_g)
     dstate = torch.empty(BH, n_chunks, n_g, **f32) if gated else dh0
     _hh_bwd_chunk[(n_chunks, BH, 2 + n_g)](
-        QT=prep.qt, KT=prep.kt, AD=prep.ad, GM=prep.g, V=v3, DO=do, LOG_F=log_f, STATES=states, DH=dh,
-        DQT=dqt, DKT=dkt, DAD=dad, DG=dg, DV=dv, DLOG_F=dh0 if dlog_f is None else dlog_f, DSTATE=dstate,
+        QT=prep.qt, KT=prep.kt, AD=prep.ad, GM=prep.g, V=v3, BETA=dh0 if beta_v is None else beta_v, DO=do,
+        LOG_F=log_f, STATES=states, DH=dh, DQT=dqt, DKT=dkt, DAD=dad, DG=dg, DV=dv,
+        DBETA_V=dh0 if dbeta_v is None else dbeta_v, DLOG_F=dh0 if dlog_f is None else dlog_f, DSTATE=dstate,
         T=T,
         **row_strides(p=prep.qt, a=prep.ad, v=v3, o=do, dv=dv), stride_gb=prep.g.stride(0), stride_gj=prep.g.stride(1),
         HEAD_DIM=D, HEAD_DV=Dv, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_G=block_g, CHUNK=chunk, GATED=gated,
-        PRECISION=precision, SUM_PRECISION="ieee" if interpreting() else "x3n", num_warps=8 if D > 32 else 4,
+        BETA_V=beta_v is not None, PRECISION=precision, SUM_PRECISION="ieee" if interpreting() else "x3n", num_warps=8 if D > 32 else 4,
     )
     if gated:  # the carried state's term, the same for every token of a chunk
         dlog_f += dstate.sum(-1).repeat_interleave(chunk, dim=1)[:, :T]
@@ -270,6 +289,8 @@ def householder_backward(x: Flat, v3, log_f3, prep: Prepared, states, do, dht, c
     q3, k3, w3, beta3 = prep._args[:4]
     # gated: e^{b_i - b_j} in dÃ spans more than one fp16 tile holds (ut_prepare_backward's wide_range)
     dq, dk, dw, dbeta = ut_prepare_backward(q3, k3, w3, beta3, prep, dqt, dkt, dad, dg, wide_range=gated)
+    if dbeta_v is not None:
+        dbeta += dbeta_v
     return dq, dk, dv, dw, dbeta, dlog_f, dh0
 
 
@@ -367,12 +388,9 @@ class DeltaRule(torch.autograd.Function):
         (states,) = rest
         finite = torch.isfinite(k3)
         w3 = torch.where(finite, k3, 0).float()  # the transitions' keys, as the WY pass reads them
-        v32 = v3.float()  # read twice below: cast once
-        values = beta3[..., None] * v32  # what each token writes: beta_t v_t
         prep = ut_factors(x, w3, beta3, ctx.chunk)
-        dq, dk, dvalues, dw, dbeta, dlog_f, dh0 = householder_backward(x, values, log_f3, prep, states, do, dht,
-                                                                       ctx.chunk)
+        # each token writes beta_t v_t: the chunk kernel scales v on load and returns v's gradient, dbeta's share
+        dq, dk, dv, dw, dbeta, dlog_f, dh0 = householder_backward(x, v3, log_f3, prep, states, do, dht, ctx.chunk,
+                                                                  beta_v=beta3)
         dk = (dk.float() + torch.where(finite, dw, 0)).to(k3.dtype)  # k as a key and as the transitions' w
-        dv = (beta3[..., None] * dvalues).to(v3.dtype)
-        dbeta = dbeta + (v32 * dvalues).sum(-1)
         return dq, dk, dv, dbeta, dlog_f, dh0 if ctx.has_h0 else None, None, None, None, None

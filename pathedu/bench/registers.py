@@ -125,6 +125,13 @@ KERNELS.update({  # the same at the head dims that keep tf32 products (ut_prepar
     f"{name} (D = {d}, tf32n)": ("ut_prepare", name, dict(HEAD_DIM=d, BLOCK_D=d, BT=64, PRECISION="tf32n"),
                                  ("Q", "K"), 4)
     for d in (16, 32) for name in ("_ut_bwd_aw", "_ut_bwd_scores", "_ut_bwd_qk", "_ut_bwd_w_inverse")})
+KERNELS.update({  # the delta rule's chunk gradients (delta_rule_backward): the Householder RNN's values as given,
+    # DeltaNet's made as beta v on load, with and without the gate; 16-bit v, dO and dV, fp32 UT factors and states
+    f"_hh_bwd_chunk ({label})": ("delta_rule_backward", "_hh_bwd_chunk",
+                                 dict(_D, HEAD_DV=64, BLOCK_DV=64, BLOCK_G=32, CHUNK=64, GATED=gated, BETA_V=beta_v,
+                                      PRECISION="tf32n", SUM_PRECISION="x3n"), ("V", "DO", "DV"), 8)
+    for label, gated, beta_v in (("Householder RNN", False, False), ("DeltaNet", False, True),
+                                 ("Gated DeltaNet", True, True))})
 _BWD = {k: v for k, v in _FLASH.items() if k not in ("STORE_LSE", "ROTATE")}  # the backward has neither
 KERNELS.update({  # the attention backward passes, with the autotuner's tiles (flash_attention and path_attention's
     # _BWD_CONFIGS): 16-bit q, k, v, dO, fp16 meeting-point rows X for PaTH, fp32 statistics and accumulators
