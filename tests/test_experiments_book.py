@@ -204,6 +204,48 @@ def test_two_mqrar_records_share_one_axis(tiny):
     assert plt.get_fignums() == open_before, "a refused call draws nothing"
 
 
+
+def test_mqrar_mean_table_has_a_row_per_mixer_and_n_with_every_seed_and_the_mean(tiny):
+    """Chapter 9's table at the paper's settings (pathedu/data/exp_mqrar_paper.json): one row per mixer and N, each
+    seed's accuracy straight from its run, the mean as the record's summary has it, the paper's words on a mixer's
+    first row; a seed that did not run is a dash and the mean is over the seeds that ran."""
+    import copy
+    from pathlib import Path
+
+    record = plots.load("mqrar", Path(plots.__file__).parents[1] / "data" / "exp_mqrar_paper.json")
+    mixers, ns, seeds = (record["config"][k] for k in ("mixers", "n_backs", "seeds"))
+    text = plots.mqrar_mean_table([(plots.label(m), record, m) for m in mixers], paper={"path": "no loss"})
+    lines = text.splitlines()
+    assert lines[0] == "| mixer | N | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | paper |"
+    body = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+    assert len(body) == len(mixers) * len(ns)
+    for i, (m, n) in enumerate((m, n) for m in mixers for n in ns):
+        row = body[i]
+        assert row[0] == (plots.label(m) if n == ns[0] else "") and row[1] == str(n)
+        by_seed = {r["seed"]: r["final"]["accuracy"] for r in record["runs"] if r["mixer"] == m and r["n_back"] == n}
+        assert row[2:2 + len(seeds)] == [f"{by_seed[s]:.3f}" for s in seeds]
+        assert row[2 + len(seeds)] == f"{record['summary']['accuracy'][m][str(n)]['mean']:.3f}"
+        assert row[-1] == ("no loss" if (m, n) == ("path", ns[0]) else "-" if n == ns[0] else "")
+    assert "| paper |" not in plots.mqrar_mean_table([("x", record, mixers[0])])
+
+    rec = copy.deepcopy(tiny["mqrar"])
+    mixer, n, seed = rec["runs"][0]["mixer"], rec["runs"][0]["n_back"], rec["runs"][0]["seed"]
+    rec["runs"] = [r for r in rec["runs"] if (r["mixer"], r["n_back"], r["seed"]) != (mixer, n, seed)]
+    rest = [r["final"]["accuracy"] for r in rec["runs"] if (r["mixer"], r["n_back"]) == (mixer, n)]
+    table = plots.mqrar_mean_table([("m", rec, mixer)], n_backs=[n], fmt="{:.6f}".format)
+    cells = [c.strip() for c in table.splitlines()[2].strip("|").split("|")]
+    order = sorted({r["seed"] for r in tiny["mqrar"]["runs"]})
+    assert cells[2 + order.index(seed)] == "-"
+    assert cells[-1] == (f"{sum(rest) / len(rest):.6f}" if rest else "-")
+    with pytest.raises(ValueError, match="`parts`"):
+        plots.mqrar_mean_table([])
+    with pytest.raises(TypeError, match="`paper`"):
+        plots.mqrar_mean_table([("m", rec, mixer)], paper=["no loss"])
+    with pytest.raises(ValueError, match="no run of 'cope'"):
+        plots.mqrar_mean_table([("m", rec, "cope")])
+    with pytest.raises(ValueError, match="`record` is from experiment"):
+        plots.mqrar_mean_table([("m", tiny["word_problem"], mixer)])
+
 def test_combine_keeps_the_selected_runs_and_recomputes_the_summary(tiny):
     """Chapter 9 reads runs of several series side by side: ``combine`` keeps exactly the selected runs, says how
     many came from each part, and summarises them as the experiment does; mixed experiments are refused."""

@@ -22,6 +22,7 @@ that every number on the page comes from a file and none is typed by hand.
 * :func:`flipflop_seed_table`, :func:`plot_flipflop_seeds` -- flip-flop rows taken from several records (each row
   one mixer of one record, e.g. a variant with a convolution on ``w``), every seed and the paper beside them.
 * :func:`word_problem_table`, :func:`mqrar_seed_table` -- the other two tasks the same way.
+* :func:`mqrar_mean_table` -- MQRAR-N with one row per mixer and N: every seed, the mean, the paper's words.
 * :func:`plot_gradient_agreement` -- the kernels' gradient against the matrix form's along training runs, beside
   their accuracy.
 
@@ -40,6 +41,7 @@ __all__ = ["LABELS", "SPLITS", "label", "load", "flipflop_rows", "format_flipflo
            "plot_min_layers", "word_problem_grid", "make_word_problem_grid", "mqrar_accuracies",
            "plot_mqrar", "plot_histories", "plot_grad_checks", "describe", "markdown_table", "seed_cell",
            "flipflop_seed_table", "plot_flipflop_seeds", "word_problem_table", "mqrar_seed_table",
+           "mqrar_mean_table",
            "plot_gradient_agreement"]
 
 LABELS = {"nope": "NoPE", "alibi": "ALiBi", "fox": "FoX", "rope": "RoPE", "path": "PaTH", "pathfox": "PaTH-FoX",
@@ -671,6 +673,39 @@ def mqrar_seed_table(parts, n_backs=(1, 2, 3, 4), fmt="{:.2f}".format) -> str:
     return markdown_table(["mixer", "conv.", "seed", *[f"N = {n}" for n in n_backs]], rows,
                           ["l", "l", "r"] + ["r"] * len(n_backs))
 
+
+
+def mqrar_mean_table(parts, n_backs=(1, 2, 3, 4), fmt="{:.3f}".format, paper=None) -> str:
+    """MQRAR-N accuracy as a Markdown table with one row per mixer and N: every seed in its own column (``"-"``
+    where that seed did not run), then the mean over the seeds that ran.  ``parts``: ``(row name, record, mixer)``;
+    seeds are the union over the parts; the name is written on a part's first row only.  ``paper``: an optional
+    ``{mixer: text}``, what the paper says of that mixer, written in a last column on its first row (``"-"`` for
+    a mixer it does not name); without it the table has no such column."""
+    parts = list(parts)
+    if not parts:
+        raise ValueError("`parts` is empty: nothing to tabulate")
+    if paper is not None and not isinstance(paper, dict):
+        raise TypeError(f"`paper` must be a dict {{mixer: text}} or None, got {type(paper).__name__}")
+    finals = []
+    for name, record, mixer in parts:
+        record = _check_record(record, "mqrar")
+        final = {(r["seed"], r["n_back"]): r["final"]["accuracy"] for r in record["runs"] if r["mixer"] == mixer}
+        if not final:
+            raise ValueError(f"the record has no run of {mixer!r}")
+        finals.append((name, mixer, final))
+    seeds = sorted({s for _, _, final in finals for s, _ in final})
+    rows = []
+    for name, mixer, final in finals:
+        for i, n in enumerate(n_backs):
+            vals = [final.get((s, n)) for s in seeds]
+            ran = [v for v in vals if v is not None]
+            row = [name if i == 0 else "", n, *("-" if v is None else fmt(v) for v in vals),
+                   fmt(sum(ran) / len(ran)) if ran else "-"]
+            if paper is not None:
+                row.append(paper.get(mixer, "-") if i == 0 else "")
+            rows.append(row)
+    header = ["mixer", "N", *[f"seed {s}" for s in seeds], "mean"] + (["paper"] if paper is not None else [])
+    return markdown_table(header, rows, ["l", "r"] + ["r"] * (len(seeds) + 1) + (["l"] if paper is not None else []))
 
 def plot_gradient_agreement(groups, fig=None):
     """Left: along each run, the error of the gradient it trained with relative to the error of the matrix form
