@@ -261,6 +261,28 @@ def ch09_mqrar_conv(out) -> None:
     _save(fig, out)
 
 
+
+def ch09_mqrar_paper(out) -> None:
+    """MQRAR-N at the PaTH paper's settings, three seeds (RoPE, stick-breaking, FoX, PaTH and PaTH-FoX with the
+    paper's w), from the committed GPU record."""
+    from pathedu.experiments import plots
+
+    record = plots.load("mqrar", path=Path(plots.__file__).parents[1] / "data" / "exp_mqrar_paper.json")
+    acc = plots.mqrar_accuracies(record)
+    upto = lambda m, ns: [a for n in ns for a in acc[m, n]]
+    with_w = upto("path", (1, 2, 3, 4)) + upto("pathfox", (1, 2, 3, 4))
+    assert sum(a >= 0.97 for a in with_w) == 23 and round(min(with_w), 2) == 0.69  # the slide's bullets
+    assert min(upto("fox", (1,)) + upto("stickbreaking", (1,))) > 0.999
+    assert 0.88 < min(upto("fox", (2,))) and max(upto("fox", (2,))) < 0.91 and max(upto("fox", (3, 4))) < 0.02
+    assert max(upto("stickbreaking", (2, 3, 4))) < 0.01 and max(upto("rope", (1, 2, 3, 4))) < 0.04
+    soft = plots.load("mqrar", path=Path(plots.__file__).parents[1] / "data" / "exp_mqrar_softmax_conv.json")
+    rope_conv = [plots.mqrar_accuracies(soft)["rope", n][0] for n in (1, 2, 3, 4)]
+    assert [round(a, 3) for a in rope_conv[1:]] == [0.995, 0.629, 0.297] and rope_conv[0] > 0.9995  # the note
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    plots.plot_mqrar(record, ax=ax, mixers=["rope", "stickbreaking", "fox", "path", "pathfox"])
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    _save(fig, out)
+
 FIGURES = {f.__name__: f for f in (ch01_decay, ch02_decay, ch03_gates, ch04_kernel, ch05_rectangle,
                                     ch07_split, ch08_six, ch09_word_problem, ch09_min_layers, ch09_mqrar,
-                                    ch09_mqrar_conv)}
+                                    ch09_mqrar_conv, ch09_mqrar_paper)}
