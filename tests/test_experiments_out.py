@@ -59,3 +59,21 @@ def test_the_python_api_writes_a_new_file_here_too(tmp_path, monkeypatch):
     with pytest.raises(FileExistsError, match="--overwrite"):
         run_experiment("flipflop", config=config, device="cpu", progress=False, out=tmp_path / "exp_flipflop.json",
                        overwrite=False)
+
+
+def test_timing_writes_one_row_per_shape_and_form_and_never_over_a_file(tmp_path):
+    """``python -m pathedu.experiments.timing NAME --forms A B --out FILE``: each shape timed in each form asked, the
+    form it ran in recorded beside the one asked, the command in the meta; a second run to the same file refuses."""
+    from pathedu.experiments.timing import main as timing_main
+
+    out = tmp_path / "timing.json"
+    args = ["mqrar", "--tiny", "--mixers", "linear", "--forms", "chunked", "matrix", "--steps", "1", "--warmup", "0",
+            "--device", "cpu", "--out", str(out)]
+    timing_main(args)
+    data = json.loads(out.read_text())
+    assert [(r["mixer"], r["asked"], r["form"]) for r in data["rows"]] == [("linear", "chunked", "chunked"),
+                                                                          ("linear", "matrix", "matrix")]
+    assert data["meta"]["command"].endswith(" ".join(args)) and data["meta"]["experiment"] == "mqrar"
+    assert all(r["step_s"] > 0 for r in data["rows"])
+    with pytest.raises(SystemExit):
+        timing_main(args)

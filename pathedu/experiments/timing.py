@@ -1,15 +1,22 @@
 """Step times of an experiment's runs, and the whole experiment's time estimated from them.
 
-``python -m pathedu.experiments.timing NAME [--tiny] [--mixers ...] [--device DEV] [--steps N] [--set KEY=JSON]``
-times ``--steps`` training steps (after ``--warmup`` untimed ones, which absorb Triton's
-compilation and autotuning) of every distinct model/shape of the experiment's configuration and
+``python -m pathedu.experiments.timing NAME [--tiny] [--mixers ...] [--forms ...] [--device DEV] [--steps N]
+[--set KEY=JSON] [--out FILE]`` times ``--steps`` training steps (after ``--warmup`` untimed ones, which absorb
+Triton's compilation and autotuning) of every distinct model/shape of the experiment's configuration and
 prints one JSON line per shape, then the estimate: the sum over runs of ``steps x step time``
 (evaluation and compilation not included).
+
+``--forms triton chunked`` times every shape once in each form (:func:`pathedu.models.select_form`), so that the
+rows set a model's training step with the Triton kernels beside the same step with the PyTorch forms; the estimate
+then uses the first form.  ``--out FILE`` also writes the rows as a data file (``{"meta": {...}, "rows": [...]}``,
+the meta as :func:`pathedu.bench._common.run_meta` makes it, with the configuration).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 
 import torch
@@ -17,7 +24,7 @@ import torch
 from . import get_module, make_config
 from ._common import short_conv, w_settings
 from .. import tasks
-from ..models import build_model, select_form
+from ..models import FORMS, build_model, select_form
 from ..train import lm_targets, masked_loss
 
 __all__ = ["shapes", "time_steps", "estimate"]
@@ -87,18 +94,23 @@ def time_steps(mixer, model_kwargs, batch_fn, *, device, steps: int = 10, warmup
             "form": select_form(mixer, model_kwargs.get("form", "auto"), device=device, T=x.shape[1])}
 
 
-def estimate(name: str, config: dict, *, device, steps: int = 10, warmup: int = 3, verbose: bool = True) -> dict:
+def estimate(name: str, config: dict, *, device, steps: int = 10, warmup: int = 3, verbose: bool = True,
+             forms=None) -> dict:
+    """Rows of :func:`time_steps` for every shape of :func:`shapes` (and every form of ``forms``, a list of
+    :data:`pathedu.models.FORMS`; None: the configuration's), and the estimate from the first form's rows."""
+    forms = [config["form"]] if forms is None else list(forms)
     total = 0.0
     rows = []
     for mixer, kw, fn, n_runs in shapes(name, config):
-        t = time_steps(mixer, kw, fn, device=device, steps=steps, warmup=warmup)
-        run_s = t["step_s"] * config["steps"] * n_runs
-        total += run_s
-        row = {"mixer": mixer, "n_layers": kw["n_layers"], "vocab": kw["vocab"], **t, "runs": n_runs,
-               "train_s": run_s}
-        rows.append(row)
-        if verbose:
-            print(json.dumps(row), flush=True)
+        for i, form in enumerate(forms):
+            t = time_steps(mixer, dict(kw, form=form), fn, device=device, steps=steps, warmup=warmup)
+            run_s = t["step_s"] * config["steps"] * n_runs
+            total += run_s if i == 0 else 0.0
+            row = {"mixer": mixer, "n_layers": kw["n_layers"], "vocab": kw["vocab"], "asked": form, **t,
+                   "runs": n_runs, "train_s": run_s}
+            rows.append(row)
+            if verbose:
+                print(json.dumps(row), flush=True)
     return {"rows": rows, "total_train_s": total, "total_train_min": total / 60}
 
 
@@ -108,6 +120,8 @@ def main(argv=None):
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--preset", help="named settings of the experiment (e.g. 'paper')")
     p.add_argument("--mixers", nargs="+")
+    p.add_argument("--forms", nargs="+", choices=FORMS, help="time every shape in each of these forms")
+    p.add_argument("--out", help="also write the rows to this JSON file (a new file only)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
@@ -118,9 +132,18 @@ def main(argv=None):
     get_module(args.name)
     config = make_config(args.name, tiny=args.tiny, preset=args.preset, mixers=args.mixers,
                          **_parse_set(args.set))
-    est = estimate(args.name, config, device=args.device, steps=args.steps, warmup=args.warmup)
+    if args.out and os.path.exists(args.out):
+        p.error(f"--out {args.out} exists: a timing run never writes over a file")
+    est = estimate(args.name, config, device=args.device, steps=args.steps, warmup=args.warmup, forms=args.forms)
     print(json.dumps({"experiment": args.name, "device": str(args.device),
                       "total_train_min": round(est["total_train_min"], 2)}))
+    if args.out:
+        from ..bench._common import run_meta, write_rows
+
+        command = "python -m pathedu.experiments.timing " + " ".join(sys.argv[1:] if argv is None else argv)
+        meta = dict(run_meta(command, args.device), experiment=args.name, config=config, steps=args.steps,
+                    warmup=args.warmup)
+        write_rows(args.out, meta, est["rows"])
 
 
 if __name__ == "__main__":
