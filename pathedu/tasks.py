@@ -339,17 +339,6 @@ def mqrar_targets(tokens, *, n_keys: int, n_back: int) -> torch.Tensor:
     sorted_tgt[:, n_back:] = torch.where(same, sorted_vals[:, :-n_back], sorted_tgt[:, n_back:])
     targets[:, 0::2] = torch.empty_like(sorted_tgt).scatter_(1, order, sorted_tgt)
     return targets
-    values = tokens[:, 1::2]
-    # occ[b, p]: how many earlier assignments key[b, p] has; where[b, key, o]: the pair of its o-th one.
-    onehot = torch.nn.functional.one_hot(keys, n_keys)  # (n, pairs, n_keys)
-    occ = (onehot.cumsum(1) - onehot).gather(2, keys[..., None])[..., 0]
-    where = torch.zeros(n, n_keys, pairs, dtype=torch.long)
-    rows = torch.arange(n)[:, None].expand(n, pairs)
-    where[rows, keys, occ] = torch.arange(pairs).expand(n, pairs)
-    scored = occ >= n_back
-    src = where[rows, keys, (occ - n_back).clamp(min=0)]  # the pair of the n_back-th most recent assignment
-    targets[:, 0::2] = torch.where(scored, values.gather(1, src), torch.full_like(src, IGNORE))
-    return targets
 
 
 def mqrar(n: int, length: int, *, n_keys: int, n_back: int, vocab: int, seed: int = 0):
