@@ -39,8 +39,8 @@ A rank's own chunk is computed one of two ways (``local=``).  ``"kernel"`` (the 
 whose head dims fit, 16..128): the in-chunk attention by the Triton kernel (PaTH's, or FlashAttention's with
 the log-gate hook for FoX), which also returns each row's log-sum-exp, so the online softmax starts from its
 output; for PaTH the carried queries, keys and the chunk product come from the kernel's own preparation pass
-(one ``D x D`` transition per block of 64 tokens, chained in ``T / 64`` batched products,
-:func:`_path_chunk_kernels`).  ``"matrix"``: the whole chunk as one block in PyTorch (any head dim, float64;
+(one ``D x D`` transition per UT block of ``B`` tokens, 64 for ``D <= 64`` and 32 above, chained in ``T / B``
+batched products, :func:`_path_chunk_kernels`).  ``"matrix"``: the whole chunk as one block in PyTorch (any head dim, float64;
 ``T x T`` memory and, for PaTH, a ``T x T`` triangular solve).  Either way a received block is folded by
 matrix products a tile of query rows at a time (at most ``_TILE_ELEMENTS`` logits at once).
 
