@@ -204,7 +204,6 @@ def test_two_mqrar_records_share_one_axis(tiny):
     assert plt.get_fignums() == open_before, "a refused call draws nothing"
 
 
-
 def test_mqrar_mean_table_has_a_row_per_mixer_and_n_with_every_seed_and_the_mean(tiny):
     """Chapter 9's table at the paper's settings (pathedu/data/exp_mqrar_paper.json): one row per mixer and N, each
     seed's accuracy straight from its run, the mean as the record's summary has it, the paper's words on a mixer's
@@ -245,6 +244,7 @@ def test_mqrar_mean_table_has_a_row_per_mixer_and_n_with_every_seed_and_the_mean
         plots.mqrar_mean_table([("m", rec, "cope")])
     with pytest.raises(ValueError, match="`record` is from experiment"):
         plots.mqrar_mean_table([("m", tiny["word_problem"], mixer)])
+
 
 def test_combine_keeps_the_selected_runs_and_recomputes_the_summary(tiny):
     """Chapter 9 reads runs of several series side by side: ``combine`` keeps exactly the selected runs, says how

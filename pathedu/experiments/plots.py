@@ -657,22 +657,27 @@ def word_problem_table(record, *, mixers=None, layers=None, paper=None) -> str:
                           rows, ["l", "l", "r"] + ["r"] * len(depths) + ["r"])
 
 
+def _mqrar_finals(record: dict, mixer: str) -> dict:
+    """``{(seed, N): final accuracy}`` of ``mixer``'s runs in an MQRAR record; ``ValueError`` if it ran none."""
+    record = _check_record(record, "mqrar")
+    final = {(r["seed"], r["n_back"]): r["final"]["accuracy"] for r in record["runs"] if r["mixer"] == mixer}
+    if not final:
+        raise ValueError(f"the record has no run of {mixer!r}")
+    return final
+
+
 def mqrar_seed_table(parts, n_backs=(1, 2, 3, 4), fmt="{:.2f}".format) -> str:
     """MQRAR-N accuracy as a Markdown table: for each part ``(row name, setting, record, mixer)`` one row per seed
     that ran, one column per N (``"-"`` where N was not run).  ``setting`` fills the second column (e.g. the width
     of the convolution on q, k, v); the name and the setting are written on a part's first row only."""
     rows = []
     for name, setting, record, mixer in parts:
-        record = _check_record(record, "mqrar")
-        final = {(r["seed"], r["n_back"]): r["final"]["accuracy"] for r in record["runs"] if r["mixer"] == mixer}
-        if not final:
-            raise ValueError(f"the record has no run of {mixer!r}")
+        final = _mqrar_finals(record, mixer)
         for i, seed in enumerate(sorted({s for s, _ in final})):
             cells = [fmt(final[seed, n]) if (seed, n) in final else "-" for n in n_backs]
             rows.append([name if i == 0 else "", setting if i == 0 else "", seed, *cells])
     return markdown_table(["mixer", "conv.", "seed", *[f"N = {n}" for n in n_backs]], rows,
                           ["l", "l", "r"] + ["r"] * len(n_backs))
-
 
 
 def mqrar_mean_table(parts, n_backs=(1, 2, 3, 4), fmt="{:.3f}".format, paper=None) -> str:
@@ -686,13 +691,7 @@ def mqrar_mean_table(parts, n_backs=(1, 2, 3, 4), fmt="{:.3f}".format, paper=Non
         raise ValueError("`parts` is empty: nothing to tabulate")
     if paper is not None and not isinstance(paper, dict):
         raise TypeError(f"`paper` must be a dict {{mixer: text}} or None, got {type(paper).__name__}")
-    finals = []
-    for name, record, mixer in parts:
-        record = _check_record(record, "mqrar")
-        final = {(r["seed"], r["n_back"]): r["final"]["accuracy"] for r in record["runs"] if r["mixer"] == mixer}
-        if not final:
-            raise ValueError(f"the record has no run of {mixer!r}")
-        finals.append((name, mixer, final))
+    finals = [(name, mixer, _mqrar_finals(record, mixer)) for name, record, mixer in parts]
     seeds = sorted({s for _, _, final in finals for s, _ in final})
     rows = []
     for name, mixer, final in finals:
@@ -706,6 +705,7 @@ def mqrar_mean_table(parts, n_backs=(1, 2, 3, 4), fmt="{:.3f}".format, paper=Non
             rows.append(row)
     header = ["mixer", "N", *[f"seed {s}" for s in seeds], "mean"] + (["paper"] if paper is not None else [])
     return markdown_table(header, rows, ["l", "r"] + ["r"] * (len(seeds) + 1) + (["l"] if paper is not None else []))
+
 
 def plot_gradient_agreement(groups, fig=None):
     """Left: along each run, the error of the gradient it trained with relative to the error of the matrix form
