@@ -118,10 +118,10 @@ def _hh_bwd_chunk(QT, KT, AD, GM, V, BETA, DO, LOG_F, STATES, DH, DQT, DKT, DAD,
     and write terms of the gradient of ``log_f`` (``DLOG_F``, fp32 ``(BH, T)``).  Role 1: ``dV`` (``(BH, T, Dv)``).
     Role ``r >= 2``: ``BLOCK_G`` rows of ``dG`` (``DG``, as ``GM``) and their part of the carried state's term
     (``DSTATE``, fp32 ``(BH, NC, roles - 2)``).  ``BETA_V`` (DeltaNet): the values written are ``beta_t v_t``, made
-from ``V`` and ``BETA`` (fp32 ``(BH, T)``) on load rather than stored; role 1 then stores ``beta_t dV_t`` in ``DV``
-(``V``'s dtype) and ``v_t . dV_t``, the values' share of ``beta``'s gradient, in ``DBETA_V`` (fp32 ``(BH, T)``).
-``STATES``, ``DH``: the states entering and the gradients leaving
-    every chunk (fp32 ``(BH, NC, D, Dv)``).  Compiled for Hopper (Triton 3.9, offline), one program holding every
+    from ``V`` and ``BETA`` (fp32 ``(BH, T)``) on load rather than stored; role 1 then stores ``beta_t dV_t`` in
+    ``DV`` (``V``'s dtype) and ``v_t . dV_t``, the values' share of ``beta``'s gradient, in ``DBETA_V`` (fp32 ``(BH,
+    T)``).  ``STATES``, ``DH``: the states entering and the gradients leaving every chunk (fp32 ``(BH, NC, D,
+    Dv)``).  Compiled for Hopper (Triton 3.9, offline), one program holding every
     tile spilled: 320 bytes a thread at ``D = C = 64`` with ``dG`` in it, 744 at ``D = 128`` with ``dV`` in it (8
     warps); split so, none.  ``SUM_PRECISION``: the one product that sums gradient pieces for the gate (``"ieee"`` or
     ``"x3n"``: about fp32 accuracy, so that small sums stay exact)."""
@@ -241,8 +241,8 @@ def householder_backward(x: Flat, v3, log_f3, prep: Prepared, states, do, dht, c
     ``chunk`` tokens, ``keep_inverse``), ``states`` (fp32 ``(BH, NC, D, Dv)``, the forward's), ``do`` (``(BH, T,
     Dv)`` or None: 0), ``dht`` (fp32 ``(BH, D, Dv)`` or None: 0).  Returns ``dq, dk`` (compute dtype), ``dv`` (``v3``'s
     dtype), ``dw, dbeta`` (fp32), ``dlog_f`` (fp32 ``(BH, T)`` or None) and ``dh0`` (fp32 ``(BH, D, Dv)``).
-    ``beta_v`` (DeltaNet, fp32 ``(BH, T)``): the values written are ``beta_v[t] v3[t]``, scaled in the kernel; ``dv`` is
-    then the gradient of ``v3`` and ``dbeta`` holds the values' share of ``beta_v``'s gradient too."""
+    ``beta_v`` (DeltaNet, fp32 ``(BH, T)``): the values written are ``beta_v[t] v3[t]``, scaled in the kernel; ``dv``
+    is then the gradient of ``v3`` and ``dbeta`` holds the values' share of ``beta_v``'s gradient too."""
     n, BH = x.n, x.BH
     T, D, Dv = n.T, n.D, n.Dv
     n_chunks = triton.cdiv(T, chunk)
@@ -281,7 +281,8 @@ def householder_backward(x: Flat, v3, log_f3, prep: Prepared, states, do, dht, c
         T=T,
         **row_strides(p=prep.qt, a=prep.ad, v=v3, o=do, dv=dv), stride_gb=prep.g.stride(0), stride_gj=prep.g.stride(1),
         HEAD_DIM=D, HEAD_DV=Dv, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_G=block_g, CHUNK=chunk, GATED=gated,
-        BETA_V=beta_v is not None, PRECISION=precision, SUM_PRECISION="ieee" if interpreting() else "x3n", num_warps=8 if D > 32 else 4,
+        BETA_V=beta_v is not None, PRECISION=precision, SUM_PRECISION="ieee" if interpreting() else "x3n",
+        num_warps=8 if D > 32 else 4,
     )
     if gated:  # the carried state's term, the same for every token of a chunk
         dlog_f += dstate.sum(-1).repeat_interleave(chunk, dim=1)[:, :T]
